@@ -1,0 +1,48 @@
+# The two commands a new machine needs:
+#   make local   runs the quickstart job on the local cloud, through real preemptions
+#   make test    runs the whole test suite (lint, types, unit, emulator, infra checks)
+# Both create .venv and install what they need first.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CHECKOV := .venv-checkov/bin/checkov
+
+.PHONY: setup local test lint bench load clean
+
+$(STAMP): requirements.txt functions/requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+# checkov pins its own dependency tree, so it lives in a venv of its own.
+$(CHECKOV): infra/requirements-checkov.txt
+	@test -x .venv-checkov/bin/python || $(PYTHON) -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install --quiet --upgrade pip
+	.venv-checkov/bin/python -m pip install --quiet -r infra/requirements-checkov.txt
+	@touch $(CHECKOV)
+
+setup: $(STAMP) $(CHECKOV)
+
+local: $(STAMP)
+	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at 40s,80s $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: setup lint
+	RESPAWN_CHECKOV=$(CURDIR)/$(CHECKOV) $(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+load: $(STAMP)
+	$(BIN)/python bench/load_test.py
+
+clean:
+	rm -rf $(VENV) .venv-checkov .pytest_cache .mypy_cache .ruff_cache .respawn

@@ -1,0 +1,42 @@
+"""Actions: what to do (imperative). Returned by decide(), executed by the service.
+
+Both are idempotent by construction: machine names are deterministic
+(JOB_ID-aN), create treats AlreadyExists and delete treats NotFound as success.
+They round-trip through dicts because they are persisted as intent
+(`Job.pending`) before they are executed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CreateMachine:
+    job_id: str
+    attempt: int
+    machine: str
+    zone: str
+
+
+@dataclass(frozen=True)
+class DeleteMachine:
+    job_id: str
+    attempt: int
+    machine: str
+    zone: str
+
+
+Action = CreateMachine | DeleteMachine
+_KINDS: dict[str, type[CreateMachine] | type[DeleteMachine]] = {"create": CreateMachine, "delete": DeleteMachine}
+
+
+def action_to_dict(action: Action) -> dict[str, Any]:
+    kind = "create" if isinstance(action, CreateMachine) else "delete"
+    return {"kind": kind, **asdict(action)}
+
+
+def action_from_dict(d: dict[str, Any]) -> Action:
+    fields = {k: v for k, v in d.items() if k != "kind"}
+    return _KINDS[d["kind"]](**fields)

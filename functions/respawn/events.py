@@ -1,0 +1,151 @@
+"""Events: what happened (past tense). Produced by respawn.parsing, consumed by decide().
+
+Every event has an `event_id` used for de-duplication (Pub/Sub message id,
+LogEntry insertId, ...) and `time` (seconds since the epoch, from the source).
+Events about a machine carry the attempt number they concern, so an event for
+attempt N arriving after attempt N+1 started is recognisably stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from respawn.model import JobSpec, MachineState
+
+
+@dataclass(frozen=True)
+class JobSubmitted:
+    event_id: str
+    time: float
+    spec: JobSpec
+
+
+@dataclass(frozen=True)
+class JobRejected:
+    """A job message that failed validation. job_id is set when it was usable."""
+
+    event_id: str
+    time: float
+    job_id: str | None
+    error: str
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    event_id: str
+    time: float
+    job_id: str
+
+
+@dataclass(frozen=True)
+class MachinePreempted:
+    """A GCE system event naming one of respawn's machines (preempted, host error, host maintenance)."""
+
+    event_id: str
+    time: float
+    job_id: str
+    attempt: int
+    machine: str
+    zone: str
+    project: str
+    cause: str = "preempted"  # preempted | hostError | terminateOnHostMaintenance
+
+
+@dataclass(frozen=True)
+class ZoneWokeUp:
+    """A system event on a TPU worker VM (t1v-n-*) in `zone`: re-read the job machines there."""
+
+    event_id: str
+    time: float
+    zone: str
+    project: str
+    instance: str
+    cause: str = "preempted"
+
+
+@dataclass(frozen=True)
+class TrainerStarted:
+    event_id: str
+    time: float
+    job_id: str
+    attempt: int
+    restored_step: int | None = None
+    startup_s: float | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    event_id: str
+    time: float
+    job_id: str
+    attempt: int
+    step: int
+
+
+@dataclass(frozen=True)
+class TrainerCompleted:
+    event_id: str
+    time: float
+    job_id: str
+    attempt: int
+    step: int | None = None
+    result: dict[str, Any] = field(default_factory=dict)  # final_loss, params_sha256, ...
+
+
+@dataclass(frozen=True)
+class TrainerFailed:
+    event_id: str
+    time: float
+    job_id: str
+    attempt: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class SweepTicked:
+    event_id: str
+    time: float
+
+
+# Fed back by the service after acting; never parsed from outside.
+@dataclass(frozen=True)
+class CreateFailed:
+    """A create call for attempt N failed. kind: capacity | permanent."""
+
+    event_id: str
+    time: float
+    job_id: str
+    attempt: int
+    kind: str
+    error: str
+
+
+@dataclass(frozen=True)
+class MachinesObserved:
+    """What the API said about the job's machines: name -> state; a missing name is not there."""
+
+    event_id: str
+    time: float
+    job_id: str
+    machines: tuple[tuple[str, str, MachineState], ...]  # (name, zone, state)
+
+
+@dataclass(frozen=True)
+class Ignored:
+    reason: str
+
+
+JobEvent = (
+    JobSubmitted
+    | JobRejected
+    | CancelRequested
+    | MachinePreempted
+    | TrainerStarted
+    | CheckpointSaved
+    | TrainerCompleted
+    | TrainerFailed
+    | CreateFailed
+    | MachinesObserved
+)
+Event = JobEvent | ZoneWokeUp | SweepTicked | Ignored

@@ -1,0 +1,1 @@
+"""The local cloud: respawn's real code paths against local servers on loopback."""

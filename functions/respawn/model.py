@@ -1,0 +1,236 @@
+"""The job model: spec, status, attempts and the job record.
+
+Everything here is plain data (frozen dataclasses) with JSON round-trips. The
+record is what the JobStore keeps at ``respawn/jobs/JOB_ID.json``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+# Machine names are deterministic: JOB_ID-aN (see machine_name / parse_machine_name).
+MACHINE_NAME_SEPARATOR = "-a"
+LABEL_JOB = "respawn-job"
+LABEL_ATTEMPT = "respawn-attempt"
+LABEL_MANAGED = "respawn-managed"
+
+
+class Status(str, enum.Enum):
+    """Job status. Legal transitions (see docs/architecture.md for the diagram)::
+
+        (none)       -> PENDING | PROVISIONING | REJECTED
+        PENDING      -> PROVISIONING | CANCELLED | EXPIRED | FAILED
+        PROVISIONING -> RUNNING | RECOVERING | PENDING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
+        RUNNING      -> RECOVERING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
+        RECOVERING   -> RUNNING | PENDING | PROVISIONING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
+        terminal     -> (nothing)
+    """
+
+    PENDING = "PENDING"  # accepted; no machine requested yet (waiting out a capacity backoff)
+    PROVISIONING = "PROVISIONING"  # first machine requested; trainer not started yet
+    RUNNING = "RUNNING"  # the current attempt's trainer reported `started`
+    RECOVERING = "RECOVERING"  # an attempt ended (preempted/crashed); its replacement is on its way
+    SUCCEEDED = "SUCCEEDED"  # trainer reported `completed`; machine deleted
+    FAILED = "FAILED"  # max_failures / max_preemptions reached, or a permanent API error
+    CANCELLED = "CANCELLED"  # the user cancelled; machine deleted
+    EXPIRED = "EXPIRED"  # the TTL ran out; machine deleted
+    REJECTED = "REJECTED"  # the job message was invalid; nothing was ever created
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED, Status.REJECTED})
+
+LEGAL_TRANSITIONS: dict[Status | None, frozenset[Status]] = {
+    None: frozenset({Status.PENDING, Status.PROVISIONING, Status.REJECTED}),
+    Status.PENDING: frozenset({Status.PROVISIONING, Status.CANCELLED, Status.EXPIRED, Status.FAILED}),
+    Status.PROVISIONING: frozenset(
+        {Status.RUNNING, Status.RECOVERING, Status.PENDING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED}
+    ),
+    Status.RUNNING: frozenset({Status.RECOVERING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED}),
+    Status.RECOVERING: frozenset(
+        {Status.RUNNING, Status.PENDING, Status.PROVISIONING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED}
+    ),
+    **{s: frozenset() for s in TERMINAL},
+}
+
+
+class MachineState(str, enum.Enum):
+    """What the cloud API says about one machine (TPU node or GCE instance)."""
+
+    CREATING = "CREATING"
+    READY = "READY"
+    PREEMPTED = "PREEMPTED"
+    TERMINATED = "TERMINATED"  # stopped / host error / deleted by someone else but still listed
+    FAILED = "FAILED"  # creation failed (e.g. capacity surfaced in the operation)
+    DELETING = "DELETING"
+
+
+@dataclass(frozen=True)
+class TpuMachine:
+    accelerator_type: str
+    runtime_version: str
+    kind: str = "tpu"
+
+
+@dataclass(frozen=True)
+class GpuMachine:
+    machine_type: str
+    accelerator_type: str
+    accelerator_count: int
+    kind: str = "gpu"
+    boot_disk_gb: int = 200
+
+
+MachineSpec = TpuMachine | GpuMachine
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated submit message (SPEC 3.1). Build it with respawn.spec.parse_job_message."""
+
+    job_id: str
+    machine: MachineSpec
+    zones: tuple[str, ...]
+    image: str
+    checkpoint_uri: str
+    provisioning: str = "spot"  # spot | preemptible | standard
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+    ttl_s: int = 48 * 3600
+    max_preemptions: int | None = None
+    max_failures: int = 3
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["zones"] = list(self.zones)
+        d["args"] = list(self.args)
+        d["env"] = dict(self.env)
+        d["labels"] = dict(self.labels)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> JobSpec:
+        m = d["machine"]
+        machine: MachineSpec = TpuMachine(**m) if m["kind"] == "tpu" else GpuMachine(**m)
+        return JobSpec(
+            job_id=d["job_id"],
+            machine=machine,
+            zones=tuple(d["zones"]),
+            image=d["image"],
+            checkpoint_uri=d["checkpoint_uri"],
+            provisioning=d["provisioning"],
+            args=tuple(d["args"]),
+            env=tuple(sorted(d["env"].items())),
+            ttl_s=d["ttl_s"],
+            max_preemptions=d["max_preemptions"],
+            max_failures=d["max_failures"],
+            labels=tuple(sorted(d["labels"].items())),
+        )
+
+
+def machine_name(job_id: str, attempt: int) -> str:
+    return f"{job_id}{MACHINE_NAME_SEPARATOR}{attempt}"
+
+
+def parse_machine_name(name: str) -> tuple[str, int] | None:
+    """`llm-a1-a3` -> ("llm-a1", 3); None when the name is not a respawn machine name."""
+    job_id, sep, n = name.rpartition(MACHINE_NAME_SEPARATOR)
+    if not sep or not job_id or not n.isdigit() or n.startswith("0"):
+        return None
+    return job_id, int(n)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One create try: one machine, in one zone."""
+
+    n: int
+    zone: str
+    machine: str
+    requested_at: float
+    started_at: float | None = None  # trainer `started`
+    ended_at: float | None = None
+    end_reason: str | None = None  # preempted | lost | failed | capacity | completed | cancelled | expired | error
+    restored_step: int | None = None
+    last_step: int | None = None  # newest step reported by a checkpoint/started/completed entry
+    machine_deleted: bool = False
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_at is not None
+
+
+@dataclass(frozen=True)
+class Counters:
+    preemptions: int = 0  # preempted or lost machines; never count against max_failures
+    failures: int = 0  # trainer crashes
+    capacity_errors: int = 0
+
+
+@dataclass(frozen=True)
+class Job:
+    """The job record. `pending` holds intent persisted before its side effects."""
+
+    job_id: str
+    spec: JobSpec | None  # None only for REJECTED records
+    status: Status
+    submitted_at: float
+    updated_at: float
+    reason: str = ""  # human-readable reason for the current status
+    attempts: tuple[Attempt, ...] = ()
+    counters: Counters = field(default_factory=Counters)
+    zone_index: int = 0  # index into spec.zones for the next create
+    capacity_round: int = 0  # full walks of the zone list that met no capacity (drives backoff)
+    next_attempt_at: float | None = None  # capacity backoff: create no sooner than this
+    pending: tuple[dict[str, Any], ...] = ()  # serialized actions not yet confirmed done
+    pending_lease_until: float | None = None
+    seen_events: tuple[str, ...] = ()  # bounded, newest last
+    result: dict[str, Any] = field(default_factory=dict)  # completed: final_step, final_loss, params_sha256
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def deadline(self) -> float:
+        return self.submitted_at + (self.spec.ttl_s if self.spec else 0)
+
+    def with_attempt(self, attempt: Attempt) -> Job:
+        """Replace the attempt with the same n (or append it)."""
+        others = tuple(a for a in self.attempts if a.n != attempt.n)
+        return replace(self, attempts=tuple(sorted((*others, attempt), key=lambda a: a.n)))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spec"] = self.spec.to_dict() if self.spec else None
+        d["status"] = self.status.value
+        d["attempts"] = [asdict(a) for a in self.attempts]
+        d["pending"] = list(self.pending)
+        d["seen_events"] = list(self.seen_events)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Job:
+        return Job(
+            job_id=d["job_id"],
+            spec=JobSpec.from_dict(d["spec"]) if d.get("spec") else None,
+            status=Status(d["status"]),
+            submitted_at=d["submitted_at"],
+            updated_at=d["updated_at"],
+            reason=d.get("reason", ""),
+            attempts=tuple(Attempt(**a) for a in d.get("attempts", ())),
+            counters=Counters(**d.get("counters", {})),
+            zone_index=d.get("zone_index", 0),
+            capacity_round=d.get("capacity_round", 0),
+            next_attempt_at=d.get("next_attempt_at"),
+            pending=tuple(d.get("pending", ())),
+            pending_lease_until=d.get("pending_lease_until"),
+            seen_events=tuple(d.get("seen_events", ())),
+            result=d.get("result", {}),
+        )

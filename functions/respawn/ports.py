@@ -1,0 +1,75 @@
+"""Ports: the interfaces the service needs from the outside world."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from respawn.actions import CreateMachine
+from respawn.model import Job, JobSpec, MachineState
+
+
+class ProviderError(Exception):
+    """Base of the errors a MachineProvider raises (the message is safe to show a user)."""
+
+
+class CapacityError(ProviderError):
+    """No capacity in the zone (RESOURCE_EXHAUSTED, ZONE_RESOURCE_POOL_EXHAUSTED, stockout): try elsewhere."""
+
+
+class QuotaError(CapacityError):
+    """Quota exceeded in the region: treated like capacity (walk the zones, back off)."""
+
+
+class PermanentError(ProviderError):
+    """400 / 403 / 404 on the project: retrying will not help; the job ends with this reason."""
+
+
+class TransientError(ProviderError):
+    """429 / 5xx / timeout: raise so Pub/Sub redelivers."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    zone: str
+    state: MachineState
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class MachineProvider(Protocol):
+    """Creates and deletes one kind of machine (Cloud TPU nodes or Spot GPU VMs)."""
+
+    def create(self, action: CreateMachine, spec: JobSpec) -> None:
+        """Create `action.machine` in `action.zone`. AlreadyExists is success."""
+
+    def delete(self, name: str, zone: str) -> None:
+        """Delete the machine. NotFound is success. Does not wait for completion longer than needed."""
+
+    def get(self, name: str, zone: str) -> Machine | None:
+        """The machine, or None when it does not exist."""
+
+    def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
+        """respawn's machines in `zone` (label respawn-managed), optionally only those of one job."""
+
+
+class ConflictError(Exception):
+    """A compare-and-set write lost the race: reload and re-decide."""
+
+
+class JobStore(Protocol):
+    """Job records with compare-and-set. generation 0 means 'does not exist yet'."""
+
+    def load(self, job_id: str) -> tuple[Job | None, int]:
+        """(record, generation); (None, 0) when absent."""
+
+    def save(self, job: Job, generation: int) -> int:
+        """Write iff the stored generation is still `generation` (0: create). Returns the new generation.
+        Raises ConflictError otherwise."""
+
+    def list_ids(self) -> list[str]:
+        """Every job id in the store."""
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
