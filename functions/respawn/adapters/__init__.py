@@ -1,0 +1,1 @@
+"""Adapters: the real implementations of the ports (GCS, Cloud TPU, Compute Engine)."""
