@@ -1,0 +1,294 @@
+"""The `respawn` command: submit, status, list, cancel, parse-event, and `local` (the local cloud).
+
+Readable tables by default, `--json` everywhere. Project, topic and bucket come
+from flags or the environment (RESPAWN_PROJECT, RESPAWN_JOBS_TOPIC,
+RESPAWN_STATE_BUCKET). Errors are one line on stderr: exit 2 for user errors,
+1 when a cloud call failed; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from respawn.config import VARIABLES, Settings, SettingsError
+from respawn.model import Job, TpuMachine
+
+PROG = "respawn"
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line, exit 2."""
+
+
+# ---- output helpers -------------------------------------------------------------------------------------------------
+
+
+def when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t)) if t else "-"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers], *[["-" if c is None else str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else text)
+
+
+def summary(job: Job) -> dict[str, Any]:
+    current = job.current
+    return {
+        "job_id": job.job_id,
+        "status": job.status.value,
+        "attempts": len(job.attempts),
+        "preemptions": job.counters.preemptions,
+        "zone": current.zone if current else None,
+        "updated_at": job.updated_at,
+    }
+
+
+def describe(job: Job) -> str:
+    spec = job.spec
+    lines = [
+        f"job          {job.job_id}",
+        f"status       {job.status.value}" + (f"  ({job.reason})" if job.reason else ""),
+    ]
+    if spec is not None:
+        m = spec.machine
+        machine = (
+            m.accelerator_type
+            if isinstance(m, TpuMachine)
+            else f"{m.machine_type} {m.accelerator_count}x{m.accelerator_type}"
+        )
+        lines += [
+            f"machine      {m.kind} {machine} ({spec.provisioning})",
+            f"zones        {', '.join(spec.zones)}",
+            f"checkpoints  {spec.checkpoint_uri}",
+        ]
+    lines += [f"submitted    {when(job.submitted_at)}", f"updated      {when(job.updated_at)}"]
+    if spec is not None:
+        lines.append(f"deadline     {when(job.deadline)}")
+    if job.next_attempt_at:
+        lines.append(f"next try     {when(job.next_attempt_at)} (capacity backoff, round {job.capacity_round})")
+    c = job.counters
+    lines.append(
+        f"counters     preemptions {c.preemptions}, failures {c.failures}, capacity errors {c.capacity_errors}"
+    )
+    if job.pending:
+        actions = ", ".join(f"{a.get('kind')} {a.get('machine')}" for a in job.pending)
+        lines.append(f"in flight    {actions} (lease until {when(job.pending_lease_until)})")
+    if job.attempts:
+        rows = [
+            (a.n, a.zone, a.machine, when(a.requested_at), when(a.started_at), when(a.ended_at), a.end_reason,
+             a.restored_step, a.last_step)
+            for a in job.attempts
+        ]  # fmt: skip
+        headers = ("#", "zone", "machine", "requested", "started", "ended", "end", "restored", "last step")
+        lines += ["", "attempts", table(headers, rows)]
+    if job.result:
+        lines += ["", "result"]
+        lines += [
+            f"  {k:<13}{json.dumps(v, sort_keys=True) if isinstance(v, dict) else v}" for k, v in job.result.items()
+        ]
+    return "\n".join(lines)
+
+
+# ---- settings and cloud clients ------------------------------------------------------------------------------------
+
+_FLAGS = {"project": "--project", "state_bucket": "--bucket", "jobs_topic": "--topic"}
+
+
+def settings(args: argparse.Namespace, *required: str) -> Settings:
+    s = Settings.from_env()
+    overrides = {k: getattr(args, k) for k in _FLAGS if getattr(args, k, None)}
+    s = replace(s, **overrides)
+    try:
+        return s.require(*required)
+    except SettingsError as e:
+        missing = next(name for name in required if not getattr(s, name))
+        raise UserError(f"{e} (or pass {_FLAGS[missing]})") from e
+
+
+def job_store(s: Settings) -> Any:
+    from google.cloud import storage
+
+    from respawn.adapters.gcs_store import GcsJobStore
+
+    return GcsJobStore(s.state_bucket, storage.Client(project=s.project or None))
+
+
+def publish(s: Settings, message: dict[str, Any]) -> str:
+    from google.cloud import pubsub_v1
+
+    publisher = pubsub_v1.PublisherClient()
+    topic = publisher.topic_path(s.project, s.jobs_topic)
+    data = json.dumps(message, sort_keys=True).encode()
+    return str(publisher.publish(topic, data, job_id=str(message.get("job_id", ""))).result(timeout=60))
+
+
+# ---- subcommands ---------------------------------------------------------------------------------------------------
+
+
+def validated(message: dict[str, Any], source: str) -> dict[str, Any]:
+    from respawn.spec import SpecError, parse_job_message
+
+    try:
+        parse_job_message(message)
+    except SpecError as e:
+        raise UserError(f"{source}: {e}") from e
+    return message
+
+
+def send(args: argparse.Namespace, message: dict[str, Any]) -> int:
+    if args.dry_run:
+        print(json.dumps(message, indent=None if args.json else 2, sort_keys=True))
+        return 0
+    s = settings(args, "project", "jobs_topic")
+    message_id = publish(s, message)
+    topic = f"projects/{s.project}/topics/{s.jobs_topic}"
+    data = {"message_id": message_id, "job_id": message.get("job_id"), "topic": topic}
+    emit(args, data, f"published {message.get('action', 'submit')} for {message.get('job_id')}: message {message_id}")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from respawn.spec import SpecError, load_job_file
+
+    try:
+        message = load_job_file(args.file)
+    except SpecError as e:
+        raise UserError(f"{args.file}: {e}") from e
+    return send(args, validated(message, args.file))
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    return send(args, validated({"action": "cancel", "job_id": args.job}, "cancel"))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if not args.job:
+        return cmd_list(args)
+    s = settings(args, "state_bucket")
+    job, _ = job_store(s).load(args.job)
+    if job is None:
+        raise UserError(f"no job {args.job!r} in gs://{s.state_bucket}/respawn/jobs/")
+    emit(args, job.to_dict(), describe(job))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    s = settings(args, "state_bucket")
+    store = job_store(s)
+    jobs = [job for job, _ in (store.load(i) for i in store.list_ids()) if job is not None]
+    rows = [summary(j) for j in sorted(jobs, key=lambda j: j.updated_at, reverse=True)]
+    headers = ("job", "status", "attempts", "preemptions", "zone", "updated")
+    cells = [
+        [r["job_id"], r["status"], r["attempts"], r["preemptions"], r["zone"], when(r["updated_at"])] for r in rows
+    ]
+    text = table(headers, cells) if rows else "no jobs"
+    emit(args, rows, text)
+    return 0
+
+
+def cmd_parse_event(args: argparse.Namespace) -> int:
+    from respawn import parsing
+
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {args.file}: {getattr(e, 'strerror', None) or e}") from e
+    try:
+        event = parsing.event_from_file(text)
+    except ValueError as e:
+        raise UserError(f"{args.file}: {e}") from e
+    print(json.dumps(parsing.event_to_json(event), sort_keys=True))
+    return 0
+
+
+def run_local(argv: list[str]) -> int:
+    try:
+        local_cli = importlib.import_module("respawn.local.cli")
+    except ModuleNotFoundError as e:
+        if e.name in ("respawn.local.cli", "respawn.local"):
+            raise UserError(
+                "the local cloud is not part of this installation (module respawn.local.cli is missing)"
+            ) from e
+        raise UserError(f"the local cloud needs the Python package {e.name!r}: pip install -r requirements.txt") from e
+    main_fn: Callable[[list[str]], int | None] = local_cli.main
+    return int(main_fn(argv) or 0)
+
+
+# ---- argument parsing ----------------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Keep training jobs alive on Spot / preemptible TPUs and GPUs.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--json", action="store_true", help="print JSON instead of text")
+    project = argparse.ArgumentParser(add_help=False)
+    project.add_argument("--project", help=f"Google Cloud project (env {VARIABLES['project'][0]})")
+    topic = argparse.ArgumentParser(add_help=False)
+    topic.add_argument("--topic", dest="jobs_topic", help="jobs topic (env RESPAWN_JOBS_TOPIC, default respawn-jobs)")
+    topic.add_argument("--dry-run", action="store_true", help="print the message instead of publishing it")
+    bucket = argparse.ArgumentParser(add_help=False)
+    bucket.add_argument("--bucket", dest="state_bucket", help="state bucket (env RESPAWN_STATE_BUCKET)")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, *parents: Any) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, parents=[out, *parents])
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("submit", cmd_submit, "validate a job file (JSON or YAML) and publish it", project, topic).add_argument(
+        "file", help="job file"
+    )
+    add("status", cmd_status, "show one job (or list all jobs)", project, bucket).add_argument("job", nargs="?")
+    add("list", cmd_list, "list jobs", project, bucket)
+    add("cancel", cmd_cancel, "cancel a job (its machine is deleted)", project, topic).add_argument("job")
+    add("parse-event", cmd_parse_event, "show how respawn reads a LogEntry / Pub/Sub message file").add_argument(
+        "file", help="a LogEntry, Pub/Sub message, push body or CloudEvent (JSON)"
+    )
+    sub.add_parser("local", help="run jobs on the local cloud (respawn local --help)", add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "local":
+            return run_local(argv[1:])
+        args = parser().parse_args(argv)
+        return int(args.fn(args))
+    except UserError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a cloud call failed: one line, no traceback
+        print(f"{PROG}: error: {cloud_error(e)}", file=sys.stderr)
+        return 1
+
+
+def cloud_error(e: Exception) -> str:
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if isinstance(e, DefaultCredentialsError):
+        return "no Google Cloud credentials found: run `gcloud auth application-default login`"
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

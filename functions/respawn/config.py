@@ -1,0 +1,93 @@
+"""Deployed configuration: Settings from the environment, and the Service built from them.
+
+The same variables configure the functions and the CLI (SPEC: deployed
+configuration). A missing setting is one clear error naming the variable.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from respawn.service import Service
+
+
+class SettingsError(Exception):
+    """A required setting is missing or invalid (str(e) is one line naming the variable)."""
+
+
+# setting -> (environment variable, what it must name)
+VARIABLES = {
+    "project": ("RESPAWN_PROJECT", "the Google Cloud project id (GOOGLE_CLOUD_PROJECT is the fallback)"),
+    "state_bucket": ("RESPAWN_STATE_BUCKET", "the bucket that holds the job records (gs://BUCKET/respawn/jobs/)"),
+    "jobs_topic": ("RESPAWN_JOBS_TOPIC", "the Pub/Sub topic of job messages (default respawn-jobs)"),
+    "events_topic": (
+        "RESPAWN_EVENTS_TOPIC",
+        "the Pub/Sub topic of log entries and sweep ticks (default respawn-events)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    project: str = ""
+    state_bucket: str = ""
+    jobs_topic: str = "respawn-jobs"
+    events_topic: str = "respawn-events"
+    machine_service_account: str | None = None
+    tpu_endpoint: str | None = None  # local cloud only: http://127.0.0.1:PORT
+    compute_endpoint: str | None = None  # local cloud only
+
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None) -> Settings:
+        e = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = e.get(name, "").strip()
+            return value or None
+
+        return Settings(
+            project=get("RESPAWN_PROJECT") or get("GOOGLE_CLOUD_PROJECT") or "",
+            state_bucket=(get("RESPAWN_STATE_BUCKET") or "").removeprefix("gs://").rstrip("/"),
+            jobs_topic=get("RESPAWN_JOBS_TOPIC") or "respawn-jobs",
+            events_topic=get("RESPAWN_EVENTS_TOPIC") or "respawn-events",
+            machine_service_account=get("RESPAWN_MACHINE_SERVICE_ACCOUNT"),
+            tpu_endpoint=get("RESPAWN_TPU_ENDPOINT"),
+            compute_endpoint=get("RESPAWN_COMPUTE_ENDPOINT"),
+        )
+
+    def require(self, *names: str) -> Settings:
+        """Raise SettingsError naming the first of `names` that is empty; return self otherwise."""
+        for name in names:
+            if not getattr(self, name):
+                variable, meaning = VARIABLES[name]
+                raise SettingsError(f"{variable} is not set: it must name {meaning}")
+        return self
+
+
+def service_from_env() -> Service:
+    """The Service for this process's environment; built once and reused (function instances are reused)."""
+    return _service(Settings.from_env().require("project", "state_bucket"))
+
+
+@functools.lru_cache(maxsize=4)
+def _service(settings: Settings) -> Service:
+    from respawn.adapters.clock import SystemClock
+    from respawn.adapters.compute import GcpComputeProvider
+    from respawn.adapters.gcs_store import GcsJobStore
+    from respawn.adapters.tpu import GcpTpuProvider
+    from respawn.service import Service
+
+    sa = settings.machine_service_account
+    return Service(
+        store=GcsJobStore(settings.state_bucket),
+        providers={
+            "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, service_account=sa),
+            "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, service_account=sa),
+        },
+        clock=SystemClock(),
+    )
