@@ -1,0 +1,135 @@
+"""The respawn CLI without any cloud: dry runs, parse-event on captured payloads, and error handling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from respawn.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+JOB_YAML = """\
+action: submit
+job_id: llm-small-001
+machine: {kind: tpu, accelerator_type: v5litepod-8, runtime_version: v2-alpha-tpuv5-lite}
+zones: [us-central1-a, us-west4-a]
+provisioning: spot
+image: us-docker.pkg.dev/proj/repo/trainer:1
+args: ["--steps=20000", "--name=it's; rm -rf /"]
+env: {KEY: value}
+checkpoint_uri: gs://bucket/runs/llm-small-001
+ttl: 48h
+max_preemptions: null
+max_failures: 3
+labels: {team: nlp}
+"""
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def no_cloud_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RESPAWN_PROJECT", "GOOGLE_CLOUD_PROJECT", "RESPAWN_STATE_BUCKET", "RESPAWN_JOBS_TOPIC"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_submit_dry_run_prints_the_message_it_would_publish(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB_YAML)
+    code, out, err = run(capsys, "submit", str(job), "--dry-run")
+    assert (code, err) == (0, "")
+    message = json.loads(out)
+    assert message["job_id"] == "llm-small-001"
+    assert message["args"] == ["--steps=20000", "--name=it's; rm -rf /"]
+    assert message["machine"]["accelerator_type"] == "v5litepod-8"
+
+
+def test_submit_dry_run_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"action": "cancel", "job_id": "llm-small-001"}))
+    code, out, _ = run(capsys, "submit", str(job), "--dry-run", "--json")
+    assert code == 0
+    assert out.count("\n") == 1
+    assert json.loads(out) == {"action": "cancel", "job_id": "llm-small-001"}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (("zones: [us-central1-a, us-west4-a]", "zones: [nowhere]"), "zones"),
+        (("ttl: 48h", "ttl: forever"), "ttl"),
+        (("checkpoint_uri: gs://bucket/runs/llm-small-001", "checkpoint_uri: /tmp/ckpt"), "checkpoint_uri"),
+        (("labels: {team: nlp}", "labels: {team: nlp}\ncolour: blue"), "colour"),
+        (("job_id: llm-small-001", "job_id: Bad_Id"), "job_id"),
+    ],
+)
+def test_submit_bad_file_prints_one_line_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: tuple[str, str], field: str
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB_YAML.replace(*change))
+    code, out, err = run(capsys, "submit", str(job), "--dry-run")
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("respawn: error: ")
+    assert field in err
+    assert "Traceback" not in err
+
+
+def test_submit_unreadable_and_unparsable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "submit", str(tmp_path / "missing.yaml"), "--dry-run")
+    assert code == 2
+    assert "missing.yaml" in err
+    assert err.count("\n") == 1
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    code, _, err = run(capsys, "submit", str(broken), "--dry-run")
+    assert code == 2
+    assert "broken.json" in err
+    assert err.count("\n") == 1
+
+
+def test_submit_without_a_project_names_the_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB_YAML)
+    code, _, err = run(capsys, "submit", str(job))
+    assert code == 2
+    assert "RESPAWN_PROJECT" in err
+    assert "--project" in err
+
+
+def test_status_without_a_bucket_names_the_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "status", "llm-small-001")
+    assert code == 2
+    assert "RESPAWN_STATE_BUCKET" in err
+    assert err.count("\n") == 1
+
+
+def test_cancel_dry_run_and_bad_job_id(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "cancel", "llm-small-001", "--dry-run", "--json")
+    assert code == 0
+    assert json.loads(out) == {"action": "cancel", "job_id": "llm-small-001"}
+    code, _, err = run(capsys, "cancel", "NOT VALID", "--dry-run")
+    assert code == 2
+    assert "job_id" in err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["frobnicate"])
+    assert exit_.value.code == 2
+
+
+def test_parse_event_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "parse-event", str(tmp_path / "nope.json"))
+    assert code == 2
+    assert out == ""
+    assert "nope.json" in err
