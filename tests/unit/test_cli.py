@@ -133,3 +133,29 @@ def test_parse_event_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 2
     assert out == ""
     assert "nope.json" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "fields"),
+    [
+        ("logentry_gce_preempted.json", "machine_preempted", {"job_id": "llm-small-001", "attempt": 2}),
+        ("cloudevent_logentry_preempted.json", "machine_preempted", {"machine": "llm-small-001-a2"}),
+        ("logentry_tpu_worker_preempted.json", "zone_woke_up", {"zone": "us-west4-a"}),
+        ("logentry_trainer_checkpoint.json", "checkpoint_saved", {"step": 1400}),
+        ("logentry_trainer_completed.json", "trainer_completed", {"attempt": 3}),
+        ("sweep_tick.json", "sweep_ticked", {}),
+        ("cloudevent_job.json", "job_submitted", {}),
+        ("logentry_unrelated_vm.json", "ignored", {}),
+    ],
+)
+def test_parse_event_prints_one_json_object(
+    capsys: pytest.CaptureFixture[str], name: str, kind: str, fields: dict[str, object]
+) -> None:
+    code, out, err = run(capsys, "parse-event", str(DATA / name))
+    assert (code, err) == (0, "")
+    assert out.count("\n") == 1
+    event = json.loads(out)
+    assert event["kind"] == kind
+    assert fields.items() <= event.items()
+    if kind == "ignored":
+        assert event["reason"]
