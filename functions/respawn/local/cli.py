@@ -1,0 +1,230 @@
+"""`respawn local run JOB.yaml [options]`: one job through the whole system on this machine, with chaos.
+
+Prints live progress and, at the end, the report (`--json`: one JSON object on
+stdout, progress on stderr). Exit code 0 when the job SUCCEEDED with the exact
+parameters of the uninterrupted reference run and nothing was left behind,
+1 otherwise, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from respawn.local.chaos import ChaosError, parse_duration, parse_stockout, parse_times
+
+EPILOG = """\
+chaos times (--preempt-at) count from the moment the job message is published; a preemption
+that falls when no machine is READY waits for the next machine to become READY.
+--mtbi draws every machine's lifetime from a seeded exponential distribution, counted from READY.
+examples:
+  respawn local run examples/quickstart.yaml --preempt-at 40s,80s
+  respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
+  respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
+"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="respawn local", description="Run jobs on the local cloud.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser(
+        "run",
+        help="run one job to the end through real preemptions and print the report",
+        description="Run one job on the local cloud (fake-gcs-server, Pub/Sub, functions-framework, the local "
+        "TPU/Compute API, a log router and a sweep scheduler), inject preemptions, print the report.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("job", help="job file (YAML or JSON, the job message of SPEC 3.1)")
+    r.add_argument("--preempt-at", metavar="T1,T2", help="preempt the live machine at these times (e.g. 40s,80s)")
+    r.add_argument("--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)")
+    r.add_argument(
+        "--stockout",
+        metavar="ZONE[:COUNT]",
+        action="append",
+        default=[],
+        help="the next COUNT creates in ZONE fail for capacity (every create without COUNT); repeatable",
+    )
+    r.add_argument(
+        "--duplicate-deliveries",
+        type=int,
+        default=1,
+        metavar="N",
+        help="deliver every Pub/Sub message N times concurrently (default 1)",
+    )
+    r.add_argument("--seed", type=int, default=0, help="seed of --mtbi (default 0)")
+    r.add_argument(
+        "--creation-delay",
+        default="1s",
+        metavar="DURATION",
+        help="time a machine spends CREATING before READY (default 1s)",
+    )
+    r.add_argument(
+        "--grace",
+        default="30s",
+        metavar="DURATION",
+        help="preemption notice: SIGKILL this long after SIGTERM (default 30s, as on Compute Engine)",
+    )
+    r.add_argument("--sweep-every", default="5s", metavar="DURATION", help="sweep tick period (default 5s; 0 = off)")
+    r.add_argument("--timeout", default="30m", metavar="DURATION", help="give up after this long (default 30m)")
+    r.add_argument(
+        "--trainer-arg",
+        action="append",
+        default=[],
+        metavar="--FLAG=VALUE",
+        help="set one trainer flag, replacing the job's own (e.g. --trainer-arg=--steps=60); repeatable",
+    )
+    r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
+    r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
+    r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
+    r.add_argument("--plot", metavar="FILE.png", help="write a timeline PNG")
+    return p  # fmt: skip
+
+
+def with_trainer_args(args: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """Replace (or append) `--name=value` flags in the job's args."""
+    out = list(args)
+    for flag in overrides:
+        name, eq, _ = flag.partition("=")
+        if not name.startswith("--") or not eq:
+            raise UsageError(f"--trainer-arg: {flag!r} is not --FLAG=VALUE")
+        out = [a for a in out if a.partition("=")[0] != name]
+        out.append(flag)
+    return out
+
+
+def total_steps(args: Sequence[str]) -> int | None:
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name == "--steps":
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def options(ns: argparse.Namespace) -> Any:
+    from respawn.local.cloud import Options
+
+    if ns.duplicate_deliveries < 1:
+        raise UsageError("--duplicate-deliveries: must be 1 or more")
+    stockouts: dict[str, int | None] = {}
+    for text in ns.stockout:
+        zone, count = parse_stockout(text)
+        stockouts[zone] = count
+    return Options(
+        preempt_at=parse_times(ns.preempt_at) if ns.preempt_at else [],
+        mtbi_s=parse_duration(ns.mtbi, "--mtbi") if ns.mtbi else None,
+        stockouts=stockouts,
+        duplicate_deliveries=ns.duplicate_deliveries,
+        seed=ns.seed,
+        creation_delay_s=parse_duration(ns.creation_delay, "--creation-delay"),
+        grace_s=parse_duration(ns.grace, "--grace"),
+        sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
+        timeout_s=parse_duration(ns.timeout, "--timeout"),
+        workdir=Path(ns.workdir),
+    )
+
+
+def load_message(path: str, overrides: Sequence[str]) -> dict[str, Any]:
+    from respawn.spec import SpecError, load_job_file, parse_job_message
+
+    try:
+        message = load_job_file(path)
+        if overrides:
+            message["args"] = with_trainer_args(message.get("args") or [], overrides)
+        parse_job_message(message)
+    except SpecError as e:
+        raise UsageError(f"{path}: {e}") from e
+    if message.get("action", "submit") != "submit":
+        raise UsageError(f"{path}: action must be submit to run a job locally")
+    return message
+
+
+def leftover_processes() -> int:
+    import psutil
+
+    return len(psutil.Process().children(recursive=True))
+
+
+def run(ns: argparse.Namespace) -> int:
+    from respawn.local import report
+    from respawn.local.cloud import LocalCloud, signals_as_interrupt
+    from respawn.local.prices import machine_price
+    from respawn.local.reference import reference_run
+
+    message = load_message(ns.job, ns.trainer_arg)
+    opts = options(ns)
+    out = sys.stderr if ns.json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    with signals_as_interrupt():
+        reference_sha = None
+        if not ns.no_reference:
+            cloud_env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
+            cloud_env["RESPAWN_COMPILE_CACHE"] = str((opts.workdir / "compile-cache").resolve())
+            say("reference: the uninterrupted run of the same trainer args (computed once, then cached)")
+            ref = reference_run(
+                message.get("args") or [],
+                message.get("env") or {},
+                cache_dir=opts.workdir / "reference",
+                base_env=cloud_env,
+                log_path=opts.workdir / "reference.log",
+            )
+            reference_sha = ref["params_sha256"]
+            how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
+            say(f"reference: params {str(reference_sha)[:16]} after step {ref['final_step']} ({how})")
+        cloud = LocalCloud(opts, say)
+        outcome = cloud.run(message, total_steps(message.get("args") or []))
+    r = report.build(
+        events=outcome.events,
+        job=outcome.job,
+        reference_sha=reference_sha,
+        machines_left=outcome.machines_left,
+        leftover_processes=leftover_processes(),
+        price=machine_price(message["machine"]),
+        timed_out=outcome.timed_out,
+    )
+    r["bus"] = outcome.bus
+    r["run_dir"] = str(outcome.run_dir)
+    if ns.no_reference:
+        r["exact"] = None
+    if ns.plot:
+        from respawn.local.plot import plot_timeline
+
+        plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {r['status']}")
+        r["plot"] = ns.plot
+    (outcome.run_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
+    if ns.json:
+        print(json.dumps(r, sort_keys=True))
+    else:
+        print(report.render(r))
+    ok = r["status"] == "SUCCEEDED" and r["exact"] is not False and r["machines_left"] == 0
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = parser().parse_args(argv)
+    try:
+        return run(ns)
+    except (UsageError, ChaosError) as e:
+        print(f"respawn local: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"respawn local: interrupted ({e or 'SIGINT'}); everything was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The local cloud: every piece of the deployed system on loopback, one job run through it to the end.
+
+  fake-gcs-server        state bucket + checkpoint bucket (Orbax via TENSORSTORE_GCS_HTTP_URL)
+  CloudApiServer         Cloud TPU v2 + Compute REST; a READY machine is a trainer process (nodes.py)
+  Pub/Sub                the official emulator with push subscriptions, or the in-process bus (bus.py)
+  functions-framework    on_job_message and on_event from functions/main.py, unchanged
+  log router             the sink filter applied to every LogEntry -> respawn-events (router.py)
+  Cloud Scheduler        a sweep tick every few seconds (scheduler.py)
+  chaos                  preemptions at fixed times or a seeded MTBI (chaos.py)
+
+Everything is started in `run()` and torn down in its `finally`, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from respawn.local.bus import Bus, EmulatorBus, InProcessBus, push_endpoint
+from respawn.local.chaos import Chaos
+from respawn.local.cloudapi import CloudApiServer
+from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
+from respawn.local.functions import FunctionServers
+from respawn.local.nodes import Nodes
+from respawn.local.router import LogRouter
+from respawn.local.scheduler import SweepTicker
+from respawn.local.timeline import Timeline
+from respawn.model import Job
+
+PROJECT = "respawn-local"
+STATE_BUCKET = "respawn-local-state"
+JOBS_TOPIC = "respawn-jobs"
+EVENTS_TOPIC = "respawn-events"
+
+
+@dataclass
+class Options:
+    preempt_at: list[float] = field(default_factory=list)
+    mtbi_s: float | None = None
+    stockouts: dict[str, int | None] = field(default_factory=dict)  # zone -> next COUNT creates fail (None: all)
+    duplicate_deliveries: int = 1
+    seed: int = 0
+    creation_delay_s: float = 1.0
+    grace_s: float = 25.0
+    sweep_every_s: float = 5.0
+    timeout_s: float = 1800.0
+    workdir: Path = Path(".respawn")
+    progress_every_s: float = 5.0
+
+
+@dataclass
+class Outcome:
+    job: dict[str, Any] | None
+    events: list[dict[str, Any]]
+    machines_left: int
+    timed_out: bool
+    run_dir: Path
+    bus: str
+
+
+class LocalCloud:
+    def __init__(self, options: Options, say: Callable[[str], None]) -> None:
+        self.o = options
+        self.say = say
+        self.run_dir = options.workdir / "runs" / time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.timeline = Timeline(self.run_dir / "timeline.jsonl")
+        self._stack = contextlib.ExitStack()
+
+    def trainer_env(self, gcs: FakeGcs) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
+        env.update(gcs.env())
+        env["RESPAWN_GRACE_S"] = str(max(1, int(self.o.grace_s) - 5))  # the trainer's own deadline, inside ours
+        env["RESPAWN_COMPILE_CACHE"] = str((self.o.workdir / "compile-cache").resolve())
+        if self.o.mtbi_s:
+            env["RESPAWN_MTBI_S"] = str(self.o.mtbi_s)
+        return env
+
+    def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
+        with self._stack:
+            return self._run(message, total_steps)
+
+    def _start(self, what: str, start: Callable[[], Any], stop: Callable[[], Any]) -> Any:
+        """Start a server, its stop registered first (a server that fails half-way is stopped too)."""
+        t = time.monotonic()
+        self._stack.callback(stop)
+        value = start()
+        self.say(f"started {what} ({time.monotonic() - t:.1f}s)")
+        return value
+
+    def _run(self, message: dict[str, Any], total_steps: int | None) -> Outcome:
+        o, tl = self.o, self.timeline
+        self._stack.callback(tl.close)
+        gcs = FakeGcs()
+        self._start("fake-gcs-server", gcs.start, gcs.stop)
+        self._stack.enter_context(patched_env({**gcs.env(), "GOOGLE_CLOUD_PROJECT": PROJECT}))
+        gcs.create_bucket(STATE_BUCKET)
+        ckpt_bucket = re.match(r"gs://([^/]+)", str(message.get("checkpoint_uri", "")))
+        if ckpt_bucket:
+            gcs.create_bucket(ckpt_bucket.group(1))
+
+        router: list[LogRouter] = []
+        api: list[CloudApiServer] = []
+        nodes = Nodes(
+            project=PROJECT,
+            base_env=self.trainer_env(gcs),
+            log_dir=self._dir("machines"),
+            grace_s=o.grace_s,
+            route=lambda entry: router[0].route(entry),
+            mark_preempted=lambda name: api[0].preempt(name),
+            timeline=tl,
+        )
+        capacity = {z: 0 for z, n in o.stockouts.items() if n is None}
+        stockouts = {z: n for z, n in o.stockouts.items() if n is not None}
+
+        def on_ready(m: Any) -> None:
+            tl.add("state", machine=m.name, zone=m.zone, state="READY")
+            nodes.on_ready(m)
+
+        def on_deleted(m: Any) -> None:
+            tl.add("deleted", machine=m.name, zone=m.zone)
+            nodes.on_deleted(m.name)
+
+        server = CloudApiServer(
+            create_delay_s=o.creation_delay_s,
+            capacity=capacity,
+            stockouts=stockouts,
+            on_ready=on_ready,
+            on_deleted=on_deleted,
+        )
+        api.append(self._start(f"TPU/Compute API {server.url}", server.start, server.stop))
+        self._stack.callback(nodes.stop)  # before the API stops (callbacks), after everything else
+        self._watch_calls(server)
+
+        functions_env = {
+            "RESPAWN_PROJECT": PROJECT,
+            "GOOGLE_CLOUD_PROJECT": PROJECT,
+            "RESPAWN_STATE_BUCKET": STATE_BUCKET,
+            "RESPAWN_TPU_ENDPOINT": server.url,
+            "RESPAWN_COMPUTE_ENDPOINT": server.url,
+            "RESPAWN_JOBS_TOPIC": JOBS_TOPIC,
+            "RESPAWN_EVENTS_TOPIC": EVENTS_TOPIC,
+            **gcs.env(),
+        }
+        fns = FunctionServers(functions_env, self._dir("functions"))
+        self._start("functions-framework (on_job_message, on_event)", fns.start, fns.stop)
+        endpoints = {
+            JOBS_TOPIC: push_endpoint(fns.urls["on_job_message"], PROJECT, JOBS_TOPIC),
+            EVENTS_TOPIC: push_endpoint(fns.urls["on_event"], PROJECT, EVENTS_TOPIC),
+        }
+        bus, bus_name = self._bus(endpoints)
+        router.append(LogRouter(bus, EVENTS_TOPIC, tl))
+        ticker = SweepTicker(bus, EVENTS_TOPIC, o.sweep_every_s).start()
+        self._stack.callback(ticker.stop)
+
+        from respawn.adapters.gcs_store import GcsJobStore
+
+        store = GcsJobStore(STATE_BUCKET)
+        job_id = str(message["job_id"])
+        t0 = tl.add("submitted", job_id=job_id)["t"]
+        chaos = Chaos(ready=nodes.ready, preempt=nodes.preempt, t0=t0, at=o.preempt_at, mtbi=o.mtbi_s, seed=o.seed)
+        self._stack.callback(chaos.start().stop)
+        bus.publish(JOBS_TOPIC, json.dumps(message).encode(), {"job_id": job_id})
+        self.say(f"submitted {job_id} to {JOBS_TOPIC}; logs in {self.run_dir}")
+
+        job, timed_out = self._follow(store, job_id, t0, total_steps)
+        machines_left = self._settle(server, nodes)
+        return Outcome(job, tl.events(), machines_left, timed_out, self.run_dir, bus_name)
+
+    def _dir(self, name: str) -> Path:
+        path = self.run_dir / name
+        path.mkdir(exist_ok=True)
+        return path
+
+    def _bus(self, endpoints: dict[str, str]) -> tuple[Bus, str]:
+        copies = max(1, self.o.duplicate_deliveries)
+        problem = PubSubEmulator.missing()
+        if problem is None:
+            emulator = PubSubEmulator(project=PROJECT)
+            self._start("Pub/Sub emulator", emulator.start, emulator.stop)
+            self._stack.enter_context(patched_env(emulator.env()))
+            bus: Bus = EmulatorBus(PROJECT, endpoints, copies)
+            name = "pubsub-emulator"
+        else:
+            self.say(f"notice: {problem}; using the in-process push bus instead")
+            bus = InProcessBus(PROJECT, endpoints, copies)
+            name = "in-process"
+        self._stack.callback(bus.close)
+        return bus, name
+
+    def _watch_calls(self, server: CloudApiServer) -> None:
+        """Copy the API's create calls and new machines into the timeline as they happen."""
+        stop = threading.Event()
+        seen_calls = 0
+        known: set[str] = set()
+
+        def poll() -> None:
+            nonlocal seen_calls
+            calls = server.calls
+            for call in calls[seen_calls:]:
+                if call.verb in ("create", "delete"):
+                    self.timeline.add(f"{call.verb}_call", t=call.time, machine=call.name, zone=call.zone)
+            seen_calls = len(calls)
+            for m in server.machines():
+                if m.name not in known:
+                    known.add(m.name)
+                    self.timeline.add("state", t=m.created_at, machine=m.name, zone=m.zone, state="CREATING")
+
+        def loop() -> None:
+            while not stop.wait(0.02):
+                poll()
+            poll()
+
+        thread = threading.Thread(target=loop, name="api-watch", daemon=True)
+        thread.start()
+        self._stack.callback(thread.join, 5)
+        self._stack.callback(stop.set)
+
+    def _follow(self, store: Any, job_id: str, t0: float, total: int | None) -> tuple[dict[str, Any] | None, bool]:
+        """Print live progress until the job is terminal or the timeout; returns (final record, timed out)."""
+        deadline = time.time() + self.o.timeout_s
+        last_line, last_print, shown = "", 0.0, 0
+        job: Job | None = None
+        while time.time() < deadline:
+            with contextlib.suppress(Exception):
+                job, _ = store.load(job_id)
+            events = self.timeline.events()
+            for e in events[shown:]:
+                note = _note(e, t0)
+                if note:
+                    self.say(note)
+            shown = len(events)
+            line = _progress_line(job, self.timeline.last("step"), total)
+            now = time.time()
+            if line != last_line or now - last_print >= self.o.progress_every_s:
+                self.say(f"[{now - t0:7.1f}s] {line}")
+                last_line, last_print = line, now
+            if job is not None and job.status.terminal:
+                return job.to_dict(), False
+            time.sleep(0.25)
+        self.say(f"timed out after {self.o.timeout_s:.0f}s")
+        return (job.to_dict() if job else None), True
+
+    def _settle(self, server: CloudApiServer, nodes: Nodes, wait_s: float = 20.0) -> int:
+        """Give the control plane a moment to delete the last machine; returns how many are left."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and (server.machines() or nodes.alive()):
+            time.sleep(0.1)
+        return len(server.machines())
+
+
+def _note(e: dict[str, Any], t0: float) -> str | None:
+    at = f"[{e['t'] - t0:7.1f}s]"
+    kind = e["kind"]
+    if kind == "create_call":
+        return f"{at} cloud: create {e['machine']} in {e['zone']}"
+    if kind == "state" and e["state"] == "READY":
+        return f"{at} cloud: {e['machine']} READY; trainer starting"
+    if kind == "notice":
+        return f"{at} chaos: preempting {e['machine']} (SIGTERM, grace period running)"
+    if kind == "preempted":
+        return f"{at} cloud: {e['machine']} PREEMPTED; system event on {e['instance']} sent to the log router"
+    if kind == "deleted":
+        return f"{at} cloud: {e['machine']} deleted"
+    if kind == "trainer_exit" and e["code"] != 0:
+        return f"{at} trainer on {e['machine']} exited with code {e['code']}"
+    if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):
+        p = e["payload"]
+        detail = {k: p[k] for k in ("step", "restored_step", "error") if p.get(k) is not None}
+        return f"{at} trainer {e['machine']}: {p['event']} {json.dumps(detail)}"
+    return None
+
+
+def _progress_line(job: Job | None, step: dict[str, Any] | None, total: int | None) -> str:
+    if job is None:
+        return "waiting for the job record"
+    current = job.current
+    parts = [f"{job.status.value:<12}"]
+    if current is not None:
+        parts.append(f"attempt {current.n} {current.zone}")
+    if step is not None:
+        parts.append(f"step {step['step']}" + (f"/{total}" if total else ""))
+        if step.get("loss") is not None:
+            parts.append(f"loss {step['loss']:.4f}")
+    if job.counters.preemptions:
+        parts.append(f"preemptions {job.counters.preemptions}")
+    return "  ".join(parts)
+
+
+@contextlib.contextmanager
+def signals_as_interrupt() -> Iterator[None]:
+    """SIGTERM / SIGHUP raise KeyboardInterrupt in the main thread, so teardown runs as for Ctrl-C."""
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

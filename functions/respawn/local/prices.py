@@ -1,0 +1,86 @@
+"""Hourly prices of the machine types respawn runs, to price a run at Spot vs on-demand.
+
+List prices in USD for us-central1, read from the public pricing pages
+(https://cloud.google.com/tpu/pricing, https://cloud.google.com/compute/gpus-pricing and
+https://cloud.google.com/spot-vms/pricing) in 2025-06. TPU prices are per chip-hour and are
+multiplied by the chips of the slice; GPU prices are per GPU-hour and cover the accelerator
+only (the host machine type is billed on top and is left out here). Spot prices are dynamic
+(Google may change them up to once every 30 days, always 60-91% below on-demand), so treat
+the figures as indicative: the report prints which row it used.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PRICES_AS_OF = "2025-06 (us-central1 list prices)"
+
+
+@dataclass(frozen=True)
+class Price:
+    on_demand: float  # USD per unit-hour
+    spot: float  # USD per unit-hour (Spot, or preemptible where Spot is not offered)
+    unit: str  # "chip" | "gpu" | "device"
+
+
+# TPU generation (accelerator_type prefix) -> price per chip-hour.
+TPU_PRICES: dict[str, Price] = {
+    "v2": Price(on_demand=4.50, spot=1.35, unit="device"),  # v2-8 device (4 chips), preemptible
+    "v3": Price(on_demand=8.00, spot=2.40, unit="device"),  # v3-8 device (4 chips), preemptible
+    "v4": Price(on_demand=3.22, spot=0.97, unit="chip"),
+    "v5litepod": Price(on_demand=1.20, spot=0.48, unit="chip"),  # TPU v5e
+    "v5p": Price(on_demand=4.20, spot=1.68, unit="chip"),
+    "v6e": Price(on_demand=2.70, spot=1.08, unit="chip"),  # Trillium
+}
+
+# GPU accelerator type -> price per GPU-hour (the accelerator alone).
+GPU_PRICES: dict[str, Price] = {
+    "nvidia-tesla-t4": Price(on_demand=0.35, spot=0.11, unit="gpu"),
+    "nvidia-l4": Price(on_demand=0.56, spot=0.22, unit="gpu"),
+    "nvidia-tesla-v100": Price(on_demand=2.48, spot=0.74, unit="gpu"),
+    "nvidia-tesla-a100": Price(on_demand=2.93, spot=1.15, unit="gpu"),
+    "nvidia-a100-80gb": Price(on_demand=3.67, spot=1.57, unit="gpu"),
+    "nvidia-h100-80gb": Price(on_demand=11.06, spot=2.25, unit="gpu"),
+}
+
+
+@dataclass(frozen=True)
+class MachinePrice:
+    label: str  # what the row priced, e.g. "v5litepod-8: 8 chips x $1.20/chip-h on-demand"
+    on_demand_per_h: float
+    spot_per_h: float
+
+
+def tpu_units(accelerator_type: str) -> tuple[str, int] | None:
+    """`v5litepod-8` -> ("v5litepod", 8 chips); v2/v3 are priced per 8-core device; v4/v5p name cores (2 per chip)."""
+    m = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", accelerator_type)
+    if not m:
+        return None
+    generation, n = m.group(1), int(m.group(2))
+    if generation in ("v2", "v3"):
+        return generation, max(1, n // 8)
+    if generation in ("v4", "v5p"):
+        return generation, max(1, n // 2)
+    return generation, n
+
+
+def machine_price(machine: dict[str, object]) -> MachinePrice | None:
+    """The hourly price of one machine of the job's `machine` block, or None when the table lacks it."""
+    if machine.get("kind") == "tpu":
+        accelerator = str(machine.get("accelerator_type", ""))
+        units = tpu_units(accelerator)
+        if units is None or units[0] not in TPU_PRICES:
+            return None
+        generation, n = units
+        p = TPU_PRICES[generation]
+        label = f"{accelerator}: {n} {p.unit}(s) x ${p.on_demand:.2f} on-demand / ${p.spot:.2f} Spot per {p.unit}-hour"
+        return MachinePrice(label, n * p.on_demand, n * p.spot)
+    accelerator = str(machine.get("accelerator_type", ""))
+    count = int(str(machine.get("accelerator_count", 1)))
+    p = GPU_PRICES.get(accelerator)
+    if p is None:
+        return None
+    label = f"{count} x {accelerator}: ${p.on_demand:.2f} on-demand / ${p.spot:.2f} Spot per GPU-hour"
+    label += " (host VM not included)"
+    return MachinePrice(label, count * p.on_demand, count * p.spot)

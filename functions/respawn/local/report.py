@@ -1,0 +1,238 @@
+"""The report of a local run, computed from its timeline and the final job record (pure functions).
+
+Definitions:
+  preemption      the moment a machine was PREEMPTED and its system event emitted (after the trainer's save)
+  recovery_create_s      preemption -> the next create call the cloud API received
+  recovery_first_step_s  preemption -> the first training step of a later attempt
+  lost_steps      steps trained twice: for every attempt that started after another had trained, the furthest
+                  step reached before it started minus the step it restored
+  goodput         productive training seconds / wall seconds from submit to the end; the badput categories are
+                  the trainers' own splits (startup, restore, checkpoint, wasted) plus `idle_s`, the wall time no
+                  trainer accounted for (no machine yet, machine booting, recovery gaps)
+  cost            machine time (READY until preempted or deleted) at the Spot and on-demand prices of prices.py
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from respawn.local.prices import PRICES_AS_OF, MachinePrice
+
+LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})
+GOODPUT_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "wasted_s", "total_s")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100), None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def max_live_machines(events: list[dict[str, Any]]) -> int:
+    """The most machines in a live state (CREATING/READY) at the same moment, from the cloud's state changes."""
+    live: set[str] = set()
+    most = 0
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["kind"] == "state":
+            if e["state"] in LIVE_STATES:
+                live.add(e["machine"])
+            else:
+                live.discard(e["machine"])
+        elif e["kind"] == "deleted":
+            live.discard(e["machine"])
+        most = max(most, len(live))
+    return most
+
+
+def _attempt_of(e: dict[str, Any]) -> int:
+    return int(e.get("attempt") or 0)
+
+
+def lost_steps(events: list[dict[str, Any]]) -> int:
+    furthest = -1
+    lost = 0
+    for e in events:
+        if e["kind"] == "step":
+            furthest = max(furthest, int(e["step"]))
+        elif e["kind"] == "entry":
+            p = e["payload"]
+            if p.get("event") == "started" and furthest >= 0:
+                restored = int(p.get("restored_step") or 0)
+                lost += max(0, furthest - restored)
+            if isinstance(p.get("step"), int) and p.get("event") in ("checkpoint", "stopped", "completed"):
+                furthest = max(furthest, int(p["step"]))
+    return lost
+
+
+def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per preemption: the machine, how long the trainer took to stop, and the two recovery latencies."""
+    attempts = {e["machine"]: _attempt_of(e) for e in events if e["kind"] == "trainer_start"}
+    notices = {e["machine"]: e["t"] for e in events if e["kind"] == "notice"}
+    rows = []
+    for p in (e for e in events if e["kind"] == "preempted"):
+        tp, attempt = p["t"], attempts.get(p["machine"], 0)
+        create = next((e["t"] for e in events if e["kind"] == "create_call" and e["t"] >= tp), None)
+        first = next(
+            (e["t"] for e in events if e["kind"] == "step" and e["t"] >= tp and _attempt_of(e) > attempt), None
+        )
+        rows.append(
+            {
+                "machine": p["machine"],
+                "zone": p.get("zone"),
+                "at_s": tp,
+                "stop_s": tp - notices[p["machine"]] if p["machine"] in notices else None,
+                "create_s": create - tp if create is not None else None,
+                "first_step_s": first - tp if first is not None else None,
+            }
+        )
+    return rows
+
+
+def goodput_split(events: list[dict[str, Any]], wall_s: float) -> dict[str, float]:
+    """Seconds per category: the sum of every attempt's final split, plus idle_s (wall time no trainer covered)."""
+    total = dict.fromkeys(GOODPUT_KEYS, 0.0)
+    final: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e["kind"] == "entry" and isinstance(e["payload"].get("goodput"), dict):
+            final[_attempt_of(e) or int(e["payload"].get("attempt") or 0)] = e["payload"]["goodput"]
+    for split in final.values():
+        for key in GOODPUT_KEYS:
+            total[key] += float(split.get(key) or 0.0)
+    total["idle_s"] = max(0.0, wall_s - total["total_s"])
+    return total
+
+
+def machine_seconds(events: list[dict[str, Any]], end: float) -> float:
+    ready_since: dict[str, float] = {}
+    used = 0.0
+    for e in events:
+        name = e.get("machine")
+        if e["kind"] == "state" and e["state"] == "READY":
+            ready_since.setdefault(name, e["t"])
+        elif name in ready_since and (e["kind"] in ("deleted", "preempted") or e["kind"] == "state"):
+            used += e["t"] - ready_since.pop(name)
+    return used + sum(end - t for t in ready_since.values())
+
+
+def build(
+    *,
+    events: list[dict[str, Any]],
+    job: dict[str, Any] | None,
+    reference_sha: str | None,
+    machines_left: int,
+    leftover_processes: int,
+    price: MachinePrice | None,
+    timed_out: bool,
+) -> dict[str, Any]:
+    events = sorted(events, key=lambda e: e["t"])
+    t0 = next((e["t"] for e in events if e["kind"] == "submitted"), events[0]["t"] if events else 0.0)
+    completed = [e for e in events if e["kind"] == "entry" and e["payload"].get("event") == "completed"]
+    end = completed[-1]["t"] if completed else (events[-1]["t"] if events else t0)
+    wall = max(0.0, end - t0)
+    job = job or {}
+    result = job.get("result") or (completed[-1]["payload"] if completed else {})
+    sha = result.get("params_sha256")
+    rows = recoveries(events)
+    create = [r["create_s"] for r in rows if r["create_s"] is not None]
+    first = [r["first_step_s"] for r in rows if r["first_step_s"] is not None]
+    split = goodput_split(events, wall)
+    hours = machine_seconds(events, end) / 3600
+    steps = [e["step"] for e in events if e["kind"] == "step"]
+    return {
+        "job_id": job.get("job_id"),
+        "status": "TIMEOUT" if timed_out and not job.get("status") else job.get("status", "UNKNOWN"),
+        "timed_out": timed_out,
+        "reason": job.get("reason", ""),
+        "attempts": len(job.get("attempts") or ()),
+        "preemptions": (job.get("counters") or {}).get("preemptions", 0),
+        "preemptions_injected": sum(1 for e in events if e["kind"] == "notice"),
+        "capacity_errors": (job.get("counters") or {}).get("capacity_errors", 0),
+        "zones": [
+            {"attempt": a["n"], "zone": a["zone"], "end": a.get("end_reason"), "restored_step": a.get("restored_step")}
+            for a in job.get("attempts") or ()
+        ],
+        "final_step": result.get("step", max(steps) if steps else None),
+        "final_loss": result.get("final_loss"),
+        "lost_steps": lost_steps(events),
+        "wall_s": round(wall, 3),
+        "goodput": round(split["productive_s"] / wall, 4) if wall else 0.0,
+        "goodput_s": {k: round(v, 3) for k, v in split.items()},
+        "recovery": rows,
+        "recovery_create_s": [round(v, 3) for v in create],
+        "recovery_first_step_s": [round(v, 3) for v in first],
+        "recovery_create_p50_s": percentile(create, 50),
+        "recovery_create_p95_s": percentile(create, 95),
+        "recovery_first_step_p50_s": percentile(first, 50),
+        "recovery_first_step_p95_s": percentile(first, 95),
+        "machine_hours": round(hours, 5),
+        "cost": (
+            {
+                "spot_usd": round(hours * price.spot_per_h, 4),
+                "on_demand_usd": round(hours * price.on_demand_per_h, 4),
+                "spot_per_h": price.spot_per_h,
+                "on_demand_per_h": price.on_demand_per_h,
+                "priced_as": price.label,
+                "prices_as_of": PRICES_AS_OF,
+            }
+            if price
+            else None
+        ),
+        "params_sha256": sha,
+        "reference_sha256": reference_sha,
+        "exact": bool(sha) and sha == reference_sha,
+        "max_live_machines": max_live_machines(events),
+        "machines_left": machines_left,
+        "processes_left": leftover_processes,
+    }
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"
+
+
+def render(r: dict[str, Any]) -> str:
+    """The report as text for a person."""
+    g = r["goodput_s"]
+    lines = [
+        f"job {r['job_id']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""),
+        f"  attempts {r['attempts']}, preemptions survived {r['preemptions']} (injected {r['preemptions_injected']}), "
+        f"capacity errors {r['capacity_errors']}",
+        "  zones    " + " -> ".join(f"a{z['attempt']} {z['zone']} ({z['end'] or 'live'})" for z in r["zones"]),
+        f"  steps    {r['final_step']} (final loss {r['final_loss']}), lost steps {r['lost_steps']}",
+        f"  wall     {r['wall_s']:.1f}s, goodput {100 * r['goodput']:.1f}%",
+        "  time     "
+        + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("productive_s", "startup_s", "restore_s"))
+        + ", "
+        + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "wasted_s", "idle_s")),
+    ]
+    for row in r["recovery"]:
+        lines.append(
+            f"  recovery {row['machine']}: stopped in {_s(row['stop_s'])}, create after {_s(row['create_s'])}, "
+            f"first step after {_s(row['first_step_s'])}"
+        )
+    if r["recovery"]:
+        lines.append(
+            f"  recovery p50/p95: create {_s(r['recovery_create_p50_s'])}/{_s(r['recovery_create_p95_s'])}, "
+            f"first step {_s(r['recovery_first_step_p50_s'])}/{_s(r['recovery_first_step_p95_s'])}"
+        )
+    c = r["cost"]
+    if c:
+        saved = 100 * (1 - c["spot_usd"] / c["on_demand_usd"]) if c["on_demand_usd"] else 0.0
+        lines.append(
+            f"  cost     ${c['spot_usd']:.4f} at Spot vs ${c['on_demand_usd']:.4f} on-demand ({saved:.0f}% less) "
+            f"for {r['machine_hours'] * 3600:.0f} machine-seconds; {c['priced_as']} [{c['prices_as_of']}]"
+        )
+    else:
+        lines.append("  cost     - (no price for this machine type in respawn/local/prices.py)")
+    lines.append(
+        f"  exact    {'yes' if r['exact'] else 'NO'}: params {str(r['params_sha256'])[:16]} vs uninterrupted reference "
+        f"{str(r['reference_sha256'])[:16]}"
+    )
+    lines.append(
+        f"  cleanup  machines left {r['machines_left']}, processes left {r['processes_left']}, "
+        f"most live machines at once {r['max_live_machines']}"
+    )
+    return "\n".join(lines)

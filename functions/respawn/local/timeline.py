@@ -1,0 +1,52 @@
+"""What happened during a local run, in order: the raw material of the report, the plot and the tests.
+
+Kinds recorded (each with `t`, seconds since the epoch, and `machine` where it applies):
+  submitted                     the job message was published (t0 of the run)
+  create_call                   the cloud API received a create for `machine` in `zone`
+  state                         `machine` changed state (`state`: CREATING, READY, PREEMPTED, ...; `zone`)
+  deleted                       `machine` was deleted
+  notice                        chaos told `machine` it is being preempted (SIGTERM)
+  preempted                     `machine` is PREEMPTED and its system event was emitted
+  trainer_start / trainer_exit  the trainer process of `machine` started / exited (`code`)
+  entry                         a lifecycle entry of `machine`'s trainer (`payload`)
+  step                          a training step of `machine`'s trainer (`step`, `loss`)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Timeline:
+    def __init__(self, path: Path | None = None) -> None:
+        self._lock = threading.Lock()
+        self._events: list[dict[str, Any]] = []
+        self._file = path.open("a") if path else None
+
+    def add(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"t": fields.pop("t", None) or time.time(), "kind": kind, **fields}
+        with self._lock:
+            self._events.append(event)
+            if self._file:
+                self._file.write(json.dumps(event) + "\n")
+                self._file.flush()
+        return event
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """In the order they were recorded (not always the order of `t`: API calls are copied in late)."""
+        with self._lock:
+            return [e for e in self._events if kind is None or e["kind"] == kind]
+
+    def last(self, kind: str) -> dict[str, Any] | None:
+        found = self.events(kind)
+        return found[-1] if found else None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file:
+                self._file.close()
+                self._file = None
