@@ -1,0 +1,606 @@
+"""The job message (SPEC 3.1): strict validation into a JobSpec or a CancelRequest.
+
+Every error is a SpecError whose str() is one line naming the field, what was
+wrong and what is allowed. Values are quoted JSON-style (so a hostile value can
+never break the line) and cut short; env values are never echoed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from respawn.model import GpuMachine, JobSpec, MachineSpec, TpuMachine
+
+MAX_MESSAGE_BYTES = 256 * 1024
+TTL_MIN_S = 60
+TTL_MAX_S = 14 * 24 * 3600
+
+JOB_ID_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,37}[a-z0-9])?$")  # ^[a-z][a-z0-9-]{0,38}$, not ending in "-"
+ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+TPU_TYPE_RE = re.compile(r"^v[0-9]+[a-z]*(?:-[a-z]+)?-[1-9][0-9]{0,4}$")
+RUNTIME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
+GPU_TYPE_RE = re.compile(r"^nvidia-[a-z0-9-]+$")
+ENV_KEY_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+TTL_RE = re.compile(r"^([0-9]{1,8})([smhd])$")
+GS_URI_RE = re.compile(r"^gs://([^/]*)/(.*)$")
+OBJECT_PATH_RE = re.compile(r"^[A-Za-z0-9._~=+@,-]+(?:/[A-Za-z0-9._~=+@,-]+)*/?$")
+BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{1,220}[a-z0-9])$")
+IPV4_RE = re.compile(r"^[0-9]{1,3}(?:\.[0-9]{1,3}){3}$")
+# An OCI image reference: [host[:port]/]path[:tag][@digest]; lowercase path components.
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?/)"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+_TAG = r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
+_DIGEST = r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})"
+IMAGE_RE = re.compile(rf"^{_HOST}?{_PATH}{_TAG}?{_DIGEST}?$")
+
+PROVISIONING = ("spot", "preemptible", "standard")
+GPU_COUNTS = (1, 2, 4, 8, 16)
+MAX_ZONES = 20
+MAX_ARGS = 256
+MAX_ARG_CHARS = 4096
+MAX_ENV_BYTES = 32 * 1024
+MAX_LABELS = 60
+MAX_IMAGE_CHARS = 512
+MAX_URI_CHARS = 1024
+MAX_PREEMPTIONS = 1_000_000
+MAX_FAILURES = 100
+BOOT_DISK_GB = (10, 65536)
+RESERVED_ENV_PREFIX = "RESPAWN_"
+RESERVED_LABEL_PREFIX = "respawn-"
+
+SUBMIT_FIELDS = (
+    "action",
+    "job_id",
+    "machine",
+    "zones",
+    "provisioning",
+    "image",
+    "args",
+    "env",
+    "checkpoint_uri",
+    "ttl",
+    "max_preemptions",
+    "max_failures",
+    "labels",
+)
+REQUIRED_FIELDS = ("job_id", "machine", "zones", "image", "checkpoint_uri")
+CANCEL_FIELDS = ("action", "job_id")
+TPU_FIELDS = ("kind", "accelerator_type", "runtime_version")
+GPU_FIELDS = ("kind", "machine_type", "accelerator_type", "accelerator_count", "boot_disk_gb")
+DEFAULT_TTL = "48h"
+
+
+class SpecError(ValueError):
+    """An invalid job message. str(e) is one line: the field, what was wrong, what is allowed."""
+
+    def __init__(self, field: str, problem: str, allowed: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.allowed = allowed
+        where = f'field "{field}": ' if field else ""
+        super().__init__(f"job message: {where}{problem}; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    job_id: str
+
+
+def _fail(field: str, problem: str, allowed: str) -> NoReturn:
+    raise SpecError(field, problem, allowed)
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A value as one short, safe line (JSON quoting escapes newlines and quotes)."""
+    try:
+        text = json.dumps(value, ensure_ascii=True, default=str)
+    except (ValueError, TypeError):  # e.g. a recursive structure
+        text = type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str, limit: int = 80) -> str:
+    """Text escaped onto one line (no quotes added) and cut short."""
+    escaped = json.dumps(text, ensure_ascii=True)[1:-1]
+    return escaped if len(escaped) <= limit else escaped[: limit - 3] + "..."
+
+
+def _key(name: Any) -> str:
+    """A field name as it appears in an error (escaped, short)."""
+    return one_line(str(name), 40)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    for typ, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string")):
+        if isinstance(value, typ):
+            return name
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _expect_type(field: str, value: Any, typ: type, name: str) -> None:
+    ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
+    if not ok:
+        _fail(field, f"expected {name}, got {_type_name(value)}", name)
+
+
+def _string(field: str, value: Any, regex: re.Pattern[str], allowed: str, what: str) -> str:
+    _expect_type(field, value, str, "a string")
+    if not regex.fullmatch(value):
+        _fail(field, f"{show(value)} is not {what}", allowed)
+    return str(value)
+
+
+def _int(field: str, value: Any, lo: int, hi: int) -> int:
+    _expect_type(field, value, int, "an integer")
+    if not lo <= value <= hi:
+        _fail(field, f"{show(value)} is out of range", f"an integer from {lo} to {hi}")
+    return int(value)
+
+
+def _only(field: str, obj: dict[Any, Any], allowed: tuple[str, ...]) -> None:
+    for k in obj:
+        if k not in allowed:
+            path = f"{field}.{_key(k)}" if field else _key(k)
+            _fail(path, "unknown field", ", ".join(allowed))
+
+
+# ---------------------------------------------------------------------------- fields
+
+
+def _job_id(value: Any) -> str:
+    return _string(
+        "job_id",
+        value,
+        JOB_ID_RE,
+        "1-39 characters: lowercase letters, digits and '-', starting with a letter, not ending with '-'",
+        "a valid job id",
+    )
+
+
+def _machine(value: Any) -> MachineSpec:
+    _expect_type("machine", value, dict, "an object")
+    kind = value.get("kind")
+    if kind == "tpu":
+        _only("machine", value, TPU_FIELDS)
+        for f in TPU_FIELDS[1:]:
+            if f not in value:
+                _fail(f"machine.{f}", "missing", "required for kind tpu")
+        return TpuMachine(
+            accelerator_type=_string(
+                "machine.accelerator_type",
+                value["accelerator_type"],
+                TPU_TYPE_RE,
+                "a Cloud TPU type like v5litepod-8, v4-8, v6e-8, v5p-16",
+                "a TPU accelerator type",
+            ),
+            runtime_version=_string(
+                "machine.runtime_version",
+                value["runtime_version"],
+                RUNTIME_RE,
+                "a TPU runtime version like v2-alpha-tpuv5-lite or tpu-ubuntu2204-base",
+                "a TPU runtime version",
+            ),
+        )
+    if kind == "gpu":
+        _only("machine", value, GPU_FIELDS)
+        for f in GPU_FIELDS[1:4]:
+            if f not in value:
+                _fail(f"machine.{f}", "missing", "required for kind gpu")
+        count = value["accelerator_count"]
+        _expect_type("machine.accelerator_count", count, int, "an integer")
+        if count not in GPU_COUNTS:
+            _fail("machine.accelerator_count", f"{show(count)} is not a GPU count", "one of 1, 2, 4, 8, 16")
+        return GpuMachine(
+            machine_type=_string(
+                "machine.machine_type",
+                value["machine_type"],
+                MACHINE_TYPE_RE,
+                "a Compute Engine machine type like g2-standard-8 or a2-highgpu-1g",
+                "a machine type",
+            ),
+            accelerator_type=_string(
+                "machine.accelerator_type",
+                value["accelerator_type"],
+                GPU_TYPE_RE,
+                "a GPU type like nvidia-l4, nvidia-tesla-a100, nvidia-h100-80gb",
+                "a GPU accelerator type",
+            ),
+            accelerator_count=count,
+            boot_disk_gb=_int("machine.boot_disk_gb", value.get("boot_disk_gb", 200), *BOOT_DISK_GB),
+        )
+    if "kind" not in value:
+        _fail("machine.kind", "missing", '"tpu" or "gpu"')
+    _fail("machine.kind", f"{show(kind)} is not a machine kind", '"tpu" or "gpu"')
+
+
+def _zones(value: Any) -> tuple[str, ...]:
+    _expect_type("zones", value, list, "a list of zones")
+    if not value:
+        _fail("zones", "the list is empty", "1 to 20 zone names like us-central1-a, in order of preference")
+    if len(value) > MAX_ZONES:
+        _fail("zones", f"{len(value)} zones", f"at most {MAX_ZONES} zones")
+    zones: list[str] = []
+    for i, z in enumerate(value):
+        zone = _string(f"zones[{i}]", z, ZONE_RE, "a zone name like us-central1-a", "a zone")
+        if zone in zones:
+            _fail(f"zones[{i}]", f"{show(zone)} is listed twice", "each zone once")
+        zones.append(zone)
+    return tuple(zones)
+
+
+def _provisioning(value: Any) -> str:
+    _expect_type("provisioning", value, str, "a string")
+    if value not in PROVISIONING:
+        _fail("provisioning", f"{show(value)} is not a provisioning model", "spot, preemptible, standard")
+    return str(value)
+
+
+def _image(value: Any) -> str:
+    _expect_type("image", value, str, "a string")
+    if len(value) > MAX_IMAGE_CHARS:
+        _fail("image", f"{len(value)} characters", f"at most {MAX_IMAGE_CHARS} characters")
+    if not IMAGE_RE.fullmatch(value):
+        _fail(
+            "image",
+            f"{show(value)} is not a container image reference",
+            "HOST/PATH[:TAG][@sha256:DIGEST] like us-docker.pkg.dev/my-project/repo/trainer:v1",
+        )
+    return str(value)
+
+
+def _args(value: Any) -> tuple[str, ...]:
+    _expect_type("args", value, list, "a list of strings")
+    if len(value) > MAX_ARGS:
+        _fail("args", f"{len(value)} items", f"at most {MAX_ARGS} items")
+    for i, a in enumerate(value):
+        _expect_type(f"args[{i}]", a, str, "a string")
+        if len(a) > MAX_ARG_CHARS:
+            _fail(f"args[{i}]", f"{len(a)} characters", f"at most {MAX_ARG_CHARS} characters")
+        if "\x00" in a:
+            _fail(f"args[{i}]", "contains a NUL character", "any text without NUL")
+    return tuple(value)
+
+
+def _env(value: Any) -> tuple[tuple[str, str], ...]:
+    _expect_type("env", value, dict, "an object")
+    total = 0
+    for k, v in value.items():
+        field = f"env.{_key(k)}"
+        if not isinstance(k, str) or not ENV_KEY_RE.fullmatch(k):
+            _fail(
+                field,
+                "not a valid variable name",
+                "names of uppercase letters, digits and _, not starting with a digit",
+            )
+        if k.startswith(RESERVED_ENV_PREFIX):
+            _fail(field, f"names starting with {RESERVED_ENV_PREFIX} are reserved", "any other name")
+        _expect_type(field, v, str, "a string")  # a type name only: values are never echoed
+        if "\x00" in v:
+            _fail(field, "the value contains a NUL character", "any text without NUL")
+        total += len(k.encode()) + len(v.encode("utf-8", "surrogatepass"))
+    if total > MAX_ENV_BYTES:
+        _fail("env", f"{total} bytes of names and values", f"at most {MAX_ENV_BYTES} bytes")
+    return tuple(sorted(value.items()))
+
+
+def _checkpoint_uri(value: Any) -> str:
+    allowed = "gs://BUCKET/PATH with a valid bucket name and a path of letters, digits and ._~=+@,-/"
+    _expect_type("checkpoint_uri", value, str, "a string")
+    if len(value) > MAX_URI_CHARS:
+        _fail("checkpoint_uri", f"{len(value)} characters", f"at most {MAX_URI_CHARS} characters")
+    m = GS_URI_RE.fullmatch(value)
+    if not m:
+        _fail("checkpoint_uri", f"{show(value)} is not a gs:// URI with a path", allowed)
+    bucket, path = m.group(1), m.group(2)
+    if not _valid_bucket(bucket):
+        _fail("checkpoint_uri", f"{show(bucket)} is not a valid bucket name", allowed)
+    if not OBJECT_PATH_RE.fullmatch(path) or any(part in (".", "..") for part in path.split("/")):
+        _fail("checkpoint_uri", f"{show(path)} is not a valid object path", allowed)
+    return str(value)
+
+
+def _valid_bucket(name: str) -> bool:
+    """Cloud Storage bucket naming rules (the ones a URI can break)."""
+    if not BUCKET_RE.fullmatch(name) or IPV4_RE.fullmatch(name) or name.startswith("goog") or "google" in name:
+        return False
+    if "." not in name:
+        return len(name) <= 63
+    return all(0 < len(part) <= 63 for part in name.split("."))
+
+
+def parse_ttl(value: Any, field: str = "ttl") -> int:
+    """A TTL ("90s", "30m", "48h", "2d" or integer seconds) -> seconds, within 60 s .. 14 d."""
+    allowed = "a duration like 90s, 30m, 48h, 2d or integer seconds, from 1m to 14d"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        _fail(field, f"expected a duration string or an integer, got {_type_name(value)}", allowed)
+    if isinstance(value, str):
+        m = TTL_RE.fullmatch(value)
+        if not m:
+            _fail(field, f"{show(value)} is not a duration", allowed)
+        seconds = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    else:
+        seconds = value
+    if not TTL_MIN_S <= seconds <= TTL_MAX_S:
+        _fail(field, f"{show(value)} is out of range", allowed)
+    return int(seconds)
+
+
+def format_ttl(seconds: int) -> str:
+    """The inverse of parse_ttl: the largest whole unit ("2d", "90m", "45s")."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _max_preemptions(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(
+            "max_preemptions", f"expected null or an integer, got {_type_name(value)}", "null (unlimited) or 0 or more"
+        )
+    if not 0 <= value <= MAX_PREEMPTIONS:
+        _fail("max_preemptions", f"{show(value)} is out of range", f"null (unlimited) or 0 to {MAX_PREEMPTIONS}")
+    return value
+
+
+def _labels(value: Any) -> tuple[tuple[str, str], ...]:
+    _expect_type("labels", value, dict, "an object")
+    if len(value) > MAX_LABELS:
+        _fail("labels", f"{len(value)} labels", f"at most {MAX_LABELS} labels")
+    for k, v in value.items():
+        field = f"labels.{_key(k)}"
+        if not isinstance(k, str) or not LABEL_KEY_RE.fullmatch(k):
+            _fail(field, "not a valid label key", "1-63 lowercase letters, digits, _ and -, starting with a letter")
+        if k.startswith(RESERVED_LABEL_PREFIX):
+            _fail(field, f"keys starting with {RESERVED_LABEL_PREFIX} are reserved", "any other key")
+        _string(field, v, LABEL_VALUE_RE, "0-63 lowercase letters, digits, _ and -", "a valid label value")
+    return tuple(sorted(value.items()))
+
+
+# ---------------------------------------------------------------------------- messages
+
+
+def _decode(data: bytes | str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(data, dict):
+        try:
+            size = len(json.dumps(data, default=str).encode("utf-8", "surrogatepass"))
+        except (ValueError, TypeError, RecursionError):
+            _fail("", "the message cannot be represented as JSON", "a JSON object")
+        obj: Any = data
+    elif isinstance(data, (bytes, str)):
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+        size = len(raw)
+        if size > MAX_MESSAGE_BYTES:
+            _fail("", f"the message is {size} bytes", f"at most {MAX_MESSAGE_BYTES} bytes")
+        try:
+            obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        except UnicodeDecodeError:
+            _fail("", "the message is not UTF-8 text", "a JSON object in UTF-8")
+        except _DuplicateField as e:
+            _fail(_key(e.args[0]), "the field appears twice", "each field once")
+        except (ValueError, RecursionError) as e:
+            _fail("", f"the message is not valid JSON ({one_line(str(e))})", "a JSON object")
+    else:
+        _fail("", f"expected JSON text or an object, got {_type_name(data)}", "a JSON object")
+    if size > MAX_MESSAGE_BYTES:
+        _fail("", f"the message is {size} bytes", f"at most {MAX_MESSAGE_BYTES} bytes")
+    if not isinstance(obj, dict):
+        _fail("", f"expected a JSON object, got {_type_name(obj)}", "a JSON object")
+    try:
+        bad = _unencodable(obj, "")
+    except RecursionError:
+        _fail("", "the message is nested too deeply", "a JSON object")
+    if bad is not None:
+        _fail(bad, "contains a character that is not valid Unicode (a lone surrogate)", "valid Unicode text")
+    return obj
+
+
+def _unencodable(obj: Any, path: str) -> str | None:
+    """The path of the first string (key or value) that cannot be encoded as UTF-8, or None."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        sub = f"{path}[{k}]" if isinstance(k, int) else f"{path}.{_key(k)}" if path else _key(k)
+        if _unencodable(k, sub) is not None:
+            return sub
+        found = _unencodable(v, sub)
+        if found is not None:
+            return found
+    return None
+
+
+class _DuplicateField(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateField(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelRequest:
+    """A job message (JSON bytes/str or a decoded object) -> JobSpec (submit) or CancelRequest (cancel).
+
+    Raises SpecError (one line: field, problem, what is allowed) on anything invalid, and nothing else.
+    """
+    obj = _decode(data)
+    if "action" not in obj:
+        _fail("action", "missing", '"submit" or "cancel"')
+    action = obj["action"]
+    if action == "cancel":
+        for k in obj:
+            if k not in CANCEL_FIELDS:
+                problem = 'not allowed with action "cancel"' if k in SUBMIT_FIELDS else "unknown field"
+                _fail(_key(k), problem, ", ".join(CANCEL_FIELDS))
+        if "job_id" not in obj:
+            _fail("job_id", "missing", "the id of the job to cancel")
+        return CancelRequest(job_id=_job_id(obj["job_id"]))
+    if action != "submit":
+        _fail("action", f"{show(action)} is not an action", '"submit" or "cancel"')
+    _only("", obj, SUBMIT_FIELDS)
+    for f in REQUIRED_FIELDS:
+        if f not in obj:
+            _fail(f, "missing", "required for action submit")
+    fields: dict[str, Callable[[Any], Any]] = {
+        "job_id": _job_id,
+        "machine": _machine,
+        "zones": _zones,
+        "provisioning": _provisioning,
+        "image": _image,
+        "args": _args,
+        "env": _env,
+        "checkpoint_uri": _checkpoint_uri,
+        "ttl": parse_ttl,
+        "max_preemptions": _max_preemptions,
+        "max_failures": lambda v: _int("max_failures", v, 0, MAX_FAILURES),
+        "labels": _labels,
+    }
+    defaults: dict[str, Any] = {
+        "provisioning": "spot",
+        "args": [],
+        "env": {},
+        "ttl": DEFAULT_TTL,
+        "max_preemptions": None,
+        "max_failures": 3,
+        "labels": {},
+    }
+    v = {name: check(obj.get(name, defaults.get(name))) for name, check in fields.items()}
+    return JobSpec(
+        job_id=v["job_id"],
+        machine=v["machine"],
+        zones=v["zones"],
+        image=v["image"],
+        checkpoint_uri=v["checkpoint_uri"],
+        provisioning=v["provisioning"],
+        args=v["args"],
+        env=v["env"],
+        ttl_s=v["ttl"],
+        max_preemptions=v["max_preemptions"],
+        max_failures=v["max_failures"],
+        labels=v["labels"],
+    )
+
+
+def spec_to_message(spec: JobSpec) -> dict[str, Any]:
+    """The submit message for a JobSpec: parse_job_message(spec_to_message(s)) == s."""
+    m = spec.machine
+    machine: dict[str, Any] = (
+        {"kind": "tpu", "accelerator_type": m.accelerator_type, "runtime_version": m.runtime_version}
+        if isinstance(m, TpuMachine)
+        else {
+            "kind": "gpu",
+            "machine_type": m.machine_type,
+            "accelerator_type": m.accelerator_type,
+            "accelerator_count": m.accelerator_count,
+            "boot_disk_gb": m.boot_disk_gb,
+        }
+    )
+    return {
+        "action": "submit",
+        "job_id": spec.job_id,
+        "machine": machine,
+        "zones": list(spec.zones),
+        "provisioning": spec.provisioning,
+        "image": spec.image,
+        "args": list(spec.args),
+        "env": dict(spec.env),
+        "checkpoint_uri": spec.checkpoint_uri,
+        "ttl": format_ttl(spec.ttl_s),
+        "max_preemptions": spec.max_preemptions,
+        "max_failures": spec.max_failures,
+        "labels": dict(spec.labels),
+    }
+
+
+def cancel_message(job_id: str) -> dict[str, Any]:
+    """The cancel message for a job (validated)."""
+    return {"action": "cancel", "job_id": _job_id(job_id)}
+
+
+# ---------------------------------------------------------------------------- files
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without anchors/aliases: a tiny file cannot expand into a huge object."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.MarkedYAMLError(None, None, "aliases (*name) are not allowed", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise yaml.MarkedYAMLError(None, None, f"{key_node.value!r} appears twice", key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a job file (JSON, or YAML: .yaml/.yml or anything that is not .json) into a dict.
+
+    Raises SpecError when the file cannot be read, is too big, does not parse or is not an object.
+    """
+    p = Path(path)
+    allowed = "a JSON or YAML file holding one job message object"
+    try:
+        size = p.stat().st_size
+        if size > MAX_MESSAGE_BYTES:
+            _fail("", f"{p} is {size} bytes", f"at most {MAX_MESSAGE_BYTES} bytes")
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        _fail("", f"{p} is not UTF-8 text", allowed)
+    except OSError as e:
+        _fail("", f"cannot read {p}: {e.strerror or e}", allowed)
+    try:
+        if p.suffix.lower() == ".json":
+            obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        else:
+            obj = yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass: no arbitrary objects
+    except _DuplicateField as e:
+        _fail(_key(e.args[0]), f"the field appears twice in {p}", "each field once")
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        what = getattr(e, "problem", None) or type(e).__name__
+        _fail("", f"{p} is not valid YAML{where}: {one_line(str(what))}", allowed)
+    except (ValueError, RecursionError) as e:
+        kind = "JSON" if p.suffix.lower() == ".json" else "YAML"
+        _fail("", f"{p} is not valid {kind}: {one_line(str(e))}", allowed)
+    if not isinstance(obj, dict):
+        _fail("", f"{p} holds {_type_name(obj)}, not an object", allowed)
+    return obj

