@@ -123,12 +123,17 @@ class CreateFailed:
 
 @dataclass(frozen=True)
 class MachinesObserved:
-    """What the API said about the job's machines: name -> state; a missing name is not there."""
+    """What the API said about the job's machines: name -> state; a missing name is not there.
+
+    `zones` are the zones that were listed completely: only there does a missing
+    live machine count as lost.
+    """
 
     event_id: str
     time: float
     job_id: str
     machines: tuple[tuple[str, str, MachineState], ...]  # (name, zone, state)
+    zones: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

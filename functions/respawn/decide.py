@@ -1,0 +1,328 @@
+"""The pure core: `decide(job, event, now, policy) -> (job, actions)`.
+
+No I/O, no clock: time comes only from `now`. The service loads the record,
+calls decide, persists the result with the actions as intent, then acts.
+
+Order of the checks on every event: an already-seen event id changes nothing;
+then the TTL (a live job past its deadline is EXPIRED and its machine deleted);
+then events naming an older attempt are stale and change nothing; then the
+event itself. A decision that changes nothing returns the same record and no
+actions, and the event id is not recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+
+from respawn.actions import Action, CreateMachine, DeleteMachine
+from respawn.events import (
+    CancelRequested,
+    CheckpointSaved,
+    CreateFailed,
+    JobEvent,
+    JobRejected,
+    JobSubmitted,
+    MachinePreempted,
+    MachinesObserved,
+    TrainerCompleted,
+    TrainerFailed,
+    TrainerStarted,
+)
+from respawn.model import Attempt, Job, MachineState, Status, machine_name, parse_machine_name
+
+# Attempt end reasons that mean "this zone had no machine for us": they drive the zone walk.
+NO_CAPACITY = frozenset({"capacity", "stuck"})
+
+
+@dataclass(frozen=True)
+class Policy:
+    backoff_base_s: float = 30.0  # wait after the first full walk of the zones without capacity
+    backoff_max_s: float = 600.0  # cap of the exponential backoff (before jitter)
+    jitter: float = 0.2  # the wait is scaled by a factor in [1 - jitter, 1 + jitter]
+    lease_s: float = 300.0  # how long persisted intent belongs to the handler that wrote it
+    stuck_creating_s: float = 900.0  # a machine CREATING this long is given up for the next zone
+    lost_grace_s: float = 60.0  # a machine younger than this may not be listed yet: not lost
+    seen_events_max: int = 256  # event ids remembered for de-duplication
+    max_conflicts: int = 8  # compare-and-set retries of one handler before it asks for redelivery
+
+
+def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:
+    """min(base * 2^round, max), scaled by a jitter that is a pure function of (job_id, round)."""
+    wait = min(policy.backoff_base_s * float(2 ** min(capacity_round, 40)), policy.backoff_max_s)
+    digest = hashlib.sha256(f"{job_id}:{capacity_round}".encode()).digest()
+    unit = int.from_bytes(digest[:8], "big") / 2**64  # [0, 1)
+    return wait * (1 + policy.jitter * (2 * unit - 1))
+
+
+def decide(job: Job | None, event: JobEvent, now: float, policy: Policy) -> tuple[Job | None, list[Action]]:
+    if job is None:
+        return _first(event, now)
+    if event.event_id in job.seen_events:
+        return job, []
+    if not job.status.terminal and now >= job.deadline:
+        new, actions = _finish(job, now, Status.EXPIRED, "expired", f"the ttl of {_ttl(job)}s ran out")
+    elif is_stale(job, event):
+        return job, []
+    else:
+        new, actions = _step(job, event, now, policy)
+    if new == job and not actions:
+        return job, []
+    seen = (*new.seen_events, event.event_id)[-policy.seen_events_max :]
+    return replace(new, updated_at=now, seen_events=seen), actions
+
+
+def is_stale(job: Job, event: JobEvent) -> bool:
+    """The event names an attempt older than the job's current one."""
+    attempt = getattr(event, "attempt", None)
+    return attempt is not None and job.current is not None and attempt < job.current.n
+
+
+# -- a job's first event ---------------------------------------------------------------------------------------------
+
+
+def _first(event: JobEvent, now: float) -> tuple[Job | None, list[Action]]:
+    if isinstance(event, JobSubmitted):
+        spec = event.spec
+        job = Job(
+            job_id=spec.job_id,
+            spec=spec,
+            status=Status.PROVISIONING,
+            submitted_at=now,
+            updated_at=now,
+            reason=f"machine requested in {spec.zones[0]}",
+            seen_events=(event.event_id,),
+        )
+        job, attempt = _with_new_attempt(job, 0, now)
+        return job, [_create(job, attempt)]
+    if isinstance(event, JobRejected) and event.job_id:
+        rejected = Job(
+            job_id=event.job_id,
+            spec=None,
+            status=Status.REJECTED,
+            submitted_at=now,
+            updated_at=now,
+            reason=event.error,
+            seen_events=(event.event_id,),
+        )
+        return rejected, []
+    return None, []
+
+
+# -- one event on an existing record ---------------------------------------------------------------------------------
+
+
+def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, list[Action]]:
+    if isinstance(event, MachinesObserved):
+        return _observed(job, event, now, policy)
+    if job.status.terminal:
+        return job, []
+    if isinstance(event, CancelRequested):
+        return _finish(job, now, Status.CANCELLED, "cancelled", "cancelled by the user")
+    if isinstance(event, CheckpointSaved):
+        current = job.current
+        return (_with_step(job, current, event.step) if current and event.attempt == current.n else job), []
+    live = _live(job)
+    if live is None or getattr(event, "attempt", None) != live.n:
+        return job, []  # submit/reject of an existing job, or an event for an attempt that is over
+    if isinstance(event, MachinePreempted):
+        return _lost(job, now, "preempted", policy)
+    if isinstance(event, TrainerStarted):
+        return _started(job, live, event), []
+    if isinstance(event, TrainerCompleted):
+        done, actions = _finish(job, now, Status.SUCCEEDED, "completed", "the trainer completed")
+        if event.step is not None:
+            done = _with_step(done, done.attempts[-1], event.step)
+        final = {**event.result, **({"final_step": event.step} if event.step is not None else {})}
+        return replace(done, result=final), actions
+    if isinstance(event, TrainerFailed):
+        return _crashed(job, now, event.error, policy)
+    if isinstance(event, CreateFailed) and live.started_at is None:  # a started trainer proves the create worked
+        if event.kind == "capacity":
+            return _no_capacity(job, now, "capacity", f"no capacity in {live.zone}: {event.error}", False, policy)
+        ended = _end(job, now, "error", deleted=True)
+        return replace(ended, status=Status.FAILED, reason=f"creating {live.machine} failed: {event.error}"), []
+    return job, []
+
+
+def _started(job: Job, live: Attempt, event: TrainerStarted) -> Job:
+    restored = event.restored_step
+    started = replace(live, started_at=live.started_at or event.time, restored_step=restored)
+    if restored is not None:
+        started = replace(started, last_step=max(restored, live.last_step or 0))
+    reason = "trainer running" + ("" if restored is None else f" (resumed from step {restored})")
+    return replace(job.with_attempt(started), status=Status.RUNNING, reason=reason, capacity_round=0)
+
+
+def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> tuple[Job, list[Action]]:
+    """Act on what the API says: orphans, dead or stuck current machine, backoff due."""
+    live = _live(job)
+    current_n = job.current.n if job.current else 0
+    actions: list[Action] = []
+    state_of_live: MachineState | None = None
+    for name, zone, state in sorted(event.machines):
+        parsed = parse_machine_name(name)
+        if parsed is None or parsed[0] != job.job_id or parsed[1] > current_n:
+            continue
+        n = parsed[1]
+        if live is not None and n == live.n:
+            state_of_live = state
+        elif state is not MachineState.DELETING:
+            actions.append(DeleteMachine(job.job_id, n, name, zone))
+            job = _mark_deleted(job, n)
+    if job.status.terminal:
+        return job, actions
+    if live is None:
+        due = job.status is Status.PENDING and job.next_attempt_at is not None and job.next_attempt_at <= now
+        if not due or job.spec is None:
+            return job, actions
+        job, attempt = _with_new_attempt(job, job.zone_index, now)
+        return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {attempt.zone}"), [
+            *actions,
+            _create(job, attempt),
+        ]
+    age = now - live.requested_at
+    more: list[Action] = []
+    if state_of_live is None:
+        if live.zone in event.zones and not job.pending and age >= policy.lost_grace_s:
+            job, more = _lost(job, now, "lost", policy)
+    elif state_of_live in (MachineState.PREEMPTED, MachineState.TERMINATED) or (
+        state_of_live is MachineState.FAILED and live.started_at is not None
+    ):
+        job, more = _lost(job, now, "preempted", policy)
+    elif state_of_live is MachineState.FAILED:
+        job, more = _no_capacity(job, now, "capacity", f"{live.machine} failed to come up in {live.zone}", True, policy)
+    elif state_of_live is MachineState.CREATING and live.started_at is None and age > policy.stuck_creating_s:
+        reason = f"{live.machine} was still creating after {age:.0f}s in {live.zone}"
+        job, more = _no_capacity(job, now, "stuck", reason, True, policy)
+    return job, actions + more
+
+
+# -- transitions -----------------------------------------------------------------------------------------------------
+
+
+def _lost(job: Job, now: float, why: str, policy: Policy) -> tuple[Job, list[Action]]:
+    """The live machine was preempted or vanished: delete it, replace it in the same zone."""
+    live, spec = _live(job), job.spec
+    assert live is not None and spec is not None
+    job = _end(job, now, why, deleted=True)
+    job = replace(job, counters=replace(job.counters, preemptions=job.counters.preemptions + 1))
+    delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
+    limit = spec.max_preemptions
+    if limit is not None and job.counters.preemptions > limit:
+        reason = f"{live.machine} {why}; {job.counters.preemptions} preemptions exceed max_preemptions={limit}"
+        return replace(job, status=Status.FAILED, reason=reason), [delete]
+    job, attempt = _with_new_attempt(job, _zone_index(job, live.zone), now)
+    return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {why}; replacing it"), [
+        delete,
+        _create(job, attempt),
+    ]
+
+
+def _crashed(job: Job, now: float, error: str, policy: Policy) -> tuple[Job, list[Action]]:
+    """The trainer failed (not a preemption): counts against max_failures."""
+    live, spec = _live(job), job.spec
+    assert live is not None and spec is not None
+    job = _end(job, now, "failed", deleted=True)
+    failures = job.counters.failures + 1
+    job = replace(job, counters=replace(job.counters, failures=failures))
+    delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
+    said = f"trainer failed on {live.machine}: {error}" if error else f"trainer failed on {live.machine}"
+    if failures >= spec.max_failures:
+        return replace(job, status=Status.FAILED, reason=f"{said} (failure {failures} of {spec.max_failures})"), [
+            delete
+        ]
+    job, attempt = _with_new_attempt(job, _zone_index(job, live.zone), now)
+    return replace(job, status=Status.RECOVERING, reason=f"{said}; retrying"), [delete, _create(job, attempt)]
+
+
+def _no_capacity(job: Job, now: float, why: str, reason: str, delete: bool, policy: Policy) -> tuple[Job, list[Action]]:
+    """No machine in the live attempt's zone: try the next zone now, or after a full walk wait in PENDING."""
+    live = _live(job)
+    assert live is not None and job.spec is not None
+    zones = job.spec.zones
+    job = _end(job, now, why, deleted=True)
+    job = replace(job, counters=replace(job.counters, capacity_errors=job.counters.capacity_errors + 1))
+    actions: list[Action] = [DeleteMachine(job.job_id, live.n, live.machine, live.zone)] if delete else []
+    following = (_zone_index(job, live.zone) + 1) % len(zones)
+    if _no_capacity_streak(job) % len(zones) == 0:
+        wait = backoff_s(job.job_id, job.capacity_round, policy)
+        return replace(
+            job,
+            status=Status.PENDING,
+            zone_index=following,
+            capacity_round=job.capacity_round + 1,
+            next_attempt_at=now + wait,
+            reason=f"{reason}; no capacity in any zone, next try in {wait:.0f}s",
+        ), actions
+    job, attempt = _with_new_attempt(job, following, now)
+    return replace(job, reason=f"{reason}; trying {attempt.zone}"), [*actions, _create(job, attempt)]
+
+
+def _finish(job: Job, now: float, status: Status, why: str, reason: str) -> tuple[Job, list[Action]]:
+    """End the job: end the live attempt and delete its machine."""
+    live = _live(job)
+    actions: list[Action] = []
+    if live is not None:
+        job = _end(job, now, why, deleted=True)
+        actions.append(DeleteMachine(job.job_id, live.n, live.machine, live.zone))
+    return replace(job, status=status, reason=reason, next_attempt_at=None), actions
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------------
+
+
+def _live(job: Job) -> Attempt | None:
+    """The current attempt while it still holds (or is getting) a machine."""
+    current = job.current
+    return current if current is not None and not current.ended and not job.status.terminal else None
+
+
+def _end(job: Job, now: float, why: str, *, deleted: bool) -> Job:
+    current = job.current
+    assert current is not None
+    return job.with_attempt(replace(current, ended_at=now, end_reason=why, machine_deleted=deleted))
+
+
+def _mark_deleted(job: Job, n: int) -> Job:
+    for attempt in job.attempts:
+        if attempt.n == n and not attempt.machine_deleted:
+            return job.with_attempt(replace(attempt, machine_deleted=True))
+    return job
+
+
+def _with_step(job: Job, attempt: Attempt, step: int) -> Job:
+    if attempt.last_step is not None and attempt.last_step >= step:
+        return job
+    return job.with_attempt(replace(attempt, last_step=step))
+
+
+def _with_new_attempt(job: Job, zone_index: int, now: float) -> tuple[Job, Attempt]:
+    assert job.spec is not None
+    n = job.current.n + 1 if job.current else 1
+    zone = job.spec.zones[zone_index]
+    attempt = Attempt(n=n, zone=zone, machine=machine_name(job.job_id, n), requested_at=now)
+    return replace(job.with_attempt(attempt), zone_index=zone_index, next_attempt_at=None), attempt
+
+
+def _create(job: Job, attempt: Attempt) -> CreateMachine:
+    return CreateMachine(job.job_id, attempt.n, attempt.machine, attempt.zone)
+
+
+def _zone_index(job: Job, zone: str) -> int:
+    assert job.spec is not None
+    return job.spec.zones.index(zone) if zone in job.spec.zones else job.zone_index
+
+
+def _no_capacity_streak(job: Job) -> int:
+    """How many attempts in a row, newest first, found no capacity."""
+    streak = 0
+    for attempt in reversed(job.attempts):
+        if attempt.end_reason not in NO_CAPACITY:
+            break
+        streak += 1
+    return streak
+
+
+def _ttl(job: Job) -> int:
+    return job.spec.ttl_s if job.spec else 0

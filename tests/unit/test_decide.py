@@ -1,0 +1,436 @@
+"""decide(): every event in every status, stale and duplicate events, zone walk, backoff, TTL, counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from respawn.actions import Action, CreateMachine, DeleteMachine
+from respawn.decide import Policy, backoff_s, decide
+from respawn.events import (
+    CancelRequested,
+    CheckpointSaved,
+    CreateFailed,
+    JobEvent,
+    JobRejected,
+    JobSubmitted,
+    MachinePreempted,
+    MachinesObserved,
+    TrainerCompleted,
+    TrainerFailed,
+    TrainerStarted,
+)
+from respawn.model import LEGAL_TRANSITIONS, TERMINAL, Job, JobSpec, MachineState, Status, TpuMachine
+
+A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
+T0 = 1_000_000.0
+NOW = T0 + 100  # every machine built below is older than the lost grace at NOW
+LATER = T0 + 1000  # past stuck_creating_s and past any first backoff
+POLICY = Policy()
+
+
+def spec(**overrides: object) -> JobSpec:
+    base = JobSpec(
+        job_id="llm",
+        machine=TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"),
+        zones=(A, B),
+        image="us-docker.pkg.dev/p/r/trainer:1",
+        checkpoint_uri="gs://b/runs/llm",
+    )
+    return replace(base, **overrides)
+
+
+_ids = iter(range(1, 1_000_000))
+
+
+def eid() -> str:
+    return f"e{next(_ids)}"
+
+
+def step(job: Job | None, event: JobEvent, now: float = NOW) -> tuple[Job | None, list[Action]]:
+    """decide, asserting that the transition is legal."""
+    new, actions = decide(job, event, now, POLICY)
+    before = job.status if job else None
+    if new is not None and (job is None or new.status != job.status):
+        assert new.status in LEGAL_TRANSITIONS[before], f"{before} -> {new.status} is not legal"
+    return new, actions
+
+
+def run(job: Job | None, *events: JobEvent, now: float = T0) -> Job:
+    for event in events:
+        job, _ = step(job, event, now)
+    assert job is not None
+    return job
+
+
+def submitted(s: JobSpec | None = None) -> JobSubmitted:
+    return JobSubmitted(eid(), T0, s or spec())
+
+
+def started(n: int, restored: int | None = None) -> TrainerStarted:
+    return TrainerStarted(eid(), T0, "llm", n, restored)
+
+
+def preempted(n: int) -> MachinePreempted:
+    return MachinePreempted(eid(), T0, "llm", n, f"llm-a{n}", A, "p")
+
+
+def capacity(n: int) -> CreateFailed:
+    return CreateFailed(eid(), T0, "llm", n, "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED")
+
+
+def failed(n: int) -> TrainerFailed:
+    return TrainerFailed(eid(), T0, "llm", n, "exit 1")
+
+
+def observed(*machines: tuple[str, str, MachineState], zones: tuple[str, ...] = (A, B)) -> MachinesObserved:
+    return MachinesObserved(eid(), T0, "llm", machines, zones)
+
+
+def build(status: Status) -> Job:
+    """A job in `status`, reached through decide itself."""
+    provisioning = run(None, submitted())
+    running = run(provisioning, started(1))
+    jobs: dict[Status, Callable[[], Job]] = {
+        Status.PROVISIONING: lambda: provisioning,
+        Status.RUNNING: lambda: running,
+        Status.RECOVERING: lambda: run(running, preempted(1)),  # a1 ended, a2 requested in A
+        Status.PENDING: lambda: run(provisioning, capacity(1), capacity(2), now=NOW - 5),  # backoff not due at NOW
+        Status.SUCCEEDED: lambda: run(running, TrainerCompleted(eid(), T0, "llm", 1, 50)),
+        Status.FAILED: lambda: run(provisioning, CreateFailed(eid(), T0, "llm", 1, "permanent", "403 denied")),
+        Status.CANCELLED: lambda: run(running, CancelRequested(eid(), T0, "llm")),
+        Status.EXPIRED: lambda: run(running, observed(), now=T0 + spec().ttl_s),
+        Status.REJECTED: lambda: run(None, JobRejected(eid(), T0, "llm", "zones: must not be empty")),
+    }
+    job = jobs[status]()
+    assert job.status is status
+    return job
+
+
+def current_n(job: Job) -> int:
+    return job.current.n if job.current else 1
+
+
+def current_machine(job: Job, state: MachineState) -> tuple[str, str, MachineState]:
+    current = job.current
+    return (current.machine, current.zone, state) if current else ("llm-a1", A, state)
+
+
+# Each kind builds an event about the job's current attempt, and the time it is decided at.
+KINDS: dict[str, Callable[[Job], tuple[JobEvent, float]]] = {
+    "submit": lambda j: (submitted(spec(zones=(C,))), NOW),
+    "reject": lambda j: (JobRejected(eid(), T0, "llm", "bad"), NOW),
+    "cancel": lambda j: (CancelRequested(eid(), T0, "llm"), NOW),
+    "preempted": lambda j: (preempted(current_n(j)), NOW),
+    "started": lambda j: (started(current_n(j), 40), NOW),
+    "checkpoint": lambda j: (CheckpointSaved(eid(), T0, "llm", current_n(j), 70), NOW),
+    "completed": lambda j: (TrainerCompleted(eid(), T0, "llm", current_n(j), 100, {"final_loss": 0.1}), NOW),
+    "failed": lambda j: (failed(current_n(j)), NOW),
+    "capacity": lambda j: (capacity(current_n(j)), NOW),
+    "permanent": lambda j: (CreateFailed(eid(), T0, "llm", current_n(j), "permanent", "403"), NOW),
+    "seen_ready": lambda j: (observed(current_machine(j, MachineState.READY)), NOW),
+    "seen_preempted": lambda j: (observed(current_machine(j, MachineState.PREEMPTED)), NOW),
+    "seen_terminated": lambda j: (observed(current_machine(j, MachineState.TERMINATED)), NOW),
+    "seen_failed": lambda j: (observed(current_machine(j, MachineState.FAILED)), NOW),
+    "seen_missing": lambda j: (observed(), NOW),
+    "seen_stuck": lambda j: (observed(current_machine(j, MachineState.CREATING)), LATER),
+    "sweep_later": lambda j: (observed(zones=()), LATER),
+}
+
+# Expected outcome per kind and status: "-" = unchanged status and no action; otherwise STATUS:ACTIONS where an
+# empty STATUS means unchanged and ACTIONS is a string of d (delete) and c (create), in order.
+TABLE = """
+kind             PENDING          PROVISIONING   RUNNING        RECOVERING     terminal  REJECTED
+submit           -                -              -              -              -         -
+reject           -                -              -              -              -         -
+cancel           CANCELLED:       CANCELLED:d    CANCELLED:d    CANCELLED:d    -         -
+preempted        -                RECOVERING:dc  RECOVERING:dc  :dc            -         -
+started          -                RUNNING:       -              RUNNING:       -         -
+checkpoint       -                -              -              -              -         -
+completed        -                SUCCEEDED:d    SUCCEEDED:d    SUCCEEDED:d    -         -
+failed           -                RECOVERING:dc  RECOVERING:dc  :dc            -         -
+capacity         -                :c             -              :c             -         -
+permanent        -                FAILED:        -              FAILED:        -         -
+seen_ready       :d               -              -              -              :d        -
+seen_preempted   :d               RECOVERING:dc  RECOVERING:dc  :dc            :d        -
+seen_terminated  :d               RECOVERING:dc  RECOVERING:dc  :dc            :d        -
+seen_failed      :d               :dc            RECOVERING:dc  :dc            :d        -
+seen_missing     -                RECOVERING:dc  RECOVERING:dc  :dc            -         -
+seen_stuck       PROVISIONING:dc  :dc            -              :dc            :d        -
+sweep_later      PROVISIONING:c   -              -              -              -         -
+"""
+# "terminal" is SUCCEEDED, FAILED, CANCELLED and EXPIRED: their attempts held machines. A REJECTED job never had one.
+
+
+def _table() -> dict[tuple[str, Status], tuple[Status | None, str]]:
+    lines = [line.split() for line in TABLE.strip().splitlines()]
+    columns = lines[0][1:]
+    expected: dict[tuple[str, Status], tuple[Status | None, str]] = {}
+    for kind, *cells in lines[1:]:
+        for column, cell in zip(columns, cells, strict=True):
+            status_text, _, actions = cell.partition(":") if cell != "-" else ("", "", "")
+            statuses = TERMINAL - {Status.REJECTED} if column == "terminal" else {Status(column)}
+            for status in statuses:
+                expected[(kind, status)] = (Status(status_text) if status_text else None, actions)
+    return expected
+
+
+EXPECTED = _table()
+
+
+def test_table_covers_every_event_kind_in_every_status() -> None:
+    assert {k for k, _ in EXPECTED} == set(KINDS)
+    assert {s for _, s in EXPECTED} == set(Status)
+
+
+def _letters(actions: list[Action]) -> str:
+    return "".join("c" if isinstance(a, CreateMachine) else "d" for a in actions)
+
+
+@pytest.mark.parametrize("status", list(Status), ids=lambda s: s.value)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_event_in_every_status(kind: str, status: Status) -> None:
+    job = build(status)
+    event, now = KINDS[kind](job)
+    new, actions = step(job, event, now)
+    want_status, want_actions = EXPECTED[(kind, status)]
+    assert new is not None
+    assert new.status is (want_status or status)
+    assert _letters(actions) == want_actions
+    assert all(a.job_id == "llm" for a in actions)
+    if status.terminal:
+        assert new.status is status
+    if actions or new != job:
+        assert new.seen_events[-1] == event.event_id
+    else:
+        assert new is job  # nothing changed: the same record, the event not even recorded
+
+
+def test_replacement_stays_in_the_zone_and_gets_the_next_name() -> None:
+    job = run(build(Status.RUNNING), preempted(1))
+    _, actions = step(build(Status.RUNNING), preempted(1))
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", A)]
+    assert job.current is not None and (job.current.n, job.current.zone) == (2, A)
+    first = job.attempts[0]
+    assert (first.end_reason, first.machine_deleted) == ("preempted", True)
+    assert job.counters.preemptions == 1 and job.counters.failures == 0
+
+
+@pytest.mark.parametrize("kind", ["preempted", "started", "checkpoint", "completed", "failed", "capacity", "permanent"])
+def test_an_event_for_an_older_attempt_changes_nothing(kind: str) -> None:
+    job = run(build(Status.RECOVERING), started(2))  # attempt 2 running; the events below name attempt 1
+    event, _ = KINDS[kind](replace(job, attempts=job.attempts[:1]))
+    assert getattr(event, "attempt", None) == 1
+    new, actions = decide(job, event, NOW, POLICY)
+    assert new is job and actions == []
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_duplicate_event_changes_nothing(kind: str) -> None:
+    job = build(Status.RUNNING)
+    event, now = KINDS[kind](job)
+    once, _ = step(job, event, now)
+    assert once is not None
+    assert decide(once, event, now + 1, POLICY) == (once, [])
+
+
+def test_submit_of_an_existing_job_keeps_the_record_even_with_another_spec() -> None:
+    job = build(Status.RUNNING)
+    assert decide(job, submitted(spec(zones=(C,), max_failures=9)), NOW, POLICY) == (job, [])
+
+
+def test_first_events() -> None:
+    job, actions = step(None, submitted())
+    assert job is not None and job.status is Status.PROVISIONING
+    assert actions == [CreateMachine("llm", 1, "llm-a1", A)]
+    rejected, actions = step(None, JobRejected(eid(), T0, "llm", "zones: must not be empty"))
+    assert rejected is not None and rejected.status is Status.REJECTED and rejected.spec is None
+    assert rejected.reason == "zones: must not be empty" and actions == []
+    assert step(None, JobRejected(eid(), T0, None, "not JSON")) == (None, [])
+    for event in (CancelRequested(eid(), T0, "llm"), preempted(1), started(1), observed()):
+        assert step(None, event) == (None, [])
+
+
+def test_seen_events_are_bounded_newest_last() -> None:
+    job = build(Status.RUNNING)
+    ids = []
+    for s in range(1, 6):
+        event = CheckpointSaved(eid(), T0, "llm", 1, s)
+        ids.append(event.event_id)
+        new, _ = decide(job, event, NOW, replace(POLICY, seen_events_max=3))
+        assert new is not None
+        job = new
+    assert job.seen_events == tuple(ids[-3:])
+    assert job.current is not None and job.current.last_step == 5
+
+
+def test_checkpoint_step_only_moves_forward() -> None:
+    job = run(build(Status.RUNNING), CheckpointSaved(eid(), T0, "llm", 1, 90))
+    job = run(job, CheckpointSaved(eid(), T0, "llm", 1, 80))
+    assert job.current is not None and job.current.last_step == 90
+
+
+def test_started_records_time_and_restored_step_and_completed_the_result() -> None:
+    job = run(build(Status.RECOVERING), TrainerStarted(eid(), T0 + 7, "llm", 2, 1200))
+    current = job.current
+    assert current is not None and (current.started_at, current.restored_step, current.last_step) == (
+        T0 + 7,
+        1200,
+        1200,
+    )
+    done, actions = step(job, TrainerCompleted(eid(), T0, "llm", 2, 2000, {"params_sha256": "ab"}))
+    assert done is not None and done.status is Status.SUCCEEDED
+    assert done.result == {"params_sha256": "ab", "final_step": 2000}
+    assert actions == [DeleteMachine("llm", 2, "llm-a2", A)]
+    assert done.attempts[-1].end_reason == "completed"
+
+
+# -- zone walk and backoff -------------------------------------------------------------------------------------------
+
+
+def test_capacity_walks_the_zones_then_backs_off_then_walks_again() -> None:
+    job = run(None, submitted(spec(zones=(A, B, C))))
+    job, actions = step(job, capacity(1), T0)
+    assert actions == [CreateMachine("llm", 2, "llm-a2", B)]
+    job, actions = step(job, capacity(2), T0)
+    assert actions == [CreateMachine("llm", 3, "llm-a3", C)]
+    job, actions = step(job, capacity(3), T0)
+    assert job is not None and job.status is Status.PENDING and actions == []
+    first_wait = backoff_s("llm", 0, POLICY)
+    assert job.next_attempt_at == T0 + first_wait and job.zone_index == 0
+    assert job.counters.capacity_errors == 3
+
+    assert step(job, observed(zones=()), T0 + first_wait - 1) == (job, [])  # not due yet
+    job, actions = step(job, observed(zones=()), T0 + first_wait)
+    assert job is not None and job.status is Status.PROVISIONING
+    assert actions == [CreateMachine("llm", 4, "llm-a4", A)]
+
+    t = T0 + first_wait
+    job = run(job, capacity(4), capacity(5), capacity(6), now=t)
+    assert job.status is Status.PENDING and job.capacity_round == 2
+    assert job.next_attempt_at == t + backoff_s("llm", 1, POLICY)
+    assert [a.zone for a in job.attempts] == [A, B, C, A, B, C]
+
+
+def test_a_preempted_machine_in_the_second_zone_is_replaced_there_then_walks_on() -> None:
+    job = run(None, submitted(), capacity(1), started(2), preempted(2))
+    assert job.current is not None and (job.current.n, job.current.zone) == (3, B)
+    job, actions = step(job, capacity(3), T0)
+    assert actions == [CreateMachine("llm", 4, "llm-a4", A)]
+    job, actions = step(job, capacity(4), T0)
+    assert job is not None and job.status is Status.PENDING and actions == []
+
+
+def test_a_started_trainer_resets_the_backoff_round() -> None:
+    job = run(None, submitted(), capacity(1), capacity(2))
+    assert job.capacity_round == 1
+    job = run(job, observed(zones=()), now=LATER)
+    job = run(job, started(3))
+    assert job.capacity_round == 0 and job.status is Status.RUNNING
+
+
+def test_backoff_grows_is_capped_and_jittered_deterministically() -> None:
+    waits = [backoff_s("llm", r, POLICY) for r in range(10)]
+    for r, wait in enumerate(waits):
+        nominal = min(30 * 2**r, 600)
+        assert nominal * 0.8 <= wait <= nominal * 1.2
+    assert waits[:5] == sorted(waits[:5])  # doubling outgrows a 20% jitter
+    assert max(waits) <= 600 * 1.2
+    assert waits == [backoff_s("llm", r, POLICY) for r in range(10)]  # a pure function of (job, round)
+    others = [backoff_s(f"job-{i}", 3, POLICY) for i in range(20)]
+    assert len(set(others)) == 20  # jobs do not retry in lockstep
+    assert backoff_s("llm", 0, replace(POLICY, jitter=0.0)) == 30
+
+
+# -- TTL -------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [Status.PENDING, Status.PROVISIONING, Status.RUNNING, Status.RECOVERING])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_ttl_expires_a_live_job_on_any_event(kind: str, status: Status) -> None:
+    job = build(status)
+    event, _ = KINDS[kind](job)
+    new, actions = step(job, event, job.deadline)
+    assert new is not None and new.status is Status.EXPIRED
+    current = job.current
+    live = current is not None and not current.ended
+    assert actions == ([DeleteMachine("llm", current.n, current.machine, current.zone)] if live and current else [])
+    assert new.current is not None and new.current.machine_deleted
+    before, _ = step(job, event, job.deadline - 1)
+    assert before is not None and before.status is not Status.EXPIRED
+
+
+# -- counters --------------------------------------------------------------------------------------------------------
+
+
+def test_max_failures_counts_only_trainer_failures() -> None:
+    job = run(None, submitted(spec(max_failures=3)), started(1), failed(1), preempted(2), preempted(3), failed(4))
+    assert job.status is Status.RECOVERING
+    assert (job.counters.failures, job.counters.preemptions) == (2, 2)
+    job, actions = step(job, failed(5))
+    assert job is not None and job.status is Status.FAILED and "failure 3 of 3" in job.reason
+    assert actions == [DeleteMachine("llm", 5, "llm-a5", A)]
+
+
+def test_preemptions_never_count_as_failures() -> None:
+    job = run(None, submitted(spec(max_failures=1)))
+    for n in range(1, 11):
+        job = run(job, started(n), preempted(n))
+    assert job.status is Status.RECOVERING
+    assert (job.counters.failures, job.counters.preemptions) == (0, 10)
+
+
+def test_max_preemptions_counts_preempted_and_lost_machines() -> None:
+    job = run(None, submitted(spec(max_preemptions=1)), preempted(1))
+    assert job.status is Status.RECOVERING
+    job, actions = step(job, observed())  # attempt 2 vanished: lost
+    assert job is not None and job.status is Status.FAILED and "max_preemptions=1" in job.reason
+    assert actions == [DeleteMachine("llm", 2, "llm-a2", A)]
+    assert job.attempts[-1].end_reason == "lost"
+
+
+# -- observations ----------------------------------------------------------------------------------------------------
+
+
+def test_a_missing_machine_is_lost_only_when_its_zone_was_listed_and_it_is_old_enough() -> None:
+    job = build(Status.RUNNING)
+    assert step(job, observed(zones=(B,))) == (job, [])  # A was not listed
+    assert step(job, observed(), T0 + POLICY.lost_grace_s - 1) == (job, [])  # may not be listed yet
+    assert step(replace(job, pending=({"kind": "create"},)), observed()) == (
+        replace(job, pending=({"kind": "create"},)),
+        [],
+    )
+    lost, actions = step(job, observed())
+    assert lost is not None and lost.status is Status.RECOVERING and _letters(actions) == "dc"
+
+
+def test_orphans_are_deleted_and_newer_or_foreign_machines_left_alone() -> None:
+    job = run(build(Status.RECOVERING), started(2))
+    seen = observed(
+        ("llm-a1", A, MachineState.PREEMPTED),
+        ("llm-a2", A, MachineState.READY),
+        ("llm-a7", A, MachineState.READY),
+        ("llm-x-a1", A, MachineState.READY),
+        ("other-a1", A, MachineState.PREEMPTED),
+        ("llm-a1", B, MachineState.DELETING),
+    )
+    _, actions = step(job, seen)
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]
+
+
+def test_a_terminal_job_deletes_any_machine_still_there() -> None:
+    job = build(Status.SUCCEEDED)
+    new, actions = step(job, observed(("llm-a1", A, MachineState.READY)))
+    assert new is not None and new.status is Status.SUCCEEDED
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]
+    assert step(job, observed(("llm-a1", A, MachineState.DELETING))) == (job, [])
+
+
+def test_decide_is_pure() -> None:
+    job = build(Status.RUNNING)
+    snapshot = job.to_dict()
+    event = preempted(1)
+    assert decide(job, event, NOW, POLICY) == decide(job, event, NOW, POLICY)
+    assert job.to_dict() == snapshot
