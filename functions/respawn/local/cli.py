@@ -197,8 +197,6 @@ def run(ns: argparse.Namespace) -> int:
     )
     r["bus"] = outcome.bus
     r["run_dir"] = str(outcome.run_dir)
-    if ns.no_reference:
-        r["exact"] = None
     if ns.plot:
         from respawn.local.plot import plot_timeline
 

@@ -14,6 +14,7 @@ Definitions:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from respawn.local.prices import PRICES_AS_OF, MachinePrice
@@ -27,7 +28,7 @@ def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
 
 
@@ -41,7 +42,7 @@ def max_live_machines(events: list[dict[str, Any]]) -> int:
                 live.add(e["machine"])
             else:
                 live.discard(e["machine"])
-        elif e["kind"] == "deleted":
+        elif e["kind"] in ("deleted", "preempted"):
             live.discard(e["machine"])
         most = max(most, len(live))
     return most
@@ -182,7 +183,7 @@ def build(
         ),
         "params_sha256": sha,
         "reference_sha256": reference_sha,
-        "exact": bool(sha) and sha == reference_sha,
+        "exact": None if reference_sha is None else bool(sha) and sha == reference_sha,
         "max_live_machines": max_live_machines(events),
         "machines_left": machines_left,
         "processes_left": leftover_processes,
@@ -227,10 +228,13 @@ def render(r: dict[str, Any]) -> str:
         )
     else:
         lines.append("  cost     - (no price for this machine type in respawn/local/prices.py)")
-    lines.append(
-        f"  exact    {'yes' if r['exact'] else 'NO'}: params {str(r['params_sha256'])[:16]} vs uninterrupted reference "
-        f"{str(r['reference_sha256'])[:16]}"
-    )
+    if r["reference_sha256"] is None:
+        lines.append(f"  exact    not checked: params {str(r['params_sha256'])[:16]} (no reference run)")
+    else:
+        lines.append(
+            f"  exact    {'yes' if r['exact'] else 'NO'}: params {str(r['params_sha256'])[:16]} vs uninterrupted "
+            f"reference {str(r['reference_sha256'])[:16]}"
+        )
     lines.append(
         f"  cleanup  machines left {r['machines_left']}, processes left {r['processes_left']}, "
         f"most live machines at once {r['max_live_machines']}"

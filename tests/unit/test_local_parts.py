@@ -1,0 +1,183 @@
+"""The local cloud's pure parts: chaos options and schedule, the report, prices, LogEntries, progress lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from respawn import parsing
+from respawn.events import MachinePreempted, TrainerStarted, ZoneWokeUp
+from respawn.local import report
+from respawn.local.chaos import Chaos, ChaosError, parse_duration, parse_stockout, parse_times
+from respawn.local.cli import total_steps, with_trainer_args
+from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
+from respawn.local.nodes import progress
+from respawn.local.prices import machine_price, tpu_units
+from respawn.logfilter import LogFilter, load_sink_filter
+
+
+def test_durations_and_schedules() -> None:
+    assert parse_duration("45s", "--x") == 45.0
+    assert parse_duration("1.5m", "--x") == 90.0
+    assert parse_duration("250ms", "--x") == 0.25
+    assert parse_duration("7", "--x") == 7.0
+    assert parse_times("75s,30s") == [30.0, 75.0]
+    assert parse_stockout("us-central1-a:2") == ("us-central1-a", 2)
+    assert parse_stockout("us-central1-a") == ("us-central1-a", None)
+
+
+@pytest.mark.parametrize(
+    ("call", "names"),
+    [
+        (lambda: parse_duration("soon", "--mtbi"), "--mtbi"),
+        (lambda: parse_times(","), "--preempt-at"),
+        (lambda: parse_stockout("nowhere:1"), "--stockout"),
+        (lambda: parse_stockout("us-central1-a:x"), "--stockout"),
+    ],
+)
+def test_bad_chaos_options_name_the_option(call, names) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ChaosError, match=names):
+        call()
+
+
+def test_fixed_preemption_waits_for_a_ready_machine() -> None:
+    ready: list[tuple[str, float]] = []
+    chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=100.0, at=[10.0, 20.0])
+    assert chaos.due(105.0) == []
+    assert chaos.due(111.0) == []  # due, but nothing is READY: it waits
+    ready.append(("job-a1", 112.0))
+    assert chaos.due(113.0) == ["job-a1"]
+    ready.clear()
+    ready.append(("job-a2", 118.0))
+    assert chaos.due(119.0) == []
+    assert chaos.due(120.5) == ["job-a2"]
+    assert chaos.due(500.0) == []  # the schedule is used up
+
+
+def test_mtbi_schedule_is_seeded() -> None:
+    def lifetimes(seed: int) -> list[float]:
+        ready = [(f"job-a{i}", 0.0) for i in range(1, 6)]
+        chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=0.0, mtbi=60.0, seed=seed)
+        chaos.due(0.0)
+        return [chaos._deadlines[name] for name, _ in ready]
+
+    assert lifetimes(7) == lifetimes(7)
+    assert lifetimes(7) != lifetimes(8)
+    assert all(t > 0 for t in lifetimes(7))
+
+
+def _ev(t: float, kind: str, **fields: object) -> dict[str, object]:
+    return {"t": t, "kind": kind, **fields}
+
+
+TIMELINE = [
+    _ev(0.0, "submitted"),
+    _ev(0.5, "create_call", machine="j-a1", zone="z-a"),
+    _ev(0.5, "state", machine="j-a1", zone="z-a", state="CREATING"),
+    _ev(1.5, "state", machine="j-a1", zone="z-a", state="READY"),
+    _ev(1.5, "trainer_start", machine="j-a1", attempt=1),
+    _ev(4.0, "step", machine="j-a1", attempt=1, step=1, loss=5.0),
+    _ev(9.0, "step", machine="j-a1", attempt=1, step=40, loss=4.0),
+    _ev(10.0, "notice", machine="j-a1"),
+    _ev(11.0, "entry", machine="j-a1", attempt=1, payload={"event": "stopped", "step": 42, "goodput": {
+        "startup_s": 2.0, "restore_s": 0.0, "productive_s": 7.0, "checkpoint_s": 0.5, "wasted_s": 0.0,
+        "total_s": 9.5}}),
+    _ev(11.5, "preempted", machine="j-a1", zone="z-a"),
+    _ev(11.8, "create_call", machine="j-a2", zone="z-a"),
+    _ev(11.8, "state", machine="j-a2", zone="z-a", state="CREATING"),
+    _ev(12.0, "deleted", machine="j-a1"),
+    _ev(12.8, "state", machine="j-a2", zone="z-a", state="READY"),
+    _ev(12.8, "trainer_start", machine="j-a2", attempt=2),
+    _ev(15.0, "entry", machine="j-a2", attempt=2, payload={"event": "started", "restored_step": 40}),
+    _ev(16.5, "step", machine="j-a2", attempt=2, step=41, loss=3.9),
+    _ev(20.0, "entry", machine="j-a2", attempt=2, payload={"event": "completed", "step": 60, "params_sha256": "ab",
+        "goodput": {"startup_s": 2.0, "restore_s": 0.5, "productive_s": 4.0, "checkpoint_s": 0.5, "wasted_s": 0.0,
+                    "total_s": 7.0}}),
+    _ev(20.5, "deleted", machine="j-a2"),
+]  # fmt: skip
+
+
+def test_report_from_a_timeline() -> None:
+    job = {"job_id": "j", "status": "SUCCEEDED", "attempts": [{"n": 1, "zone": "z-a"}, {"n": 2, "zone": "z-a"}],
+           "counters": {"preemptions": 1}, "result": {"params_sha256": "ab", "step": 60}}  # fmt: skip
+    r = report.build(
+        events=list(reversed(TIMELINE)),  # order of recording does not matter
+        job=job,
+        reference_sha="ab",
+        machines_left=0,
+        leftover_processes=0,
+        price=machine_price({"kind": "tpu", "accelerator_type": "v5litepod-8"}),
+        timed_out=False,
+    )
+    assert r["status"] == "SUCCEEDED" and r["exact"] is True
+    assert r["lost_steps"] == 2  # step 42 was reached, step 40 restored
+    assert r["recovery_create_s"] == [pytest.approx(0.3)]
+    assert r["recovery_first_step_s"] == [pytest.approx(5.0)]
+    assert r["recovery"][0]["stop_s"] == pytest.approx(1.5)
+    assert r["wall_s"] == pytest.approx(20.0)
+    assert r["goodput_s"]["productive_s"] == pytest.approx(11.0)
+    assert r["goodput_s"]["idle_s"] == pytest.approx(20.0 - 16.5)
+    assert r["goodput"] == pytest.approx(11.0 / 20.0)
+    assert r["max_live_machines"] == 1  # a1 was PREEMPTED (not live) before a2 was requested
+    assert r["cost"]["spot_usd"] < r["cost"]["on_demand_usd"]
+    assert "SUCCEEDED" in report.render(r)
+    assert report.build(events=TIMELINE, job=job, reference_sha="cd", machines_left=0, leftover_processes=0,
+                        price=None, timed_out=False)["exact"] is False  # fmt: skip
+
+
+def test_live_machines_count_only_creating_and_ready() -> None:
+    events = [
+        _ev(1, "state", machine="a1", state="CREATING"),
+        _ev(2, "state", machine="a1", state="READY"),
+        _ev(3, "state", machine="a1", state="PREEMPTED"),
+        _ev(4, "state", machine="a2", state="CREATING"),
+        _ev(5, "deleted", machine="a1"),
+        _ev(6, "state", machine="a3", state="CREATING"),
+    ]
+    assert report.max_live_machines(events) == 2
+    assert report.max_live_machines(events[:5]) == 1
+
+
+def test_percentile_nearest_rank() -> None:
+    assert report.percentile([], 50) is None
+    assert report.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert report.percentile([float(i) for i in range(1, 21)], 95) == 19.0
+
+
+def test_prices() -> None:
+    assert tpu_units("v5litepod-8") == ("v5litepod", 8)
+    assert tpu_units("v4-8") == ("v4", 4)
+    assert tpu_units("v2-8") == ("v2", 1)
+    price = machine_price({"kind": "tpu", "accelerator_type": "v5litepod-8"})
+    assert price is not None and price.spot_per_h < price.on_demand_per_h
+    gpu = machine_price({"kind": "gpu", "accelerator_type": "nvidia-l4", "accelerator_count": 2})
+    assert gpu is not None and gpu.on_demand_per_h == pytest.approx(2 * 0.56)
+    assert machine_price({"kind": "tpu", "accelerator_type": "v99-8"}) is None
+
+
+def test_emitted_entries_pass_the_sink_filter_and_parse() -> None:
+    sink = LogFilter.parse(load_sink_filter())
+    worker = tpu_worker_name("quickstart-a1")
+    assert worker.startswith("t1v-n-") and worker.endswith("-w-0")
+    tpu = preempted_entry(project="p", zone="us-central1-a", instance=worker, now=1.0)
+    gpu = preempted_entry(project="p", zone="us-central1-a", instance="quickstart-a2", now=1.0)
+    started = trainer_entry({"event": "started", "job_id": "quickstart", "attempt": 2, "step": 5, "restored_step": 5},
+                            project="p", zone="us-central1-a", machine="quickstart-a2", job_id="quickstart", attempt=2,
+                            now=1.0)  # fmt: skip
+    for entry in (tpu, gpu, started):
+        assert sink.matches(entry)
+    assert isinstance(parsing.log_entry_event(tpu), ZoneWokeUp)
+    preempted = parsing.log_entry_event(gpu)
+    assert isinstance(preempted, MachinePreempted) and (preempted.job_id, preempted.attempt) == ("quickstart", 2)
+    event = parsing.log_entry_event(started)
+    assert isinstance(event, TrainerStarted) and event.restored_step == 5
+    other = preempted_entry(project="p", zone="us-central1-a", instance="someone-elses-vm", now=1.0)
+    assert not sink.matches(other)
+
+
+def test_progress_lines_and_trainer_args() -> None:
+    assert progress("step 120/300 loss 3.2100 12.1 steps/s") == (120, 3.21)
+    assert progress('{"step": 7, "loss": 2.5}') == (7, 2.5)
+    assert progress("compiling") is None
+    assert with_trainer_args(["--steps=300", "--model=tiny"], ["--steps=40"]) == ["--model=tiny", "--steps=40"]
+    assert total_steps(["--model=tiny", "--steps=40"]) == 40
+    assert total_steps(["--steps", "9"]) == 9
