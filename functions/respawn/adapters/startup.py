@@ -1,0 +1,126 @@
+"""What a machine carries: labels, metadata and the startup script that runs the trainer container.
+
+Every string that comes from a job message (image, args, env, checkpoint URI)
+reaches the script through shlex.quote only, so nothing in it can inject shell.
+The structured metadata keys let the local cloud start the same trainer without
+a shell; no credentials are ever put in metadata (the machine's service account
+authenticates the trainer and the image pull).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
+
+GRACE_S = 25  # the trainer's save window after the shutdown signal (GCE gives 30 s)
+CONTAINER = "respawn-trainer"
+_ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
+
+
+def machine_labels(spec: JobSpec, attempt: int) -> dict[str, str]:
+    """The user's labels plus respawn's (respawn's win on a clash)."""
+    return {**dict(spec.labels), LABEL_MANAGED: "true", LABEL_JOB: spec.job_id, LABEL_ATTEMPT: str(attempt)}
+
+
+def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
+    """The container's environment: the job's env, then respawn's (which the job cannot override)."""
+    own = [
+        ("RESPAWN_JOB_ID", spec.job_id),
+        ("RESPAWN_ATTEMPT", str(attempt)),
+        ("RESPAWN_CHECKPOINT_URI", spec.checkpoint_uri),
+        ("RESPAWN_LOG_SINK", "cloud"),
+        ("RESPAWN_GRACE_S", str(GRACE_S)),
+    ]
+    reserved = {key for key, _ in own}
+    return [(k, v) for k, v in spec.env if k not in reserved] + own
+
+
+def docker_run_argv(spec: JobSpec, attempt: int) -> list[str]:
+    if spec.image.startswith("-"):
+        raise ValueError(f"image: {spec.image!r} starts with '-'; allowed: a container image reference")
+    gpu = isinstance(spec.machine, GpuMachine)
+    argv = ["docker", "run", "--rm", "--name", CONTAINER, "--net=host"]
+    argv += ["--gpus", "all"] if gpu else ["--privileged"]  # TPU VMs expose the chips as /dev/accel*
+    for key, value in trainer_env(spec, attempt):
+        argv += ["-e", f"{key}={value}"]
+    return [*argv, spec.image, *spec.args]
+
+
+def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
+    """TPU node `metadata` map / GCE metadata items."""
+    return {
+        "startup-script": startup_script(spec, attempt),
+        "shutdown-script": f"#!/bin/bash\ndocker stop -t {GRACE_S} {CONTAINER}\n",
+        "respawn-job-id": spec.job_id,
+        "respawn-attempt": str(attempt),
+        "respawn-checkpoint-uri": spec.checkpoint_uri,
+        "respawn-image": spec.image,
+        "respawn-args": json.dumps(list(spec.args)),
+        "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
+    }
+
+
+def _registry_host(image: str) -> str | None:
+    first = image.split("/", 1)[0]
+    return first if "/" in image and _ARTIFACT_REGISTRY.match(first) else None
+
+
+_HEADER = """#!/bin/bash
+# respawn: runs the trainer container (attempt {attempt}) and forwards the shutdown signal to it.
+set -u
+log() {{ echo "respawn-startup: $*" >&2; }}
+"""
+
+# The Deep Learning VM image installs the driver on first boot (metadata install-nvidia-driver=True);
+# the NVIDIA Container Toolkit provides `docker run --gpus`. Both are waited for / installed here.
+_GPU = """for i in $(seq 1 120); do
+  nvidia-smi >/dev/null 2>&1 && break
+  log "waiting for the NVIDIA driver"; sleep 5
+done
+if ! command -v nvidia-ctk >/dev/null 2>&1; then
+  log "installing the NVIDIA Container Toolkit"
+  curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \\
+    | gpg --dearmor -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+  curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \\
+    | sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] https://#g' \\
+    > /etc/apt/sources.list.d/nvidia-container-toolkit.list
+  apt-get update -q && apt-get install -y -q nvidia-container-toolkit
+  nvidia-ctk runtime configure --runtime=docker && systemctl restart docker
+fi
+"""
+
+_AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
+"""
+
+_RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
+docker rm -f {container} >/dev/null 2>&1 || true
+stopping=
+trap 'stopping=1; log "shutdown: stopping the trainer"; docker stop -t {grace} {container} >/dev/null 2>&1' TERM INT HUP
+{run} &
+child=$!
+wait "$child"
+rc=$?
+while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wait`: wait for the trainer itself
+  stopping=
+  wait "$child"
+  rc=$?
+done
+log "trainer exited with code $rc"
+exit "$rc"
+"""
+
+
+def startup_script(spec: JobSpec, attempt: int) -> str:
+    q = shlex.quote
+    parts = [_HEADER.format(attempt=int(attempt))]
+    if isinstance(spec.machine, GpuMachine):
+        parts.append(_GPU)
+    host = _registry_host(spec.image)
+    if host:
+        parts.append(_AUTH.format(host=q(host)))
+    run = shlex.join(docker_run_argv(spec, attempt))
+    parts.append(_RUN.format(image=q(spec.image), container=CONTAINER, grace=GRACE_S, run=run))
+    return "".join(parts)

@@ -1,0 +1,208 @@
+"""The startup script, run for real by bash with fake `docker`/`gcloud`/`nvidia-*` commands on PATH."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from respawn.adapters.startup import GRACE_S, machine_labels, machine_metadata, startup_script
+from respawn.model import GpuMachine, JobSpec, TpuMachine
+
+HOSTILE = [
+    "'; touch CANARY; echo '",
+    '"; touch CANARY; echo "',
+    "$(touch CANARY)",
+    "`touch CANARY`",
+    "a\nb\ttouch CANARY\n",
+    "--privileged",
+    "*",
+    "\\",
+    "",
+    "ünïcødé ✓ $HOME ${PATH} !! &&|| >x <y",
+]
+
+FAKE = """#!{python}
+import json, os, pathlib, sys, time
+log = os.environ["FAKE_LOG"]
+with open(log, "a") as f:
+    f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
+cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+stopped = pathlib.Path(log + ".stopped")
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
+    stopped.touch()
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
+    if os.environ.get("FAKE_BLOCK"):
+        pathlib.Path(log + ".running").touch()
+        while not stopped.exists():
+            time.sleep(0.01)
+    sys.exit(int(os.environ.get("FAKE_RUN_RC", "0")))
+"""
+
+
+def spec(kind: str = "tpu", **kw: object) -> JobSpec:
+    machine = (
+        TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")
+        if kind == "tpu"
+        else GpuMachine("g2-standard-8", "nvidia-l4", 1)
+    )
+    base: dict[str, object] = dict(
+        job_id="job-1",
+        machine=machine,
+        zones=("us-central1-a",),
+        image="us-docker.pkg.dev/proj/repo/trainer:1",
+        checkpoint_uri="gs://bucket/runs/job-1",
+        args=("--steps=10",),
+        env=(("KEY", "value"),),
+    )
+    return JobSpec(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("docker", "gcloud", "nvidia-smi", "nvidia-ctk"):
+        path = bin_dir / name
+        path.write_text(FAKE.format(python=sys.executable))
+        path.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(tmp_path / "calls.jsonl"), "HOME": str(tmp_path)}
+
+
+def calls(env: dict[str, str]) -> list[list[str]]:
+    path = Path(env["FAKE_LOG"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_script(tmp_path: Path, env: dict[str, str], s: JobSpec, **extra: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(s, 3))
+    return subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=60
+    )
+
+
+def docker_run(env: dict[str, str]) -> list[str]:
+    runs = [c for c in calls(env) if c[:2] == ["docker", "run"]]
+    assert len(runs) == 1
+    return runs[0]
+
+
+def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]) -> None:
+    env = tuple(sorted((f"K{i}", v) for i, v in enumerate(HOSTILE)))
+    image = "registry.example.com/x/$(touch CANARY):`touch CANARY`"
+    uri = "gs://bucket/'$(touch CANARY)'"
+    s = spec(args=tuple(HOSTILE), env=env, image=image, checkpoint_uri=uri, labels=(("l", "$(touch CANARY)"),))
+
+    result = run_script(tmp_path, fakes, s)
+
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "CANARY").exists()
+    argv = docker_run(fakes)
+    image_at = argv.index(image)
+    assert argv[image_at + 1 :] == HOSTILE
+    options = argv[:image_at]
+    assert options[:7] == ["docker", "run", "--rm", "--name", "respawn-trainer", "--net=host", "--privileged"]
+    env_pairs = [options[i + 1] for i, o in enumerate(options) if o == "-e"]
+    assert env_pairs == [f"{k}={v}" for k, v in env] + [
+        "RESPAWN_JOB_ID=job-1",
+        "RESPAWN_ATTEMPT=3",
+        f"RESPAWN_CHECKPOINT_URI={uri}",
+        "RESPAWN_LOG_SINK=cloud",
+        f"RESPAWN_GRACE_S={GRACE_S}",
+    ]
+    assert ["docker", "pull", image] in calls(fakes)
+    assert not [c for c in calls(fakes) if c[0] == "gcloud"]  # not an Artifact Registry image
+
+
+def test_artifact_registry_login_then_pull_then_run(tmp_path: Path, fakes: dict[str, str]) -> None:
+    result = run_script(tmp_path, fakes, spec())
+    assert result.returncode == 0, result.stderr
+    seq = [c[:3] for c in calls(fakes)]
+    assert seq == [
+        ["gcloud", "auth", "configure-docker"],
+        ["docker", "pull", "us-docker.pkg.dev/proj/repo/trainer:1"],
+        ["docker", "rm", "-f"],
+        ["docker", "run", "--rm"],
+    ]
+    assert calls(fakes)[0] == ["gcloud", "auth", "configure-docker", "us-docker.pkg.dev", "--quiet"]
+
+
+def test_gpu_vm_runs_with_all_gpus(tmp_path: Path, fakes: dict[str, str]) -> None:
+    result = run_script(tmp_path, fakes, spec("gpu"))
+    assert result.returncode == 0, result.stderr
+    argv = docker_run(fakes)
+    assert argv[6:8] == ["--gpus", "all"] and "--privileged" not in argv
+    assert ["nvidia-smi"] in calls(fakes)  # waited for the driver
+
+
+def test_job_env_cannot_override_respawn_env(tmp_path: Path, fakes: dict[str, str]) -> None:
+    s = spec(env=(("RESPAWN_ATTEMPT", "99"), ("RESPAWN_JOB_ID", "other")))
+    run_script(tmp_path, fakes, s)
+    argv = docker_run(fakes)
+    assert "RESPAWN_ATTEMPT=3" in argv and "RESPAWN_JOB_ID=job-1" in argv
+    assert "RESPAWN_ATTEMPT=99" not in argv and "RESPAWN_JOB_ID=other" not in argv
+
+
+def test_trainer_exit_code_is_the_scripts(tmp_path: Path, fakes: dict[str, str]) -> None:
+    assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="3").returncode == 3
+
+
+def test_shutdown_signal_stops_the_container_with_the_grace_period(tmp_path: Path, fakes: dict[str, str]) -> None:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(spec(), 1))
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env={**fakes, "FAKE_BLOCK": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        running = Path(fakes["FAKE_LOG"] + ".running")
+        deadline = time.monotonic() + 30
+        while not running.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert running.exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0  # the container's exit code, after docker stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert ["docker", "stop", "-t", str(GRACE_S), "respawn-trainer"] in calls(fakes)
+
+
+def test_metadata_and_labels() -> None:
+    s = spec(args=tuple(HOSTILE), labels=(("team", "nlp"), ("respawn-job", "spoofed")))
+    meta = machine_metadata(s, 2)
+    assert set(meta) == {
+        "startup-script",
+        "shutdown-script",
+        "respawn-job-id",
+        "respawn-attempt",
+        "respawn-checkpoint-uri",
+        "respawn-image",
+        "respawn-args",
+        "respawn-env",
+    }
+    assert json.loads(meta["respawn-args"]) == HOSTILE
+    assert json.loads(meta["respawn-env"]) == {"KEY": "value"}
+    assert (meta["respawn-job-id"], meta["respawn-attempt"]) == ("job-1", "2")
+    assert meta["respawn-image"] == s.image and meta["respawn-checkpoint-uri"] == s.checkpoint_uri
+    assert f"docker stop -t {GRACE_S} respawn-trainer" in meta["shutdown-script"]
+    assert machine_labels(s, 2) == {
+        "team": "nlp",
+        "respawn-job": "job-1",
+        "respawn-managed": "true",
+        "respawn-attempt": "2",
+    }
+
+
+def test_image_that_looks_like_an_option_is_refused() -> None:
+    with pytest.raises(ValueError, match="image"):
+        startup_script(spec(image="--privileged"), 1)
