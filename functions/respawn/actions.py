@@ -18,6 +18,7 @@ class CreateMachine:
     attempt: int
     machine: str
     zone: str
+    deadline: float | None = None  # the job's TTL deadline (epoch s): a GPU VM's own hard stop (maxRunDuration)
 
 
 @dataclass(frozen=True)
