@@ -1,0 +1,188 @@
+"""The two entry points as deployed: functions-framework apps receiving real CloudEvents (binary and structured).
+
+The service behind them is the real one from service_from_env(): GcsJobStore on
+fake-gcs-server, GcpTpuProvider / GcpComputeProvider on the local TPU/Compute REST server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cloudevents.conversion import to_binary, to_structured
+from cloudevents.http import CloudEvent
+from functions_framework import create_app
+
+from respawn.adapters.gcs_store import GcsJobStore
+from respawn.local.cloudapi import CloudApiServer
+from respawn.model import Status
+
+pytestmark = pytest.mark.emulator
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = str(ROOT / "functions" / "main.py")
+DATA = ROOT / "tests" / "data"
+PROJECT = "ml-research-4821"  # the project of the captured payloads in tests/data
+ZONE = "us-central1-a"
+
+GPU_JOB = {
+    "action": "submit",
+    "job_id": "llm-small-001",
+    "machine": {
+        "kind": "gpu",
+        "machine_type": "g2-standard-8",
+        "accelerator_type": "nvidia-l4",
+        "accelerator_count": 1,
+    },
+    "zones": [ZONE, "us-west4-a"],
+    "image": "us-docker.pkg.dev/ml-research-4821/respawn/trainer:1",
+    "checkpoint_uri": "gs://ml-research-4821-ckpt/runs/llm-small-001",
+}
+
+
+@pytest.fixture
+def cloud(bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CloudApiServer]:
+    with CloudApiServer() as server:
+        for name, value in {
+            "RESPAWN_PROJECT": PROJECT,
+            "RESPAWN_STATE_BUCKET": bucket,
+            "RESPAWN_TPU_ENDPOINT": server.url,
+            "RESPAWN_COMPUTE_ENDPOINT": server.url,
+        }.items():
+            monkeypatch.setenv(name, value)
+        yield server
+
+
+def pubsub_event(data: bytes, message_id: str, topic: str = "respawn-jobs") -> CloudEvent:
+    """The CloudEvent Eventarc delivers for a Pub/Sub message (google.cloud.pubsub.topic.v1.messagePublished)."""
+    attributes = {
+        "id": message_id,
+        "source": f"//pubsub.googleapis.com/projects/{PROJECT}/topics/{topic}",
+        "type": "google.cloud.pubsub.topic.v1.messagePublished",
+        "time": "2025-03-14T09:20:04.517Z",
+    }
+    message = {
+        "data": base64.b64encode(data).decode(),
+        "messageId": message_id,
+        "publishTime": "2025-03-14T09:20:04.517Z",
+    }
+    return CloudEvent(attributes, {"message": message, "subscription": f"projects/{PROJECT}/subscriptions/s"})
+
+
+def post(target: str, event: CloudEvent, mode: str = "binary") -> Any:
+    client = create_app(target, MAIN, "cloudevent").test_client()
+    headers, body = to_binary(event) if mode == "binary" else to_structured(event)
+    return client.post("/", headers=headers, data=body)
+
+
+def error_lines(text: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("severity") == "ERROR"]
+
+
+@pytest.mark.parametrize("mode", ["binary", "structured"])
+def test_a_valid_submit_creates_the_machine_and_a_provisioning_record(
+    cloud: CloudApiServer, bucket: str, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    response = post("on_job_message", pubsub_event(json.dumps(GPU_JOB).encode(), "1001"), mode)
+    assert response.status_code == 200
+    creates = [c for c in cloud.calls if c.verb == "create"]
+    assert [(c.kind, c.name, c.zone) for c in creates] == [("gpu", "llm-small-001-a1", ZONE)]
+    machine = cloud.machine("llm-small-001-a1")
+    assert machine is not None
+    assert machine.labels["respawn-job"] == "llm-small-001"
+    job, _ = GcsJobStore(bucket).load("llm-small-001")
+    assert job is not None
+    assert job.status == Status.PROVISIONING
+    assert not job.pending
+    assert error_lines(capsys.readouterr().err) == []
+
+
+def test_the_captured_structured_cloudevent_is_accepted(cloud: CloudApiServer, bucket: str) -> None:
+    """tests/data/cloudevent_job.json exactly as Eventarc posts it (a TPU job)."""
+    client = create_app("on_job_message", MAIN, "cloudevent").test_client()
+    body = (DATA / "cloudevent_job.json").read_bytes()
+    response = client.post("/", data=body, headers={"Content-Type": "application/cloudevents+json"})
+    assert response.status_code == 200
+    assert [(c.verb, c.kind, c.name) for c in cloud.calls if c.verb == "create"] == [
+        ("create", "tpu", "llm-small-001-a1")
+    ]
+    job, _ = GcsJobStore(bucket).load("llm-small-001")
+    assert job is not None
+    assert job.status == Status.PROVISIONING
+
+
+def test_a_malformed_job_message_is_acknowledged_with_one_error_line_and_a_rejected_record(
+    cloud: CloudApiServer, bucket: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = {**GPU_JOB, "zones": ["us-central1-a; rm -rf /"]}
+    capsys.readouterr()
+    response = post("on_job_message", pubsub_event(json.dumps(bad).encode(), "1002"))
+    assert 200 <= response.status_code < 300  # acknowledged: Pub/Sub does not redeliver
+    errors = error_lines(capsys.readouterr().err)
+    assert len(errors) == 1
+    assert "zones" in errors[0]["message"]
+    assert errors[0]["job_id"] == "llm-small-001"
+    assert "\n" not in errors[0]["message"]
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []  # nothing else reports it as an error
+    assert cloud.calls == []
+    job, _ = GcsJobStore(bucket).load("llm-small-001")
+    assert job is not None
+    assert job.status == Status.REJECTED
+    assert "zones" in job.reason
+
+
+def test_a_message_without_a_usable_job_id_is_acknowledged_and_records_nothing(
+    cloud: CloudApiServer, bucket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    response = post("on_job_message", pubsub_event(b"\x00not json at all", "1003"))
+    assert response.status_code == 200
+    assert len(error_lines(capsys.readouterr().err)) == 1
+    assert GcsJobStore(bucket).list_ids() == []
+    assert cloud.calls == []
+
+
+def test_a_preemption_log_entry_deletes_the_machine_and_creates_the_next_attempt(
+    cloud: CloudApiServer, bucket: str
+) -> None:
+    assert post("on_job_message", pubsub_event(json.dumps(GPU_JOB).encode(), "1004")).status_code == 200
+    cloud.preempt("llm-small-001-a1")
+    before = len(cloud.calls)
+
+    # The captured sink delivery names attempt 2; this job is at attempt 1.
+    envelope = json.loads((DATA / "cloudevent_logentry_preempted.json").read_text())
+    entry = json.loads(base64.b64decode(envelope["data"]["message"]["data"]))
+    entry["protoPayload"]["resourceName"] = entry["protoPayload"]["resourceName"].replace("-a2", "-a1")
+    event = pubsub_event(json.dumps(entry).encode(), "2001", topic="respawn-events")
+    for mode in ("structured", "binary"):  # the second delivery is a duplicate
+        assert post("on_event", event, mode).status_code == 200
+
+    acted = [(c.verb, c.name, c.zone) for c in cloud.calls[before:] if c.verb in ("create", "delete")]
+    assert acted == [("delete", "llm-small-001-a1", ZONE), ("create", "llm-small-001-a2", ZONE)]
+    job, _ = GcsJobStore(bucket).load("llm-small-001")
+    assert job is not None
+    assert job.status == Status.RECOVERING
+    assert job.counters.preemptions == 1
+    assert [a.end_reason for a in job.attempts] == ["preempted", None]
+
+
+def test_an_unrelated_log_entry_is_acknowledged_and_changes_nothing(cloud: CloudApiServer, bucket: str) -> None:
+    entry = (DATA / "logentry_unrelated_vm.json").read_bytes()
+    assert post("on_event", pubsub_event(entry, "3001", topic="respawn-events")).status_code == 200
+    assert cloud.calls == []
+    assert GcsJobStore(bucket).list_ids() == []
+
+
+def test_a_missing_setting_fails_the_delivery_so_it_is_redelivered(
+    cloud: CloudApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RESPAWN_STATE_BUCKET")
+    response = post("on_job_message", pubsub_event(json.dumps(GPU_JOB).encode(), "1005"))
+    assert response.status_code == 500
+    assert cloud.calls == []
