@@ -1,0 +1,23 @@
+# The APIs respawn uses. Disabling them on destroy could break other things in the project, so it is left alone.
+locals {
+  apis = [
+    "artifactregistry.googleapis.com", # trainer image
+    "cloudbuild.googleapis.com",       # function builds, the pipeline
+    "cloudfunctions.googleapis.com",
+    "cloudresourcemanager.googleapis.com", # project IAM bindings
+    "cloudscheduler.googleapis.com",       # sweep tick
+    "compute.googleapis.com",              # Spot GPU VMs
+    "iam.googleapis.com",
+    "logging.googleapis.com", # the sink
+    "pubsub.googleapis.com",
+    "run.googleapis.com", # 2nd gen functions run on Cloud Run
+    "storage.googleapis.com",
+    "tpu.googleapis.com",
+  ]
+}
+
+resource "google_project_service" "apis" {
+  for_each           = toset(local.apis)
+  service            = each.value
+  disable_on_destroy = false
+}

@@ -1,0 +1,39 @@
+output "cli_environment" {
+  description = "Environment for the respawn CLI (export these, then `respawn submit JOB.yaml`)."
+  value = {
+    RESPAWN_PROJECT      = var.project
+    RESPAWN_STATE_BUCKET = google_storage_bucket.state.name
+    RESPAWN_JOBS_TOPIC   = google_pubsub_topic.jobs.name
+    RESPAWN_EVENTS_TOPIC = google_pubsub_topic.events.name
+  }
+}
+
+output "checkpoint_bucket" {
+  description = "Use gs://THIS/runs/JOB_ID as a job's checkpoint_uri."
+  value       = google_storage_bucket.checkpoints.name
+}
+
+output "trainer_image_repository" {
+  description = "Push the trainer image here; name it in job messages as REPOSITORY/trainer:TAG."
+  value       = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}"
+}
+
+output "machine_service_account" {
+  description = "The account the TPU VMs and GPU VMs run as."
+  value       = google_service_account.machine.email
+}
+
+output "orchestrator_service_account" {
+  description = "The functions' runtime account."
+  value       = google_service_account.orchestrator.email
+}
+
+output "dead_letter_subscription" {
+  description = "Pull from here to see messages that failed every delivery attempt."
+  value       = google_pubsub_subscription.dead_letter.name
+}
+
+output "function_uris" {
+  description = "Internal-only endpoints the push subscriptions deliver to."
+  value       = { for key, fn in google_cloudfunctions2_function.respawn : key => fn.service_config[0].uri }
+}

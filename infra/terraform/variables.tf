@@ -1,0 +1,118 @@
+variable "project" {
+  description = "The Google Cloud project id to deploy into."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of the functions, buckets, scheduler and image repository. Machines go to the zones each job lists."
+  type        = string
+  default     = "us-central1"
+}
+
+variable "state_bucket_name" {
+  description = "Bucket of the job records (gs://BUCKET/respawn/jobs/). Default: PROJECT-respawn-state."
+  type        = string
+  default     = null
+}
+
+variable "checkpoint_bucket_name" {
+  description = "Bucket for the trainers' checkpoints (use gs://BUCKET/runs/JOB in job messages). Default: PROJECT-respawn-checkpoints."
+  type        = string
+  default     = null
+}
+
+variable "checkpoint_retention_days" {
+  description = "Checkpoint objects older than this are deleted."
+  type        = number
+  default     = 30
+  validation {
+    condition     = var.checkpoint_retention_days >= 1
+    error_message = "checkpoint_retention_days must be at least 1."
+  }
+}
+
+variable "state_noncurrent_retention_days" {
+  description = "Overwritten versions of job records are kept this long (for audits and recovery)."
+  type        = number
+  default     = 30
+  validation {
+    condition     = var.state_noncurrent_retention_days >= 1
+    error_message = "state_noncurrent_retention_days must be at least 1."
+  }
+}
+
+variable "force_destroy_buckets" {
+  description = "Let `terraform destroy` delete non-empty buckets (job records and checkpoints are lost)."
+  type        = bool
+  default     = false
+}
+
+variable "artifact_repository" {
+  description = "Artifact Registry repository id of the trainer image."
+  type        = string
+  default     = "respawn"
+}
+
+variable "python_runtime" {
+  description = "Cloud Functions runtime."
+  type        = string
+  default     = "python312"
+  validation {
+    condition     = contains(["python311", "python312"], var.python_runtime)
+    error_message = "python_runtime must be python311 or python312."
+  }
+}
+
+variable "function_timeout_seconds" {
+  description = "How long one delivery may take before it counts as failed and is retried."
+  type        = number
+  default     = 120
+  validation {
+    condition     = var.function_timeout_seconds >= 30 && var.function_timeout_seconds <= 540
+    error_message = "function_timeout_seconds must be between 30 and 540."
+  }
+}
+
+variable "function_memory" {
+  description = "Memory of each function instance."
+  type        = string
+  default     = "512M"
+}
+
+variable "on_job_message_max_instances" {
+  description = "Upper bound on concurrent on_job_message instances (one message each)."
+  type        = number
+  default     = 3
+}
+
+variable "on_event_max_instances" {
+  description = "Upper bound on concurrent on_event instances (one event each); bursts of preemptions queue in Pub/Sub."
+  type        = number
+  default     = 10
+}
+
+variable "max_delivery_attempts" {
+  description = "Deliveries of one message before it goes to the dead-letter topic (Pub/Sub allows 5 to 100)."
+  type        = number
+  default     = 10
+  validation {
+    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100
+    error_message = "max_delivery_attempts must be between 5 and 100."
+  }
+}
+
+variable "sweep_every_minutes" {
+  description = "Minutes between sweep ticks (the safety net for lost events, TTLs and stuck creations)."
+  type        = number
+  default     = 5
+  validation {
+    condition     = var.sweep_every_minutes >= 1 && var.sweep_every_minutes <= 30
+    error_message = "sweep_every_minutes must be between 1 and 30."
+  }
+}
+
+variable "labels" {
+  description = "Extra labels on every resource that takes labels."
+  type        = map(string)
+  default     = {}
+}
