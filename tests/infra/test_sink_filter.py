@@ -1,0 +1,117 @@
+"""The sink filter's single source: Terraform and the code read the same file, and it agrees with the parser."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tfconfig import REPO, TF_DIR, Config
+
+from respawn import logfilter
+from respawn.events import Ignored
+from respawn.logfilter import LogFilter, load_sink_filter, sink_filter
+from respawn.parsing import log_entry_event
+
+CAPTURED = sorted((REPO / "tests" / "data").glob("logentry_*.json"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    entry: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return entry
+
+
+def test_captured_entries_cover_both_verdicts() -> None:
+    verdicts = {sink_filter().matches(load(path)) for path in CAPTURED}
+    assert len(CAPTURED) >= 6 and verdicts == {True, False}
+
+
+@pytest.mark.parametrize("path", CAPTURED, ids=lambda p: p.name)
+def test_the_filter_routes_exactly_the_entries_the_parser_acts_on(path: Path) -> None:
+    entry = load(path)
+    event = log_entry_event(entry)
+    assert sink_filter().matches(entry) is not isinstance(event, Ignored), event
+
+
+def with_instance(name: str) -> dict[str, Any]:
+    entry = copy.deepcopy(load(REPO / "tests" / "data" / "logentry_gce_preempted.json"))
+    zone = entry["resource"]["labels"]["zone"]
+    entry["protoPayload"]["resourceName"] = f"projects/p/zones/{zone}/instances/{name}"
+    return entry
+
+
+@pytest.mark.parametrize(
+    "instance",
+    [
+        "llm-small-001-a1",
+        "a-a7",
+        "x" * 39 + "-a2",  # the longest job id
+        "x" * 40 + "-a2",  # one too long
+        "llm-a0",
+        "llm-a01",
+        "llm-a1-backup",
+        "9llm-a1",
+        "Llm-a1",
+        "llm_x-a1",
+        "t1v-n-2f3e9a1b-w-0",
+        "t1v-n-2f3e9a1b-w-12",
+        "t1v-n-XYZ-w-0",
+        "t1v-n-2f3e9a1b-w-",
+        "gke-pool-5b909138-nr65",
+    ],
+)
+def test_the_filter_and_the_parser_agree_on_machine_names(instance: str) -> None:
+    entry = with_instance(instance)
+    assert sink_filter().matches(entry) is not isinstance(log_entry_event(entry), Ignored)
+
+
+# --- change the file, see both sides change ----------------------------------------------------------------------
+
+HOST_ERROR = ' OR "compute.instances.hostError"'
+
+
+def host_error_entry() -> dict[str, Any]:
+    return load(REPO / "tests" / "data" / "logentry_host_error.json")
+
+
+def copy_layout(root: Path, filter_text: str) -> tuple[Path, Path]:
+    """A copy of infra/terraform and of the package's filter file, laid out as in the repository."""
+    tf_dir = root / "infra" / "terraform"
+    shutil.copytree(TF_DIR, tf_dir, ignore=shutil.ignore_patterns(".terraform", ".build"))
+    filter_file = root / "functions" / "respawn" / "sink_filter.txt"
+    filter_file.parent.mkdir(parents=True)
+    filter_file.write_text(filter_text, encoding="utf-8")
+    return tf_dir, filter_file
+
+
+def terraform_sink_filter(tf_dir: Path) -> str:
+    """The filter Terraform would give the sink: the content of its file() target."""
+    config = Config.load(tf_dir)
+    return config.file_target(config.resource("google_logging_project_sink", "events")["filter"]).read_text()
+
+
+def test_changing_the_filter_file_changes_terraform_and_the_code_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = load_sink_filter()
+    assert HOST_ERROR in original
+    assert terraform_sink_filter(TF_DIR) == original
+    assert sink_filter().matches(host_error_entry())
+
+    modified = original.replace(HOST_ERROR, "")
+    tf_dir, filter_file = copy_layout(tmp_path, modified)
+    monkeypatch.setattr(logfilter, "SINK_FILTER", filter_file)  # the package resource, moved to the copy
+
+    assert terraform_sink_filter(tf_dir) == modified != original  # what Terraform hands the sink changed ...
+    assert load_sink_filter() == modified  # ... and so did what the local log router and the tests evaluate:
+    assert not sink_filter().matches(host_error_entry())
+    assert not LogFilter.parse(terraform_sink_filter(tf_dir)).matches(host_error_entry())
+
+
+def test_the_filter_shown_in_the_deploy_guide_is_the_file() -> None:
+    guide = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    shown = guide.split("<!-- sink_filter.txt -->\n```text\n", 1)[1].split("```", 1)[0]
+    assert shown == load_sink_filter()

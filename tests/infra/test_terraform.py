@@ -1,0 +1,359 @@
+"""Offline checks of infra/terraform: it parses, and it declares what the event chain and least privilege need."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tfconfig import REPO, TF_DIR, Config, block, parse, strings
+
+from respawn import logfilter
+from respawn.events import SweepTicked
+from respawn.parsing import PubSubMessage, events_event
+
+EXPECTED_FILES = {
+    "apis.tf",
+    "artifact_registry.tf",
+    "functions.tf",
+    "iam.tf",
+    "outputs.tf",
+    "pubsub.tf",
+    "scheduler.tf",
+    "sink.tf",
+    "storage.tf",
+    "variables.tf",
+    "versions.tf",
+}
+
+
+@pytest.fixture(scope="module")
+def config() -> Config:
+    return Config.load()
+
+
+@pytest.mark.parametrize("path", sorted(TF_DIR.glob("*.tf")), ids=lambda p: p.name)
+def test_every_tf_file_parses(path: Path) -> None:
+    assert parse(path), f"{path.name} is empty"
+
+
+def test_the_configuration_is_split_by_concern() -> None:
+    assert {p.name for p in TF_DIR.glob("*.tf")} == EXPECTED_FILES
+
+
+def test_tfvars_example_sets_only_declared_variables(config: Config) -> None:
+    example = parse(TF_DIR / "terraform.tfvars.example")
+    assert set(example) <= set(config.variables)
+    required = {name for name, body in config.variables.items() if "default" not in body}
+    assert required == {"project"} and required <= set(example)
+
+
+def test_versions_pin_terraform_and_providers() -> None:
+    terraform = parse(TF_DIR / "versions.tf")["terraform"][0]
+    assert terraform["required_version"].startswith(">=")
+    providers = terraform["required_providers"][0]
+    assert providers["google"]["source"] == "hashicorp/google"
+    assert providers["archive"]["version"] == "~> 2.5"
+    assert "gcs" in terraform["backend"][0]  # remote state: Cloud Build workers are ephemeral
+
+
+REQUIRED_RESOURCES = {
+    ("google_pubsub_topic", "jobs"),
+    ("google_pubsub_topic", "events"),
+    ("google_pubsub_topic", "dead_letter"),
+    ("google_pubsub_subscription", "dead_letter"),
+    ("google_pubsub_subscription", "push"),
+    ("google_logging_project_sink", "events"),
+    ("google_pubsub_topic_iam_member", "sink_publisher"),
+    ("google_cloudfunctions2_function", "respawn"),
+    ("google_cloud_scheduler_job", "sweep"),
+    ("google_storage_bucket", "state"),
+    ("google_storage_bucket", "checkpoints"),
+    ("google_artifact_registry_repository", "trainer"),
+    ("google_service_account", "orchestrator"),
+    ("google_service_account", "machine"),
+    ("google_project_iam_custom_role", "orchestrator"),
+}
+
+
+def test_required_resources_exist(config: Config) -> None:
+    assert set(config.resources) >= REQUIRED_RESOURCES, REQUIRED_RESOURCES - set(config.resources)
+
+
+def test_topic_names_are_the_contract(config: Config) -> None:
+    assert config.resource("google_pubsub_topic", "jobs")["name"] == "respawn-jobs"
+    assert config.resource("google_pubsub_topic", "events")["name"] == "respawn-events"
+    dead_letter = config.resource("google_pubsub_subscription", "dead_letter")
+    assert dead_letter["topic"] == "${google_pubsub_topic.dead_letter.id}"
+
+
+# --- the sink ----------------------------------------------------------------------------------------------------
+
+
+def test_the_sink_reads_the_filter_from_its_single_source(config: Config) -> None:
+    sink = config.resource("google_logging_project_sink", "events")
+    assert config.file_target(sink["filter"]) == Path(str(logfilter.SINK_FILTER)).resolve()
+    assert sink["destination"] == "pubsub.googleapis.com/${google_pubsub_topic.events.id}"
+    assert sink["unique_writer_identity"] is True
+
+
+def test_only_the_sink_writer_identity_may_publish_to_respawn_events(config: Config) -> None:
+    on_events = [
+        (type_, body)
+        for (type_, _), body in config.resources.items()
+        if type_.startswith("google_pubsub_topic_iam") and body.get("topic") == "${google_pubsub_topic.events.id}"
+    ]
+    assert on_events == [
+        (
+            "google_pubsub_topic_iam_member",
+            {
+                "topic": "${google_pubsub_topic.events.id}",
+                "role": "roles/pubsub.publisher",
+                "member": "${google_logging_project_sink.events.writer_identity}",
+            },
+        )
+    ]
+
+
+# --- least privilege ---------------------------------------------------------------------------------------------
+
+PRIMITIVE = re.compile(r"roles/(owner|editor|viewer)\b")
+PUBLIC = re.compile(r"\ball(Authenticated)?Users\b")
+
+
+def broad_grants(config: Config) -> list[str]:
+    everything = strings([config.resources, config.data, config.locals, config.variables, config.outputs])
+    return [s for s in everything if PRIMITIVE.search(s) or PUBLIC.search(s)]
+
+
+def test_no_primitive_roles_and_no_public_members_anywhere(config: Config) -> None:
+    assert broad_grants(config) == []
+
+
+def test_the_scan_for_broad_grants_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "bad.tf").write_text(
+        'resource "google_project_iam_member" "x" {\n  role = "roles/editor"\n  member = "user:a@b.c"\n}\n'
+        'resource "google_storage_bucket_iam_binding" "y" {\n  role = "roles/storage.objectViewer"\n'
+        '  members = ["allUsers"]\n}\n'
+        'locals {\n  fine = "roles/viewerish.thing allUsersX"\n}\n'
+    )
+    assert broad_grants(Config.load(tmp_path)) == ["roles/editor", "allUsers"]
+
+
+def members_with_role(config: Config, type_: str, role: str) -> dict[str, str]:
+    return {name: body["member"] for name, body in config.of_type(type_).items() if body["role"] == role}
+
+
+ORCHESTRATOR = "${google_service_account.orchestrator.member}"
+MACHINE = "${google_service_account.machine.member}"
+
+
+def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) -> None:
+    role = config.resource("google_project_iam_custom_role", "orchestrator")
+    permissions = set(role["permissions"])
+    needed = {f"tpu.nodes.{verb}" for verb in ("create", "delete", "get", "list")} | {
+        f"compute.instances.{verb}" for verb in ("create", "delete", "get", "list", "setMetadata", "setLabels")
+    }
+    assert needed | {"tpu.operations.get", "compute.zoneOperations.get", "compute.disks.create"} <= permissions
+    assert all(p.startswith(("tpu.", "compute.")) for p in permissions)
+    assert not any(p.endswith(("setIamPolicy", ".update", ".start", ".stop", ".reset")) for p in permissions)
+    grant = config.resource("google_project_iam_member", "orchestrator_machines")
+    assert grant == {
+        "project": "${var.project}",
+        "role": "${google_project_iam_custom_role.orchestrator.id}",
+        "member": ORCHESTRATOR,
+    }
+
+
+def test_project_level_grants_are_exactly_these(config: Config) -> None:
+    project_roles = sorted(
+        (body["role"], body["member"]) for body in config.of_type("google_project_iam_member").values()
+    )
+    build = "${google_service_account.build.member}"
+    assert project_roles == [
+        ("${google_project_iam_custom_role.orchestrator.id}", ORCHESTRATOR),
+        ("roles/artifactregistry.writer", build),
+        ("roles/logging.logWriter", build),
+        ("roles/logging.logWriter", MACHINE),
+        ("roles/logging.logWriter", ORCHESTRATOR),
+        ("roles/storage.objectViewer", build),
+    ]
+    conditioned = {
+        body["role"]: block(body, "condition")["expression"]
+        for body in config.of_type("google_project_iam_member").values()
+        if body["role"] in ("roles/artifactregistry.writer", "roles/storage.objectViewer")
+    }
+    assert "buckets/gcf-v2-sources-" in conditioned["roles/storage.objectViewer"]
+    assert "repositories/gcf-artifacts" in conditioned["roles/artifactregistry.writer"]
+
+
+def test_bucket_grants_are_per_bucket(config: Config) -> None:
+    grants = sorted(
+        (body["bucket"], body["role"], body["member"])
+        for body in config.of_type("google_storage_bucket_iam_member").values()
+    )
+    assert grants == [
+        ("${google_storage_bucket.checkpoints.name}", "roles/storage.objectAdmin", MACHINE),
+        ("${google_storage_bucket.state.name}", "roles/storage.objectAdmin", ORCHESTRATOR),
+    ]
+
+
+def test_act_as_is_granted_on_the_machine_account_only(config: Config) -> None:
+    act_as = [
+        body
+        for body in config.of_type("google_service_account_iam_member").values()
+        if body["role"] == "roles/iam.serviceAccountUser"
+    ]
+    assert act_as == [
+        {
+            "service_account_id": "${google_service_account.machine.name}",
+            "role": "roles/iam.serviceAccountUser",
+            "member": ORCHESTRATOR,
+        }
+    ]
+
+
+def test_machines_pull_the_trainer_image_from_that_repository_only(config: Config) -> None:
+    grant = config.resource("google_artifact_registry_repository_iam_member", "machine_pulls_trainer")
+    assert grant["repository"] == "${google_artifact_registry_repository.trainer.name}"
+    assert (grant["role"], grant["member"]) == ("roles/artifactregistry.reader", MACHINE)
+
+
+def test_only_the_push_identity_invokes_the_functions(config: Config) -> None:
+    invokers = config.of_type("google_cloud_run_v2_service_iam_member")
+    assert invokers == {
+        "push_invokes": {
+            "for_each": "${google_cloudfunctions2_function.respawn}",
+            "location": "${each.value.location}",
+            "name": "${each.value.name}",
+            "role": "roles/run.invoker",
+            "member": "${google_service_account.push.member}",
+        }
+    }
+
+
+# --- functions and delivery --------------------------------------------------------------------------------------
+
+
+def cloud_event_functions() -> set[str]:
+    tree = ast.parse((REPO / "functions" / "main.py").read_text(encoding="utf-8"))
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any(ast.unparse(d) == "functions_framework.cloud_event" for d in node.decorator_list)
+    }
+
+
+def test_functions_are_2nd_gen_python_with_deliberate_limits(config: Config) -> None:
+    fn = config.resource("google_cloudfunctions2_function", "respawn")
+    assert fn["for_each"] == "${local.functions}"
+    assert set(config.locals["functions"]) == {"on_job_message", "on_event"}
+    assert set(config.locals["functions"]) <= cloud_event_functions()  # entry points exist as CloudEvent functions
+    build = block(fn, "build_config")
+    assert build["entry_point"] == "${each.key}"
+    assert config.variables["python_runtime"]["default"] in ("python311", "python312")
+    service = block(fn, "service_config")
+    assert service["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
+    assert service["service_account_email"] == "${google_service_account.orchestrator.email}"
+    for knob in ("timeout_seconds", "max_instance_count", "available_memory", "max_instance_request_concurrency"):
+        assert knob in service, knob
+    assert service["environment_variables"] == "${local.function_environment}"
+    assert set(config.locals["function_environment"]) == {
+        "RESPAWN_PROJECT",
+        "RESPAWN_STATE_BUCKET",
+        "RESPAWN_JOBS_TOPIC",
+        "RESPAWN_EVENTS_TOPIC",
+        "RESPAWN_MACHINE_SERVICE_ACCOUNT",
+    }
+    source = block(block(build, "source"), "storage_source")
+    assert source["object"] == "${google_storage_bucket_object.functions_source.name}"
+    archive = config.data[("archive_file", "functions")]
+    assert archive["source_dir"] == "${path.module}/../../functions"
+    assert "respawn/local/**" in archive["excludes"]
+
+
+def test_each_function_is_fed_with_retry_and_dead_lettering(config: Config) -> None:
+    topics = {key: fn["topic"] for key, fn in config.locals["functions"].items()}
+    assert topics == {
+        "on_job_message": "${google_pubsub_topic.jobs.id}",
+        "on_event": "${google_pubsub_topic.events.id}",
+    }
+    push = config.resource("google_pubsub_subscription", "push")
+    assert (push["for_each"], push["topic"]) == ("${local.functions}", "${each.value.topic}")
+    endpoint = "${google_cloudfunctions2_function.respawn[each.key].service_config[0].uri}"
+    push_config = block(push, "push_config")
+    assert push_config["push_endpoint"] == endpoint
+    assert block(push_config, "oidc_token") == {
+        "service_account_email": "${google_service_account.push.email}",
+        "audience": endpoint,
+    }
+    assert set(block(push, "retry_policy")) == {"minimum_backoff", "maximum_backoff"}
+    dead_letter = block(push, "dead_letter_policy")
+    assert dead_letter == {
+        "dead_letter_topic": "${google_pubsub_topic.dead_letter.id}",
+        "max_delivery_attempts": "${var.max_delivery_attempts}",
+    }
+    assert 5 <= config.variables["max_delivery_attempts"]["default"] <= 100
+    # Pub/Sub's service agent forwards to the dead-letter topic: publisher there, subscriber on the source.
+    agent = "${local.pubsub_service_agent}"
+    assert config.resource("google_pubsub_topic_iam_member", "dead_letter_publisher")["member"] == agent
+    forwarding = config.resource("google_pubsub_subscription_iam_member", "dead_letter_forwarding")
+    assert (forwarding["role"], forwarding["member"]) == ("roles/pubsub.subscriber", agent)
+
+
+def test_the_scheduler_publishes_the_sweep_tick_the_parser_expects(config: Config) -> None:
+    target = block(config.resource("google_cloud_scheduler_job", "sweep"), "pubsub_target")
+    assert target["topic_name"] == "${google_pubsub_topic.events.id}"
+    m = re.fullmatch(r'\$\{base64encode\(jsonencode\(\{\s*kind\s*=\s*"(\w+)"\s*\}\)\)\}', target["data"])
+    assert m, target["data"]
+    published = json.dumps({"kind": m[1]}, separators=(",", ":")).encode()  # what jsonencode() produces
+    assert isinstance(events_event(PubSubMessage(published, {}, "m1", 0.0)), SweepTicked)
+
+
+# --- storage, registry, APIs -------------------------------------------------------------------------------------
+
+
+def test_buckets_are_private_uniform_and_expire_what_they_keep(config: Config) -> None:
+    buckets = config.of_type("google_storage_bucket")
+    assert set(buckets) == {"state", "checkpoints", "source"}
+    for name, bucket in buckets.items():
+        assert bucket["uniform_bucket_level_access"] is True, name
+        assert bucket["public_access_prevention"] == "enforced", name
+    state = buckets["state"]
+    assert block(state, "versioning")["enabled"] is True
+    assert [block(rule, "condition") for rule in state["lifecycle_rule"]] == [
+        {"days_since_noncurrent_time": "${var.state_noncurrent_retention_days}", "with_state": "ARCHIVED"}
+    ]
+    ages = [block(rule, "condition").get("age") for rule in buckets["checkpoints"]["lifecycle_rule"]]
+    assert "${var.checkpoint_retention_days}" in ages
+
+
+def test_the_trainer_image_has_a_docker_repository(config: Config) -> None:
+    repo = config.resource("google_artifact_registry_repository", "trainer")
+    assert repo["format"] == "DOCKER"
+    assert config.variables["artifact_repository"]["default"] == "respawn"
+
+
+def test_the_needed_apis_are_enabled(config: Config) -> None:
+    apis = config.resource("google_project_service", "apis")
+    assert apis["for_each"] == "${toset(local.apis)}"
+    needed = {
+        f"{api}.googleapis.com"
+        for api in (
+            "cloudfunctions",
+            "run",
+            "cloudbuild",
+            "artifactregistry",
+            "pubsub",
+            "logging",
+            "cloudscheduler",
+            "tpu",
+            "compute",
+            "storage",
+            "iam",
+        )
+    }
+    assert needed <= set(config.locals["apis"])
