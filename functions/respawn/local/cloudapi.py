@@ -535,11 +535,14 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
                 err = ApiError(400, "INVALID_ARGUMENT", f"Invalid request: {e}", "invalid")
                 status, payload = HTTPStatus.BAD_REQUEST, _error_json(kind, err)
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=UTF-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting (e.g. operations.wait)
+                self.close_connection = True
 
         def _route(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
             if m := _TPU_PATH.match(path):
