@@ -306,7 +306,7 @@ def _with_new_attempt(job: Job, zone_index: int, now: float) -> tuple[Job, Attem
 
 
 def _create(job: Job, attempt: Attempt) -> CreateMachine:
-    return CreateMachine(job.job_id, attempt.n, attempt.machine, attempt.zone)
+    return CreateMachine(job.job_id, attempt.n, attempt.machine, attempt.zone, deadline=job.deadline)
 
 
 def _zone_index(job: Job, zone: str) -> int:

@@ -29,6 +29,7 @@ T0 = 1_000_000.0
 NOW = T0 + 100  # every machine built below is older than the lost grace at NOW
 LATER = T0 + 1000  # past stuck_creating_s and past any first backoff
 POLICY = Policy()
+DEADLINE = T0 + 48 * 3600  # submitted at T0 with the default ttl
 
 
 def spec(**overrides: object) -> JobSpec:
@@ -211,7 +212,7 @@ def test_every_event_in_every_status(kind: str, status: Status) -> None:
 def test_replacement_stays_in_the_zone_and_gets_the_next_name() -> None:
     job = run(build(Status.RUNNING), preempted(1))
     _, actions = step(build(Status.RUNNING), preempted(1))
-    assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", A)]
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE)]
     assert job.current is not None and (job.current.n, job.current.zone) == (2, A)
     first = job.attempts[0]
     assert (first.end_reason, first.machine_deleted) == ("preempted", True)
@@ -242,9 +243,9 @@ def test_submit_of_an_existing_job_keeps_the_record_even_with_another_spec() -> 
 
 
 def test_first_events() -> None:
-    job, actions = step(None, submitted())
+    job, actions = step(None, submitted(), T0)
     assert job is not None and job.status is Status.PROVISIONING
-    assert actions == [CreateMachine("llm", 1, "llm-a1", A)]
+    assert actions == [CreateMachine("llm", 1, "llm-a1", A, deadline=DEADLINE)]
     rejected, actions = step(None, JobRejected(eid(), T0, "llm", "zones: must not be empty"))
     assert rejected is not None and rejected.status is Status.REJECTED and rejected.spec is None
     assert rejected.reason == "zones: must not be empty" and actions == []
@@ -293,9 +294,9 @@ def test_started_records_time_and_restored_step_and_completed_the_result() -> No
 def test_capacity_walks_the_zones_then_backs_off_then_walks_again() -> None:
     job = run(None, submitted(spec(zones=(A, B, C))))
     job, actions = step(job, capacity(1), T0)
-    assert actions == [CreateMachine("llm", 2, "llm-a2", B)]
+    assert actions == [CreateMachine("llm", 2, "llm-a2", B, deadline=DEADLINE)]
     job, actions = step(job, capacity(2), T0)
-    assert actions == [CreateMachine("llm", 3, "llm-a3", C)]
+    assert actions == [CreateMachine("llm", 3, "llm-a3", C, deadline=DEADLINE)]
     job, actions = step(job, capacity(3), T0)
     assert job is not None and job.status is Status.PENDING and actions == []
     first_wait = backoff_s("llm", 0, POLICY)
@@ -305,7 +306,7 @@ def test_capacity_walks_the_zones_then_backs_off_then_walks_again() -> None:
     assert step(job, observed(zones=()), T0 + first_wait - 1) == (job, [])  # not due yet
     job, actions = step(job, observed(zones=()), T0 + first_wait)
     assert job is not None and job.status is Status.PROVISIONING
-    assert actions == [CreateMachine("llm", 4, "llm-a4", A)]
+    assert actions == [CreateMachine("llm", 4, "llm-a4", A, deadline=DEADLINE)]
 
     t = T0 + first_wait
     job = run(job, capacity(4), capacity(5), capacity(6), now=t)
@@ -318,7 +319,7 @@ def test_a_preempted_machine_in_the_second_zone_is_replaced_there_then_walks_on(
     job = run(None, submitted(), capacity(1), started(2), preempted(2))
     assert job.current is not None and (job.current.n, job.current.zone) == (3, B)
     job, actions = step(job, capacity(3), T0)
-    assert actions == [CreateMachine("llm", 4, "llm-a4", A)]
+    assert actions == [CreateMachine("llm", 4, "llm-a4", A, deadline=DEADLINE)]
     job, actions = step(job, capacity(4), T0)
     assert job is not None and job.status is Status.PENDING and actions == []
 
