@@ -1,0 +1,359 @@
+"""The one path every event takes: load, decide, persist intent, act, clear intent.
+
+A handler persists the new record with its actions in `Job.pending` and a lease
+before it touches a machine, then acts, then clears `pending`. A handler that
+loads a record whose lease ran out (its writer crashed) takes the lease over,
+executes the pending actions (all idempotent) and then handles its own event.
+A live lease means another delivery is acting: a duplicate of an event already
+recorded is acknowledged, anything else raises `Retryable` so Pub/Sub
+redelivers it later. Every record write is a compare-and-set; a conflict
+reloads and decides again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
+from respawn.decide import Policy, decide, is_stale
+from respawn.events import (
+    CreateFailed,
+    Event,
+    Ignored,
+    JobEvent,
+    JobRejected,
+    JobSubmitted,
+    MachinesObserved,
+    SweepTicked,
+    ZoneWokeUp,
+)
+from respawn.model import Job, MachineState, parse_machine_name
+from respawn.ports import (
+    CapacityError,
+    Clock,
+    ConflictError,
+    JobStore,
+    Machine,
+    MachineProvider,
+    PermanentError,
+    ProviderError,
+    TransientError,
+)
+
+log = logging.getLogger("respawn.service")
+DEFAULT_POLICY = Policy()
+
+Observed = tuple[str, str, MachineState]  # (machine name, zone, state)
+
+
+class Retryable(Exception):
+    """Raise to the entry point so Pub/Sub redelivers the message later."""
+
+
+class InFlight(Retryable):
+    """Another delivery holds the job's intent lease."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: str  # applied | duplicate | stale | ignored | rejected
+    job_ids: tuple[str, ...] = ()
+    actions: tuple[Action, ...] = ()
+
+
+class Service:
+    def __init__(
+        self,
+        store: JobStore,
+        providers: Mapping[str, MachineProvider],
+        clock: Clock,
+        policy: Policy = DEFAULT_POLICY,
+    ) -> None:
+        self.store = store
+        self.providers = providers
+        self.clock = clock
+        self.policy = policy
+        _ensure_log_handler()
+
+    def handle(self, event: Event) -> Outcome:
+        try:
+            outcome = self._route(event)
+        except (Retryable, TransientError) as e:  # a store or API hiccup: Pub/Sub delivers the event again
+            _log_line("WARNING", event, "retry", (), (), reason=str(e))
+            if isinstance(e, Retryable):
+                raise
+            raise Retryable(str(e)) from e
+        _log_line("INFO", event, outcome.result, outcome.job_ids, outcome.actions)
+        return outcome
+
+    def _route(self, event: Event) -> Outcome:
+        if isinstance(event, Ignored):
+            return Outcome("ignored")
+        if isinstance(event, SweepTicked):
+            return self._sweep(event)
+        if isinstance(event, ZoneWokeUp):
+            return self._wake(event)
+        job_id = event.spec.job_id if isinstance(event, JobSubmitted) else event.job_id
+        if job_id is None:
+            return Outcome("rejected")
+        outcome = self._apply(job_id, event.event_id, lambda job, gen: event)
+        return replace(outcome, result="rejected") if isinstance(event, JobRejected) else outcome
+
+    # -- one job -----------------------------------------------------------------------------------------------------
+
+    def _apply(
+        self,
+        job_id: str,
+        event_id: str,
+        event_for: Callable[[Job | None, int], JobEvent],
+        loaded: tuple[Job | None, int] | None = None,
+    ) -> Outcome:
+        """Load, settle crashed intent, decide, persist intent, act, clear: with CAS retries."""
+        done: list[Action] = []
+        for _ in range(self.policy.max_conflicts):
+            job, gen = loaded or self.store.load(job_id)
+            loaded = None
+            now = self.clock.now()
+            try:
+                if job is not None and event_id in job.seen_events and not _lease_expired(job, now):
+                    return Outcome("duplicate", (job_id,), tuple(done))
+                if job is not None and job.pending:
+                    if not _lease_expired(job, now):
+                        raise InFlight(f"job {job_id}: another delivery is acting on it; retry later")
+                    job, gen, settled = self._settle(job, gen, now)
+                    done += settled
+                    if event_id in job.seen_events:
+                        return Outcome("duplicate", (job_id,), tuple(done))
+                event = event_for(job, gen)
+                new, actions = decide(job, event, now, self.policy)
+                if new is None or (new == job and not actions):
+                    return Outcome(_quiet(job, event), (job_id,), tuple(done))
+                intent = replace(
+                    new,
+                    pending=tuple(action_to_dict(a) for a in actions),
+                    pending_lease_until=now + self.policy.lease_s if actions else None,
+                )
+                gen = self.store.save(intent, gen)
+            except ConflictError:
+                continue
+            if actions:
+                _, _, acted = self._act(intent, gen, actions, now)
+                done += acted
+            return Outcome("applied", (job_id,), tuple(done))
+        raise Retryable(f"job {job_id}: the record kept changing under {self.policy.max_conflicts} tries")
+
+    def _settle(self, job: Job, gen: int, now: float) -> tuple[Job, int, list[Action]]:
+        """Take over intent whose lease ran out and carry it out."""
+        job = replace(job, pending_lease_until=now + self.policy.lease_s)
+        gen = self.store.save(job, gen)  # a conflict means someone else took it: reload
+        return self._act(job, gen, [action_from_dict(d) for d in job.pending], now)
+
+    def _act(self, job: Job, gen: int, actions: list[Action], now: float) -> tuple[Job, int, list[Action]]:
+        """Execute the actions; feed create failures back into decide; clear the intent. We hold the lease."""
+        queue, done = list(actions), []
+        feedback_left = len(job.spec.zones) + 1 if job.spec else 0
+        while queue:
+            action = queue[0]
+            try:
+                self._execute(job, action)
+            except TransientError as e:
+                self._save_held(replace(job, pending=_dicts(queue), pending_lease_until=now), gen)
+                raise Retryable(f"{action.machine}: {e}") from e
+            except ProviderError as e:
+                queue.pop(0)
+                if not isinstance(action, CreateMachine) or feedback_left <= 0:
+                    _log_error(job.job_id, f"{type(action).__name__} {action.machine} failed: {e}")
+                    continue
+                feedback_left -= 1
+                kind = "capacity" if isinstance(e, CapacityError) else "permanent"
+                failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(e))
+                decided, more = decide(job, failed, now, self.policy)
+                assert decided is not None
+                queue += more
+                job = replace(decided, pending=_dicts(queue), pending_lease_until=now + self.policy.lease_s)
+                gen = self._save_held(job, gen)
+                continue
+            done.append(queue.pop(0))
+        job = replace(job, pending=(), pending_lease_until=None)
+        return job, self._save_held(job, gen), done
+
+    def _save_held(self, job: Job, gen: int) -> int:
+        """Save a record whose lease we hold; losing it means another handler took over."""
+        try:
+            return self.store.save(job, gen)
+        except ConflictError as e:
+            raise Retryable(f"job {job.job_id}: intent was taken over by another delivery") from e
+
+    def _execute(self, job: Job, action: Action) -> None:
+        assert job.spec is not None
+        provider = self._provider(job.spec.machine.kind)
+        if isinstance(action, CreateMachine):
+            provider.create(action, job.spec)
+        else:
+            provider.delete(action.machine, action.zone)
+
+    def _provider(self, kind: str) -> MachineProvider:
+        provider = self.providers.get(kind)
+        if provider is None:
+            raise PermanentError(f"no machine provider for machine kind {kind!r}; configured: {sorted(self.providers)}")
+        return provider
+
+    # -- many jobs: sweep and zone wake-up ---------------------------------------------------------------------------
+
+    def _sweep(self, tick: SweepTicked) -> Outcome:
+        """Every job that is live or may still hold a machine: observe its zones and let decide repair."""
+        records = self._load_all()
+        zones = {(job.spec.machine.kind, z) for job, _ in records.values() if job and job.spec for z in job.spec.zones}
+        listing = self._list(zones)
+        wanted = {
+            job_id
+            for job_id, (job, _) in records.items()
+            if job is not None
+            and job.spec is not None
+            and (not job.status.terminal or job.pending or any(not a.machine_deleted for a in job.attempts))
+        }
+        return self._observe_all(tick.event_id, records, wanted | listing.keys(), listing, _spec_zones)
+
+    def _wake(self, woke: ZoneWokeUp) -> Outcome:
+        """A system event somewhere in a zone: re-read the machines there for every job that may be affected."""
+        records = self._load_all()
+        listing = self._list({(kind, woke.zone) for kind in self.providers})
+        wanted = {
+            job_id
+            for job_id, (job, _) in records.items()
+            if job is not None and not job.status.terminal and job.current and job.current.zone == woke.zone
+        }
+        return self._observe_all(woke.event_id, records, wanted | listing.keys(), listing, lambda job: (woke.zone,))
+
+    def _observe_all(
+        self,
+        event_id: str,
+        records: dict[str, tuple[Job | None, int]],
+        job_ids: Iterable[str],
+        listing: dict[str, list[Observed]],
+        zones_of: Callable[[Job], tuple[str, ...]],
+    ) -> Outcome:
+        outcomes, retry = [], []
+        for job_id in sorted(set(job_ids) & records.keys()):
+            first = records[job_id]
+
+            def observe(
+                job: Job | None, gen: int, job_id: str = job_id, first: tuple[Job | None, int] = first
+            ) -> JobEvent:
+                zones = zones_of(job) if job is not None and job.spec is not None else ()
+                if gen == first[1]:  # the listing was taken after this generation was loaded
+                    machines = [m for m in listing.get(job_id, []) if m[1] in zones]
+                else:
+                    machines = self._observe(job, zones)
+                return MachinesObserved(f"{event_id}/{job_id}", self.clock.now(), job_id, tuple(machines), zones)
+
+            try:
+                outcomes.append(self._apply(job_id, f"{event_id}/{job_id}", observe, first))
+            except InFlight:
+                continue  # its lease holder finishes, or the next sweep after the lease settles it
+            except (Retryable, TransientError) as e:
+                retry.append(f"{job_id}: {e}")
+        if retry:
+            raise Retryable("; ".join(retry))
+        touched = [o for o in outcomes if o.result == "applied" or o.actions]
+        return Outcome(
+            "applied" if touched else "ignored",
+            tuple(o.job_ids[0] for o in touched),
+            tuple(a for o in touched for a in o.actions),
+        )
+
+    def _load_all(self) -> dict[str, tuple[Job | None, int]]:
+        return {job_id: self.store.load(job_id) for job_id in self.store.list_ids()}
+
+    def _list(self, zones: set[tuple[str, str]]) -> dict[str, list[Observed]]:
+        """respawn's machines in these (kind, zone)s, grouped by job id (from the deterministic name)."""
+        by_job: dict[str, list[Observed]] = {}
+        for kind, zone in sorted(zones):
+            provider = self.providers.get(kind)
+            for machine in self._listed(provider, zone, None) if provider else []:
+                parsed = parse_machine_name(machine.name)
+                if parsed is not None:
+                    by_job.setdefault(parsed[0], []).append((machine.name, machine.zone, machine.state))
+        return by_job
+
+    def _observe(self, job: Job | None, zones: tuple[str, ...]) -> list[Observed]:
+        if job is None or job.spec is None:
+            return []
+        provider = self._provider(job.spec.machine.kind)
+        return [(m.name, m.zone, m.state) for z in zones for m in self._listed(provider, z, job.job_id)]
+
+    @staticmethod
+    def _listed(provider: MachineProvider, zone: str, job_id: str | None) -> list[Machine]:
+        try:
+            return provider.list(zone, job_id)
+        except TransientError as e:
+            raise Retryable(f"listing machines in {zone}: {e}") from e
+
+
+def _spec_zones(job: Job) -> tuple[str, ...]:
+    return job.spec.zones if job.spec else ()
+
+
+def _lease_expired(job: Job, now: float) -> bool:
+    return bool(job.pending) and (job.pending_lease_until is None or job.pending_lease_until <= now)
+
+
+def _dicts(actions: list[Action]) -> tuple[dict[str, object], ...]:
+    return tuple(action_to_dict(a) for a in actions)
+
+
+def _quiet(job: Job | None, event: JobEvent) -> str:
+    """The result of an event that changed nothing."""
+    if job is not None and is_stale(job, event):
+        return "stale"
+    if job is not None and isinstance(event, JobSubmitted):
+        return "duplicate"
+    return "ignored"
+
+
+# -- structured log lines --------------------------------------------------------------------------------------------
+
+
+def _kind(event: Event) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(event).__name__).lower()
+
+
+def _log_line(
+    severity: str, event: Event, result: str, job_ids: tuple[str, ...], actions: tuple[Action, ...], **extra: str
+) -> None:
+    """One JSON line per handled event. Never includes the job's env, args or image."""
+    job_id = getattr(event, "job_id", None) or (event.spec.job_id if isinstance(event, JobSubmitted) else None)
+    entry = {
+        "severity": severity,
+        "message": f"{_kind(event)} {result}",
+        "event": _kind(event),
+        "event_id": getattr(event, "event_id", None),
+        "job_id": job_id,
+        "job_ids": list(job_ids),
+        "result": result,
+        "actions": [action_to_dict(a) for a in actions],
+        **extra,
+    }
+    log.log(
+        logging.WARNING if severity == "WARNING" else logging.INFO,
+        json.dumps({k: v for k, v in entry.items() if v is not None}),
+    )
+
+
+def _log_error(job_id: str, message: str) -> None:
+    log.error(json.dumps({"severity": "ERROR", "message": message, "job_id": job_id}))
+
+
+def _ensure_log_handler() -> None:
+    """Cloud Functions read JSON lines on stderr; add a handler only when nobody configured logging."""
+    package = logging.getLogger("respawn")
+    if not package.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        package.addHandler(handler)
+        package.setLevel(logging.INFO)

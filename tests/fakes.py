@@ -1,0 +1,215 @@
+"""In-memory fakes of the ports, for unit tests of the pure core and the service only.
+
+InMemoryJobStore keeps records as JSON (so the round-trip is exercised) with a
+generation per record. FakeProvider keeps machines in a dict keyed by their
+deterministic name, so a duplicate machine is impossible by construction and a
+test checks what was *called* instead. Crash injection: `CrashPlan` counts every
+mutating call (store saves, machine creates and deletes) made through
+`CrashingStore` / `CrashingProvider` and raises `Crash` (a BaseException, like
+a process dying) just before or just after the Nth one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from respawn.actions import CreateMachine
+from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
+from respawn.ports import CapacityError, ConflictError, JobStore, Machine, MachineProvider
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class InMemoryJobStore:
+    def __init__(self) -> None:
+        self._records: dict[str, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+        self.conflicts = 0  # the next N saves raise ConflictError (as if another writer won)
+        self.errors: list[Exception] = []  # raised by the next loads and saves (e.g. a TransientError)
+        self.saves = 0
+
+    def load(self, job_id: str) -> tuple[Job | None, int]:
+        with self._lock:
+            if self.errors:
+                raise self.errors.pop(0)
+            if job_id not in self._records:
+                return None, 0
+            text, gen = self._records[job_id]
+        return Job.from_dict(json.loads(text)), gen
+
+    def save(self, job: Job, generation: int) -> int:
+        text = json.dumps(job.to_dict())
+        with self._lock:
+            if self.errors:
+                raise self.errors.pop(0)
+            stored = self._records.get(job.job_id, ("", 0))[1]
+            if self.conflicts > 0 or stored != generation:
+                self.conflicts = max(0, self.conflicts - 1)
+                raise ConflictError(f"{job.job_id}: generation {generation} is not {stored}")
+            self._records[job.job_id] = (text, stored + 1)
+            self.saves += 1
+            return stored + 1
+
+    def list_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._records)
+
+    def job(self, job_id: str) -> Job:
+        job, _ = self.load(job_id)
+        assert job is not None
+        return job
+
+
+class FakeProvider:
+    """Machines by name. `capacity[zone]` is how many more creates succeed there (absent: unlimited)."""
+
+    def __init__(self, capacity: dict[str, int] | None = None) -> None:
+        self.machines: dict[str, Machine] = {}
+        self.capacity: dict[str, int] = dict(capacity or {})
+        self.errors: dict[str, list[Exception]] = {}  # method -> errors raised by its next calls
+        self.calls: list[tuple[str, str, str]] = []  # (method, name, zone) of creates and deletes
+        self._lock = threading.Lock()
+
+    def fail_next(self, method: str, *errors: Exception) -> None:
+        self.errors.setdefault(method, []).extend(errors)
+
+    def _maybe_fail(self, method: str) -> None:
+        queued = self.errors.get(method)
+        if queued:
+            raise queued.pop(0)
+
+    def create(self, action: CreateMachine, spec: JobSpec) -> None:
+        with self._lock:
+            self.calls.append(("create", action.machine, action.zone))
+            self._maybe_fail("create")
+            if action.machine in self.machines:
+                return  # AlreadyExists is success
+            if self.capacity.get(action.zone, 1) <= 0:
+                raise CapacityError(f"ZONE_RESOURCE_POOL_EXHAUSTED in {action.zone}")
+            if action.zone in self.capacity:
+                self.capacity[action.zone] -= 1
+            labels = {LABEL_MANAGED: "true", LABEL_JOB: action.job_id, LABEL_ATTEMPT: str(action.attempt)}
+            self.machines[action.machine] = Machine(action.machine, action.zone, MachineState.READY, labels)
+
+    def delete(self, name: str, zone: str) -> None:
+        with self._lock:
+            self.calls.append(("delete", name, zone))
+            self._maybe_fail("delete")
+            self.machines.pop(name, None)  # NotFound is success
+
+    def get(self, name: str, zone: str) -> Machine | None:
+        machine = self.machines.get(name)
+        return machine if machine is not None and machine.zone == zone else None
+
+    def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
+        with self._lock:
+            self._maybe_fail("list")
+            return [
+                m
+                for m in self.machines.values()
+                if m.zone == zone and (job_id is None or m.labels.get(LABEL_JOB) == job_id)
+            ]
+
+    # -- what the cloud does on its own --
+
+    def set_state(self, name: str, state: MachineState) -> None:
+        m = self.machines[name]
+        self.machines[name] = Machine(m.name, m.zone, state, m.labels)
+
+    def vanish(self, name: str) -> None:
+        """A Spot VM with instanceTerminationAction=DELETE: preempted and gone."""
+        self.machines.pop(name, None)
+
+    # -- what tests ask --
+
+    def count(self, method: str, name: str | None = None) -> int:
+        return sum(1 for m, n, _ in self.calls if m == method and (name is None or n == name))
+
+    def live(self, job_id: str) -> list[str]:
+        """Names of the job's machines that hold (or will hold) a running trainer."""
+        alive = (MachineState.CREATING, MachineState.READY)
+        return sorted(
+            m.name
+            for m in self.machines.values()
+            if m.state in alive and (parse_machine_name(m.name) or ("",))[0] == job_id
+        )
+
+
+class Crash(BaseException):
+    """The process died (not an Exception: nothing in the service may catch it)."""
+
+
+@dataclass
+class CrashPlan:
+    """Crash at the `at`-th mutating call (1-based), `before` or after it took effect."""
+
+    at: int
+    before: bool = True
+    seen: int = 0
+    crashed: bool = False
+    log: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def step(self, name: str, call: Any) -> Any:
+        with self._lock:
+            self.seen += 1
+            self.log.append(name)
+            hit = self.seen == self.at
+        if hit and self.before:
+            self.crashed = True
+            raise Crash(f"before {name}")
+        try:
+            result = call()
+        except Exception:
+            if hit:  # the call failed, and then the process died before it could react
+                self.crashed = True
+                raise Crash(f"after {name} failed") from None
+            raise
+        if hit:
+            self.crashed = True
+            raise Crash(f"after {name}")
+        return result
+
+
+class CrashingStore:
+    def __init__(self, store: JobStore, plan: CrashPlan) -> None:
+        self.store, self.plan = store, plan
+
+    def load(self, job_id: str) -> tuple[Job | None, int]:
+        return self.store.load(job_id)
+
+    def save(self, job: Job, generation: int) -> int:
+        result: int = self.plan.step(f"save {job.job_id}", lambda: self.store.save(job, generation))
+        return result
+
+    def list_ids(self) -> list[str]:
+        return self.store.list_ids()
+
+
+class CrashingProvider:
+    def __init__(self, provider: MachineProvider, plan: CrashPlan) -> None:
+        self.provider, self.plan = provider, plan
+
+    def create(self, action: CreateMachine, spec: JobSpec) -> None:
+        self.plan.step(f"create {action.machine}", lambda: self.provider.create(action, spec))
+
+    def delete(self, name: str, zone: str) -> None:
+        self.plan.step(f"delete {name}", lambda: self.provider.delete(name, zone))
+
+    def get(self, name: str, zone: str) -> Machine | None:
+        return self.provider.get(name, zone)
+
+    def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
+        return self.provider.list(zone, job_id)
