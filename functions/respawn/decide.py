@@ -56,8 +56,8 @@ def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:
 
 
 def decide(job: Job | None, event: JobEvent, now: float, policy: Policy) -> tuple[Job | None, list[Action]]:
-    if job is None:
-        return _first(event, now)
+    if job is None or (job.status is Status.REJECTED and isinstance(event, JobSubmitted)):
+        return _first(event, now)  # a rejected job id may be submitted again once the message is fixed
     if event.event_id in job.seen_events:
         return job, []
     if not job.status.terminal and now >= job.deadline:

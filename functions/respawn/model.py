@@ -20,12 +20,13 @@ LABEL_MANAGED = "respawn-managed"
 class Status(str, enum.Enum):
     """Job status. Legal transitions (see docs/architecture.md for the diagram)::
 
-        (none)       -> PENDING | PROVISIONING | REJECTED
-        PENDING      -> PROVISIONING | CANCELLED | EXPIRED | FAILED
-        PROVISIONING -> RUNNING | RECOVERING | PENDING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
-        RUNNING      -> RECOVERING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
-        RECOVERING   -> RUNNING | PENDING | PROVISIONING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
-        terminal     -> (nothing)
+    (none)       -> PENDING | PROVISIONING | REJECTED
+    PENDING      -> PROVISIONING | CANCELLED | EXPIRED | FAILED
+    PROVISIONING -> RUNNING | RECOVERING | PENDING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
+    RUNNING      -> RECOVERING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
+    RECOVERING   -> RUNNING | PENDING | PROVISIONING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
+    REJECTED     -> PROVISIONING (the same job id submitted again with a valid message replaces the record)
+    other terminal statuses -> (nothing)
     """
 
     PENDING = "PENDING"  # accepted; no machine requested yet (waiting out a capacity backoff)
@@ -49,13 +50,30 @@ LEGAL_TRANSITIONS: dict[Status | None, frozenset[Status]] = {
     None: frozenset({Status.PENDING, Status.PROVISIONING, Status.REJECTED}),
     Status.PENDING: frozenset({Status.PROVISIONING, Status.CANCELLED, Status.EXPIRED, Status.FAILED}),
     Status.PROVISIONING: frozenset(
-        {Status.RUNNING, Status.RECOVERING, Status.PENDING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED}
+        {
+            Status.RUNNING,
+            Status.RECOVERING,
+            Status.PENDING,
+            Status.SUCCEEDED,
+            Status.FAILED,
+            Status.CANCELLED,
+            Status.EXPIRED,
+        }
     ),
     Status.RUNNING: frozenset({Status.RECOVERING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED}),
     Status.RECOVERING: frozenset(
-        {Status.RUNNING, Status.PENDING, Status.PROVISIONING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED}
+        {
+            Status.RUNNING,
+            Status.PENDING,
+            Status.PROVISIONING,
+            Status.SUCCEEDED,
+            Status.FAILED,
+            Status.CANCELLED,
+            Status.EXPIRED,
+        }
     ),
     **{s: frozenset() for s in TERMINAL},
+    Status.REJECTED: frozenset({Status.PROVISIONING}),
 }
 
 
