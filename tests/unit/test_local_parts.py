@@ -176,7 +176,8 @@ def test_emitted_entries_pass_the_sink_filter_and_parse() -> None:
 
 def test_progress_lines_and_trainer_args() -> None:
     assert progress("step 120/300 loss 3.2100 12.1 steps/s") == (120, 3.21)
-    assert progress('{"step": 7, "loss": 2.5}') == (7, 2.5)
+    assert progress("23:50:28 trainer INFO step 20/100 loss 2.9404 5.8 steps/s") == (20, 2.9404)
+    assert progress("trainer INFO started at step 270 of 1000 (startup 4.1s, restore 0.3s)") is None
     assert progress("compiling") is None
     assert with_trainer_args(["--steps=300", "--model=tiny"], ["--steps=40"]) == ["--model=tiny", "--steps=40"]
     assert total_steps(["--model=tiny", "--steps=40"]) == 40

@@ -227,7 +227,7 @@ class LocalCloud:
     def _follow(self, store: Any, job_id: str, t0: float, total: int | None) -> tuple[dict[str, Any] | None, bool]:
         """Print live progress until the job is terminal or the timeout; returns (final record, timed out)."""
         deadline = time.time() + self.o.timeout_s
-        last_line, last_print, shown = "", 0.0, 0
+        last_key, last_print, shown = None, 0.0, 0
         job: Job | None = None
         while time.time() < deadline:
             with contextlib.suppress(Exception):
@@ -238,11 +238,11 @@ class LocalCloud:
                 if note:
                     self.say(note)
             shown = len(events)
-            line = _progress_line(job, self.timeline.last("step"), total)
+            key = _progress_key(job)
             now = time.time()
-            if line != last_line or now - last_print >= self.o.progress_every_s:
-                self.say(f"[{now - t0:7.1f}s] {line}")
-                last_line, last_print = line, now
+            if key != last_key or now - last_print >= self.o.progress_every_s:
+                self.say(f"[{now - t0:7.1f}s] {_progress_line(job, self.timeline.last('step'), total)}")
+                last_key, last_print = key, now
             if job is not None and job.status.terminal:
                 return job.to_dict(), False
             time.sleep(0.25)
@@ -270,13 +270,20 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
         return f"{at} cloud: {e['machine']} PREEMPTED; system event on {e['instance']} sent to the log router"
     if kind == "deleted":
         return f"{at} cloud: {e['machine']} deleted"
-    if kind == "trainer_exit" and e["code"] != 0:
+    if kind == "trainer_exit" and e["code"] not in (0, -15):  # -15: SIGTERM (preempted or deleted)
         return f"{at} trainer on {e['machine']} exited with code {e['code']}"
     if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):
         p = e["payload"]
         detail = {k: p[k] for k in ("step", "restored_step", "error") if p.get(k) is not None}
         return f"{at} trainer {e['machine']}: {p['event']} {json.dumps(detail)}"
     return None
+
+
+def _progress_key(job: Job | None) -> tuple[Any, ...] | None:
+    """A progress line is printed when this changes, else every few seconds."""
+    if job is None:
+        return None
+    return job.status, job.current.n if job.current else None, job.counters.preemptions
 
 
 def _progress_line(job: Job | None, step: dict[str, Any] | None, total: int | None) -> str:

@@ -78,9 +78,13 @@ def fake_gcs_binary() -> Path | None:
 
 
 class FakeGcs:
-    """fake-gcs-server on loopback (honours ifGenerationMatch preconditions with 412)."""
+    """fake-gcs-server on loopback (honours ifGenerationMatch preconditions with 412).
 
-    def __init__(self, port: int | None = None, root: str | None = None) -> None:
+    backend "filesystem" (default) keeps objects under `root`; "memory" keeps them in the server process.
+    """
+
+    def __init__(self, port: int | None = None, root: str | None = None, backend: str = "filesystem") -> None:
+        self.backend = backend
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._tmp = None if root else tempfile.TemporaryDirectory(prefix="respawn-gcs-")
@@ -102,7 +106,9 @@ class FakeGcs:
         if binary is None:
             raise RuntimeError(self.missing())
         argv = [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port)]
-        argv += ["-backend", "filesystem", "-filesystem-root", self.root, "-external-url", self.url, "-log-level", "error"]
+        argv += ["-backend", self.backend, "-external-url", self.url, "-log-level", "error"]
+        if self.backend == "filesystem":
+            argv += ["-filesystem-root", self.root]
         self.proc = start_group(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_http(f"{self.url}/storage/v1/b", timeout=15, proc=self.proc)
         return self

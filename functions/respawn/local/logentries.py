@@ -10,6 +10,7 @@ from typing import Any
 
 TRAINER_LOG = "respawn-trainer"
 SYSTEM_EVENT_LOG = "cloudaudit.googleapis.com%2Fsystem_event"
+SEVERITY = {"failed": "ERROR", "stopped": "WARNING"}  # as the trainer's cloud sink writes them
 _seq = itertools.count(1)
 
 
@@ -35,7 +36,7 @@ def trainer_entry(
     payload: dict[str, Any], *, project: str, zone: str, machine: str, job_id: str, attempt: int, now: float
 ) -> dict[str, Any]:
     """A lifecycle line of the trainer as google-cloud-logging writes it from the machine (structured entry)."""
-    severity = "ERROR" if payload.get("event") == "failed" else "INFO"
+    severity = SEVERITY.get(str(payload.get("event")), "INFO")
     return {
         "insertId": insert_id("t"),
         "jsonPayload": payload,

@@ -38,21 +38,18 @@ _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
 
 
-def progress(line: str) -> tuple[int, float | None] | None:
-    """(step, loss) from a progress line of the trainer (`step 120/300 loss 3.21 ...`), else None."""
-    with contextlib.suppress(ValueError):
-        d = json.loads(line)
-        if isinstance(d, dict) and isinstance(d.get("step"), int):
-            loss = d.get("loss")
-            return d["step"], float(loss) if isinstance(loss, int | float) else None
-    m = _STEP.search(line)
-    if not m:
+def progress(line: str) -> tuple[int, float] | None:
+    """(step, loss) from a progress line of the trainer (`step 120/300 loss 3.2100 ...`), else None.
+
+    Only lines with both a step and a loss count: they report a step that was trained (`started at step 270`
+    and `stopped at step 410` do not)."""
+    step, loss = _STEP.search(line), _LOSS.search(line)
+    if not step or not loss:
         return None
-    loss = _LOSS.search(line)
     try:
-        return int(m.group(1)), float(loss.group(1)) if loss else None
+        return int(step.group(1)), float(loss.group(1))
     except ValueError:
-        return int(m.group(1)), None
+        return None
 
 
 @dataclass
@@ -163,7 +160,11 @@ class Nodes:
         for reader in trainer.readers:
             reader.join(timeout=5)
         m = trainer.machine
-        self.mark_preempted(m.name)
+        try:
+            self.mark_preempted(m.name)
+        except KeyError:  # deleted meanwhile (the job completed): nothing left to preempt
+            self.timeline.add("preempt_skipped", machine=m.name, reason="deleted")
+            return
         instance = tpu_worker_name(m.name) if m.kind == "tpu" else m.name
         entry = preempted_entry(project=self.project, zone=m.zone, instance=instance, now=time.time())
         self.timeline.add("preempted", machine=m.name, zone=m.zone, instance=instance)

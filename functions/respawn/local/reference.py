@@ -24,7 +24,7 @@ from respawn.local.emulators import start_group, stop_group
 def trainer_digest() -> str:
     import trainer
 
-    root = Path(trainer.__file__).parent
+    root = Path(next(iter(trainer.__path__)))  # also when imported as a namespace package (editable installs)
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode())

@@ -1,0 +1,113 @@
+"""`respawn local run` end to end: a small job through two preemptions and a stockout, on the whole local cloud.
+
+Each run is the real command in a subprocess (fake-gcs-server, the local TPU API, functions-framework running
+functions/main.py, the Pub/Sub emulator or the in-process bus, trainer processes). Every process it starts
+inherits a marker in its environment, so the test can prove that none outlives the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from conftest import need
+
+from respawn.local.emulators import FakeGcs, PubSubEmulator
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+RESPAWN = [sys.executable, "-m", "respawn.cli"]
+STEPS = 200
+# Submit is t=0. The first zone is stocked out once, so attempt 2 runs in the second zone; the preemptions land
+# while it trains and while its replacement trains (each waits for a READY machine if none is up yet).
+CHAOS = ["--preempt-at", "12s,26s", "--stockout", "us-central1-a:1", "--creation-delay", "0.5s", "--sweep-every", "2s"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shared by the runs of this module: the compilation cache and the cached reference run."""
+    return tmp_path_factory.mktemp("respawn-local")
+
+
+@pytest.fixture(scope="module")
+def job_file(workdir: Path) -> Path:
+    job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    job["job_id"] = "local-it"
+    job["args"] = ["--model=tiny", f"--steps={STEPS}", "--checkpoint-every=20", "--log-every=1"]
+    path = workdir / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("LOCAL_RUN_MARKER") == marker:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def run_local(
+    job_file: Path, workdir: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], str]:
+    marker = uuid.uuid4().hex
+    argv = [*RESPAWN, "local", "run", str(job_file), *CHAOS, "--json", "--workdir", str(workdir), *extra]
+    run_env = {**os.environ, **(env or {}), "LOCAL_RUN_MARKER": marker}
+    proc = subprocess.run(argv, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=400)
+    time.sleep(0.5)
+    left = marked(marker)
+    for p in left:  # never leave them behind, even when the assertion below fails
+        p.kill()
+    assert not left, f"processes left behind: {[p.cmdline()[:3] for p in left]}"
+    assert proc.stdout.strip(), f"no report; stderr:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def check(report: dict[str, Any], stderr: str) -> None:
+    detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "SUCCEEDED", detail
+    assert report["exact"] is True, detail
+    assert report["final_step"] == STEPS, detail
+    assert report["preemptions"] >= 2 and report["preemptions_injected"] == 2, detail
+    assert report["capacity_errors"] >= 1, detail
+    assert [z["zone"] for z in report["zones"]][:2] == ["us-central1-a", "us-west4-a"], detail
+    assert report["max_live_machines"] <= 1, detail
+    assert report["machines_left"] == 0, detail
+    assert report["processes_left"] == 0, detail
+    assert len(report["recovery_create_s"]) == 2, detail
+
+
+def test_quickstart_survives_preemptions_and_a_stockout(job_file: Path, workdir: Path) -> None:
+    need(FakeGcs.missing() or PubSubEmulator.missing())
+    report, stderr = run_local(job_file, workdir, "--plot", str(workdir / "timeline.png"))
+    check(report, stderr)
+    assert report["bus"] == "pubsub-emulator"
+    assert (workdir / "timeline.png").stat().st_size > 10_000
+
+
+def test_duplicate_deliveries_change_nothing(job_file: Path, workdir: Path) -> None:
+    need(FakeGcs.missing() or PubSubEmulator.missing())
+    report, stderr = run_local(job_file, workdir, "--duplicate-deliveries", "3")
+    check(report, stderr)
+
+
+def test_without_the_emulator_the_in_process_bus_is_used(job_file: Path, workdir: Path) -> None:
+    need(FakeGcs.missing())
+    report, stderr = run_local(job_file, workdir, env={"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"})
+    check(report, stderr)
+    assert report["bus"] == "in-process"
+    notices = [line for line in stderr.splitlines() if "RESPAWN_HIDE_PUBSUB_EMULATOR" in line]
+    assert len(notices) == 1 and "in-process push bus" in notices[0], stderr[-2000:]
