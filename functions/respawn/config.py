@@ -78,13 +78,13 @@ def service_from_env() -> Service:
 def _service(settings: Settings) -> Service:
     from respawn.adapters.clock import SystemClock
     from respawn.adapters.compute import GcpComputeProvider
-    from respawn.adapters.gcs_store import GcsJobStore
+    from respawn.adapters.gcs_store import GcsJobStore, function_client
     from respawn.adapters.tpu import GcpTpuProvider
     from respawn.service import Service
 
     sa = settings.machine_service_account
     return Service(
-        store=GcsJobStore(settings.state_bucket),
+        store=GcsJobStore(settings.state_bucket, function_client(settings.project)),
         providers={
             "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, service_account=sa),
             "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, service_account=sa),

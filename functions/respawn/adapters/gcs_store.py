@@ -27,6 +27,18 @@ _TRANSIENT = (
 )
 
 
+def function_client(project: str | None = None) -> storage.Client:
+    """The storage client of the deployed functions: it does not read proxy settings from the environment.
+
+    requests looks the proxy variables up on every call (a walk over os.environ,
+    about a quarter of a handler's CPU time); the functions reach GCS directly.
+    The CLI keeps the default client, which honours HTTPS_PROXY.
+    """
+    client = storage.Client(project=project)
+    client._http.trust_env = False
+    return client
+
+
 class GcsJobStore:
     """JobStore on `gs://BUCKET/PREFIX/JOB_ID.json` (default prefix `respawn/jobs/`)."""
 
