@@ -1,0 +1,55 @@
+"""Settings from the environment, and the per-process Service built from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from respawn.config import Settings, SettingsError, service_from_env
+
+
+def test_settings_read_the_environment_with_defaults() -> None:
+    s = Settings.from_env({"GOOGLE_CLOUD_PROJECT": "p1", "RESPAWN_STATE_BUCKET": "gs://state-bucket/"})
+    assert s == Settings(project="p1", state_bucket="state-bucket")
+    assert (s.jobs_topic, s.events_topic) == ("respawn-jobs", "respawn-events")
+    s = Settings.from_env(
+        {
+            "RESPAWN_PROJECT": "p2",
+            "GOOGLE_CLOUD_PROJECT": "ignored",
+            "RESPAWN_JOBS_TOPIC": "jobs",
+            "RESPAWN_MACHINE_SERVICE_ACCOUNT": "m@p2.iam.gserviceaccount.com",
+            "RESPAWN_TPU_ENDPOINT": "http://127.0.0.1:9",
+            "RESPAWN_COMPUTE_ENDPOINT": " ",
+        }
+    )
+    assert (s.project, s.jobs_topic, s.machine_service_account) == ("p2", "jobs", "m@p2.iam.gserviceaccount.com")
+    assert (s.tpu_endpoint, s.compute_endpoint) == ("http://127.0.0.1:9", None)
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [({}, "RESPAWN_PROJECT"), ({"RESPAWN_PROJECT": "p"}, "RESPAWN_STATE_BUCKET")],
+)
+def test_a_missing_setting_is_one_line_naming_the_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env(env).require("project", "state_bucket")
+    assert str(e.value).startswith(f"{variable} is not set")
+    assert "\n" not in str(e.value)
+
+
+def test_service_is_built_once_per_process_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing is called at construction
+    for name, value in {
+        "RESPAWN_PROJECT": "p",
+        "RESPAWN_STATE_BUCKET": "state-a",
+        "RESPAWN_TPU_ENDPOINT": "http://127.0.0.1:9",
+        "RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:9",
+    }.items():
+        monkeypatch.setenv(name, value)
+    first = service_from_env()
+    assert service_from_env() is first
+    assert sorted(first.providers) == ["gpu", "tpu"]
+    monkeypatch.setenv("RESPAWN_STATE_BUCKET", "state-b")
+    assert service_from_env() is not first
+    monkeypatch.delenv("RESPAWN_STATE_BUCKET")
+    with pytest.raises(SettingsError):
+        service_from_env()
