@@ -7,8 +7,14 @@ fake-gcs-server, GcpTpuProvider / GcpComputeProvider on the local TPU/Compute RE
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,3 +192,27 @@ def test_a_missing_setting_fails_the_delivery_so_it_is_redelivered(
     response = post("on_job_message", pubsub_event(json.dumps(GPU_JOB).encode(), "1005"))
     assert response.status_code == 500
     assert cloud.calls == []
+
+
+def test_the_uploaded_source_imports_without_what_gcloudignore_leaves_behind(tmp_path: Path) -> None:
+    """`gcloud functions deploy --source=functions` uploads functions/ minus .gcloudignore: main.py must import."""
+    functions = ROOT / "functions"
+    patterns = [p.strip().rstrip("/") for p in (functions / ".gcloudignore").read_text().splitlines()]
+    patterns = [p for p in patterns if p and not p.startswith("#")]
+
+    def ignored(directory: str, names: list[str]) -> set[str]:
+        rel = Path(directory).relative_to(functions)
+        return {n for n in names if any(fnmatch.fnmatch(str(rel / n), p) or fnmatch.fnmatch(n, p) for p in patterns)}
+
+    source = tmp_path / "source"
+    shutil.copytree(functions, source, ignore=ignored)
+    assert not (source / "respawn" / "local").exists()
+    assert (source / "requirements.txt").exists()
+    # -S and an explicit path: only the uploaded tree and the installed libraries, not the editable install.
+    env = {**os.environ, "PYTHONPATH": f"{source}{os.pathsep}{sysconfig.get_paths()['purelib']}"}
+    probe = "import main, respawn; print(respawn.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe], cwd=source, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(str(source))
