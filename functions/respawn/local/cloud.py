@@ -70,7 +70,7 @@ class LocalCloud:
     def __init__(self, options: Options, say: Callable[[str], None]) -> None:
         self.o = options
         self.say = say
-        self.run_dir = options.workdir / "runs" / time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir = options.workdir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.timeline = Timeline(self.run_dir / "timeline.jsonl")
         self._stack = contextlib.ExitStack()

@@ -73,7 +73,7 @@ def plot_timeline(events: list[dict[str, Any]], path: Path, title: str) -> None:
     ax2.set_xlabel("seconds since submit")
     ax2.set_ylabel("training step")
     if by_attempt:
-        ax2.legend(loc="upper left", fontsize=8)
+        ax2.legend(loc="upper left", fontsize=7, ncol=1 + len(by_attempt) // 7)
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -24,12 +24,12 @@ GOODPUT_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "waste
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100), None for no values."""
+    """Nearest-rank percentile (q in 0..100), rounded to the millisecond; None for no values."""
     if not values:
         return None
     ordered = sorted(values)
     rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
+    return round(ordered[rank - 1], 3)
 
 
 def max_live_machines(events: list[dict[str, Any]]) -> int:
