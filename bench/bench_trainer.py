@@ -1,0 +1,119 @@
+"""Trainer benchmark: throughput, checkpoint stall at the default (auto) interval, start-to-first-step
+with a fresh and with a warm compilation cache. Real `python -m trainer` processes, default model size.
+
+Prints readable lines, then as its LAST line one JSON object:
+{"steps_per_s", "stall_pct", "start_to_first_step_s", "start_to_first_step_cached_s", ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST_STEP = re.compile(r" step 1/\d+ loss ")
+INTERVAL = re.compile(r"auto -> every (\d+) steps")
+
+
+def launch(workdir: Path, name: str, cache: Path, args: list[str]) -> tuple[subprocess.Popen[str], Path, float]:
+    sink = workdir / f"{name}.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
+    env.update(
+        RESPAWN_JOB_ID=f"bench-{name}",
+        RESPAWN_CHECKPOINT_URI=str(workdir / name),
+        RESPAWN_LOG_SINK=str(sink),
+        RESPAWN_COMPILE_CACHE=str(cache),
+    )
+    launched = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "--log-every=1", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, sink, launched
+
+
+def first_step(proc: subprocess.Popen[str], launched: float, log: list[str]) -> float:
+    """Seconds from launch until the trainer reports step 1 (the rest of stderr goes on into `log`)."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        log.append(line)
+        if FIRST_STEP.search(line):
+            return time.monotonic() - launched
+    raise RuntimeError("the trainer exited before its first step:\n" + "".join(log[-20:]))
+
+
+def entries(sink: Path) -> list[dict]:
+    return [json.loads(line) for line in sink.read_text().splitlines() if line.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=600, help="steps of the throughput/stall run (default 600)")
+    parser.add_argument("--cached-runs", type=int, default=3, help="warm-cache starts to take the median of")
+    opts = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="respawn-bench-") as tmp:
+        workdir, cache = Path(tmp), Path(tmp) / "jax-cache"
+
+        proc, sink, launched = launch(workdir, "full", cache, [f"--steps={opts.steps}"])
+        log: list[str] = []
+        fresh = first_step(proc, launched, log)
+        assert proc.stderr is not None
+        log += proc.stderr.readlines()
+        if proc.wait() != 0:
+            raise RuntimeError("the benchmark run failed:\n" + "".join(log[-20:]))
+        completed = [e for e in entries(sink) if e["event"] == "completed"][-1]
+        saves = [e for e in entries(sink) if e["event"] == "checkpoint"]
+        goodput = completed["goodput"]
+        training_wall = goodput["total_s"] - goodput["startup_s"] - goodput["restore_s"]
+        steps_per_s = opts.steps / goodput["productive_s"]
+        stall_pct = 100.0 * goodput["checkpoint_s"] / training_wall
+        interval = next((int(m.group(1)) for line in log if (m := INTERVAL.search(line))), None)
+        print(f"fresh cache: first step {fresh:.2f}s after launch")
+        print(
+            f"{opts.steps} steps: {steps_per_s:.1f} steps/s, {len(saves)} saves "
+            f"(auto interval {interval} steps), blocking {goodput['checkpoint_s']:.3f}s of {training_wall:.1f}s "
+            f"= {stall_pct:.2f}% stall"
+        )
+
+        cached: list[float] = []
+        for i in range(opts.cached_runs):
+            proc, _, launched = launch(workdir, f"warm{i}", cache, [f"--steps={opts.steps}"])
+            cached.append(first_step(proc, launched, []))
+            proc.send_signal(signal.SIGTERM)
+            if proc.wait(timeout=60) != 0:
+                raise RuntimeError("a warm-cache run did not stop cleanly")
+        warm = statistics.median(cached)
+        print(f"warm cache: first step {warm:.2f}s after launch (median of {[round(c, 2) for c in cached]})")
+
+    print(
+        json.dumps(
+            {
+                "steps_per_s": round(steps_per_s, 2),
+                "stall_pct": round(stall_pct, 3),
+                "start_to_first_step_s": round(fresh, 2),
+                "start_to_first_step_cached_s": round(warm, 2),
+                "model": "tiny",
+                "steps": opts.steps,
+                "auto_interval_steps": interval,
+                "saves": len(saves),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

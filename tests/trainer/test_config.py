@@ -1,0 +1,110 @@
+"""Flags and environment: defaults, both flag forms, and one clear line for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_harness import REPO, trainer_env
+
+from trainer.config import DEFAULT_METADATA_URL, ConfigError, load_config
+
+
+def test_defaults() -> None:
+    cfg = load_config([], {})
+    assert (cfg.steps, cfg.model, cfg.batch_size, cfg.seq_len) == (300, "tiny", 16, 64)
+    assert cfg.checkpoint_every is None and cfg.keep == 3 and cfg.log_every == 10
+    assert (cfg.job_id, cfg.attempt, cfg.log_sink, cfg.grace_s, cfg.mtbi_s) == ("local", 1, "stdout", 25.0, 3600.0)
+    assert cfg.checkpoint_uri == os.path.abspath(".respawn/checkpoints/local")
+    assert cfg.metadata_url is None
+    assert cfg.compile_cache == os.path.expanduser("~/.cache/respawn/jax")
+    assert load_config([], {}, on_gce=True).metadata_url == DEFAULT_METADATA_URL
+
+
+def test_flags_and_environment() -> None:
+    env = {
+        "RESPAWN_JOB_ID": "llm-1",
+        "RESPAWN_ATTEMPT": "4",
+        "RESPAWN_CHECKPOINT_URI": "gs://my-bucket/runs/llm-1/",
+        "RESPAWN_LOG_SINK": "cloud",
+        "RESPAWN_GRACE_S": "20",
+        "RESPAWN_METADATA_URL": "http://127.0.0.1:9/computeMetadata/v1/",
+        "RESPAWN_MTBI_S": "60",
+        "RESPAWN_COMPILE_CACHE": "off",
+        "UNRELATED": "ignored",
+    }
+    argv = ["--steps", "50", "--model=small", "--checkpoint-every=25", "--batch-size=8", "--learning-rate=1e-3"]
+    cfg = load_config(argv, env)
+    assert (cfg.steps, cfg.model, cfg.checkpoint_every, cfg.batch_size, cfg.seq_len) == (50, "small", 25, 8, 128)
+    assert (cfg.job_id, cfg.attempt, cfg.checkpoint_uri) == ("llm-1", 4, "gs://my-bucket/runs/llm-1")
+    assert (cfg.log_sink, cfg.grace_s, cfg.mtbi_s, cfg.compile_cache) == ("cloud", 20.0, 60.0, None)
+    assert cfg.metadata_url == "http://127.0.0.1:9/computeMetadata/v1"
+    assert load_config(["--checkpoint-every=auto"], {}).checkpoint_every is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "field"),
+    [
+        (["--bogus=1"], {}, "flag"),
+        (["--steps=5", "--steps=6"], {}, "--steps"),
+        (["--steps"], {}, "--steps"),
+        (["--steps=ten"], {}, "--steps"),
+        (["--steps=0"], {}, "--steps"),
+        (["--model=huge"], {}, "--model"),
+        (["train"], {}, "argument"),
+        (["--checkpoint-every=0"], {}, "--checkpoint-every"),
+        (["--checkpoint-every=sometimes"], {}, "--checkpoint-every"),
+        (["--learning-rate=0"], {}, "--learning-rate"),
+        (["--learning-rate=nan"], {}, "--learning-rate"),
+        (["--keep=0"], {}, "--keep"),
+        ([], {"RESPAWN_JOB_ID": "Bad_Id"}, "RESPAWN_JOB_ID"),
+        ([], {"RESPAWN_ATTEMPT": "x"}, "RESPAWN_ATTEMPT"),
+        ([], {"RESPAWN_CHECKPOINT_URI": "s3://bucket/x"}, "RESPAWN_CHECKPOINT_URI"),
+        ([], {"RESPAWN_CHECKPOINT_URI": "gs://"}, "RESPAWN_CHECKPOINT_URI"),
+        ([], {"RESPAWN_LOG_SINK": " "}, "RESPAWN_LOG_SINK"),
+        ([], {"RESPAWN_GRACE_S": "0"}, "RESPAWN_GRACE_S"),
+        ([], {"RESPAWN_METADATA_URL": "ftp://x"}, "RESPAWN_METADATA_URL"),
+        ([], {"RESPAWN_MTBI_S": "-1"}, "RESPAWN_MTBI_S"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field(argv: list[str], env: dict[str, str], field: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(argv, env)
+    message = str(raised.value)
+    assert raised.value.field == field and field in message
+    assert "\n" not in message and "allowed:" in message
+
+
+def test_unknown_flag_exits_2_with_one_line_and_a_failed_entry(tmp_path: Path) -> None:
+    sink = tmp_path / "entries.jsonl"
+    env = trainer_env(str(tmp_path / "ckpt"), sink, tmp_path / "cache")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--step=5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--step is unknown" in lines[0] and "--steps" in lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    (entry,) = [json.loads(line) for line in sink.read_text().splitlines()]
+    assert entry["event"] == "failed" and entry["job_id"] == "job-test" and "--step" in entry["error"]
+
+
+def test_bad_environment_exits_2_with_one_line(tmp_path: Path) -> None:
+    env = trainer_env("s3://nope/x", tmp_path / "entries.jsonl", tmp_path / "cache")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "RESPAWN_CHECKPOINT_URI" in proc.stderr
+
+
+def test_help_lists_flags_and_environment() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0
+    assert "--checkpoint-every" in proc.stdout and "RESPAWN_CHECKPOINT_URI" in proc.stdout

@@ -1,0 +1,141 @@
+"""The trainer's pure pieces: data, schedule, goodput, lifecycle sinks, fingerprint, the preemption watch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trainer_harness import MetadataServer
+
+from trainer import data
+from trainer.goodput import Goodput
+from trainer.lifecycle import FileSink, Lifecycle
+from trainer.preemption import PreemptionWatch
+from trainer.schedule import Schedule, interval_steps, young_daly_s
+
+# Pinned: a changed corpus or batch function would silently break resumption of runs already under way.
+CORPUS_SHA256 = "831d34845d96eafd59b1e7af0d799b2281a6c021d23fd6ef3c65b62be40da98f"
+PINNED_BATCH = b"2 is 76. my sister sees t"
+
+
+def test_batches_are_a_pure_function_of_seed_and_step() -> None:
+    a = data.batch(seed=3, step=17, batch_size=4, seq_len=16)
+    assert a.shape == (4, 17) and a.dtype == np.int32
+    assert np.array_equal(a, data.batch(3, 17, 4, 16))
+    assert not np.array_equal(a, data.batch(3, 18, 4, 16))
+    assert not np.array_equal(a, data.batch(4, 17, 4, 16))
+    assert a.min() >= 0 and a.max() < data.VOCAB
+
+
+def test_corpus_and_batches_are_pinned() -> None:
+    corpus = data.corpus()
+    assert len(corpus) == data.CORPUS_BYTES
+    assert hashlib.sha256(corpus.tobytes()).hexdigest() == CORPUS_SHA256
+    first = bytes(data.batch(0, 1, 1, 24)[0].astype(np.uint8))
+    assert first == PINNED_BATCH
+
+
+def test_young_daly_interval() -> None:
+    assert young_daly_s(save_cost_s=2.0, mtbi_s=3600.0) == pytest.approx(120.0)
+    assert interval_steps(tau_s=120.0, step_s=0.5) == 240
+    assert interval_steps(tau_s=0.01, step_s=1.0) == 1
+
+
+def test_fixed_schedule_saves_on_multiples() -> None:
+    schedule = Schedule(fixed=10, last_saved=23)
+    assert [s for s in range(24, 52) if schedule.due(s)] == [30, 40, 50]
+
+
+def test_auto_schedule_measures_then_saves_every_tau() -> None:
+    schedule = Schedule(fixed=None, last_saved=40)
+    assert schedule.due(41)  # the attempt's first step measures the save cost
+    schedule.saved(41, blocking_s=0.5)
+    assert not schedule.due(42) and not schedule.measuring(42)
+    assert schedule.measuring(46)
+    every, tau = schedule.measure(step_s=0.1, mtbi_s=100.0)
+    assert (every, tau) == (100, pytest.approx(10.0))
+    assert not schedule.due(140) and schedule.due(141)
+
+
+def test_goodput_moves_unsaved_steps_to_wasted_only_when_lost() -> None:
+    goodput = Goodput(started=0.0, startup_s=3.0, restore_s=1.0)
+    goodput.steps(5.0)
+    goodput.saved(blocking_s=0.5)
+    goodput.steps(2.0)
+    assert goodput.summary(now=12.0) == {
+        "startup_s": 3.0,
+        "restore_s": 1.0,
+        "productive_s": 7.0,
+        "checkpoint_s": 0.5,
+        "wasted_s": 0.0,
+        "total_s": 12.0,
+    }
+    lost = goodput.summary(lost=True, now=12.0)
+    assert (lost["productive_s"], lost["wasted_s"]) == (5.0, 2.0)
+
+
+def test_file_sink_appends_one_json_line_per_entry(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "entries.jsonl"
+    lifecycle = Lifecycle(FileSink(str(path)), "job-a", 3)
+    lifecycle.emit("started", 0, restored_step=0, startup_s=1.5)
+    lifecycle.emit("checkpoint", 10, blocking_s=0.01, total_s=0.2)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {
+        "event": "started",
+        "job_id": "job-a",
+        "attempt": 3,
+        "step": 0,
+        "restored_step": 0,
+        "startup_s": 1.5,
+    }
+    assert lines[1]["event"] == "checkpoint" and lines[1]["step"] == 10
+
+
+def test_a_failing_sink_does_not_stop_training() -> None:
+    class BrokenSink:
+        def write(self, payload: dict) -> None:
+            raise OSError("disk full")
+
+    assert Lifecycle(BrokenSink(), "job-a", 1).emit("started", 0)["event"] == "started"
+
+
+def test_params_fingerprint_is_bitwise() -> None:
+    from trainer.step import params_sha256
+
+    params = {"b": np.arange(6, dtype=np.float32).reshape(2, 3), "a": {"w": np.ones(4, np.float32)}}
+    same = {"a": {"w": np.ones(4, np.float32)}, "b": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    assert params_sha256(params) == params_sha256(same)
+    flipped = {"a": {"w": np.ones(4, np.float32)}, "b": params["b"].copy()}
+    flipped["b"].view(np.uint32)[0, 0] ^= 1
+    assert params_sha256(params) != params_sha256(flipped)
+
+
+def test_watch_notices_the_metadata_server_and_sigterm() -> None:
+    server = MetadataServer()
+    previous = signal.getsignal(signal.SIGTERM)
+    watch = PreemptionWatch(server.url, poll_s=0.05).start()
+    try:
+        time.sleep(0.2)
+        assert not watch.noticed and server.requests
+        server.preempted = True
+        deadline = time.monotonic() + 5
+        while not watch.noticed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watch.source == "metadata instance/preempted"
+        signal.raise_signal(signal.SIGTERM)  # a second notice changes nothing
+        assert watch.source == "metadata instance/preempted"
+    finally:
+        watch.stop()
+        signal.signal(signal.SIGTERM, previous)
+        server.server.shutdown()
+    sigterm = PreemptionWatch(None).start()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        assert sigterm.source == "SIGTERM"
+    finally:
+        signal.signal(signal.SIGTERM, previous)

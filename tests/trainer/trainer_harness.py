@@ -1,0 +1,170 @@
+"""Run `python -m trainer` as a real process: watch its progress, signal it, read its lifecycle entries."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# One configuration everywhere, so every run after the first loads its programs from the compilation cache.
+ARGS = ["--model=nano", "--steps=120", "--seed=7", "--checkpoint-every=10", "--log-every=1"]
+STEPS = 120
+PROGRESS = re.compile(r" step (\d+)/\d+ loss ")
+TMP_MARK = ".orbax-checkpoint-tmp"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The uninterrupted run of ARGS."""
+
+    params_sha256: str
+    final_loss: float
+    checkpoints: Path  # its checkpoint directory (copy before changing it)
+
+
+def trainer_env(checkpoint_uri: str, sink: Path, cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
+    env.update(
+        RESPAWN_JOB_ID="job-test",
+        RESPAWN_ATTEMPT="1",
+        RESPAWN_CHECKPOINT_URI=checkpoint_uri,
+        RESPAWN_LOG_SINK=str(sink),
+        RESPAWN_COMPILE_CACHE=str(cache),
+        RESPAWN_GRACE_S="10",
+        JAX_PLATFORMS="cpu",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Run:
+    proc: subprocess.Popen[str]
+    lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    stderr: list[str] = field(default_factory=list)
+    step: int = 0  # the newest step seen in the progress lines
+
+    def wait_step(self, target: int, timeout: float = 120.0) -> int:
+        """Block until the trainer reports a step >= target; returns that step (or the last one if it exited)."""
+        deadline = time.monotonic() + timeout
+        while self.step < target:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise TimeoutError(f"no step {target} within {timeout}s:\n{self.tail()}") from None
+            if line is None:
+                return self.step
+            match = PROGRESS.search(line)
+            if match:
+                self.step = int(match.group(1))
+        return self.step
+
+    def signal(self, sig: int) -> float:
+        self.proc.send_signal(sig)
+        return time.monotonic()
+
+    def finish(self, timeout: float = 180.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def tail(self, n: int = 30) -> str:
+        return "".join(self.stderr[-n:])
+
+
+def start(env: dict[str, str], args: list[str] | None = None) -> Run:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", *(ARGS if args is None else args)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run = Run(proc)
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            run.stderr.append(line)
+            run.lines.put(line)
+        run.lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return run
+
+
+def run_to_end(env: dict[str, str], args: list[str] | None = None, timeout: float = 180.0) -> tuple[int, Run]:
+    run = start(env, args)
+    code = run.finish(timeout)
+    return code, run
+
+
+def entries(sink: Path) -> list[dict]:
+    if not sink.exists():
+        return []
+    return [json.loads(line) for line in sink.read_text().splitlines() if line.strip()]
+
+
+def last(sink: Path, event: str) -> dict:
+    found = [e for e in entries(sink) if e["event"] == event]
+    assert found, f"no {event} entry in {[e['event'] for e in entries(sink)]}"
+    return found[-1]
+
+
+def committed_steps(directory: Path) -> list[int]:
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+
+
+def saving(directory: Path) -> list[str]:
+    """Step directories of saves in flight (not yet committed by the atomic rename)."""
+    return [p.name for p in directory.iterdir() if TMP_MARK in p.name] if directory.exists() else []
+
+
+def kill_hard(run: Run) -> None:
+    run.proc.send_signal(signal.SIGKILL)
+    run.proc.wait(timeout=30)
+
+
+class MetadataServer:
+    """`GET /computeMetadata/v1/instance/preempted` answers FALSE until preempt(), then TRUE (like GCE)."""
+
+    def __init__(self) -> None:
+        self.preempted = False
+        self.requests: list[dict[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.requests.append({"path": self.path, "flavor": self.headers.get("Metadata-Flavor", "")})
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    self.send_error(403, "Missing Metadata-Flavor:Google header")
+                    return
+                if self.path != "/computeMetadata/v1/instance/preempted":
+                    self.send_error(404)
+                    return
+                body = b"TRUE" if outer.preempted else b"FALSE"
+                self.send_response(200)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/computeMetadata/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()

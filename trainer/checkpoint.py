@@ -1,0 +1,103 @@
+"""Checkpoints on a local path or gs:// through Orbax's CheckpointManager.
+
+Saves are async: `save` blocks only while the arrays are copied off the device; the write and the
+atomic commit (rename on a file system, commit_success.txt on GCS) finish in the background, so a
+crash at any moment leaves either a complete step or none. `restore_newest` walks back from the
+newest step when one cannot be read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from trainer.schedule import SaveDone
+
+log = logging.getLogger("trainer")
+
+
+class Checkpoints:
+    def __init__(self, uri: str, keep: int, save_delay_s: float = 0.0) -> None:
+        async_options = ocp.AsyncOptions(post_finalization_callback=_sleeper(save_delay_s)) if save_delay_s else None
+        self.manager = ocp.CheckpointManager(
+            uri,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                cleanup_tmp_directories=True,
+                lightweight_initialize=True,
+                enable_async_checkpointing=True,
+                async_options=async_options,
+            ),
+        )
+        self._pending: tuple[int, float, float] | None = None  # step, started, blocking_s
+        self._finished: list[SaveDone] = []  # durable, not yet reported
+        self.saved_step: int | None = None  # newest step whose save has started
+
+    def restore_newest(self, abstract_state: Any) -> tuple[Any, int] | None:
+        """The newest readable checkpoint (state, step), or None. Unreadable newer steps are removed."""
+        unreadable: list[int] = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+            except Exception as e:  # any reason a step cannot be read: fall back to the previous one
+                log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, _short(e))
+                unreadable.append(step)
+                continue
+            for bad in unreadable:
+                log.warning("removing unreadable checkpoint step %d (restored step %d instead)", bad, step)
+                self.manager.delete(bad)
+            self.saved_step = step
+            return state, step
+        return None
+
+    def save(self, step: int, state: Any) -> float:
+        """Start an async save; returns the seconds training was blocked (waiting for a previous save included)."""
+        started = time.monotonic()
+        self._collect()
+        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        blocking = time.monotonic() - started
+        self._pending = (step, started, blocking)
+        self.saved_step = step
+        return blocking
+
+    def poll(self) -> list[SaveDone]:
+        """Saves that have become durable since the last call (non-blocking)."""
+        if self._pending is not None and not self.manager.is_saving_in_progress():
+            self._collect()
+        done, self._finished = self._finished, []
+        return done
+
+    def wait(self) -> list[SaveDone]:
+        """Block until the pending save is durable (raises if it failed); returns it and any unreported ones."""
+        self._collect()
+        done, self._finished = self._finished, []
+        return done
+
+    def _collect(self) -> None:
+        if self._pending is not None:
+            self.manager.wait_until_finished()
+            step, started, blocking = self._pending
+            self._pending = None
+            self._finished.append(SaveDone(step, blocking, time.monotonic() - started))
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def abstract(state: Any) -> Any:
+    """Shapes, dtypes and shardings of `state`: the restore target."""
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+
+
+def _sleeper(seconds: float) -> Callable[[], None]:
+    return lambda: time.sleep(seconds)
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".splitlines()[0]
+    return text[:300]

@@ -1,0 +1,88 @@
+"""The JAX engine: state, compiled train step and checkpoints, behind the small interface the loop drives.
+
+The step is compiled ahead of time (part of startup), so the first training step runs at full speed.
+On CPU the state is not donated: an async save may still be reading the previous step's host view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer import data, model, runtime
+from trainer import step as train
+from trainer.checkpoint import Checkpoints
+from trainer.config import Config, ConfigError
+from trainer.schedule import SaveDone
+
+
+class JaxEngine:
+    def __init__(self, cfg: Config) -> None:
+        size = cfg.size
+        assert size is not None
+        self.cfg = cfg
+        mesh = runtime.mesh()
+        if cfg.batch_size % mesh.size:
+            raise ConfigError(
+                "--batch-size", f"{cfg.batch_size} does not split over {mesh.size} devices", "a multiple of it"
+            )
+        self.replicated, self.sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+        optimizer = train.make_optimizer(cfg)
+        init = jax.jit(lambda params: train.new_state(params, optimizer), out_shardings=self.replicated)
+        self._fresh = lambda: init(model.init_params(cfg.seed, size, cfg.seq_len))
+        shapes = train.state_shapes(cfg, size, optimizer)
+        self.abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.replicated), shapes)
+        tokens = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len + 1), jnp.int32, sharding=self.sharded)
+        donate = (0,) if jax.default_backend() != "cpu" else ()
+        step_fn = jax.jit(
+            train.make_train_step(cfg, size, optimizer),
+            in_shardings=(self.replicated, self.sharded),
+            out_shardings=self.replicated,
+            donate_argnums=donate,
+        )
+        self._step = step_fn.lower(self.abstract, tokens).compile()
+        self.checkpoints = Checkpoints(cfg.checkpoint_uri, cfg.keep, cfg.save_delay_s)
+        self.state: Any = None
+
+    def restore(self) -> int:
+        restored = self.checkpoints.restore_newest(self.abstract)
+        if restored is None:
+            self.state = self._fresh()
+            return 0
+        self.state, step = restored
+        if int(self.state["step"]) != step:
+            raise RuntimeError(f"checkpoint step {step} holds state of step {int(self.state['step'])}")
+        return step
+
+    def run_step(self, step: int) -> None:
+        host = data.batch(self.cfg.seed, step, self.cfg.batch_size, self.cfg.seq_len)
+        self.state = self._step(self.state, runtime.global_batch(host, self.sharded))
+
+    def loss(self) -> float:
+        """The last step's loss (waits for it)."""
+        return float(self.state["loss"])
+
+    def save(self, step: int) -> float:
+        return self.checkpoints.save(step, self.state)
+
+    def poll(self) -> list[SaveDone]:
+        return self.checkpoints.poll()
+
+    def wait(self) -> list[SaveDone]:
+        return self.checkpoints.wait()
+
+    def agree(self, flag: bool) -> bool:
+        return runtime.agree_any(flag)
+
+    def agree_max(self, value: float) -> float:
+        return runtime.agree_max(value)
+
+    def fingerprint(self) -> str:
+        return train.params_sha256(self.state["params"])
+
+    def close(self) -> None:
+        self.checkpoints.close()

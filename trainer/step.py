@@ -1,0 +1,59 @@
+"""Train state, AdamW, and the train step. The step's PRNG key is fold_in(seed, step): a pure function of both."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from trainer import model
+from trainer.config import Config, ModelSize
+
+State = dict[str, Any]  # {"params", "opt_state", "step": int32 (steps done), "loss": float32 (of the last step)}
+
+
+def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+    warmup = max(1, min(100, cfg.steps // 10))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.learning_rate, warmup, max(cfg.steps, warmup + 1), end_value=cfg.learning_rate * 0.1
+    )
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1))
+
+
+def new_state(params: Any, optimizer: optax.GradientTransformation) -> State:
+    """The state before step 1 (zero optimizer moments); jit it: one small program instead of many eager ops."""
+    return {"params": params, "opt_state": optimizer.init(params), "step": jnp.int32(0), "loss": jnp.float32(0.0)}
+
+
+def state_shapes(cfg: Config, size: ModelSize, optimizer: optax.GradientTransformation) -> State:
+    """Shapes and dtypes of the state, without computing it (the restore target)."""
+    return jax.eval_shape(lambda p: new_state(p, optimizer), model.param_shapes(size, cfg.seq_len))  # type: ignore[no-any-return]
+
+
+def make_train_step(cfg: Config, size: ModelSize, optimizer: optax.GradientTransformation) -> Any:
+    """(state, tokens [batch, seq + 1]) -> state after one more step."""
+
+    def train_step(state: State, tokens: jax.Array) -> State:
+        step = state["step"] + 1
+        key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
+        loss, grads = jax.value_and_grad(model.loss)(state["params"], tokens, size, key)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt_state": opt_state, "step": step, "loss": loss}
+
+    return train_step
+
+
+def params_sha256(params: Any) -> str:
+    """sha256 over (path, dtype, shape, bytes) of every leaf, in sorted path order: equal iff bitwise equal."""
+    digest = hashlib.sha256()
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
+        host = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+        digest.update(f"{jax.tree_util.keystr(path)}|{host.dtype.str}|{host.shape}|".encode())
+        digest.update(np.ascontiguousarray(host).tobytes())
+    return digest.hexdigest()
