@@ -304,7 +304,8 @@ def _progress_line(job: Job | None, step: dict[str, Any] | None, total: int | No
 
 @contextlib.contextmanager
 def signals_as_interrupt() -> Iterator[None]:
-    """SIGTERM / SIGHUP raise KeyboardInterrupt in the main thread, so teardown runs as for Ctrl-C."""
+    """SIGINT / SIGTERM / SIGHUP raise KeyboardInterrupt in the main thread, so teardown always runs
+    (SIGINT too when the shell started the command with it ignored, as `cmd &` does)."""
     import signal
 
     def handler(signum: int, frame: Any) -> None:
@@ -313,7 +314,7 @@ def signals_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
