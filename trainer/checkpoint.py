@@ -36,10 +36,13 @@ class Checkpoints:
         )
         self._pending: tuple[int, float, float] | None = None  # step, started, blocking_s
         self._finished: list[SaveDone] = []  # durable, not yet reported
-        self.saved_step: int | None = None  # newest step whose save has started
 
     def restore_newest(self, abstract_state: Any) -> tuple[Any, int] | None:
-        """The newest readable checkpoint (state, step), or None. Unreadable newer steps are removed."""
+        """The newest readable checkpoint (state, step), or None when there is none at all.
+
+        Unreadable steps newer than the restored one are removed (a later save reuses their numbers).
+        When steps exist but none can be read, this raises: starting over would discard them all.
+        """
         unreadable: list[int] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
@@ -51,8 +54,9 @@ class Checkpoints:
             for bad in unreadable:
                 log.warning("removing unreadable checkpoint step %d (restored step %d instead)", bad, step)
                 self.manager.delete(bad)
-            self.saved_step = step
             return state, step
+        if unreadable:
+            raise RuntimeError(f"no checkpoint can be read (steps {sorted(unreadable)})")
         return None
 
     def save(self, step: int, state: Any) -> float:
@@ -62,7 +66,6 @@ class Checkpoints:
         self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
         blocking = time.monotonic() - started
         self._pending = (step, started, blocking)
-        self.saved_step = step
         return blocking
 
     def poll(self) -> list[SaveDone]:

@@ -42,10 +42,12 @@ class FileSink:
 
 
 class CloudLoggingSink:
-    def __init__(self, job_id: str, attempt: int) -> None:
-        from google.cloud import logging as cloud_logging
+    def __init__(self, job_id: str, attempt: int, logger: Any = None) -> None:
+        if logger is None:
+            from google.cloud import logging as cloud_logging
 
-        self.logger = cloud_logging.Client().logger(LOG_NAME)
+            logger = cloud_logging.Client().logger(LOG_NAME)
+        self.logger = logger
         self.labels = {"respawn-job": job_id, "respawn-attempt": str(attempt)}
 
     def write(self, payload: dict[str, Any]) -> None:

@@ -135,6 +135,7 @@ def _wait_for_save_of(ckpt: Path, step: int, run, timeout: float = 120.0) -> int
     raise TimeoutError(f"no save of step {step} started:\n{run.tail()}")
 
 
+@pytest.mark.slow
 def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
     tmp_path: Path, compile_cache: Path, reference: Reference
 ) -> None:
@@ -151,3 +152,20 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
     previous = max(s for s in committed_steps(reference.checkpoints) if s < newest)
     assert last(sink, "started")["restored_step"] == previous
     assert last(sink, "completed")["params_sha256"] == reference.params_sha256
+
+
+@pytest.mark.slow
+def test_no_readable_checkpoint_fails_instead_of_starting_over(
+    tmp_path: Path, compile_cache: Path, reference: Reference
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference.checkpoints, ckpt)
+    steps = committed_steps(ckpt)
+    for path in ckpt.rglob("*"):
+        if path.is_file() and path.parent != ckpt:
+            path.write_bytes(b"\x00garbage")
+    sink = tmp_path / "entries.jsonl"
+    code, run = run_to_end(trainer_env(str(ckpt), sink, compile_cache))
+    assert code == 1, run.tail()
+    assert "no checkpoint can be read" in last(sink, "failed")["error"]
+    assert committed_steps(ckpt) == steps  # nothing was deleted

@@ -14,7 +14,7 @@ from trainer_harness import MetadataServer
 
 from trainer import data
 from trainer.goodput import Goodput
-from trainer.lifecycle import FileSink, Lifecycle
+from trainer.lifecycle import CloudLoggingSink, FileSink, Lifecycle
 from trainer.preemption import PreemptionWatch
 from trainer.schedule import Schedule, interval_steps, young_daly_s
 
@@ -94,6 +94,31 @@ def test_file_sink_appends_one_json_line_per_entry(tmp_path: Path) -> None:
         "startup_s": 1.5,
     }
     assert lines[1]["event"] == "checkpoint" and lines[1]["step"] == 10
+
+
+def test_cloud_sink_writes_structured_entries_with_job_and_attempt_labels() -> None:
+    class RecordingLogger:  # the google.cloud.logging Logger surface the sink uses
+        def __init__(self) -> None:
+            self.calls: list[tuple[dict, dict]] = []
+
+        def log_struct(self, payload: dict, **kwargs: object) -> None:
+            self.calls.append((payload, kwargs))
+
+    logger = RecordingLogger()
+    lifecycle = Lifecycle(CloudLoggingSink("job-a", 2, logger=logger), "job-a", 2)
+    lifecycle.emit("started", 0, restored_step=0, startup_s=1.0)
+    lifecycle.emit("failed", 7, error="boom", goodput={})
+    (started, first), (failed, second) = logger.calls
+    assert started["event"] == "started" and failed == {
+        "event": "failed",
+        "job_id": "job-a",
+        "attempt": 2,
+        "step": 7,
+        "error": "boom",
+        "goodput": {},
+    }
+    assert first["labels"] == {"respawn-job": "job-a", "respawn-attempt": "2"}
+    assert (first["severity"], second["severity"]) == ("INFO", "ERROR")
 
 
 def test_a_failing_sink_does_not_stop_training() -> None:
