@@ -81,7 +81,8 @@ def main() -> None:
         training_wall = goodput["total_s"] - goodput["startup_s"] - goodput["restore_s"]
         steps_per_s = opts.steps / goodput["productive_s"]
         stall_pct = 100.0 * goodput["checkpoint_s"] / training_wall
-        interval = next((int(m.group(1)) for line in log if (m := INTERVAL.search(line))), None)
+        intervals = [int(m.group(1)) for line in log if (m := INTERVAL.search(line))]
+        interval = intervals[-1] if intervals else None
         print(f"fresh cache: first step {fresh:.2f}s after launch")
         print(
             f"{opts.steps} steps: {steps_per_s:.1f} steps/s, {len(saves)} saves "

@@ -50,7 +50,7 @@ class Trainer:
         startup = now - goodput.started
         self.lifecycle.emit("started", restored, restored_step=restored, startup_s=round(startup, 3))
         log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", restored, cfg.steps, startup, now - ready)
-        schedule = Schedule(fixed=cfg.checkpoint_every, last_saved=restored)
+        schedule = Schedule(fixed=cfg.checkpoint_every, last_saved=restored, mtbi_s=cfg.mtbi_s)
         window = (time.monotonic(), restored)
         first_save_at = 0.0
         while self.step < cfg.steps and not engine.agree(self.watch.noticed):
@@ -64,7 +64,7 @@ class Trainer:
                 engine.loss()  # the step itself finishes before the save's clock starts
                 blocking = engine.save(self.step)
                 first_save_at = first_save_at or time.monotonic()
-                schedule.saved(self.step, blocking)
+                self._saved(schedule, blocking)
             elif schedule.measuring(self.step):
                 self._choose_interval(schedule, first_save_at)
             goodput.steps(time.monotonic() - began - blocking)
@@ -78,17 +78,25 @@ class Trainer:
     def _choose_interval(self, schedule: Schedule, first_save_at: float) -> None:
         self.engine.loss()  # wait for the timed steps
         steps = self.step - schedule.last_saved
-        step_s = self.engine.agree_max((time.monotonic() - first_save_at) / steps)
-        schedule.save_cost_s = self.engine.agree_max(schedule.save_cost_s or 0.0)
-        every, tau = schedule.measure(step_s, self.cfg.mtbi_s)
+        schedule.measure(self.engine.agree_max((time.monotonic() - first_save_at) / steps))
+        self._log_interval(schedule)
+
+    def _saved(self, schedule: Schedule, blocking: float) -> None:
+        before = schedule.every
+        # Every host must pick the same interval: they agree on the slowest save.
+        schedule.saved(self.step, self.engine.agree_max(blocking) if schedule.fixed is None else blocking)
+        if schedule.every != before:
+            self._log_interval(schedule)
+
+    def _log_interval(self, schedule: Schedule) -> None:
         log.info(
-            "checkpoint interval: auto -> every %d steps (Young/Daly tau %.1fs from save cost %.3fs, MTBI %.0fs, "
+            "checkpoint interval: auto -> every %s steps (Young/Daly tau %.1fs from save cost %.3fs, MTBI %.0fs, "
             "step %.4fs)",
-            every,
-            tau,
+            schedule.every,
+            schedule.tau_s(),
             schedule.save_cost_s,
-            self.cfg.mtbi_s,
-            step_s,
+            schedule.mtbi_s,
+            schedule.step_s or 0.0,
         )
 
     def _progress(self, window: tuple[float, int]) -> tuple[float, int]:
@@ -110,7 +118,7 @@ class Trainer:
         if self.step > schedule.last_saved:
             self.engine.loss()
             blocking = self.engine.save(self.step)
-            schedule.saved(self.step, blocking)
+            self._saved(schedule, blocking)
             self.goodput.saved(blocking)
         self._report(self.engine.wait())
 

@@ -52,14 +52,16 @@ def test_fixed_schedule_saves_on_multiples() -> None:
 
 
 def test_auto_schedule_measures_then_saves_every_tau() -> None:
-    schedule = Schedule(fixed=None, last_saved=40)
+    schedule = Schedule(fixed=None, last_saved=40, mtbi_s=100.0)
     assert schedule.due(41)  # the attempt's first step measures the save cost
     schedule.saved(41, blocking_s=0.5)
     assert not schedule.due(42) and not schedule.measuring(42)
     assert schedule.measuring(46)
-    every, tau = schedule.measure(step_s=0.1, mtbi_s=100.0)
-    assert (every, tau) == (100, pytest.approx(10.0))
+    schedule.measure(step_s=0.1)
+    assert schedule.every == 100 and schedule.tau_s() == pytest.approx(10.0)
     assert not schedule.due(140) and schedule.due(141)
+    schedule.saved(141, blocking_s=1.5)  # a costlier save: mean cost 1.0 s, tau sqrt(200) s
+    assert schedule.every == round(200**0.5 / 0.1)
 
 
 def test_goodput_moves_unsaved_steps_to_wasted_only_when_lost() -> None:
