@@ -146,6 +146,12 @@ def load_message(path: str, overrides: Sequence[str]) -> dict[str, Any]:
         raise UsageError(f"{path}: {e}") from e
     if message.get("action", "submit") != "submit":
         raise UsageError(f"{path}: action must be submit to run a job locally")
+    from trainer.config import ConfigError, parse_flags
+
+    try:  # the local cloud runs the trainer itself (not the image): its flags must be the trainer's
+        parse_flags(message.get("args") or [])
+    except ConfigError as e:
+        raise UsageError(f"{path}: args: {e}") from e
     return message
 
 

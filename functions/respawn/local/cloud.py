@@ -137,7 +137,6 @@ class LocalCloud:
             on_deleted=on_deleted,
         )
         api.append(self._start(f"TPU/Compute API {server.url}", server.start, server.stop))
-        self._stack.callback(nodes.stop)  # before the API stops (callbacks), after everything else
         self._watch_calls(server)
 
         functions_env = {
@@ -168,11 +167,12 @@ class LocalCloud:
         t0 = tl.add("submitted", job_id=job_id)["t"]
         chaos = Chaos(ready=nodes.ready, preempt=nodes.preempt, t0=t0, at=o.preempt_at, mtbi=o.mtbi_s, seed=o.seed)
         self._stack.callback(chaos.start().stop)
+        self._stack.callback(nodes.stop)  # teardown kills the trainers first
         bus.publish(JOBS_TOPIC, json.dumps(message).encode(), {"job_id": job_id})
         self.say(f"submitted {job_id} to {JOBS_TOPIC}; logs in {self.run_dir}")
 
         job, timed_out = self._follow(store, job_id, t0, total_steps)
-        machines_left = self._settle(server, nodes)
+        machines_left = len(server.machines()) if timed_out else self._settle(server, nodes)
         return Outcome(job, tl.events(), machines_left, timed_out, self.run_dir, bus_name)
 
     def _dir(self, name: str) -> Path:

@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import itertools
 import time
+import uuid
 from typing import Any
 
 TRAINER_LOG = "respawn-trainer"
@@ -72,6 +73,7 @@ def preempted_entry(*, project: str, zone: str, instance: str, now: float) -> di
         },
         "timestamp": rfc3339(now),
         "severity": "INFO",
+        "labels": {"compute.googleapis.com/root_trigger_id": str(uuid.uuid4())},
         "logName": f"projects/{project}/logs/{SYSTEM_EVENT_LOG}",
         "operation": {"id": op, "producer": "compute.instances.preempted", "first": True, "last": True},
         "receiveTimestamp": rfc3339(now),

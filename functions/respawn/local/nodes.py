@@ -11,6 +11,10 @@ Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM (the
 ACPI soft-off), SIGKILL after the grace period, then the machine is PREEMPTED
 and the `compute.instances.preempted` system event is emitted (on the hidden
 worker VM `t1v-n-<hash>-w-0` for a TPU node, on the instance for a GPU VM).
+
+A trainer that exits on its own (completed, or crashed after its `failed`
+entry) leaves its machine READY, as the startup script does on a real VM: the
+control plane decides what happens to it. Deleting a machine stops its trainer.
 """
 
 from __future__ import annotations
