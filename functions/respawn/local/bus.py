@@ -83,7 +83,7 @@ class InProcessBus:
         self.copies = copies
         self._ids = itertools.count(1)
         self._seq = itertools.count()
-        self._due: list[tuple[float, int, str, dict[str, object], float]] = []
+        self._due: list[tuple[float, int, str, Mapping[str, object], float]] = []
         self._cv = threading.Condition()
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push")
@@ -108,7 +108,7 @@ class InProcessBus:
             self._schedule(0.0, topic, body, MIN_BACKOFF_S)
         return message_id
 
-    def _schedule(self, delay: float, topic: str, body: dict[str, object], backoff: float) -> None:
+    def _schedule(self, delay: float, topic: str, body: Mapping[str, object], backoff: float) -> None:
         with self._cv:
             heapq.heappush(self._due, (time.monotonic() + delay, next(self._seq), topic, body, backoff))
             self._cv.notify()
@@ -123,7 +123,7 @@ class InProcessBus:
                 _, _, topic, body, backoff = heapq.heappop(self._due)
             self._pool.submit(self._deliver, topic, body, backoff)
 
-    def _deliver(self, topic: str, body: dict[str, object], backoff: float) -> None:
+    def _deliver(self, topic: str, body: Mapping[str, object], backoff: float) -> None:
         try:
             ok = requests.post(self.endpoints[topic], json=body, timeout=ACK_DEADLINE_S).ok
         except requests.RequestException:

@@ -118,7 +118,7 @@ class LocalCloud:
             mark_preempted=lambda name: api[0].preempt(name),
             timeline=tl,
         )
-        capacity = {z: 0 for z, n in o.stockouts.items() if n is None}
+        capacity: dict[str, int | None] = {z: 0 for z, n in o.stockouts.items() if n is None}
         stockouts = {z: n for z, n in o.stockouts.items() if n is not None}
 
         def on_ready(m: Any) -> None:

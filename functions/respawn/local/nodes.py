@@ -95,7 +95,7 @@ class Nodes:
         log_dir: Path,
         grace_s: float,
         route: Callable[[dict[str, Any]], None],
-        mark_preempted: Callable[[str], None],
+        mark_preempted: Callable[[str], object],
         timeline: Timeline,
     ) -> None:
         self.project = project

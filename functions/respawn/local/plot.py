@@ -12,7 +12,7 @@ def _spans(events: list[dict[str, Any]], t0: float, end: float) -> list[dict[str
     """One span per machine: requested (create call), READY, and its end."""
     spans: dict[str, dict[str, Any]] = {}
     for e in events:
-        name = e.get("machine")
+        name = str(e.get("machine"))
         if e["kind"] == "create_call":
             spans.setdefault(name, {"machine": name, "zone": e.get("zone"), "start": e["t"] - t0})
         elif e["kind"] == "state" and name in spans:

@@ -78,9 +78,9 @@ def machine_price(machine: dict[str, object]) -> MachinePrice | None:
         return MachinePrice(label, n * p.on_demand, n * p.spot)
     accelerator = str(machine.get("accelerator_type", ""))
     count = int(str(machine.get("accelerator_count", 1)))
-    p = GPU_PRICES.get(accelerator)
-    if p is None:
+    gpu = GPU_PRICES.get(accelerator)
+    if gpu is None:
         return None
-    label = f"{count} x {accelerator}: ${p.on_demand:.2f} on-demand / ${p.spot:.2f} Spot per GPU-hour"
+    label = f"{count} x {accelerator}: ${gpu.on_demand:.2f} on-demand / ${gpu.spot:.2f} Spot per GPU-hour"
     label += " (host VM not included)"
-    return MachinePrice(label, count * p.on_demand, count * p.spot)
+    return MachinePrice(label, count * gpu.on_demand, count * gpu.spot)

@@ -110,7 +110,7 @@ def machine_seconds(events: list[dict[str, Any]], end: float) -> float:
     ready_since: dict[str, float] = {}
     used = 0.0
     for e in events:
-        name = e.get("machine")
+        name = str(e.get("machine"))
         if e["kind"] == "state" and e["state"] == "READY":
             ready_since.setdefault(name, e["t"])
         elif name in ready_since and (e["kind"] in ("deleted", "preempted") or e["kind"] == "state"):
