@@ -105,14 +105,20 @@ class Nodes:
         self.route = route
         self.mark_preempted = mark_preempted
         self.timeline = timeline
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._trainers: dict[str, Trainer] = {}
         self._ready: dict[str, float] = {}  # READY and not being preempted -> since
         self._threads: list[threading.Thread] = []
+        self._closed = False
 
     # ---- hooks of the cloud API -------------------------------------------------------------------------------------
 
     def on_ready(self, machine: CloudMachine) -> None:
+        with self._lock:  # atomic with stop(): a machine that comes up during teardown gets no trainer
+            if not self._closed:
+                self._start_trainer(machine)
+
+    def _start_trainer(self, machine: CloudMachine) -> None:
         meta = machine.metadata
         job_id, attempt = meta.get("respawn-job-id", ""), int(meta.get("respawn-attempt") or 0)
         log = (self.log_dir / f"{machine.name}.log").open("ab")
@@ -124,9 +130,6 @@ class Nodes:
             stderr=subprocess.PIPE,
         )
         trainer = Trainer(machine, job_id, attempt, proc)
-        with self._lock:
-            self._trainers[machine.name] = trainer
-            self._ready[machine.name] = time.time()
         self.timeline.add("trainer_start", machine=machine.name, zone=machine.zone, attempt=attempt, pid=proc.pid)
         assert proc.stdout is not None and proc.stderr is not None
         trainer.readers = [
@@ -134,6 +137,8 @@ class Nodes:
             self._spawn(self._read_stderr, trainer, proc.stderr, log),
         ]
         self._spawn(self._reap, trainer, log)
+        self._trainers[machine.name] = trainer
+        self._ready[machine.name] = time.time()
 
     def on_deleted(self, name: str) -> None:
         with self._lock:
@@ -240,8 +245,9 @@ class Nodes:
             return [n for n, t in self._trainers.items() if t.proc.poll() is None]
 
     def stop(self) -> None:
-        """Kill every trainer's process group (teardown)."""
+        """Kill every trainer's process group (teardown); no trainer starts after this."""
         with self._lock:
+            self._closed = True
             trainers = list(self._trainers.values())
             self._ready.clear()
         for trainer in trainers:
