@@ -56,10 +56,8 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -154,7 +152,10 @@ class PubSubEmulator:
         if shutil.which("java") is None:
             return f"java is not on PATH (the Pub/Sub emulator needs Java 17+): {PUBSUB_INSTALL_HINT}"
         sdk_root = Path(os.path.realpath(gcloud)).parent.parent
-        candidates = [sdk_root / "platform" / "pubsub-emulator", Path("/usr/lib/google-cloud-sdk/platform/pubsub-emulator")]
+        candidates = [
+            sdk_root / "platform" / "pubsub-emulator",
+            Path("/usr/lib/google-cloud-sdk/platform/pubsub-emulator"),
+        ]
         if not any(c.exists() for c in candidates):
             return f"the Pub/Sub emulator component is not installed: {PUBSUB_INSTALL_HINT}"
         return None
