@@ -17,7 +17,7 @@ LABEL_ATTEMPT = "respawn-attempt"
 LABEL_MANAGED = "respawn-managed"
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Job status. Legal transitions (see docs/architecture.md for the diagram)::
 
     (none)       -> PENDING | PROVISIONING | REJECTED
@@ -77,7 +77,7 @@ LEGAL_TRANSITIONS: dict[Status | None, frozenset[Status]] = {
 }
 
 
-class MachineState(str, enum.Enum):
+class MachineState(enum.StrEnum):
     """What the cloud API says about one machine (TPU node or GCE instance)."""
 
     CREATING = "CREATING"
