@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from respawn.adapters.startup import GRACE_S, machine_labels, machine_metadata, startup_script
+from respawn.events import TrainerFailed
 from respawn.model import GpuMachine, JobSpec, TpuMachine
+from respawn.parsing import log_entry_event
 
 HOSTILE = [
     "'; touch CANARY; echo '",
@@ -153,6 +155,30 @@ def test_trainer_exit_code_is_the_scripts(tmp_path: Path, fakes: dict[str, str])
     assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="3").returncode == 3
 
 
+def test_a_trainer_killed_without_a_word_gets_a_failed_entry(tmp_path: Path, fakes: dict[str, str]) -> None:
+    run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="137")
+    writes = [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]
+    assert len(writes) == 1 and writes[0][3] == "respawn-trainer" and "--payload-type=json" in writes[0]
+    payload = json.loads(writes[0][4])
+    assert payload == {"event": "failed", "job_id": "job-1", "attempt": 3, "error": "the trainer exited with code 137"}
+    assert isinstance(
+        log_entry_event(
+            {
+                "logName": "projects/p/logs/respawn-trainer",
+                "timestamp": "2026-11-21T10:00:00.123456Z",
+                "insertId": "x1",
+                "jsonPayload": payload,
+            }
+        ),
+        TrainerFailed,
+    )
+
+
+def test_a_clean_exit_writes_no_failed_entry(tmp_path: Path, fakes: dict[str, str]) -> None:
+    run_script(tmp_path, fakes, spec())
+    assert not [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]
+
+
 def test_shutdown_signal_stops_the_container_with_the_grace_period(tmp_path: Path, fakes: dict[str, str]) -> None:
     script = tmp_path / "startup.sh"
     script.write_text(startup_script(spec(), 1))
@@ -175,6 +201,7 @@ def test_shutdown_signal_stops_the_container_with_the_grace_period(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
     assert ["docker", "stop", "-t", str(GRACE_S), "respawn-trainer"] in calls(fakes)
+    assert not [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]  # a preemption is no failure
 
 
 def test_metadata_and_labels() -> None:

@@ -98,7 +98,12 @@ _AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configu
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
 docker rm -f {container} >/dev/null 2>&1 || true
 stopping=
-trap 'stopping=1; log "shutdown: stopping the trainer"; docker stop -t {grace} {container} >/dev/null 2>&1' TERM INT HUP
+notified=
+shutdown() {{
+  stopping=1; notified=1
+  log "shutdown: stopping the trainer"; docker stop -t {grace} {container} >/dev/null 2>&1
+}}
+trap shutdown TERM INT HUP
 {run} &
 child=$!
 wait "$child"
@@ -109,6 +114,12 @@ while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wai
   rc=$?
 done
 log "trainer exited with code $rc"
+if [ "$rc" -ne 0 ] && [ -z "$notified" ]; then  # killed without a word (OOM, segfault): say so for it
+  gcloud logging write respawn-trainer \
+    "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "error": "the trainer exited with code %d"}}' \
+      {job_id} {attempt} "$rc")" \
+    --payload-type=json --severity=ERROR || log "could not log the failure"
+fi
 exit "$rc"
 """
 
@@ -122,5 +133,14 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     if host:
         parts.append(_AUTH.format(host=q(host)))
     run = shlex.join(docker_run_argv(spec, attempt))
-    parts.append(_RUN.format(image=q(spec.image), container=CONTAINER, grace=GRACE_S, run=run))
+    parts.append(
+        _RUN.format(
+            image=q(spec.image),
+            container=CONTAINER,
+            grace=GRACE_S,
+            run=run,
+            job_id=q(spec.job_id),
+            attempt=int(attempt),
+        )
+    )
     return "".join(parts)

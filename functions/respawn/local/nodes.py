@@ -14,7 +14,9 @@ worker VM `t1v-n-<hash>-w-0` for a TPU node, on the instance for a GPU VM).
 
 A trainer that exits on its own (completed, or crashed after its `failed`
 entry) leaves its machine READY, as the startup script does on a real VM: the
-control plane decides what happens to it. Deleting a machine stops its trainer.
+control plane decides what happens to it. A trainer killed without a last word
+(OOM, segfault) gets the `failed` entry the startup script writes for it.
+Deleting a machine stops its trainer.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Trainer:
     proc: subprocess.Popen[bytes]
     readers: list[threading.Thread] = field(default_factory=list)
     preempting: bool = False
+    deleted: bool = False
+    last_word: bool = False  # the trainer logged completed, failed or stopped itself
 
 
 def trainer_argv(metadata: Mapping[str, str]) -> list[str]:
@@ -144,6 +148,8 @@ class Nodes:
         with self._lock:
             self._ready.pop(name, None)
             trainer = self._trainers.get(name)
+            if trainer is not None:
+                trainer.deleted = True
         if trainer is not None and trainer.proc.poll() is None:
             self._spawn(self._terminate, trainer, 5.0)
 
@@ -212,6 +218,7 @@ class Nodes:
             if not isinstance(payload, dict) or "event" not in payload:
                 continue
             now = time.time()
+            trainer.last_word |= payload["event"] in ("completed", "failed", "stopped")
             self.timeline.add("entry", t=now, machine=m.name, zone=m.zone, attempt=trainer.attempt, payload=payload)
             self.route(
                 trainer_entry(
@@ -239,6 +246,23 @@ class Nodes:
             reader.join(timeout=10)
         log.close()
         self.timeline.add("trainer_exit", machine=trainer.machine.name, attempt=trainer.attempt, code=code)
+        if code != 0 and not (trainer.last_word or trainer.preempting or trainer.deleted or self._closed):
+            # Killed without a word (OOM, segfault): the startup script logs the `failed` entry for it.
+            m = trainer.machine
+            payload = {"event": "failed", "job_id": trainer.job_id, "attempt": trainer.attempt}
+            payload["error"] = f"the trainer exited with code {code} without a lifecycle entry"
+            now = time.time()
+            self.route(
+                trainer_entry(
+                    payload,
+                    project=self.project,
+                    zone=m.zone,
+                    machine=m.name,
+                    job_id=trainer.job_id,
+                    attempt=trainer.attempt,
+                    now=now,
+                )
+            )
 
     def alive(self) -> list[str]:
         with self._lock:

@@ -1,0 +1,93 @@
+"""The local cloud's machines: a trainer killed without a word gets the `failed` entry the startup script writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from respawn import parsing
+from respawn.events import TrainerFailed
+from respawn.local.cloudapi import CloudMachine
+from respawn.local.nodes import Nodes
+from respawn.local.timeline import Timeline
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def machine(tmp_path: Path) -> CloudMachine:
+    metadata = {
+        "respawn-job-id": "crashy",
+        "respawn-attempt": "2",
+        "respawn-checkpoint-uri": str(tmp_path / "ckpt"),
+        "respawn-args": json.dumps(["--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1"]),
+        "respawn-env": "{}",
+    }
+    return CloudMachine("gpu", "crashy-a2", "us-central1-a", "p", {}, metadata, "RUNNING", time.time())
+
+
+def nodes(tmp_path: Path, routed: list[dict[str, Any]], got: threading.Event) -> Nodes:
+    def route(entry: dict[str, Any]) -> None:
+        routed.append(entry)
+        got.set()
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return Nodes(
+        project="p",
+        base_env=env,
+        log_dir=tmp_path,
+        grace_s=5,
+        route=route,
+        mark_preempted=lambda name: None,
+        timeline=Timeline(),
+    )
+
+
+def wait_for(routed: list[dict[str, Any]], got: threading.Event, event: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got.wait(timeout=0.5)
+        got.clear()
+        found = [e for e in routed if e["jsonPayload"].get("event") == event]
+        if found:
+            return found[-1]
+    raise TimeoutError(f"no {event} entry in {[e['jsonPayload'].get('event') for e in routed]}")
+
+
+def test_a_trainer_killed_without_a_word_is_reported_failed(tmp_path: Path) -> None:
+    routed: list[dict[str, Any]] = []
+    got = threading.Event()
+    n = nodes(tmp_path, routed, got)
+    try:
+        n.on_ready(machine(tmp_path))
+        wait_for(routed, got, "started")
+        (pid,) = [t.proc.pid for t in n._trainers.values()]
+        os.killpg(pid, signal.SIGKILL)  # an OOM kill: the trainer says nothing
+        entry = wait_for(routed, got, "failed")
+    finally:
+        n.stop()
+    event = parsing.log_entry_event(entry)
+    assert isinstance(event, TrainerFailed) and (event.job_id, event.attempt) == ("crashy", 2)
+    assert "exited with code -9" in event.error
+
+
+def test_a_deleted_machine_is_no_failure(tmp_path: Path) -> None:
+    routed: list[dict[str, Any]] = []
+    got = threading.Event()
+    n = nodes(tmp_path, routed, got)
+    try:
+        n.on_ready(machine(tmp_path))
+        wait_for(routed, got, "started")
+        n.on_deleted("crashy-a2")
+        deadline = time.monotonic() + 30
+        while n.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the reaper has run
+    finally:
+        n.stop()
+    assert not n.alive()
+    assert "failed" not in [e["jsonPayload"].get("event") for e in routed]
