@@ -39,9 +39,11 @@ class InMemoryJobStore:
         self.conflicts = 0  # the next N saves raise ConflictError (as if another writer won)
         self.errors: list[Exception] = []  # raised by the next loads and saves (e.g. a TransientError)
         self.saves = 0
+        self.loads = 0
 
     def load(self, job_id: str) -> tuple[Job | None, int]:
         with self._lock:
+            self.loads += 1
             if self.errors:
                 raise self.errors.pop(0)
             if job_id not in self._records:

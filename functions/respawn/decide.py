@@ -45,6 +45,7 @@ class Policy:
     lost_grace_s: float = 60.0  # a machine younger than this may not be listed yet: not lost
     seen_events_max: int = 256  # event ids remembered for de-duplication
     max_conflicts: int = 8  # compare-and-set retries of one handler before it asks for redelivery
+    cached_records: int = 4096  # records a service keeps between events (a hint; every write is compare-and-set)
 
 
 def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:

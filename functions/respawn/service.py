@@ -8,6 +8,13 @@ A live lease means another delivery is acting: a duplicate of an event already
 recorded is acknowledged, anything else raises `Retryable` so Pub/Sub
 redelivers it later. Every record write is a compare-and-set; a conflict
 reloads and decides again.
+
+Each Service keeps the records it last read or wrote (a function instance
+handles many events of the same jobs), so an event usually costs no read: the
+compare-and-set of its write proves the cached generation current. The cache
+is only a hint. A decision that writes nothing (the event changes nothing, or
+another delivery holds the lease) is taken again on a fresh read before it
+counts, except "already seen", which a stale record can only under-report.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import json
 import logging
 import re
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -78,6 +87,8 @@ class Service:
         self.providers = providers
         self.clock = clock
         self.policy = policy
+        self._cache: OrderedDict[str, tuple[Job, int]] = OrderedDict()  # job id -> (record, generation)
+        self._cache_lock = threading.Lock()
         _ensure_log_handler()
 
     def handle(self, event: Event) -> Outcome:
@@ -115,15 +126,21 @@ class Service:
     ) -> Outcome:
         """Load, settle crashed intent, decide, persist intent, act, clear: with CAS retries."""
         done: list[Action] = []
+        fresh = False
         for _ in range(self.policy.max_conflicts):
-            job, gen = loaded or self.store.load(job_id)
-            loaded = None
+            if loaded is not None:
+                (job, gen), cached, loaded = loaded, False, None
+            else:
+                job, gen, cached = self._load(job_id, fresh)
             now = self.clock.now()
             try:
                 if job is not None and event_id in job.seen_events and not _lease_expired(job, now):
                     return Outcome("duplicate", (job_id,), tuple(done))
                 if job is not None and job.pending:
                     if not _lease_expired(job, now):
+                        if cached:
+                            fresh = True
+                            continue
                         raise InFlight(f"job {job_id}: another delivery is acting on it; retry later")
                     job, gen, settled = self._settle(job, gen, now)
                     done += settled
@@ -132,14 +149,18 @@ class Service:
                 event = event_for(job, gen)
                 new, actions = decide(job, event, now, self.policy)
                 if new is None or (new == job and not actions):
+                    if cached:
+                        fresh = True
+                        continue
                     return Outcome(_quiet(job, event), (job_id,), tuple(done))
                 intent = replace(
                     new,
                     pending=tuple(action_to_dict(a) for a in actions),
                     pending_lease_until=now + self.policy.lease_s if actions else None,
                 )
-                gen = self.store.save(intent, gen)
+                gen = self._save(intent, gen)
             except ConflictError:
+                fresh = True
                 continue
             if actions:
                 _, _, acted = self._act(intent, gen, actions, now)
@@ -147,10 +168,38 @@ class Service:
             return Outcome("applied", (job_id,), tuple(done))
         raise Retryable(f"job {job_id}: the record kept changing under {self.policy.max_conflicts} tries")
 
+    def _load(self, job_id: str, fresh: bool) -> tuple[Job | None, int, bool]:
+        """(record, generation, from the cache)."""
+        if not fresh:
+            with self._cache_lock:
+                hit = self._cache.get(job_id)
+            if hit is not None:
+                return hit[0], hit[1], True
+        job, gen = self.store.load(job_id)
+        self._remember(job_id, job, gen)
+        return job, gen, False
+
+    def _save(self, job: Job, gen: int) -> int:
+        try:
+            new_gen = self.store.save(job, gen)
+        except ConflictError:
+            self._remember(job.job_id, None, 0)
+            raise
+        self._remember(job.job_id, job, new_gen)
+        return new_gen
+
+    def _remember(self, job_id: str, job: Job | None, gen: int) -> None:
+        with self._cache_lock:
+            self._cache.pop(job_id, None)
+            if job is not None:
+                self._cache[job_id] = (job, gen)
+                if len(self._cache) > self.policy.cached_records:
+                    self._cache.popitem(last=False)
+
     def _settle(self, job: Job, gen: int, now: float) -> tuple[Job, int, list[Action]]:
         """Take over intent whose lease ran out and carry it out."""
         job = replace(job, pending_lease_until=now + self.policy.lease_s)
-        gen = self.store.save(job, gen)  # a conflict means someone else took it: reload
+        gen = self._save(job, gen)  # a conflict means someone else took it: reload
         return self._act(job, gen, [action_from_dict(d) for d in job.pending], now)
 
     def _act(self, job: Job, gen: int, actions: list[Action], now: float) -> tuple[Job, int, list[Action]]:
@@ -185,7 +234,7 @@ class Service:
     def _save_held(self, job: Job, gen: int) -> int:
         """Save a record whose lease we hold; losing it means another handler took over."""
         try:
-            return self.store.save(job, gen)
+            return self._save(job, gen)
         except ConflictError as e:
             raise Retryable(f"job {job.job_id}: intent was taken over by another delivery") from e
 
@@ -268,7 +317,10 @@ class Service:
         )
 
     def _load_all(self) -> dict[str, tuple[Job | None, int]]:
-        return {job_id: self.store.load(job_id) for job_id in self.store.list_ids()}
+        records = {job_id: self.store.load(job_id) for job_id in self.store.list_ids()}
+        for job_id, (job, gen) in records.items():
+            self._remember(job_id, job, gen)
+        return records
 
     def _list(self, zones: set[tuple[str, str]]) -> dict[str, list[Observed]]:
         """respawn's machines in these (kind, zone)s, grouped by job id (from the deterministic name)."""

@@ -395,3 +395,34 @@ def test_one_json_line_per_handled_event_without_env_values(caplog: pytest.LogCa
         {"kind": "create", "job_id": "llm", "attempt": 2, "machine": "llm-a2", "zone": A, "deadline": DEADLINE},
     ]
     assert "s3cr3t" not in caplog.text and "t0ps3cret" not in caplog.text
+
+
+# -- the record cache: two function instances on one store ---------------------------------------------------------
+
+
+def test_a_stale_cached_record_never_drops_an_event() -> None:
+    """Instance A cached attempt 1; instance B moved the job to attempt 2; A still applies attempt 2's `started`."""
+    w = running()
+    other = Service(w.store, {"tpu": w.provider}, w.clock, POLICY)
+    other.handle(preemption(w))  # B: attempt 1 preempted, attempt 2 created
+    assert w.store.job("llm").current.n == 2
+    outcome = w.handle(TrainerStarted("started-2", T0 + 200, "llm", 2))  # A decides on a fresh read, not its cache
+    assert outcome.result == "applied"
+    job = w.store.job("llm")
+    assert job.status is Status.RUNNING and job.current.n == 2 and job.current.started_at is not None
+
+
+def test_a_stale_cached_record_loses_its_write_and_decides_again() -> None:
+    w = running()
+    other = Service(w.store, {"tpu": w.provider}, w.clock, POLICY)
+    other.handle(CheckpointSaved("ckpt-1", T0 + 150, "llm", 1, 40))  # B writes: A's cached generation is now old
+    w.handle(CheckpointSaved("ckpt-2", T0 + 160, "llm", 1, 50))  # A's write conflicts, reloads, applies
+    job = w.store.job("llm")
+    assert job.current.last_step == 50 and {"ckpt-1", "ckpt-2"} <= set(job.seen_events)
+
+
+def test_the_cache_saves_the_read_of_an_event_that_writes() -> None:
+    w = running()
+    loads = w.store.loads
+    w.handle(CheckpointSaved("ckpt-1", T0 + 150, "llm", 1, 40))
+    assert w.store.loads == loads  # the cached generation was current: the compare-and-set proved it
