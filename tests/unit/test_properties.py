@@ -1,0 +1,528 @@
+"""The service over random event histories (SPEC 8): nothing lost, nothing duplicated, counters exact.
+
+A small world: three jobs (two on Cloud TPU, one on Spot GPU VMs) with their
+zones, one FakeProvider per machine kind (its machines are the truth about the
+cloud), an InMemoryJobStore and a FakeClock. Hypothesis plays random histories
+of submits, rejected messages, cancels, preemptions (a GCE entry naming the VM,
+or a TPU zone wake-up; sometimes the notice is lost), trainer entries for
+current and older attempts, re-deliveries of anything published earlier,
+deliveries in any order and at any later time, compare-and-set conflicts, a
+crash at any mutating step of a handler (the crashed delivery is redelivered
+later or lost), capacity running out in any or every zone, transient and
+permanent API errors, sweeps, and the clock running past leases, backoffs,
+stuck-creation limits and TTLs.
+
+Checked on every record write: a legal status transition, terminal statuses
+never left (except REJECTED -> PROVISIONING on a valid resubmit), ended attempts
+never reopened, counters that tally the attempts' end reasons, and every
+counted preemption or failure caused by the world (a preempted machine, a
+trainer `failed` entry). After every step: at most one live machine per job,
+no machine without a record that asked for it, and a record without intent in
+flight owns every live machine of its job. After every acknowledged delivery:
+the same event again changes nothing, an older attempt's event changes nothing,
+a preemption or failure of the live attempt is counted exactly once (and never
+as the other), completion, cancel and TTL expiry end the job with its machine
+deleted. At the end of each history every job reaches a terminal status with
+no machine left once the clock passes the TTLs and one sweep runs.
+
+Examples are derandomized (the same histories on every run). Explore new ones with
+`RESPAWN_EXPLORE=2000 .venv/bin/pytest tests/unit/test_properties.py`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, FakeProvider, InMemoryJobStore
+from hypothesis import event as tally
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from respawn.decide import Policy
+from respawn.events import (
+    CancelRequested,
+    CheckpointSaved,
+    Event,
+    JobRejected,
+    JobSubmitted,
+    MachinePreempted,
+    SweepTicked,
+    TrainerCompleted,
+    TrainerFailed,
+    TrainerStarted,
+    ZoneWokeUp,
+)
+from respawn.model import (
+    LEGAL_TRANSITIONS,
+    GpuMachine,
+    Job,
+    JobSpec,
+    MachineState,
+    Status,
+    TpuMachine,
+    machine_name,
+    parse_machine_name,
+)
+from respawn.ports import Machine, PermanentError, TransientError
+from respawn.service import Outcome, Retryable, Service
+
+pytestmark = pytest.mark.slow  # ~12 s: 150 histories of up to 150 steps
+
+A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
+T0 = 1_000_000.0
+POLICY = Policy()
+LIVE = (MachineState.CREATING, MachineState.READY)
+COUNTED_AS_PREEMPTION = ("preempted", "lost")
+NO_CAPACITY = ("capacity", "stuck")
+CREATE_FAILED = ("capacity", "error")
+
+
+TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")
+GPU = GpuMachine("g2-standard-8", "nvidia-l4", 1)
+
+
+def _spec(job_id: str, machine: TpuMachine | GpuMachine, zones: tuple[str, ...], ttl_s: int, **limits: int) -> JobSpec:
+    image, uri = "us-docker.pkg.dev/p/r/trainer:1", f"gs://b/runs/{job_id}"
+    return replace(JobSpec(job_id, machine, zones, image, uri, ttl_s=ttl_s), **limits)
+
+
+SPECS = {  # short TTLs so that histories reach them; bert fails at its second preemption
+    "llm": _spec("llm", TPU, (A, B), 3600, max_failures=2),
+    "bert": _spec("bert", TPU, (B, C, A), 1800, max_failures=3, max_preemptions=1),
+    "vit": _spec("vit", GPU, (A, C), 7200, max_failures=1),
+}
+JOB_IDS = st.sampled_from(sorted(SPECS))
+PICK = st.integers(0, 1 << 16)
+
+
+@pytest.fixture(autouse=True)
+def quiet_service_log() -> Iterator[None]:
+    """Thousands of handled events: keep only errors in the captured log."""
+    logger = logging.getLogger("respawn")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+def peek(store: InMemoryJobStore, job_id: str) -> tuple[Job | None, int]:
+    """The stored record, without consuming the store's injected errors."""
+    errors, store.errors = store.errors, []
+    try:
+        return store.load(job_id)
+    finally:
+        store.errors = errors
+
+
+def live_attempt(job: Job | None) -> int | None:
+    """The attempt number that holds (or is getting) a machine, per the record."""
+    if job is None or job.status.terminal or job.current is None or job.current.ended:
+        return None
+    return job.current.n
+
+
+def event_job(event: Event) -> str | None:
+    if isinstance(event, JobSubmitted):
+        return event.spec.job_id
+    return getattr(event, "job_id", None)
+
+
+class CheckedStore:
+    """The store the service writes through: every write is checked against the record it replaces."""
+
+    def __init__(self, store: InMemoryJobStore, world: ServiceUnderChaos) -> None:
+        self.store, self.world = store, world
+
+    def load(self, job_id: str) -> tuple[Job | None, int]:
+        return self.store.load(job_id)
+
+    def save(self, job: Job, generation: int) -> int:
+        old, _ = peek(self.store, job.job_id)
+        new_generation = self.store.save(job, generation)
+        self.world.check_write(old, job)
+        return new_generation
+
+    def list_ids(self) -> list[str]:
+        return self.store.list_ids()
+
+
+class ServiceUnderChaos(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock(T0)
+        self.store = InMemoryJobStore()
+        self.checked = CheckedStore(self.store, self)
+        self.providers = {"tpu": FakeProvider(), "gpu": FakeProvider()}
+        self.service = Service(self.checked, self.providers, self.clock, POLICY)
+        self.ids = itertools.count(1)
+        self.inbox: list[Event] = []  # published, not yet acknowledged
+        self.published: list[Event] = []  # everything ever published: Pub/Sub may deliver any of it again
+        self.preempted: set[str] = set()  # machines the world preempted (or deleted on preemption)
+        self.failed: set[tuple[str, int]] = set()  # (job, attempt) whose trainer wrote a `failed` entry
+        self.accepted: set[str] = set()  # jobs whose submit was acknowledged
+        self.must_succeed: set[str] = set()  # jobs whose live attempt's `completed` was acknowledged
+        self.running: set[str] = set()  # machines ever seen READY after a delivery
+
+    # -- the world publishes ------------------------------------------------------------------------------------------
+
+    def eid(self, kind: str) -> str:
+        return f"{kind}-{next(self.ids)}"
+
+    def publish(self, event: Event) -> None:
+        self.inbox.append(event)
+        self.published.append(event)
+
+    def machines(self) -> list[tuple[str, Machine]]:
+        return [(kind, m) for kind, p in sorted(self.providers.items()) for _, m in sorted(p.machines.items())]
+
+    def ran(self) -> list[tuple[str, int]]:
+        """(job, attempt) of every machine that ever ran a trainer."""
+        return [parsed for name in sorted(self.running) if (parsed := parse_machine_name(name)) is not None]
+
+    @initialize(jobs=st.sets(JOB_IDS, min_size=1))
+    def submit_some(self, jobs: set[str]) -> None:
+        for job in sorted(jobs):
+            self.submit(job)
+
+    @rule(job=JOB_IDS)
+    def submit(self, job: str) -> None:
+        self.publish(JobSubmitted(self.eid("submit"), self.clock.now(), SPECS[job]))
+
+    @rule(job=JOB_IDS, cancel=st.booleans())
+    def cancel_or_reject(self, job: str, cancel: bool) -> None:
+        """The user cancels a job, or sends an invalid message with its job id."""
+        if cancel:
+            self.publish(CancelRequested(self.eid("cancel"), self.clock.now(), job))
+        else:
+            error = 'job message: field "zones": expected a list, got a string; allowed: a list of zones'
+            self.publish(JobRejected(self.eid("rejected"), self.clock.now(), job, error))
+
+    @precondition(lambda self: any(m.state in LIVE for _, m in self.machines()))
+    @rule(pick=PICK, notify=st.booleans(), vanish=st.booleans())
+    def preempt(self, pick: int, notify: bool, vanish: bool) -> None:
+        """The cloud takes a live machine back; a notice follows, or is lost (then only the sweep can tell)."""
+        live = [(kind, m) for kind, m in self.machines() if m.state in LIVE]
+        kind, m = live[pick % len(live)]
+        parsed = parse_machine_name(m.name)
+        assert parsed is not None
+        job, n = parsed
+        self.preempted.add(m.name)
+        now = self.clock.now()
+        if kind == "tpu":  # the node is PREEMPTED; its hidden worker VM's system event names no node
+            self.providers[kind].set_state(m.name, MachineState.PREEMPTED)
+            if notify:
+                self.publish(ZoneWokeUp(self.eid("wake"), now, m.zone, "p", f"t1v-n-{pick:x}-w-0"))
+            return
+        if vanish:  # instanceTerminationAction=DELETE
+            self.providers[kind].vanish(m.name)
+        else:
+            self.providers[kind].set_state(m.name, MachineState.TERMINATED)
+        if notify:
+            cause = "preempted" if vanish else "hostError"
+            self.publish(MachinePreempted(self.eid("preempted"), now, job, n, m.name, m.zone, "p", cause))
+
+    @precondition(lambda self: self.running)
+    @rule(pick=PICK, kind=st.sampled_from(["started", "checkpoint", "completed", "failed"]), old=st.booleans())
+    def trainer(self, pick: int, kind: str, old: bool) -> None:
+        """A trainer entry from a running machine, or (old) from any machine that ever ran: a late entry."""
+        running = [parse_machine_name(m.name) for _, m in self.machines() if m.state is MachineState.READY]
+        pool = self.ran() if old and kind != "failed" else [p for p in running if p is not None]
+        if not pool:
+            return
+        job, n = pool[pick % len(pool)]
+        now, event_id = self.clock.now(), self.eid(kind)
+        if kind == "started":
+            self.publish(TrainerStarted(event_id, now, job, n, restored_step=pick % 50))
+        elif kind == "checkpoint":
+            self.publish(CheckpointSaved(event_id, now, job, n, pick % 1000))
+        elif kind == "completed":
+            self.publish(TrainerCompleted(event_id, now, job, n, 1000, {"final_loss": 2.0}))
+        else:
+            self.failed.add((job, n))
+            self.publish(TrainerFailed(event_id, now, job, n, "FloatingPointError: loss is nan"))
+
+    @rule()
+    def sweep(self) -> None:
+        self.publish(SweepTicked(self.eid("tick"), self.clock.now()))
+
+    @precondition(lambda self: self.published)
+    @rule(pick=PICK)
+    def redeliver(self, pick: int) -> None:
+        """Pub/Sub delivers a message again (at-least-once), now or later."""
+        self.inbox.append(self.published[pick % len(self.published)])
+
+    # -- the world's weather ------------------------------------------------------------------------------------------
+
+    @rule(seconds=st.sampled_from([1, 20, 45, 61, 120, 301, 600, 901]))
+    def advance(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+
+    @rule(
+        kind=st.sampled_from(["tpu", "gpu"]), zone=st.sampled_from([A, B, C]), left=st.sampled_from([0, 0, 1, 2, None])
+    )
+    def capacity(self, kind: str, zone: str, left: int | None) -> None:
+        """Creates that still succeed in the zone (None: unlimited)."""
+        capacity = self.providers[kind].capacity
+        if left is None:
+            capacity.pop(zone, None)
+        else:
+            capacity[zone] = left
+
+    @rule(conflicts=st.integers(1, 3))
+    def conflict(self, conflicts: int) -> None:
+        """Another writer wins the next compare-and-sets."""
+        self.store.conflicts = conflicts
+
+    @rule(
+        where=st.sampled_from(
+            ["store", "tpu.create", "tpu.delete", "tpu.list", "gpu.create", "gpu.delete", "gpu.list", "403"]
+        )
+    )
+    def api_error(self, where: str) -> None:
+        """The next call fails: transiently (503: redelivered later), or for good (403: the job fails)."""
+        if where == "403":
+            for p in self.providers.values():
+                p.fail_next("create", PermanentError("403 the service account lacks permission"))
+            return
+        error = TransientError(f"503 backend error ({where})")
+        if where == "store":
+            self.store.errors.append(error)
+        else:
+            kind, method = where.split(".")
+            self.providers[kind].fail_next(method, error)
+
+    # -- deliveries ---------------------------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.inbox)
+    @rule(picks=st.lists(PICK, min_size=1, max_size=3))
+    def deliver(self, picks: list[int]) -> None:
+        """Deliver some waiting messages, in any order."""
+        for pick in picks:
+            if self.inbox:
+                self.handle(self.inbox.pop(pick % len(self.inbox)))
+
+    @precondition(lambda self: self.inbox)
+    @rule(pick=PICK, at=st.integers(1, 6), before=st.booleans(), lost=st.booleans())
+    def deliver_and_crash(self, pick: int, at: int, before: bool, lost: bool) -> None:
+        """The handler dies at its `at`-th mutating call; Pub/Sub redelivers the message later, or it is lost."""
+        event = self.inbox.pop(pick % len(self.inbox))
+        plan = CrashPlan(at=at, before=before)
+        crashing = {kind: CrashingProvider(p, plan) for kind, p in self.providers.items()}
+        try:
+            self.handle(event, Service(CrashingStore(self.checked, plan), crashing, self.clock, POLICY))
+        except Crash:
+            if not lost:
+                self.inbox.append(event)
+
+    def handle(self, event: Event, service: Service | None = None) -> None:
+        """Deliver once: acknowledged, or back in the inbox on Retryable. Then check what the delivery did."""
+        before = {job_id: peek(self.store, job_id) for job_id in SPECS}
+        states = {m.name: m.state for _, m in self.machines()}
+        calls = {kind: len(p.calls) for kind, p in self.providers.items()}
+        try:
+            outcome = (service or self.service).handle(event)
+        except Retryable:
+            self.inbox.append(event)
+            return
+        finally:
+            self.running |= {m.name for _, m in self.machines() if m.state is MachineState.READY}
+        if isinstance(event, JobSubmitted):
+            self.accepted.add(event.spec.job_id)
+        for job_id, (old, generation) in before.items():
+            touched = [
+                (method, name)
+                for kind, p in self.providers.items()
+                for method, name, _ in p.calls[calls[kind] :]
+                if (parse_machine_name(name) or ("",))[0] == job_id
+            ]
+            self.check_delivery(event, outcome, job_id, old, generation, states, touched)
+
+    # -- checks -------------------------------------------------------------------------------------------------------
+
+    def check_delivery(
+        self,
+        event: Event,
+        outcome: Outcome,
+        job_id: str,
+        old: Job | None,
+        generation: int,
+        states: dict[str, MachineState],
+        touched: list[tuple[str, str]],
+    ) -> None:
+        """What one acknowledged delivery did to one job whose record had no intent in flight."""
+        new, new_generation = peek(self.store, job_id)
+        unchanged = new_generation == generation and not touched
+        if old is None or old.pending:
+            return
+        assert new is not None
+        now, live = self.clock.now(), live_attempt(old)
+        concerns = event_job(event) == job_id
+        if isinstance(event, SweepTicked):
+            concerns = not old.status.terminal
+        elif isinstance(event, ZoneWokeUp):
+            concerns = live is not None and old.current is not None and old.current.zone == event.zone
+        if not concerns:
+            if not isinstance(event, (SweepTicked, ZoneWokeUp)):
+                assert unchanged, f"{event} touched {job_id}"
+            return
+        many = isinstance(event, (SweepTicked, ZoneWokeUp))  # observed per job as EVENT_ID/JOB_ID
+        if (f"{event.event_id}/{job_id}" if many else event.event_id) in old.seen_events:
+            quiet = many or outcome.result == ("rejected" if isinstance(event, JobRejected) else "duplicate")
+            assert unchanged and quiet, f"the same {event} twice had a second effect"
+            return
+        if not old.status.terminal and now >= old.deadline:
+            assert new.status is Status.EXPIRED, f"{job_id} past its ttl is {new.status} after {event}"
+            assert not self.live_machines(job_id)
+            return
+        attempt = getattr(event, "attempt", None)
+        if attempt is not None and old.current is not None and attempt < old.current.n:
+            assert unchanged and outcome.result == "stale", f"{event} for an older attempt changed {job_id}"
+            return
+        before, after = old.counters, new.counters
+        ended = {a.n: a.end_reason for a in new.attempts}
+        if isinstance(event, (TrainerFailed, MachinePreempted)) and live is not None and attempt == live:
+            failed = isinstance(event, TrainerFailed)
+            assert ended[live] == ("failed" if failed else "preempted"), (event, ended)
+            assert after.failures == before.failures + failed
+            assert after.preemptions == before.preemptions + (not failed)
+            return
+        if isinstance(event, (SweepTicked, ZoneWokeUp)) and live is not None and old.current is not None:
+            current = old.current
+            state = states.get(current.machine)
+            gone = state is None and now - current.requested_at >= POLICY.lost_grace_s
+            if state in (MachineState.PREEMPTED, MachineState.TERMINATED) or gone:
+                assert ended[live] == ("lost" if gone else "preempted"), (event, job_id, state, ended)
+                assert after.preemptions == before.preemptions + 1
+        else:
+            assert after.preemptions == before.preemptions, f"{event} counted a preemption of {job_id}"
+        assert after.failures == before.failures, f"{event} counted a failure of {job_id}"
+        if isinstance(event, TrainerCompleted) and live is not None and attempt == live:
+            assert new.status is Status.SUCCEEDED and not self.live_machines(job_id)
+            self.must_succeed.add(job_id)
+        if isinstance(event, CancelRequested) and not old.status.terminal:
+            assert new.status is Status.CANCELLED and not self.live_machines(job_id)
+
+    def check_write(self, old: Job | None, new: Job) -> None:
+        """One record write: legal, consistent with the record it replaces, and every count caused by the world."""
+        was = old.status if old is not None else None
+        assert new.status == was or new.status in LEGAL_TRANSITIONS[was], f"{new.job_id}: {was} -> {new.status}"
+        n = [a.n for a in new.attempts]
+        assert n == list(range(1, len(n) + 1)), f"{new.job_id}: attempts {n}"
+        assert all(a.ended for a in new.attempts[:-1]), f"{new.job_id}: an attempt before the last is not over"
+        assert all(a.machine == machine_name(new.job_id, a.n) for a in new.attempts)
+        if new.status.terminal:
+            assert live_attempt(new) is None
+        if new.status in (Status.PROVISIONING, Status.RUNNING, Status.RECOVERING):
+            assert new.current is not None and not new.current.ended, f"{new.job_id}: {new.status} without a machine"
+        if new.status is Status.RUNNING:
+            assert new.current is not None and new.current.started_at is not None
+        if new.status is Status.PENDING:
+            assert live_attempt(new) is None and new.next_attempt_at is not None
+        assert not new.pending or new.pending_lease_until is not None
+        reasons = [a.end_reason for a in new.attempts]
+        counters = new.counters
+        assert counters.preemptions == sum(r in COUNTED_AS_PREEMPTION for r in reasons), (counters, reasons)
+        assert counters.failures == reasons.count("failed"), (counters, reasons)
+        assert counters.capacity_errors == sum(r in NO_CAPACITY for r in reasons), (counters, reasons)
+        if new.spec is not None:
+            over_failures = counters.failures >= new.spec.max_failures
+            limit = new.spec.max_preemptions
+            over_preemptions = limit is not None and counters.preemptions > limit
+            assert new.status.terminal or not (over_failures or over_preemptions), f"{new.job_id}: {counters}"
+            if new.status is Status.FAILED:
+                assert over_failures or over_preemptions or "error" in reasons, f"{new.job_id}: {new.reason}"
+        for a in new.attempts:
+            if a.end_reason in COUNTED_AS_PREEMPTION:
+                assert a.machine in self.preempted, f"{a.machine} counted as {a.end_reason}; the cloud never took it"
+            if a.end_reason == "failed":
+                assert (new.job_id, a.n) in self.failed, f"{a.machine} counted as failed; its trainer never said so"
+        if new.spec is not None:  # where the next machine goes: the same zone, or the next after no capacity
+            zones = new.spec.zones
+            assert not new.attempts or new.attempts[0].zone == zones[0]
+            for a, b in itertools.pairwise(new.attempts):
+                walk = a.end_reason in NO_CAPACITY
+                want = zones[(zones.index(a.zone) + 1) % len(zones)] if walk else a.zone
+                assert b.zone == want, f"{b.machine} in {b.zone} after {a.machine} ended {a.end_reason} in {a.zone}"
+        if old is None or old.status is Status.REJECTED:
+            return
+        if old.status is Status.PENDING and len(new.attempts) > len(old.attempts):
+            assert old.next_attempt_at is not None and self.clock.now() >= old.next_attempt_at, "created before backoff"
+        assert new.spec == old.spec and new.submitted_at == old.submitted_at
+        now_by_n = {a.n: a for a in new.attempts}
+        for a in old.attempts:
+            b = now_by_n.get(a.n)
+            assert b is not None and (b.zone, b.requested_at) == (a.zone, a.requested_at), f"attempt {a} was rewritten"
+            if a.ended:
+                assert (b.ended_at, b.end_reason) == (a.ended_at, a.end_reason), f"ended attempt {a} became {b}"
+            assert b.machine_deleted or not a.machine_deleted
+        assert counters.preemptions >= old.counters.preemptions and counters.failures >= old.counters.failures
+
+    def live_machines(self, job_id: str) -> list[str]:
+        return [m.name for _, m in self.machines() if m.state in LIVE and m.name.startswith(f"{job_id}-a")]
+
+    @invariant()
+    def the_cloud_matches_the_records(self) -> None:
+        records = {job_id: peek(self.store, job_id)[0] for job_id in SPECS}
+        for job_id, job in records.items():
+            live = self.live_machines(job_id)
+            assert len(live) <= 1, f"{job_id} has live machines {live}"
+            if job is not None and not job.pending:
+                # A create that failed (a 403 after an earlier try of it succeeded) may leave its machine: the
+                # record counts it as never made, and the next sweep deletes it as an orphan.
+                allowed = [a.machine for a in job.attempts if a.n == live_attempt(job) or a.end_reason in CREATE_FAILED]
+                assert set(live) <= set(allowed), f"{job_id} ({job.status}) leaks {live}"
+        for kind, m in self.machines():
+            parsed = parse_machine_name(m.name)
+            assert parsed is not None
+            job = records[parsed[0]]
+            assert job is not None and job.spec is not None and job.spec.machine.kind == kind, m
+            assert job.current is not None and parsed[1] <= job.current.n, f"{m.name} exists; the record never asked"
+
+    # -- the end of every history -------------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Calm weather, every pending message delivered, the clock past every TTL, one sweep: all settled."""
+        if sys.exc_info()[0] is not None:  # a step already failed: report that, not this
+            return
+        self.store.conflicts, self.store.errors = 0, []
+        for p in self.providers.values():
+            p.errors.clear()
+        for _ in range(3):
+            self.clock.advance(POLICY.lease_s + 1)
+            inbox, self.inbox = self.inbox, []
+            for event in inbox:
+                self.handle(event)
+            if not self.inbox:
+                break
+        assert not self.inbox, f"still retried after the leases ran out: {self.inbox}"
+        records = {job_id: peek(self.store, job_id)[0] for job_id in SPECS}
+        self.clock.t = max([self.clock.t, *(j.deadline for j in records.values() if j is not None)]) + 1
+        self.service.handle(SweepTicked("final-tick", self.clock.now()))
+        self.the_cloud_matches_the_records()
+        for job_id, job in ((j, peek(self.store, j)[0]) for j in SPECS):
+            assert job is not None or job_id not in self.accepted, f"{job_id} was accepted and lost"
+            if job is None:
+                continue
+            assert job.status.terminal and not job.pending, f"{job_id} is stuck in {job.status}: {job.reason}"
+            tally(f"ended {job.status.value}")
+            tally(f"{min(job.counters.preemptions, 3)} preemptions, {job.counters.failures} failures counted")
+            if job_id in self.must_succeed:
+                assert job.status is Status.SUCCEEDED, f"{job_id} completed but is {job.status}"
+        assert self.machines() == [], f"machines left after the ttl: {self.machines()}"
+
+
+EXPLORE = int(os.environ.get("RESPAWN_EXPLORE", "0"))
+ServiceUnderChaos.TestCase.settings = settings(
+    max_examples=EXPLORE or 150,
+    stateful_step_count=150,
+    derandomize=not EXPLORE,
+    deadline=None,
+)
+TestServiceUnderChaos = ServiceUnderChaos.TestCase
