@@ -19,8 +19,9 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 import requests
@@ -28,6 +29,22 @@ import requests
 ACK_DEADLINE_S = 60
 MIN_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 10.0
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One push of the in-process bus, as its observer sees it (times are seconds since the epoch)."""
+
+    topic: str
+    body: Mapping[str, object]  # the push body: {"message": {...}, "subscription": ...}
+    due: float  # when it was due: its publication, or the end of its redelivery backoff
+    sent: float  # the POST started (a free pusher took it)
+    done: float  # the answer arrived, or the connection failed
+    status: int  # the HTTP status; 0 for a connection error
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
 
 
 class Bus(Protocol):
@@ -77,13 +94,21 @@ class EmulatorBus:
 class InProcessBus:
     """At-least-once push delivery without the emulator: POST, and redeliver with backoff until a 2xx."""
 
-    def __init__(self, project: str, endpoints: Mapping[str, str], copies: int = 1, workers: int = 32) -> None:
+    def __init__(
+        self,
+        project: str,
+        endpoints: Mapping[str, str],
+        copies: int = 1,
+        workers: int = 32,
+        on_delivery: Callable[[Delivery], None] | None = None,
+    ) -> None:
         self.project = project
+        self.on_delivery = on_delivery
         self.endpoints = dict(endpoints)
         self.copies = copies
         self._ids = itertools.count(1)
         self._seq = itertools.count()
-        self._due: list[tuple[float, int, str, Mapping[str, object], float]] = []
+        self._due: list[tuple[float, int, str, Mapping[str, object], float, float]] = []
         self._cv = threading.Condition()
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="push")
@@ -110,7 +135,8 @@ class InProcessBus:
 
     def _schedule(self, delay: float, topic: str, body: Mapping[str, object], backoff: float) -> None:
         with self._cv:
-            heapq.heappush(self._due, (time.monotonic() + delay, next(self._seq), topic, body, backoff))
+            due = (time.monotonic() + delay, next(self._seq), topic, body, backoff, time.time() + delay)
+            heapq.heappush(self._due, due)
             self._cv.notify()
 
     def _run(self) -> None:
@@ -120,14 +146,18 @@ class InProcessBus:
                     self._cv.wait(timeout=(self._due[0][0] - time.monotonic()) if self._due else None)
                 if self._closed:
                     return
-                _, _, topic, body, backoff = heapq.heappop(self._due)
-            self._pool.submit(self._deliver, topic, body, backoff)
+                _, _, topic, body, backoff, due = heapq.heappop(self._due)
+            self._pool.submit(self._deliver, topic, body, backoff, due)
 
-    def _deliver(self, topic: str, body: Mapping[str, object], backoff: float) -> None:
+    def _deliver(self, topic: str, body: Mapping[str, object], backoff: float, due: float) -> None:
+        sent = time.time()
         try:
-            ok = requests.post(self.endpoints[topic], json=body, timeout=ACK_DEADLINE_S).ok
+            status = requests.post(self.endpoints[topic], json=body, timeout=ACK_DEADLINE_S).status_code
         except requests.RequestException:
-            ok = False
+            status = 0
+        ok = 200 <= status < 300
+        if self.on_delivery is not None:
+            self.on_delivery(Delivery(topic, body, due, sent, time.time(), status))
         if not ok and not self._closed:
             self._schedule(backoff, topic, body, min(backoff * 2, MAX_BACKOFF_S))
 

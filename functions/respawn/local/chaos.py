@@ -1,10 +1,11 @@
 """Chaos for the local cloud: preemptions at fixed times or at a seeded mean time between interruptions.
 
 `--preempt-at 40s,80s` counts from the moment the job message is published. At
-each time the machine that is READY is preempted; when none is READY yet (the
-replacement is still being created), the preemption waits for the next one that
-becomes READY. `--mtbi 60s` gives every machine a lifetime drawn from a seeded
-exponential distribution, counted from the moment it becomes READY.
+each time the machine that is READY is preempted (with many jobs, one READY
+machine drawn at random, seeded); when none is READY yet (the replacement is
+still being created), the preemption waits for the next one that becomes READY.
+`--mtbi 60s` gives every machine a lifetime drawn from a seeded exponential
+distribution, counted from the moment it becomes READY.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Chaos:
         self._at = list(at or [])
         self._mtbi = mtbi
         self._rng = random.Random(seed)
+        self._pick = random.Random(f"pick-{seed}")  # its own stream: --mtbi draws do not depend on the picks
         self._deadlines: dict[str, float] = {}
         self._tick = tick
         self._stop = threading.Event()
@@ -88,7 +90,7 @@ class Chaos:
         chosen: list[str] = []
         if self._at and now - self._t0 >= self._at[0] and live:
             self._at.pop(0)
-            chosen.append(live[-1][0])
+            chosen.append(live[0][0] if len(live) == 1 else self._pick.choice(live)[0])
         if self._mtbi:
             for name, ready_at in live:
                 if name not in self._deadlines:

@@ -8,7 +8,9 @@
   Cloud Scheduler        a sweep tick every few seconds (scheduler.py)
   chaos                  preemptions at fixed times or a seeded MTBI (chaos.py)
 
-Everything is started in `run()` and torn down in its `finally`, whatever happens.
+`run()` takes one job through it (`respawn local run`). For many jobs (bench/load_test.py):
+`with LocalCloud(...) as cloud: cloud.start(buckets); cloud.start_chaos(t0); cloud.submit(message) ...`.
+Everything started is torn down on exit, whatever happens, the trainers first.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from respawn.local.bus import Bus, EmulatorBus, InProcessBus, push_endpoint
+from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
 from respawn.local.chaos import Chaos
 from respawn.local.cloudapi import CloudApiServer
 from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
@@ -54,6 +56,13 @@ class Options:
     timeout_s: float = 1800.0
     workdir: Path = Path(".respawn")
     progress_every_s: float = 5.0
+    bus: str = "auto"  # auto (the emulator when it can run) | emulator | in-process
+
+
+def checkpoint_buckets(messages: Iterable[dict[str, Any]]) -> list[str]:
+    """The buckets the jobs' `checkpoint_uri`s name (created in fake-gcs-server before the jobs run)."""
+    found = (re.match(r"gs://([^/]+)", str(m.get("checkpoint_uri", ""))) for m in messages)
+    return sorted({m.group(1) for m in found if m})
 
 
 @dataclass
@@ -67,9 +76,13 @@ class Outcome:
 
 
 class LocalCloud:
-    def __init__(self, options: Options, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, options: Options, say: Callable[[str], None], on_delivery: Callable[[Delivery], None] | None = None
+    ) -> None:
+        """`on_delivery` sees every push of the in-process bus (the emulator's pushes are not visible)."""
         self.o = options
         self.say = say
+        self.on_delivery = on_delivery
         self.run_dir = options.workdir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.timeline = Timeline(self.run_dir / "timeline.jsonl")
@@ -85,8 +98,22 @@ class LocalCloud:
         return env
 
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
+        """One job to a terminal status (`respawn local run`): start everything, submit, follow, settle, stop."""
         with self._stack:
-            return self._run(message, total_steps)
+            self.start(checkpoint_buckets([message]))
+            job_id = str(message["job_id"])
+            t0 = self.submit(message)
+            self.start_chaos(t0)
+            self.say(f"submitted {job_id} to {JOBS_TOPIC}; logs in {self.run_dir}")
+            job, timed_out = self._follow(self.store, job_id, t0, total_steps)
+            machines_left = len(self.server.machines()) if timed_out else self.settle()
+            return Outcome(job, self.timeline.events(), machines_left, timed_out, self.run_dir, self.bus_name)
+
+    def __enter__(self) -> LocalCloud:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
 
     def _start(self, what: str, start: Callable[[], Any], stop: Callable[[], Any]) -> Any:
         """Start a server, its stop registered first (a server that fails half-way is stopped too)."""
@@ -96,16 +123,18 @@ class LocalCloud:
         self.say(f"started {what} ({time.monotonic() - t:.1f}s)")
         return value
 
-    def _run(self, message: dict[str, Any], total_steps: int | None) -> Outcome:
+    def start(self, buckets: Iterable[str] = ()) -> None:
+        """Start every piece but chaos; `buckets` are created next to the state bucket (the checkpoint buckets).
+
+        Used as a context manager (`with LocalCloud(...) as cloud: cloud.start(); cloud.submit(...)`), everything
+        started here is stopped on exit, trainers first."""
         o, tl = self.o, self.timeline
         self._stack.callback(tl.close)
         gcs = FakeGcs()
         self._start("fake-gcs-server", gcs.start, gcs.stop)
         self._stack.enter_context(patched_env({**gcs.env(), "GOOGLE_CLOUD_PROJECT": PROJECT}))
-        gcs.create_bucket(STATE_BUCKET)
-        ckpt_bucket = re.match(r"gs://([^/]+)", str(message.get("checkpoint_uri", "")))
-        if ckpt_bucket:
-            gcs.create_bucket(ckpt_bucket.group(1))
+        for bucket in (STATE_BUCKET, *buckets):
+            gcs.create_bucket(bucket)
 
         router: list[LogRouter] = []
         api: list[CloudApiServer] = []
@@ -155,25 +184,32 @@ class LocalCloud:
             JOBS_TOPIC: push_endpoint(fns.urls["on_job_message"], PROJECT, JOBS_TOPIC),
             EVENTS_TOPIC: push_endpoint(fns.urls["on_event"], PROJECT, EVENTS_TOPIC),
         }
-        bus, bus_name = self._bus(endpoints)
+        bus, self.bus_name = self._bus(endpoints)
         router.append(LogRouter(bus, EVENTS_TOPIC, tl))
         ticker = SweepTicker(bus, EVENTS_TOPIC, o.sweep_every_s).start()
         self._stack.callback(ticker.stop)
+        self._stack.callback(nodes.stop)  # teardown kills the trainers first (after chaos, started later)
 
         from respawn.adapters.gcs_store import GcsJobStore
 
-        store = GcsJobStore(STATE_BUCKET)
-        job_id = str(message["job_id"])
-        t0 = tl.add("submitted", job_id=job_id)["t"]
-        chaos = Chaos(ready=nodes.ready, preempt=nodes.preempt, t0=t0, at=o.preempt_at, mtbi=o.mtbi_s, seed=o.seed)
-        self._stack.callback(chaos.start().stop)
-        self._stack.callback(nodes.stop)  # teardown kills the trainers first
-        bus.publish(JOBS_TOPIC, json.dumps(message).encode(), {"job_id": job_id})
-        self.say(f"submitted {job_id} to {JOBS_TOPIC}; logs in {self.run_dir}")
+        self.gcs, self.server, self.nodes, self.functions = gcs, server, nodes, fns
+        self.bus, self.router, self.store = bus, router[0], GcsJobStore(STATE_BUCKET)
 
-        job, timed_out = self._follow(store, job_id, t0, total_steps)
-        machines_left = len(server.machines()) if timed_out else self._settle(server, nodes)
-        return Outcome(job, tl.events(), machines_left, timed_out, self.run_dir, bus_name)
+    def submit(self, message: dict[str, Any]) -> float:
+        """Publish one job message to the jobs topic; returns the time recorded as its submission."""
+        job_id = str(message["job_id"])
+        t = float(self.timeline.add("submitted", job_id=job_id)["t"])
+        self.bus.publish(JOBS_TOPIC, json.dumps(message).encode(), {"job_id": job_id})
+        return t
+
+    def start_chaos(self, t0: float) -> Chaos:
+        """Preemptions per the options (`preempt_at` counts from t0); stopped on exit before the trainers."""
+        o = self.o
+        chaos = Chaos(
+            ready=self.nodes.ready, preempt=self.nodes.preempt, t0=t0, at=o.preempt_at, mtbi=o.mtbi_s, seed=o.seed
+        )
+        self._stack.callback(chaos.start().stop)
+        return chaos
 
     def _dir(self, name: str) -> Path:
         path = self.run_dir / name
@@ -182,16 +218,17 @@ class LocalCloud:
 
     def _bus(self, endpoints: dict[str, str]) -> tuple[Bus, str]:
         copies = max(1, self.o.duplicate_deliveries)
-        problem = PubSubEmulator.missing()
-        if problem is None:
+        problem = PubSubEmulator.missing() if self.o.bus == "auto" else None
+        if self.o.bus == "emulator" or (self.o.bus == "auto" and problem is None):
             emulator = PubSubEmulator(project=PROJECT)
             self._start("Pub/Sub emulator", emulator.start, emulator.stop)
             self._stack.enter_context(patched_env(emulator.env()))
             bus: Bus = EmulatorBus(PROJECT, endpoints, copies)
             name = "pubsub-emulator"
         else:
-            self.say(f"notice: {problem}; using the in-process push bus instead")
-            bus = InProcessBus(PROJECT, endpoints, copies)
+            if problem:
+                self.say(f"notice: {problem}; using the in-process push bus instead")
+            bus = InProcessBus(PROJECT, endpoints, copies, on_delivery=self.on_delivery)
             name = "in-process"
         self._stack.callback(bus.close)
         return bus, name
@@ -205,10 +242,14 @@ class LocalCloud:
         def poll() -> None:
             nonlocal seen_calls
             calls = server.calls
+            created = False
             for call in calls[seen_calls:]:
                 if call.verb in ("create", "delete"):
                     self.timeline.add(f"{call.verb}_call", t=call.time, machine=call.name, zone=call.zone)
+                    created = created or call.verb == "create"
             seen_calls = len(calls)
+            if not created:  # a machine appears with its create call (the API records both under one lock)
+                return
             for m in server.machines():
                 if m.name not in known:
                     known.add(m.name)
@@ -249,12 +290,12 @@ class LocalCloud:
         self.say(f"timed out after {self.o.timeout_s:.0f}s")
         return (job.to_dict() if job else None), True
 
-    def _settle(self, server: CloudApiServer, nodes: Nodes, wait_s: float = 20.0) -> int:
-        """Give the control plane a moment to delete the last machine; returns how many are left."""
+    def settle(self, wait_s: float = 20.0) -> int:
+        """Give the control plane a moment to delete the last machines; returns how many are left."""
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and (server.machines() or nodes.alive()):
+        while time.monotonic() < deadline and (self.server.machines() or self.nodes.alive()):
             time.sleep(0.1)
-        return len(server.machines())
+        return len(self.server.machines())
 
 
 def _note(e: dict[str, Any], t0: float) -> str | None:
