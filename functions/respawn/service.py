@@ -58,6 +58,7 @@ log = logging.getLogger("respawn.service")
 DEFAULT_POLICY = Policy()
 
 Observed = tuple[str, str, MachineState]  # (machine name, zone, state)
+DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
 
 
 class Retryable(Exception):
@@ -269,15 +270,15 @@ class Service:
         return self._observe_all(tick.event_id, records, wanted | listing.keys(), listing, _spec_zones)
 
     def _wake(self, woke: ZoneWokeUp) -> Outcome:
-        """A system event somewhere in a zone: re-read the machines there for every job that may be affected."""
-        records = self._load_all()
+        """A system event on a TPU worker in a zone: act for the jobs whose machines there the API shows dead.
+
+        One listing per machine kind and a read of only the affected records; a job whose machine the API
+        does not show dead yet is the sweep's (it re-reads every job).
+        """
         listing = self._list({(kind, woke.zone) for kind in self.providers})
-        wanted = {
-            job_id
-            for job_id, (job, _) in records.items()
-            if job is not None and not job.status.terminal and job.current and job.current.zone == woke.zone
-        }
-        return self._observe_all(woke.event_id, records, wanted | listing.keys(), listing, lambda job: (woke.zone,))
+        hit = {job_id for job_id, machines in listing.items() if any(state in DEAD for _, _, state in machines)}
+        records = {job_id: self._load(job_id, fresh=True)[:2] for job_id in sorted(hit)}
+        return self._observe_all(woke.event_id, records, hit, listing, lambda job: (woke.zone,))
 
     def _observe_all(
         self,

@@ -426,3 +426,13 @@ def test_the_cache_saves_the_read_of_an_event_that_writes() -> None:
     loads = w.store.loads
     w.handle(CheckpointSaved("ckpt-1", T0 + 150, "llm", 1, 40))
     assert w.store.loads == loads  # the cached generation was current: the compare-and-set proved it
+
+
+def test_a_tpu_worker_event_reads_only_the_records_of_machines_the_api_shows_dead() -> None:
+    w = running()
+    for i in range(5):
+        w.handle(JobSubmitted(f"submit-other-{i}", w.clock.now(), spec(job_id=f"other-{i}")))
+    w.provider.set_state("llm-a1", MachineState.PREEMPTED)
+    loads = w.store.loads
+    outcome = w.handle(ZoneWokeUp("wake-a", w.clock.now(), A, "p", "t1v-n-2-w-0"))
+    assert outcome.job_ids == ("llm",) and w.store.loads - loads == 1
