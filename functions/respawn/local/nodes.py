@@ -208,7 +208,6 @@ class Nodes:
             trainer.proc.wait(timeout=5)
 
     def _read_stdout(self, trainer: Trainer, stream: IO[bytes], log: IO[bytes]) -> None:
-        m = trainer.machine
         for raw in stream:
             log.write(raw)
             try:
@@ -217,20 +216,24 @@ class Nodes:
                 continue
             if not isinstance(payload, dict) or "event" not in payload:
                 continue
-            now = time.time()
             trainer.last_word |= payload["event"] in ("completed", "failed", "stopped")
-            self.timeline.add("entry", t=now, machine=m.name, zone=m.zone, attempt=trainer.attempt, payload=payload)
-            self.route(
-                trainer_entry(
-                    payload,
-                    project=self.project,
-                    zone=m.zone,
-                    machine=m.name,
-                    job_id=str(payload.get("job_id") or trainer.job_id),
-                    attempt=int(payload.get("attempt") or trainer.attempt),
-                    now=now,
-                )
+            self._emit(trainer, payload)
+
+    def _emit(self, trainer: Trainer, payload: dict[str, Any]) -> None:
+        """Wrap a lifecycle payload into the LogEntry google-cloud-logging writes and hand it to the router."""
+        m, now = trainer.machine, time.time()
+        self.timeline.add("entry", t=now, machine=m.name, zone=m.zone, attempt=trainer.attempt, payload=payload)
+        self.route(
+            trainer_entry(
+                payload,
+                project=self.project,
+                zone=m.zone,
+                machine=m.name,
+                job_id=str(payload.get("job_id") or trainer.job_id),
+                attempt=int(payload.get("attempt") or trainer.attempt),
+                now=now,
             )
+        )
 
     def _read_stderr(self, trainer: Trainer, stream: IO[bytes], log: IO[bytes]) -> None:
         for raw in stream:
@@ -248,20 +251,9 @@ class Nodes:
         self.timeline.add("trainer_exit", machine=trainer.machine.name, attempt=trainer.attempt, code=code)
         if code != 0 and not (trainer.last_word or trainer.preempting or trainer.deleted or self._closed):
             # Killed without a word (OOM, segfault): the startup script logs the `failed` entry for it.
-            m = trainer.machine
-            payload = {"event": "failed", "job_id": trainer.job_id, "attempt": trainer.attempt}
-            payload["error"] = f"the trainer exited with code {code} without a lifecycle entry"
-            now = time.time()
-            self.route(
-                trainer_entry(
-                    payload,
-                    project=self.project,
-                    zone=m.zone,
-                    machine=m.name,
-                    job_id=trainer.job_id,
-                    attempt=trainer.attempt,
-                    now=now,
-                )
+            error = f"the trainer exited with code {code} without a lifecycle entry"
+            self._emit(
+                trainer, {"event": "failed", "job_id": trainer.job_id, "attempt": trainer.attempt, "error": error}
             )
 
     def alive(self) -> list[str]:
