@@ -2,19 +2,22 @@
 
 A small world: three jobs (two on Cloud TPU, one on Spot GPU VMs) with their
 zones, one FakeProvider per machine kind (its machines are the truth about the
-cloud), an InMemoryJobStore and a FakeClock. Hypothesis plays random histories
-of submits, rejected messages, cancels, preemptions (a GCE entry naming the VM,
-or a TPU zone wake-up; sometimes the notice is lost), trainer entries for
-current and older attempts, re-deliveries of anything published earlier,
-deliveries in any order and at any later time, compare-and-set conflicts, a
-crash at any mutating step of a handler (the crashed delivery is redelivered
-later or lost), capacity running out in any or every zone, transient and
-permanent API errors, sweeps, and the clock running past leases, backoffs,
-stuck-creation limits and TTLs.
+cloud), an InMemoryJobStore, a FakeClock and two function instances (each
+Service keeps its own cache of records). Hypothesis plays random histories of
+submits, rejected messages, cancels, preemptions (a GCE entry naming the VM, or
+a TPU zone wake-up; sometimes the notice is lost), creations that stall or
+fail, trainer entries for current and older attempts, re-deliveries of
+anything published earlier, deliveries in any order, at any later time, to
+either instance, compare-and-set conflicts, a crash at any mutating step of a
+handler (the crashed delivery is redelivered later or lost), capacity running
+out in any or every zone, transient and permanent API errors, sweeps, and the
+clock running past leases, backoffs, stuck-creation limits and TTLs.
 
 Checked on every record write: a legal status transition, terminal statuses
 never left (except REJECTED -> PROVISIONING on a valid resubmit), ended attempts
-never reopened, counters that tally the attempts' end reasons, and every
+never reopened, each replacement in the same zone (the next zone after no
+capacity, never before the backoff), max_failures and max_preemptions honoured,
+counters that tally the attempts' end reasons, and every
 counted preemption or failure caused by the world (a preempted machine, a
 trainer `failed` entry). After every step: at most one live machine per job,
 no machine without a record that asked for it, and a record without intent in
@@ -73,7 +76,7 @@ from respawn.model import (
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Retryable, Service
 
-pytestmark = pytest.mark.slow  # ~12 s: 150 histories of up to 150 steps
+pytestmark = pytest.mark.slow  # ~12 s: 300 histories of up to 100 steps
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
 T0 = 1_000_000.0
@@ -160,7 +163,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.store = InMemoryJobStore()
         self.checked = CheckedStore(self.store, self)
         self.providers = {"tpu": FakeProvider(), "gpu": FakeProvider()}
-        self.service = Service(self.checked, self.providers, self.clock, POLICY)
+        # Two function instances, each with its own cache of the records it last read or wrote.
+        self.instances = [Service(self.checked, self.providers, self.clock, POLICY) for _ in range(2)]
+        self.service = self.instances[0]
         self.ids = itertools.count(1)
         self.inbox: list[Event] = []  # published, not yet acknowledged
         self.published: list[Event] = []  # everything ever published: Pub/Sub may deliver any of it again
@@ -169,6 +174,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.accepted: set[str] = set()  # jobs whose submit was acknowledged
         self.must_succeed: set[str] = set()  # jobs whose live attempt's `completed` was acknowledged
         self.running: set[str] = set()  # machines ever seen READY after a delivery
+        self.spoke: set[str] = set()  # machines whose trainer wrote an entry
 
     # -- the world publishes ------------------------------------------------------------------------------------------
 
@@ -228,6 +234,16 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             cause = "preempted" if vanish else "hostError"
             self.publish(MachinePreempted(self.eid("preempted"), now, job, n, m.name, m.zone, "p", cause))
 
+    @precondition(lambda self: any(m.name not in self.spoke and m.state in LIVE for _, m in self.machines()))
+    @rule(pick=PICK, state=st.sampled_from([MachineState.CREATING, MachineState.READY, MachineState.FAILED]))
+    def slow_create(self, pick: int, state: MachineState) -> None:
+        """A machine whose trainer never spoke is still creating, comes up after all, or failed to come up."""
+        quiet = [(kind, m) for kind, m in self.machines() if m.name not in self.spoke and m.state in LIVE]
+        kind, m = quiet[pick % len(quiet)]
+        self.providers[kind].set_state(m.name, state)
+        if state is not MachineState.READY:  # no trainer ran there (yet)
+            self.running.discard(m.name)
+
     @precondition(lambda self: self.running)
     @rule(pick=PICK, kind=st.sampled_from(["started", "checkpoint", "completed", "failed"]), old=st.booleans())
     def trainer(self, pick: int, kind: str, old: bool) -> None:
@@ -238,6 +254,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             return
         job, n = pool[pick % len(pool)]
         now, event_id = self.clock.now(), self.eid(kind)
+        self.spoke.add(machine_name(job, n))
         if kind == "started":
             self.publish(TrainerStarted(event_id, now, job, n, restored_step=pick % 50))
         elif kind == "checkpoint":
@@ -301,12 +318,12 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     # -- deliveries ---------------------------------------------------------------------------------------------------
 
     @precondition(lambda self: self.inbox)
-    @rule(picks=st.lists(PICK, min_size=1, max_size=3))
-    def deliver(self, picks: list[int]) -> None:
-        """Deliver some waiting messages, in any order."""
-        for pick in picks:
+    @rule(picks=st.lists(st.tuples(PICK, st.sampled_from([0, 1])), min_size=1, max_size=3))
+    def deliver(self, picks: list[tuple[int, int]]) -> None:
+        """Deliver some waiting messages, in any order, each to either function instance."""
+        for pick, instance in picks:
             if self.inbox:
-                self.handle(self.inbox.pop(pick % len(self.inbox)))
+                self.handle(self.inbox.pop(pick % len(self.inbox)), self.instances[instance])
 
     @precondition(lambda self: self.inbox)
     @rule(pick=PICK, at=st.integers(1, 6), before=st.booleans(), lost=st.booleans())
@@ -396,7 +413,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         if isinstance(event, (SweepTicked, ZoneWokeUp)) and live is not None and old.current is not None:
             current = old.current
             state = states.get(current.machine)
-            gone = state is None and now - current.requested_at >= POLICY.lost_grace_s
+            # a sweep also replaces a machine the API no longer lists; a wake-up acts only on those it lists dead
+            age = now - current.requested_at
+            gone = isinstance(event, SweepTicked) and state is None and age >= POLICY.lost_grace_s
             if state in (MachineState.PREEMPTED, MachineState.TERMINATED) or gone:
                 assert ended[live] == ("lost" if gone else "preempted"), (event, job_id, state, ended)
                 assert after.preemptions == before.preemptions + 1
@@ -520,8 +539,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
 
 EXPLORE = int(os.environ.get("RESPAWN_EXPLORE", "0"))
 ServiceUnderChaos.TestCase.settings = settings(
-    max_examples=EXPLORE or 150,
-    stateful_step_count=150,
+    max_examples=EXPLORE or 300,
+    stateful_step_count=100,
     derandomize=not EXPLORE,
     deadline=None,
 )
