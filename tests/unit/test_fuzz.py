@@ -8,7 +8,7 @@ delivers it. A job message gives JobSubmitted or a JobRejected whose error is on
 changed field; a LogEntry never raises, and a change the parser does not read changes nothing; the service
 turns a rejected message into a whole REJECTED record or nothing, and never disturbs an existing job.
 
-Examples are derandomized; explore with `RESPAWN_EXPLORE=5000 .venv/bin/pytest tests/unit/test_fuzz.py`.
+Examples are derandomized; explore with `RESPAWN_EXPLORE=5000 .venv/bin/pytest --timeout=0 tests/unit/test_fuzz.py`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ deleted. At the end of each history every job reaches a terminal status with
 no machine left once the clock passes the TTLs and one sweep runs.
 
 Examples are derandomized (the same histories on every run). Explore new ones with
-`RESPAWN_EXPLORE=2000 .venv/bin/pytest tests/unit/test_properties.py`.
+`RESPAWN_EXPLORE=2000 .venv/bin/pytest --timeout=0 tests/unit/test_properties.py`.
 """
 
 from __future__ import annotations
