@@ -28,7 +28,7 @@ $(CHECKOV): infra/requirements-checkov.txt
 setup: $(STAMP) $(CHECKOV)
 
 local: $(STAMP)
-	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at 30s,60s $(ARGS)
+	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at-step 250,550 $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

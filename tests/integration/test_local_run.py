@@ -28,9 +28,18 @@ pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 RESPAWN = [sys.executable, "-m", "respawn.cli"]
 STEPS = 200
-# Submit is t=0. The first zone is stocked out once, so attempt 2 runs in the second zone; the preemptions land
-# while it trains and while its replacement trains (each waits for a READY machine if none is up yet).
-CHAOS = ["--preempt-at", "12s,26s", "--stockout", "us-central1-a:1", "--creation-delay", "0.5s", "--sweep-every", "2s"]
+# The first zone is stocked out once, so attempt 2 runs in the second zone; it is preempted at step 60 and its
+# replacement at step 140, on a fast machine or a slow one.
+CHAOS = [
+    "--preempt-at-step",
+    "60,140",
+    "--stockout",
+    "us-central1-a:1",
+    "--creation-delay",
+    "0.5s",
+    "--sweep-every",
+    "2s",
+]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from respawn import parsing
 from respawn.events import MachinePreempted, TrainerStarted, ZoneWokeUp
 from respawn.local import report
-from respawn.local.chaos import Chaos, ChaosError, parse_duration, parse_stockout, parse_times
+from respawn.local.chaos import Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
 from respawn.local.cli import total_steps, with_trainer_args
 from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
 from respawn.local.nodes import progress
@@ -21,6 +21,7 @@ def test_durations_and_schedules() -> None:
     assert parse_duration("250ms", "--x") == 0.25
     assert parse_duration("7", "--x") == 7.0
     assert parse_times("75s,30s") == [30.0, 75.0]
+    assert parse_steps("550, 250") == [250, 550]
     assert parse_stockout("us-central1-a:2") == ("us-central1-a", 2)
     assert parse_stockout("us-central1-a") == ("us-central1-a", None)
 
@@ -30,6 +31,9 @@ def test_durations_and_schedules() -> None:
     [
         (lambda: parse_duration("soon", "--mtbi"), "--mtbi"),
         (lambda: parse_times(","), "--preempt-at"),
+        (lambda: parse_steps("250,soon"), "--preempt-at-step: 'soon' is not a step"),
+        (lambda: parse_steps("0"), "--preempt-at-step: '0' is not a step"),
+        (lambda: parse_steps(""), "--preempt-at-step: no step given"),
         (lambda: parse_stockout("nowhere:1"), "--stockout"),
         (lambda: parse_stockout("us-central1-a:x"), "--stockout"),
     ],
@@ -51,6 +55,23 @@ def test_fixed_preemption_waits_for_a_ready_machine() -> None:
     assert chaos.due(119.0) == []
     assert chaos.due(120.5) == ["job-a2"]
     assert chaos.due(500.0) == []  # the schedule is used up
+
+
+def test_step_preemption_waits_for_the_trainer_to_reach_the_step() -> None:
+    ready = [("job-a1", 0.0)]
+    steps: dict[str, int] = {}
+    chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=0.0, at_steps=[50, 120], step_of=steps.get)
+    assert chaos.due(1.0) == []  # no step reported yet
+    steps["job-a1"] = 49
+    assert chaos.due(2.0) == []
+    steps["job-a1"] = 53  # progress lines may skip steps
+    assert chaos.due(3.0) == ["job-a1"]
+    ready[:] = [("job-a2", 4.0)]
+    steps["job-a2"] = 54  # the replacement resumed past the first step, not yet at the second
+    assert chaos.due(5.0) == []
+    steps["job-a2"] = 120
+    assert chaos.due(6.0) == ["job-a2"]
+    assert chaos.due(7.0) == []  # the schedule is used up
 
 
 def test_mtbi_schedule_is_seeded() -> None:

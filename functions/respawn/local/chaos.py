@@ -1,9 +1,11 @@
-"""Chaos for the local cloud: preemptions at fixed times or at a seeded mean time between interruptions.
+"""Chaos for the local cloud: preemptions at fixed times or steps, or at a seeded mean time between interruptions.
 
 `--preempt-at 40s,80s` counts from the moment the job message is published. At
 each time the machine that is READY is preempted (with many jobs, one READY
 machine drawn at random, seeded); when none is READY yet (the replacement is
 still being created), the preemption waits for the next one that becomes READY.
+`--preempt-at-step 250,550` preempts the READY machine whose trainer has reported
+that training step (or a later one): the same run on a fast or a slow machine.
 `--mtbi 60s` gives every machine a lifetime drawn from a seeded exponential
 distribution, counted from the moment it becomes READY.
 """
@@ -40,6 +42,16 @@ def parse_times(text: str, option: str = "--preempt-at") -> list[float]:
     return sorted(times)
 
 
+def parse_steps(text: str, option: str = "--preempt-at-step") -> list[int]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ChaosError(f"{option}: no step given; use a comma-separated list of training steps (250,550)")
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise ChaosError(f"{option}: {part!r} is not a step; use whole numbers of 1 or more (250,550)")
+    return sorted(int(part) for part in parts)
+
+
 def parse_stockout(text: str) -> tuple[str, int | None]:
     """`us-central1-a:2` -> the first 2 creates there fail; `us-central1-a` -> every create there fails."""
     zone, _, count = text.partition(":")
@@ -51,7 +63,8 @@ def parse_stockout(text: str) -> tuple[str, int | None]:
 
 
 class Chaos:
-    """Preempts machines on a schedule. `ready()` lists (machine, became_ready_at) of READY machines."""
+    """Preempts machines on a schedule. `ready()` lists (machine, became_ready_at) of READY machines; `step_of(machine)`
+    is the last training step its trainer reported (None before the first)."""
 
     def __init__(
         self,
@@ -60,6 +73,8 @@ class Chaos:
         preempt: Callable[[str], None],
         t0: float,
         at: list[float] | None = None,
+        at_steps: list[int] | None = None,
+        step_of: Callable[[str], int | None] = lambda name: None,
         mtbi: float | None = None,
         seed: int = 0,
         tick: float = 0.1,
@@ -68,6 +83,8 @@ class Chaos:
         self._preempt = preempt
         self._t0 = t0
         self._at = list(at or [])
+        self._at_steps = list(at_steps or [])
+        self._step_of = step_of
         self._mtbi = mtbi
         self._rng = random.Random(seed)
         self._pick = random.Random(f"pick-{seed}")  # its own stream: --mtbi draws do not depend on the picks
@@ -91,6 +108,11 @@ class Chaos:
         if self._at and now - self._t0 >= self._at[0] and live:
             self._at.pop(0)
             chosen.append(live[0][0] if len(live) == 1 else self._pick.choice(live)[0])
+        if self._at_steps:
+            reached = [name for name, _ in live if (self._step_of(name) or 0) >= self._at_steps[0]]
+            if reached:
+                self._at_steps.pop(0)
+                chosen += [name for name in reached[:1] if name not in chosen]
         if self._mtbi:
             for name, ready_at in live:
                 if name not in self._deadlines:

@@ -16,14 +16,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from respawn.local.chaos import ChaosError, parse_duration, parse_stockout, parse_times
+from respawn.local.chaos import ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption
 that falls when no machine is READY waits for the next machine to become READY.
+--preempt-at-step preempts the READY machine once its trainer reports the step: the same
+run on a fast or a slow machine.
 --mtbi draws every machine's lifetime from a seeded exponential distribution, counted from READY.
 examples:
   respawn local run examples/quickstart.yaml --preempt-at 40s,80s
+  respawn local run examples/quickstart.yaml --preempt-at-step 250,550
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
 """
@@ -46,6 +49,11 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("job", help="job file (YAML or JSON, the job message of SPEC 3.1)")
     r.add_argument("--preempt-at", metavar="T1,T2", help="preempt the live machine at these times (e.g. 40s,80s)")
+    r.add_argument(
+        "--preempt-at-step",
+        metavar="S1,S2",
+        help="preempt the live machine once its trainer reports these training steps (e.g. 250,550)",
+    )
     r.add_argument("--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)")
     r.add_argument(
         "--stockout",
@@ -122,6 +130,7 @@ def options(ns: argparse.Namespace) -> Any:
         stockouts[zone] = count
     return Options(
         preempt_at=parse_times(ns.preempt_at) if ns.preempt_at else [],
+        preempt_at_steps=parse_steps(ns.preempt_at_step) if ns.preempt_at_step else [],
         mtbi_s=parse_duration(ns.mtbi, "--mtbi") if ns.mtbi else None,
         stockouts=stockouts,
         duplicate_deliveries=ns.duplicate_deliveries,

@@ -46,6 +46,7 @@ EVENTS_TOPIC = "respawn-events"
 @dataclass
 class Options:
     preempt_at: list[float] = field(default_factory=list)
+    preempt_at_steps: list[int] = field(default_factory=list)
     mtbi_s: float | None = None
     stockouts: dict[str, int | None] = field(default_factory=dict)  # zone -> next COUNT creates fail (None: all)
     duplicate_deliveries: int = 1
@@ -206,7 +207,14 @@ class LocalCloud:
         """Preemptions per the options (`preempt_at` counts from t0); stopped on exit before the trainers."""
         o = self.o
         chaos = Chaos(
-            ready=self.nodes.ready, preempt=self.nodes.preempt, t0=t0, at=o.preempt_at, mtbi=o.mtbi_s, seed=o.seed
+            ready=self.nodes.ready,
+            preempt=self.nodes.preempt,
+            t0=t0,
+            at=o.preempt_at,
+            at_steps=o.preempt_at_steps,
+            step_of=self.nodes.step,
+            mtbi=o.mtbi_s,
+            seed=o.seed,
         )
         self._stack.callback(chaos.start().stop)
         return chaos

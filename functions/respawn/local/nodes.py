@@ -68,6 +68,7 @@ class Trainer:
     preempting: bool = False
     deleted: bool = False
     last_word: bool = False  # the trainer logged completed, failed or stopped itself
+    step: int | None = None  # the last training step it reported
 
 
 def trainer_argv(metadata: Mapping[str, str]) -> list[str]:
@@ -160,6 +161,12 @@ class Nodes:
         with self._lock:
             return sorted(self._ready.items(), key=lambda kv: kv[1])
 
+    def step(self, name: str) -> int | None:
+        """The last training step the trainer of `name` reported."""
+        with self._lock:
+            trainer = self._trainers.get(name)
+        return trainer.step if trainer is not None else None
+
     def preempt(self, name: str) -> None:
         with self._lock:
             self._ready.pop(name, None)
@@ -241,6 +248,7 @@ class Nodes:
             found = progress(raw.decode(errors="replace"))
             if found is not None:
                 step, loss = found
+                trainer.step = step
                 self.timeline.add("step", machine=trainer.machine.name, attempt=trainer.attempt, step=step, loss=loss)
 
     def _reap(self, trainer: Trainer, log: IO[bytes]) -> None:
