@@ -28,7 +28,7 @@ as the other), completion, cancel and TTL expiry end the job with its machine
 deleted. At the end of each history every job reaches a terminal status with
 no machine left once the clock passes the TTLs and one sweep runs.
 
-Examples are derandomized (the same histories on every run). Explore new ones with
+Examples are seeded (the same histories on every run). Explore new ones with
 `RESPAWN_EXPLORE=2000 .venv/bin/pytest --timeout=0 tests/unit/test_properties.py`.
 """
 
@@ -44,7 +44,7 @@ from dataclasses import replace
 import pytest
 from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, FakeProvider, InMemoryJobStore
 from hypothesis import event as tally
-from hypothesis import settings
+from hypothesis import seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -82,9 +82,9 @@ A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
 T0 = 1_000_000.0
 POLICY = Policy()
 LIVE = (MachineState.CREATING, MachineState.READY)
+DEAD = (MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED)
 COUNTED_AS_PREEMPTION = ("preempted", "lost")
 NO_CAPACITY = ("capacity", "stuck")
-CREATE_FAILED = ("capacity", "error")
 
 
 TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")
@@ -341,7 +341,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     def handle(self, event: Event, service: Service | None = None) -> None:
         """Deliver once: acknowledged, or back in the inbox on Retryable. Then check what the delivery did."""
         before = {job_id: peek(self.store, job_id) for job_id in SPECS}
-        states = {m.name: m.state for _, m in self.machines()}
+        states = {m.name: (m.zone, m.state) for _, m in self.machines()}
         calls = {kind: len(p.calls) for kind, p in self.providers.items()}
         try:
             outcome = (service or self.service).handle(event)
@@ -370,7 +370,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         job_id: str,
         old: Job | None,
         generation: int,
-        states: dict[str, MachineState],
+        states: dict[str, tuple[str, MachineState]],
         touched: list[tuple[str, str]],
     ) -> None:
         """What one acknowledged delivery did to one job whose record had no intent in flight."""
@@ -383,8 +383,11 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         concerns = event_job(event) == job_id
         if isinstance(event, SweepTicked):
             concerns = not old.status.terminal
-        elif isinstance(event, ZoneWokeUp):
-            concerns = live is not None and old.current is not None and old.current.zone == event.zone
+        elif isinstance(event, ZoneWokeUp):  # it reads only the records of jobs with a machine there listed dead
+            concerns = any(
+                name.startswith(f"{job_id}-a") and zone == event.zone and state in DEAD
+                for name, (zone, state) in states.items()
+            )
         if not concerns:
             if not isinstance(event, (SweepTicked, ZoneWokeUp)):
                 assert unchanged, f"{event} touched {job_id}"
@@ -412,7 +415,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             return
         if isinstance(event, (SweepTicked, ZoneWokeUp)) and live is not None and old.current is not None:
             current = old.current
-            state = states.get(current.machine)
+            state = states.get(current.machine, ("", None))[1]
             # a sweep also replaces a machine the API no longer lists; a wake-up acts only on those it lists dead
             age = now - current.requested_at
             gone = isinstance(event, SweepTicked) and state is None and age >= POLICY.lost_grace_s
@@ -493,9 +496,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             live = self.live_machines(job_id)
             assert len(live) <= 1, f"{job_id} has live machines {live}"
             if job is not None and not job.pending:
-                # A create that failed (a 403 after an earlier try of it succeeded) may leave its machine: the
-                # record counts it as never made, and the next sweep deletes it as an orphan.
-                allowed = [a.machine for a in job.attempts if a.n == live_attempt(job) or a.end_reason in CREATE_FAILED]
+                # A capacity error after an earlier try of the create succeeded may leave its machine: the record
+                # counts it as never made, and the next sweep deletes it as an orphan.
+                allowed = [a.machine for a in job.attempts if a.n == live_attempt(job) or a.end_reason == "capacity"]
                 assert set(live) <= set(allowed), f"{job_id} ({job.status}) leaks {live}"
         for kind, m in self.machines():
             parsed = parse_machine_name(m.name)
@@ -538,10 +541,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
 
 
 EXPLORE = int(os.environ.get("RESPAWN_EXPLORE", "0"))
+if not EXPLORE:  # the same histories on every run and every checkout (derandomize's seed is not stable for a class)
+    seed(20261122)(ServiceUnderChaos)
 ServiceUnderChaos.TestCase.settings = settings(
-    max_examples=EXPLORE or 300,
-    stateful_step_count=100,
-    derandomize=not EXPLORE,
-    deadline=None,
+    max_examples=EXPLORE or 300, stateful_step_count=100, database=None, deadline=None
 )
 TestServiceUnderChaos = ServiceUnderChaos.TestCase
