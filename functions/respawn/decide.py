@@ -141,8 +141,11 @@ def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, l
     if isinstance(event, CreateFailed) and live.started_at is None:  # a started trainer proves the create worked
         if event.kind == "capacity":
             return _no_capacity(job, now, "capacity", f"no capacity in {live.zone}: {event.error}", False, policy)
+        # An earlier try of this create may have made the machine after all (a crash before the intent was
+        # cleared, then a 403 on redelivery): delete it now rather than leave it to the sweep.
         ended = _end(job, now, "error", deleted=True)
-        return replace(ended, status=Status.FAILED, reason=f"creating {live.machine} failed: {event.error}"), []
+        failed = replace(ended, status=Status.FAILED, reason=f"creating {live.machine} failed: {event.error}")
+        return failed, [DeleteMachine(job.job_id, live.n, live.machine, live.zone)]
     return job, []
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -153,7 +155,7 @@ checkpoint       -                -              -              -              -
 completed        -                SUCCEEDED:d    SUCCEEDED:d    SUCCEEDED:d    -         -
 failed           -                RECOVERING:dc  RECOVERING:dc  :dc            -         -
 capacity         -                :c             -              :c             -         -
-permanent        -                FAILED:        -              FAILED:        -         -
+permanent        -                FAILED:d       -              FAILED:d       -         -
 seen_ready       :d               -              -              -              :d        -
 seen_preempted   :d               RECOVERING:dc  RECOVERING:dc  :dc            :d        -
 seen_terminated  :d               RECOVERING:dc  RECOVERING:dc  :dc            :d        -
@@ -436,3 +438,27 @@ def test_decide_is_pure() -> None:
     event = preempted(1)
     assert decide(job, event, NOW, POLICY) == decide(job, event, NOW, POLICY)
     assert job.to_dict() == snapshot
+
+
+def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
+    job, _ = step(build(Status.RUNNING), preempted(1))
+    assert job is not None and job.pending == () and job.attempts
+    job = replace(job, pending=({"kind": "delete", "machine": "llm-a2"},), result={"final_loss": 1.5})
+    d = job.to_dict()
+    assert d == json.loads(json.dumps(d))  # plain JSON types only
+    assert d == dataclasses.asdict(job) | {  # the generic form, with enums and tuples as JSON has them
+        "spec": job.spec.to_dict() if job.spec else None,
+        "status": job.status.value,
+        "pending": [dict(p) for p in job.pending],
+        "seen_events": list(job.seen_events),
+        "attempts": [dataclasses.asdict(a) for a in job.attempts],
+    }
+    assert Job.from_dict(d) == job
+    assert job.spec is not None
+    spec = replace(job.spec, args=("--steps=9",), env=(("A", "1"),), labels=(("team", "nlp"),))
+    assert spec.to_dict() == dataclasses.asdict(spec) | {
+        "zones": list(spec.zones),
+        "args": list(spec.args),
+        "env": dict(spec.env),
+        "labels": dict(spec.labels),
+    }
