@@ -116,8 +116,8 @@ def one_line(text: str, limit: int = 80) -> str:
 
 
 def _key(name: Any) -> str:
-    """A field name as it appears in an error (escaped, short)."""
-    return one_line(str(name), 40)
+    """A field name as it appears in an error (escaped, short; an empty name is shown as <empty>)."""
+    return one_line(str(name), 40) or "<empty>"
 
 
 def _type_name(value: Any) -> str:

@@ -298,6 +298,8 @@ CASES: list[tuple[str, Any, str, str]] = [
     ("labels", {f"k{i}": "v" for i in range(61)}, "labels", "61 labels"),
     ("colour", "blue", "colour", "unknown field"),
     ("Job_Id", "x", "Job_Id", "unknown field"),
+    ("", 1, "<empty>", "unknown field"),
+    ("machine.", 1, "machine.<empty>", "unknown field"),
 ]
 
 
