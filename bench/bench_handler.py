@@ -4,7 +4,8 @@ Each event is what a function receives: an Eventarc CloudEvent (as a dict)
 wrapping a Pub/Sub message whose data is a job message or a LogEntry built from
 the captured payloads in tests/data. It is unwrapped and parsed by
 respawn.parsing and handled by the real Service with the real GcsJobStore
-(google-cloud-storage) against fake-gcs-server (memory backend by default, so
+(records over the GCS JSON API, listing through google-cloud-storage) against
+fake-gcs-server (memory backend by default, so
 the server's disk is not what is measured); machines are an in-memory fake
 (this measures the function, not the cloud API).
 
@@ -236,7 +237,7 @@ def report(name: str, latencies: list[float], wall: float) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=60, help="jobs per run")
+    ap.add_argument("--jobs", type=int, default=200, help="jobs per run")
     ap.add_argument("--checkpoints", type=int, default=4, help="checkpoint entries per attempt")
     ap.add_argument("--workers", type=int, default=4, help="threads for the throughput run")
     ap.add_argument("--backend", choices=("memory", "filesystem"), default="memory", help="fake-gcs-server storage")

@@ -7,7 +7,7 @@ record is what the JobStore keeps at ``respawn/jobs/JOB_ID.json``.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Machine names are deterministic: JOB_ID-aN (see machine_name / parse_machine_name).
@@ -125,7 +125,8 @@ class JobSpec:
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = dict(self.__dict__)  # shallow: every field is a str, a number, None or a tuple (fixed below)
+        d["machine"] = dict(self.machine.__dict__)
         d["zones"] = list(self.zones)
         d["args"] = list(self.args)
         d["env"] = dict(self.env)
@@ -225,12 +226,16 @@ class Job:
         return replace(self, attempts=tuple(sorted((*others, attempt), key=lambda a: a.n)))
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """A JSON-ready dict (a fresh one: callers may change it). Field by field, not asdict: this runs on every
+        save, and asdict's deep copy was most of a handler's CPU time."""
+        d = dict(self.__dict__)
         d["spec"] = self.spec.to_dict() if self.spec else None
         d["status"] = self.status.value
-        d["attempts"] = [asdict(a) for a in self.attempts]
-        d["pending"] = list(self.pending)
+        d["attempts"] = [dict(a.__dict__) for a in self.attempts]
+        d["counters"] = dict(self.counters.__dict__)
+        d["pending"] = [dict(p) for p in self.pending]
         d["seen_events"] = list(self.seen_events)
+        d["result"] = dict(self.result)
         return d
 
     @staticmethod

@@ -19,6 +19,7 @@ counts, except "already seen", which a stale record can only under-report.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -113,7 +114,8 @@ class Service:
         job_id = event.spec.job_id if isinstance(event, JobSubmitted) else event.job_id
         if job_id is None:
             return Outcome("rejected")
-        outcome = self._apply(job_id, event.event_id, lambda job, gen: event)
+        new = isinstance(event, (JobSubmitted, JobRejected))  # usually for a job id never seen before
+        outcome = self._apply(job_id, event.event_id, lambda job, gen: event, new_job=new)
         return replace(outcome, result="rejected") if isinstance(event, JobRejected) else outcome
 
     # -- one job -----------------------------------------------------------------------------------------------------
@@ -124,6 +126,7 @@ class Service:
         event_id: str,
         event_for: Callable[[Job | None, int], JobEvent],
         loaded: tuple[Job | None, int] | None = None,
+        new_job: bool = False,
     ) -> Outcome:
         """Load, settle crashed intent, decide, persist intent, act, clear: with CAS retries."""
         done: list[Action] = []
@@ -132,7 +135,7 @@ class Service:
             if loaded is not None:
                 (job, gen), cached, loaded = loaded, False, None
             else:
-                job, gen, cached = self._load(job_id, fresh)
+                job, gen, cached = self._load(job_id, fresh, new_job)
             now = self.clock.now()
             try:
                 if job is not None and event_id in job.seen_events and not _lease_expired(job, now):
@@ -169,13 +172,19 @@ class Service:
             return Outcome("applied", (job_id,), tuple(done))
         raise Retryable(f"job {job_id}: the record kept changing under {self.policy.max_conflicts} tries")
 
-    def _load(self, job_id: str, fresh: bool) -> tuple[Job | None, int, bool]:
-        """(record, generation, from the cache)."""
+    def _load(self, job_id: str, fresh: bool, new_job: bool = False) -> tuple[Job | None, int, bool]:
+        """(record, generation, from the cache or a guess).
+
+        Like a cached record, the guess "no record" for a job id never seen is checked by the write: it is
+        create-only (generation 0), and a conflict or a decision to change nothing reads the record fresh.
+        """
         if not fresh:
             with self._cache_lock:
                 hit = self._cache.get(job_id)
             if hit is not None:
                 return hit[0], hit[1], True
+            if new_job:
+                return None, 0, True
         job, gen = self.store.load(job_id)
         self._remember(job_id, job, gen)
         return job, gen, False
@@ -372,8 +381,9 @@ def _quiet(job: Job | None, event: JobEvent) -> str:
 # -- structured log lines --------------------------------------------------------------------------------------------
 
 
-def _kind(event: Event) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(event).__name__).lower()
+@functools.cache
+def _kind(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def _log_line(
@@ -383,8 +393,8 @@ def _log_line(
     job_id = getattr(event, "job_id", None) or (event.spec.job_id if isinstance(event, JobSubmitted) else None)
     entry = {
         "severity": severity,
-        "message": f"{_kind(event)} {result}",
-        "event": _kind(event),
+        "message": f"{_kind(type(event).__name__)} {result}",
+        "event": _kind(type(event).__name__),
         "event_id": getattr(event, "event_id", None),
         "job_id": job_id,
         "job_ids": list(job_ids),

@@ -1,15 +1,23 @@
-"""GcsJobStore with the real google-cloud-storage client against fake-gcs-server."""
+"""GcsJobStore against fake-gcs-server; what it writes is read back with the real google-cloud-storage client."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import re
+import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
 
-from respawn.adapters.gcs_store import GcsJobStore
+from respawn.adapters.gcs_store import GcsJobStore, StoreError
 from respawn.model import Attempt, Job, JobSpec, Status, TpuMachine
-from respawn.ports import ConflictError
+from respawn.ports import ConflictError, TransientError
 
 pytestmark = pytest.mark.emulator
 
@@ -62,9 +70,9 @@ def test_record_is_readable_json_at_the_documented_path(bucket: str) -> None:
     blob = storage.Client().bucket(bucket).get_blob("respawn/jobs/llm-1.json")
     assert blob is not None
     assert blob.content_type == "application/json"
-    text = blob.download_as_text()
-    assert '"status": "PROVISIONING"' in text
-    assert text.count("\n") > 10
+    record = json.loads(blob.download_as_text())
+    assert record["status"] == "PROVISIONING" and record["spec"]["env"] == {"KEY": "va lue"}
+    assert blob.generation == GcsJobStore(bucket).load("llm-1")[1]
 
 
 def test_create_only_conflicts_when_the_record_exists(bucket: str) -> None:
@@ -124,3 +132,80 @@ def test_concurrent_writers_lose_no_update(bucket: str) -> None:
     assert sum(successes) == threads * increments
     assert final.result["count"] == threads * increments
     assert conflicts, "the writers never raced; the test did not exercise compare-and-set"
+
+
+class Scripted(http.server.BaseHTTPRequestHandler):
+    """Answers each request with the next (status, body, headers) of the server's script; records the requests."""
+
+    def _answer(self) -> None:
+        server: Any = self.server
+        length = int(self.headers.get("Content-Length") or 0)
+        server.requests.append((self.command, self.path, self.rfile.read(length)))
+        status, body, headers = server.script.pop(0) if server.script else server.last
+        self.send_response(status)
+        for k, v in {"Content-Length": str(len(body)), **headers}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[Any, GcsJobStore]]:
+    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    server.requests, server.script, server.last = [], [], (503, b"backend error", {})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = storage.Client(
+        project="p",
+        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        client_options={"api_endpoint": f"http://127.0.0.1:{server.server_port}"},
+    )
+    yield server, GcsJobStore("state", client)
+    server.shutdown()
+
+
+def test_a_passing_failure_is_tried_again(scripted: tuple[Any, GcsJobStore]) -> None:
+    server, store = scripted
+    body = json.dumps(make_job().to_dict()).encode()
+    server.script = [(503, b"", {}), (429, b"", {}), (200, body, {"x-goog-generation": "7"})]
+    assert store.load("llm-1") == (make_job(), 7)
+    assert [(m, p.split("?")[0]) for m, p, _ in server.requests] == [
+        ("GET", "/storage/v1/b/state/o/respawn%2Fjobs%2Fllm-1.json")
+    ] * 3
+
+
+def test_a_lasting_failure_asks_for_redelivery(scripted: tuple[Any, GcsJobStore]) -> None:
+    server, store = scripted
+    with pytest.raises(TransientError, match=r"writing gs://state/respawn/jobs/llm-1.json: 503 backend error"):
+        store.save(make_job(), 3)
+    assert len(server.requests) == 3
+    method, path, body = server.requests[0]
+    assert method == "POST" and "ifGenerationMatch=3" in path
+    meta, record = body.split(b"\r\n\r\n")[1:3]
+    assert json.loads(meta.split(b"\r\n")[0]) == {"name": "respawn/jobs/llm-1.json", "contentType": "application/json"}
+    assert json.loads(record.rsplit(b"\r\n--", 1)[0]) == make_job().to_dict()
+
+
+def test_an_unreachable_store_asks_for_redelivery() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    client = storage.Client(
+        project="p",
+        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        client_options={"api_endpoint": f"http://127.0.0.1:{port}"},
+    )
+    with pytest.raises(TransientError, match=re.escape("reading gs://state/respawn/jobs/x.json: ")):
+        GcsJobStore("state", client).load("x")
+
+
+def test_a_refusal_is_an_error_that_names_the_object(scripted: tuple[Any, GcsJobStore]) -> None:
+    server, store = scripted
+    server.last = (403, b'{"error": {"message": "the caller lacks storage.objects.create"}}', {})
+    with pytest.raises(StoreError, match=r"writing gs://state/respawn/jobs/llm-1.json: 403 .*storage.objects.create"):
+        store.save(make_job(), 0)
+    assert len(server.requests) == 1  # not tried again
