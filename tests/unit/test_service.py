@@ -428,6 +428,15 @@ def test_the_cache_saves_the_read_of_an_event_that_writes() -> None:
     assert w.store.loads == loads  # the cached generation was current: the compare-and-set proved it
 
 
+def test_a_new_job_is_written_create_only_without_a_read_and_a_known_one_is_read_after_the_conflict() -> None:
+    w = world()  # submits "llm"
+    assert w.store.loads == 0 and [c[0] for c in w.provider.calls] == ["create"]
+    other = Service(w.store, {"tpu": w.provider}, w.clock, POLICY)  # an instance that never saw "llm"
+    assert other.handle(JobSubmitted("submit-1", T0 + 1, spec())).result == "duplicate"
+    assert w.store.loads == 1 and [c[0] for c in w.provider.calls] == ["create"]
+    assert w.status() is Status.PROVISIONING
+
+
 def test_a_tpu_worker_event_reads_only_the_records_of_machines_the_api_shows_dead() -> None:
     w = running()
     for i in range(5):
