@@ -1,11 +1,12 @@
 """Recovery latency on the local cloud: >= 10 preemptions of one job, measured end to end.
 
 Runs `respawn local run` (the whole local cloud: Pub/Sub, functions-framework, the local TPU API, trainer
-processes) on a small LM job with a preemption every `--every` seconds, and reads its report:
+processes) on a small LM job preempted every `--every` training steps (the same run on a fast or a slow
+machine), and reads its report:
 
   create      preemption (machine PREEMPTED, system event emitted) -> the replacement's create call at the API
   first step  preemption -> the first training step of the replacement trainer (persistent compilation cache)
-  goodput     productive training time / wall time of the whole run (harsh: one preemption every --every)
+  goodput     productive training time / wall time of the whole run (harsh: one preemption every --every steps)
 
 With --mtbi SECONDS the preemptions come from a seeded exponential distribution instead (SPEC 7: goodput
 under local chaos with MTBI 60 s >= 90%), and the job runs --steps however many preemptions that gives.
@@ -14,7 +15,7 @@ Targets (SPEC section 7): create p95 < 1 s, first step p50 < 10 s. The last line
 {"create_p50_s", "create_p95_s", "first_step_p50_s", "first_step_p95_s", "goodput", "lost_steps_per_preemption",
 ...}.
 
-    .venv/bin/python bench/bench_recovery.py [--preemptions 12] [--every 20s] [--steps 1500] [--plot FILE.png]
+    .venv/bin/python bench/bench_recovery.py [--preemptions 12] [--every 100] [--steps 1500] [--plot FILE.png]
     .venv/bin/python bench/bench_recovery.py --mtbi 60 --steps 2500
 """
 
@@ -35,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preemptions", type=int, default=12)
-    p.add_argument("--every", type=float, default=20.0, help="seconds between scheduled preemptions")
-    p.add_argument("--steps", type=int, default=1500, help="training steps (enough to outlast the schedule)")
+    p.add_argument("--every", type=int, default=100, help="training steps between scheduled preemptions")
+    p.add_argument("--steps", type=int, default=1500, help="training steps (more than preemptions x every)")
     p.add_argument("--mtbi", type=float, help="seconds: seeded exponential preemptions instead of the fixed schedule")
     p.add_argument("--seed", type=int, default=7, help="seed of --mtbi")
     p.add_argument("--model", default="tiny")
@@ -47,12 +48,12 @@ def main() -> int:
     job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     job["job_id"] = "bench-recovery"
     job["args"] = [f"--model={a.model}", f"--steps={a.steps}", "--checkpoint-every=50", "--log-every=1"]
-    times = ",".join(f"{a.every * (i + 1):g}s" for i in range(a.preemptions))
+    steps = ",".join(str(a.every * (i + 1)) for i in range(a.preemptions))
     with tempfile.TemporaryDirectory() as tmp:
         job_file = Path(tmp) / "job.yaml"
         job_file.write_text(yaml.safe_dump(job))
         argv = [sys.executable, "-m", "respawn.cli", "local", "run", str(job_file)]
-        argv += ["--mtbi", f"{a.mtbi:g}s", "--seed", str(a.seed)] if a.mtbi else ["--preempt-at", times]
+        argv += ["--mtbi", f"{a.mtbi:g}s", "--seed", str(a.seed)] if a.mtbi else ["--preempt-at-step", steps]
         argv += ["--json", "--plot", a.plot, "--workdir", a.workdir, "--timeout", "40m"]
         print("running:", " ".join(argv[1:]), file=sys.stderr, flush=True)
         proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
