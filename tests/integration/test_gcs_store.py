@@ -64,8 +64,6 @@ def test_round_trip(bucket: str) -> None:
 
 
 def test_record_is_readable_json_at_the_documented_path(bucket: str) -> None:
-    from google.cloud import storage
-
     GcsJobStore(bucket).save(make_job(), 0)
     blob = storage.Client().bucket(bucket).get_blob("respawn/jobs/llm-1.json")
     assert blob is not None

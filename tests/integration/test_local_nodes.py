@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,36 +60,36 @@ def wait_for(routed: list[dict[str, Any]], got: threading.Event, event: str) -> 
     raise TimeoutError(f"no {event} entry in {[e['jsonPayload'].get('event') for e in routed]}")
 
 
-def test_a_trainer_killed_without_a_word_is_reported_failed(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def a_started_trainer(tmp_path: Path) -> Iterator[tuple[Nodes, list[dict[str, Any]], threading.Event]]:
+    """Nodes with one READY machine whose trainer has logged `started`; stopped on the way out."""
     routed: list[dict[str, Any]] = []
     got = threading.Event()
     n = nodes(tmp_path, routed, got)
     try:
         n.on_ready(machine(tmp_path))
         wait_for(routed, got, "started")
+        yield n, routed, got
+    finally:
+        n.stop()
+
+
+def test_a_trainer_killed_without_a_word_is_reported_failed(tmp_path: Path) -> None:
+    with a_started_trainer(tmp_path) as (n, routed, got):
         (pid,) = [t.proc.pid for t in n._trainers.values()]
         os.killpg(pid, signal.SIGKILL)  # an OOM kill: the trainer says nothing
         entry = wait_for(routed, got, "failed")
-    finally:
-        n.stop()
     event = parsing.log_entry_event(entry)
     assert isinstance(event, TrainerFailed) and (event.job_id, event.attempt) == ("crashy", 2)
     assert "exited with code -9" in event.error
 
 
 def test_a_deleted_machine_is_no_failure(tmp_path: Path) -> None:
-    routed: list[dict[str, Any]] = []
-    got = threading.Event()
-    n = nodes(tmp_path, routed, got)
-    try:
-        n.on_ready(machine(tmp_path))
-        wait_for(routed, got, "started")
+    with a_started_trainer(tmp_path) as (n, routed, _):
         n.on_deleted("crashy-a2")
         deadline = time.monotonic() + 30
         while n.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # the reaper has run
-    finally:
-        n.stop()
     assert not n.alive()
     assert "failed" not in [e["jsonPayload"].get("event") for e in routed]

@@ -112,7 +112,8 @@ class Chaos:
             reached = [name for name, _ in live if (self._step_of(name) or 0) >= self._at_steps[0]]
             if reached:
                 self._at_steps.pop(0)
-                chosen += [name for name in reached[:1] if name not in chosen]
+                if reached[0] not in chosen:
+                    chosen.append(reached[0])
         if self._mtbi:
             for name, ready_at in live:
                 if name not in self._deadlines:
