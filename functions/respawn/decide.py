@@ -27,12 +27,15 @@ from respawn.events import (
     MachinesObserved,
     TrainerCompleted,
     TrainerFailed,
+    TrainerProgressed,
     TrainerStarted,
 )
 from respawn.model import Attempt, Job, MachineState, Status, machine_name, parse_machine_name
 
 # Attempt end reasons that mean "this zone had no machine for us": they drive the zone walk.
 NO_CAPACITY = frozenset({"capacity", "stuck"})
+# What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
+DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
 
 
 @dataclass(frozen=True)
@@ -120,9 +123,11 @@ def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, l
         return job, []
     if isinstance(event, CancelRequested):
         return _finish(job, now, Status.CANCELLED, "cancelled", "cancelled by the user")
-    if isinstance(event, CheckpointSaved):
+    if isinstance(event, (CheckpointSaved, TrainerProgressed)):
         current = job.current
-        return (_with_step(job, current, event.step) if current and event.attempt == current.n else job), []
+        if current is None or event.attempt != current.n:
+            return job, []
+        return _with_step(job, _progressed(current, event.time), event.step), []
     live = _live(job)
     if live is None or getattr(event, "attempt", None) != live.n:
         return job, []  # submit/reject of an existing job, or an event for an attempt that is over
@@ -137,7 +142,10 @@ def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, l
         final = {**event.result, **({"final_step": event.step} if event.step is not None else {})}
         return replace(done, result=final), actions
     if isinstance(event, TrainerFailed):
-        return _crashed(job, now, event.error, policy)
+        if event.machine_state in DEAD:  # the machine went first (a host error on one worker kills its peers)
+            return _lost(job, now, "preempted", policy)
+        on = f"{live.machine}" + ("" if event.worker is None else f" worker {event.worker}")
+        return _crashed(job, now, f"trainer failed on {on}" + (f": {event.error}" if event.error else ""), policy)
     if isinstance(event, CreateFailed) and live.started_at is None:  # a started trainer proves the create worked
         if event.kind == "capacity":
             return _no_capacity(job, now, "capacity", f"no capacity in {live.zone}: {event.error}", False, policy)
@@ -151,7 +159,7 @@ def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, l
 
 def _started(job: Job, live: Attempt, event: TrainerStarted) -> Job:
     restored = event.restored_step
-    started = replace(live, started_at=live.started_at or event.time, restored_step=restored)
+    started = replace(_progressed(live, event.time), started_at=live.started_at or event.time, restored_step=restored)
     if restored is not None:
         started = replace(started, last_step=max(restored, live.last_step or 0))
     reason = "trainer running" + ("" if restored is None else f" (resumed from step {restored})")
@@ -199,7 +207,21 @@ def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> 
     elif state_of_live is MachineState.CREATING and live.started_at is None and age > policy.stuck_creating_s:
         reason = f"{live.machine} was still creating after {age:.0f}s in {live.zone}"
         job, more = _no_capacity(job, now, "stuck", reason, True, policy)
+    elif state_of_live is MachineState.READY and _hung_for(job, live, now) is not None:
+        silent = _hung_for(job, live, now)
+        job, more = _crashed(
+            job, now, f"hung: no training progress for {silent:.0f}s on {live.machine}", policy, "hung"
+        )
     return job, actions + more
+
+
+def _hung_for(job: Job, live: Attempt, now: float) -> float | None:
+    """Seconds a RUNNING attempt's trainer has been silent, when that exceeds the job's hang_timeout."""
+    timeout = job.spec.hang_timeout_s if job.spec else None
+    if timeout is None or job.status is not Status.RUNNING or live.started_at is None:
+        return None
+    silent = now - max(live.started_at, live.progress_at or 0.0)
+    return silent if silent > timeout else None
 
 
 # -- transitions -----------------------------------------------------------------------------------------------------
@@ -223,15 +245,14 @@ def _lost(job: Job, now: float, why: str, policy: Policy) -> tuple[Job, list[Act
     ]
 
 
-def _crashed(job: Job, now: float, error: str, policy: Policy) -> tuple[Job, list[Action]]:
-    """The trainer failed (not a preemption): counts against max_failures."""
+def _crashed(job: Job, now: float, said: str, policy: Policy, why: str = "failed") -> tuple[Job, list[Action]]:
+    """The trainer failed or hung (not a preemption): counts against max_failures. `said` becomes the reason."""
     live, spec = _live(job), job.spec
     assert live is not None and spec is not None
-    job = _end(job, now, "failed", deleted=True)
+    job = _end(job, now, why, deleted=True)
     failures = job.counters.failures + 1
     job = replace(job, counters=replace(job.counters, failures=failures))
     delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
-    said = f"trainer failed on {live.machine}: {error}" if error else f"trainer failed on {live.machine}"
     if failures >= spec.max_failures:
         return replace(job, status=Status.FAILED, reason=f"{said} (failure {failures} of {spec.max_failures})"), [
             delete
@@ -297,8 +318,15 @@ def _mark_deleted(job: Job, n: int) -> Job:
 
 def _with_step(job: Job, attempt: Attempt, step: int) -> Job:
     if attempt.last_step is not None and attempt.last_step >= step:
-        return job
+        return job.with_attempt(attempt)
     return job.with_attempt(replace(attempt, last_step=step))
+
+
+def _progressed(attempt: Attempt, at: float) -> Attempt:
+    """The attempt with `at` as its newest sign of training progress (entries may arrive out of order)."""
+    if attempt.ended or (attempt.progress_at is not None and attempt.progress_at >= at):
+        return attempt
+    return replace(attempt, progress_at=at)
 
 
 def _with_new_attempt(job: Job, zone_index: int, now: float) -> tuple[Job, Attempt]:

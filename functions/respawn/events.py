@@ -84,6 +84,17 @@ class CheckpointSaved:
 
 
 @dataclass(frozen=True)
+class TrainerProgressed:
+    """Process 0 of the trainer is still training (a `progress` entry, at most about once a minute)."""
+
+    event_id: str
+    time: float
+    job_id: str
+    attempt: int
+    step: int
+
+
+@dataclass(frozen=True)
 class TrainerCompleted:
     event_id: str
     time: float
@@ -95,11 +106,19 @@ class TrainerCompleted:
 
 @dataclass(frozen=True)
 class TrainerFailed:
+    """A trainer process exited non-zero without the preemption notice (its own entry or its startup script's).
+
+    `machine_state` is what the API said about the attempt's machine when the service handled the entry (None:
+    not read): a machine the API shows dead was lost (a host error on one worker of a slice kills its peers'
+    trainers too), which is not the trainer's failure."""
+
     event_id: str
     time: float
     job_id: str
     attempt: int
     error: str = ""
+    worker: int | None = None
+    machine_state: MachineState | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,7 @@ JobEvent = (
     | MachinePreempted
     | TrainerStarted
     | CheckpointSaved
+    | TrainerProgressed
     | TrainerCompleted
     | TrainerFailed
     | CreateFailed

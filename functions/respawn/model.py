@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from respawn.topology import tpu_topology
+
 # Machine names are deterministic: JOB_ID-aN (see machine_name / parse_machine_name).
 MACHINE_NAME_SEPARATOR = "-a"
 LABEL_JOB = "respawn-job"
@@ -94,6 +96,11 @@ class TpuMachine:
     runtime_version: str
     kind: str = "tpu"
 
+    @property
+    def hosts(self) -> int:
+        """Worker VMs of the slice: every one runs the trainer; losing any one loses the slice."""
+        return tpu_topology(self.accelerator_type).hosts
+
 
 @dataclass(frozen=True)
 class GpuMachine:
@@ -102,6 +109,10 @@ class GpuMachine:
     accelerator_count: int
     kind: str = "gpu"
     boot_disk_gb: int = 200
+
+    @property
+    def hosts(self) -> int:
+        return 1
 
 
 MachineSpec = TpuMachine | GpuMachine
@@ -123,6 +134,7 @@ class JobSpec:
     max_preemptions: int | None = None
     max_failures: int = 3
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+    hang_timeout_s: int | None = 30 * 60  # a RUNNING attempt without progress this long is hung; None: off
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)  # shallow: every field is a str, a number, None or a tuple (fixed below)
@@ -150,6 +162,7 @@ class JobSpec:
             max_preemptions=d["max_preemptions"],
             max_failures=d["max_failures"],
             labels=tuple(sorted(d["labels"].items())),
+            hang_timeout_s=d.get("hang_timeout_s"),
         )
 
 
@@ -175,9 +188,11 @@ class Attempt:
     requested_at: float
     started_at: float | None = None  # trainer `started`
     ended_at: float | None = None
-    end_reason: str | None = None  # preempted | lost | failed | capacity | completed | cancelled | expired | error
+    # preempted | terminated | lost | failed | hung | capacity | stuck | completed | cancelled | expired | error
+    end_reason: str | None = None
     restored_step: int | None = None
     last_step: int | None = None  # newest step reported by a checkpoint/started/completed entry
+    progress_at: float | None = None  # time of the newest trainer entry proving progress (hang detection)
     machine_deleted: bool = False
 
     @property
@@ -236,6 +251,7 @@ class Job:
         d["pending"] = [dict(p) for p in self.pending]
         d["seen_events"] = list(self.seen_events)
         d["result"] = dict(self.result)
+        d["hosts"] = self.spec.machine.hosts if self.spec else None  # shown, not read back: the spec decides
         return d
 
     @staticmethod

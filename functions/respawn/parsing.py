@@ -32,6 +32,7 @@ from respawn.events import (
     SweepTicked,
     TrainerCompleted,
     TrainerFailed,
+    TrainerProgressed,
     TrainerStarted,
     ZoneWokeUp,
 )
@@ -45,7 +46,7 @@ HOST_EVENTS = {
     "compute.instances.hostError": "hostError",
     "compute.instances.terminateOnHostMaintenance": "terminateOnHostMaintenance",
 }
-TRAINER_EVENTS = ("started", "checkpoint", "completed", "failed", "stopped")
+TRAINER_EVENTS = ("started", "checkpoint", "progress", "completed", "failed", "stopped")
 SWEEP_TICK = "sweep_tick"
 RESOURCE_NAME_RE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 TPU_WORKER_RE = re.compile(r"t1v-n-[0-9a-f]+-w-[0-9]+")
@@ -268,11 +269,17 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
         if step is None:
             return Ignored(f"trainer {kind} entry has no step")
         return CheckpointSaved(event_id, when, job_id, attempt, step)
+    if kind == "progress":
+        if step is None:
+            return Ignored("trainer progress entry has no step")
+        return TrainerProgressed(event_id, when, job_id, attempt, step)
     if kind == "completed":
         result = {k: p[k] for k in ("final_loss", "params_sha256", "goodput") if k in p}
         return TrainerCompleted(event_id, when, job_id, attempt, step, result)
     error = p.get("error")
-    return TrainerFailed(event_id, when, job_id, attempt, error if isinstance(error, str) else show(error, 500))
+    worker = _whole(p.get("worker"))
+    text = error if isinstance(error, str) else show(error, 500)
+    return TrainerFailed(event_id, when, job_id, attempt, text, worker if worker is not None and worker >= 0 else None)
 
 
 def _whole(value: Any) -> int | None:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
-from respawn.decide import Policy, decide, is_stale
+from respawn.decide import DEAD, Policy, decide, is_stale
 from respawn.events import (
     CreateFailed,
     Event,
@@ -40,6 +40,7 @@ from respawn.events import (
     JobSubmitted,
     MachinesObserved,
     SweepTicked,
+    TrainerFailed,
     ZoneWokeUp,
 )
 from respawn.model import Job, MachineState, parse_machine_name
@@ -59,7 +60,6 @@ log = logging.getLogger("respawn.service")
 DEFAULT_POLICY = Policy()
 
 Observed = tuple[str, str, MachineState]  # (machine name, zone, state)
-DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
 
 
 class Retryable(Exception):
@@ -115,8 +115,26 @@ class Service:
         if job_id is None:
             return Outcome("rejected")
         new = isinstance(event, (JobSubmitted, JobRejected))  # usually for a job id never seen before
-        outcome = self._apply(job_id, event.event_id, lambda job, gen: event, new_job=new)
+        event_for: Callable[[Job | None, int], JobEvent] = lambda job, gen: event  # noqa: E731
+        if isinstance(event, TrainerFailed):
+            event_for = functools.partial(self._failed_with_machine, event)
+        outcome = self._apply(job_id, event.event_id, event_for, new_job=new)
         return replace(outcome, result="rejected") if isinstance(event, JobRejected) else outcome
+
+    def _failed_with_machine(self, event: TrainerFailed, job: Job | None, gen: int) -> TrainerFailed:
+        """A `failed` entry of the live attempt, with what the API says of its machine: a slice that lost a worker
+        VM (host error, maintenance) fails its other workers' trainers too, and that is a loss, not a failure.
+        Entries of older attempts (every other worker's, once the first was handled) cost no read."""
+        current = job.current if job is not None else None
+        if job is None or job.spec is None or current is None or current.n != event.attempt or current.ended:
+            return event
+        try:
+            machine = self._provider(job.spec.machine.kind).get(current.machine, current.zone)
+        except TransientError as e:
+            raise Retryable(f"reading {current.machine}: {e}") from e
+        except ProviderError:
+            return event  # unreadable: judge by the entry alone
+        return replace(event, machine_state=machine.state if machine is not None else MachineState.TERMINATED)
 
     # -- one job -----------------------------------------------------------------------------------------------------
 

@@ -17,10 +17,13 @@ from typing import Any, NoReturn
 import yaml
 
 from respawn.model import GpuMachine, JobSpec, MachineSpec, TpuMachine
+from respawn.topology import UnknownTpuType, tpu_topology
 
 MAX_MESSAGE_BYTES = 256 * 1024
 TTL_MIN_S = 60
 TTL_MAX_S = 14 * 24 * 3600
+HANG_TIMEOUT_MIN_S = 120
+DEFAULT_HANG_TIMEOUT = "30m"
 
 JOB_ID_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,37}[a-z0-9])?$")  # ^[a-z][a-z0-9-]{0,38}$, not ending in "-"
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
@@ -72,6 +75,7 @@ SUBMIT_FIELDS = (
     "max_preemptions",
     "max_failures",
     "labels",
+    "hang_timeout",
 )
 REQUIRED_FIELDS = ("job_id", "machine", "zones", "image", "checkpoint_uri")
 CANCEL_FIELDS = ("action", "job_id")
@@ -181,14 +185,20 @@ def _machine(value: Any) -> MachineSpec:
         for f in TPU_FIELDS[1:]:
             if f not in value:
                 _fail(f"machine.{f}", "missing", "required for kind tpu")
+        accelerator_type = _string(
+            "machine.accelerator_type",
+            value["accelerator_type"],
+            TPU_TYPE_RE,
+            "a Cloud TPU type like v5litepod-8, v4-8, v6e-8, v5p-16",
+            "a TPU accelerator type",
+        )
+        try:
+            tpu_topology(accelerator_type)
+        except UnknownTpuType as e:
+            problem, _, allowed = str(e).partition("; allowed: ")
+            _fail("machine.accelerator_type", problem, allowed)
         return TpuMachine(
-            accelerator_type=_string(
-                "machine.accelerator_type",
-                value["accelerator_type"],
-                TPU_TYPE_RE,
-                "a Cloud TPU type like v5litepod-8, v4-8, v6e-8, v5p-16",
-                "a TPU accelerator type",
-            ),
+            accelerator_type=accelerator_type,
             runtime_version=_string(
                 "machine.runtime_version",
                 value["runtime_version"],
@@ -324,9 +334,9 @@ def _valid_bucket(name: str) -> bool:
     return all(0 < len(part) <= 63 for part in name.split("."))
 
 
-def parse_ttl(value: Any, field: str = "ttl") -> int:
-    """A TTL ("90s", "30m", "48h", "2d" or integer seconds) -> seconds, within 60 s .. 14 d."""
-    allowed = "a duration like 90s, 30m, 48h, 2d or integer seconds, from 1m to 14d"
+def parse_ttl(value: Any, field: str = "ttl", lo: int = TTL_MIN_S) -> int:
+    """A TTL ("90s", "30m", "48h", "2d" or integer seconds) -> seconds, within lo (default 60 s) .. 14 d."""
+    allowed = f"a duration like 90s, 30m, 48h, 2d or integer seconds, from {format_ttl(lo)} to 14d"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         _fail(field, f"expected a duration string or an integer, got {_type_name(value)}", allowed)
     if isinstance(value, str):
@@ -336,7 +346,7 @@ def parse_ttl(value: Any, field: str = "ttl") -> int:
         seconds = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
     else:
         seconds = value
-    if not TTL_MIN_S <= seconds <= TTL_MAX_S:
+    if not lo <= seconds <= TTL_MAX_S:
         _fail(field, f"{show(value)} is out of range", allowed)
     return int(seconds)
 
@@ -347,6 +357,15 @@ def format_ttl(seconds: int) -> str:
         if seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def _hang_timeout(value: Any) -> int | None:
+    """`off` (or null) -> None (no hang detection); else a duration from 2m to 14d."""
+    if value is None or value == "off":
+        return None
+    if isinstance(value, str) and not TTL_RE.fullmatch(value):
+        _fail("hang_timeout", f"{show(value)} is not a duration", "off, or a duration from 2m to 14d like 30m")
+    return parse_ttl(value, "hang_timeout", HANG_TIMEOUT_MIN_S)
 
 
 def _max_preemptions(value: Any) -> int | None:
@@ -485,6 +504,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         "max_preemptions": _max_preemptions,
         "max_failures": lambda v: _int("max_failures", v, 0, MAX_FAILURES),
         "labels": _labels,
+        "hang_timeout": _hang_timeout,
     }
     defaults: dict[str, Any] = {
         "provisioning": "spot",
@@ -494,6 +514,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         "max_preemptions": None,
         "max_failures": 3,
         "labels": {},
+        "hang_timeout": DEFAULT_HANG_TIMEOUT,
     }
     v = {name: check(obj.get(name, defaults.get(name))) for name, check in fields.items()}
     return JobSpec(
@@ -509,6 +530,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         max_preemptions=v["max_preemptions"],
         max_failures=v["max_failures"],
         labels=v["labels"],
+        hang_timeout_s=v["hang_timeout"],
     )
 
 
@@ -540,6 +562,7 @@ def spec_to_message(spec: JobSpec) -> dict[str, Any]:
         "max_preemptions": spec.max_preemptions,
         "max_failures": spec.max_failures,
         "labels": dict(spec.labels),
+        "hang_timeout": "off" if spec.hang_timeout_s is None else format_ttl(spec.hang_timeout_s),
     }
 
 

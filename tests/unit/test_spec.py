@@ -341,7 +341,7 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     err = error_of(with_change("priority", "high"))
     assert str(err) == (
         'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
-        "image, args, env, checkpoint_uri, ttl, max_preemptions, max_failures, labels"
+        "image, args, env, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout"
     )
     err = error_of(with_change("machine.topology", "2x4"))
     assert err.field == "machine.topology" and err.allowed == "kind, accelerator_type, runtime_version"

@@ -117,6 +117,7 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         f"RESPAWN_CHECKPOINT_URI={uri}",
         "RESPAWN_LOG_SINK=cloud",
         f"RESPAWN_GRACE_S={GRACE_S}",
+        "RESPAWN_PROGRESS_S=60",  # the default hang_timeout (30m) / 4, at most once a minute
     ]
     assert ["docker", "pull", image] in calls(fakes)
     assert not [c for c in calls(fakes) if c[0] == "gcloud"]  # not an Artifact Registry image
@@ -160,7 +161,13 @@ def test_a_trainer_killed_without_a_word_gets_a_failed_entry(tmp_path: Path, fak
     writes = [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]
     assert len(writes) == 1 and writes[0][3] == "respawn-trainer" and "--payload-type=json" in writes[0]
     payload = json.loads(writes[0][4])
-    assert payload == {"event": "failed", "job_id": "job-1", "attempt": 3, "error": "the trainer exited with code 137"}
+    assert payload == {
+        "event": "failed",
+        "job_id": "job-1",
+        "attempt": 3,
+        "worker": 0,
+        "error": "the trainer exited with code 137",
+    }
     assert isinstance(
         log_entry_event(
             {
@@ -216,6 +223,7 @@ def test_metadata_and_labels() -> None:
         "respawn-image",
         "respawn-args",
         "respawn-env",
+        "respawn-progress-s",
     }
     assert json.loads(meta["respawn-args"]) == HOSTILE
     assert json.loads(meta["respawn-env"]) == {"KEY": "value"}

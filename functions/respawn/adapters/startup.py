@@ -25,6 +25,11 @@ def machine_labels(spec: JobSpec, attempt: int) -> dict[str, str]:
     return {**dict(spec.labels), LABEL_MANAGED: "true", LABEL_JOB: spec.job_id, LABEL_ATTEMPT: str(attempt)}
 
 
+def progress_s(spec: JobSpec) -> int:
+    """How often process 0 sends a `progress` entry: a quarter of the hang timeout, from 10 s to once a minute."""
+    return 60 if spec.hang_timeout_s is None else max(10, min(60, spec.hang_timeout_s // 4))
+
+
 def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
     """The container's environment: the job's env, then respawn's (which the job cannot override)."""
     own = [
@@ -33,6 +38,7 @@ def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
         ("RESPAWN_CHECKPOINT_URI", spec.checkpoint_uri),
         ("RESPAWN_LOG_SINK", "cloud"),
         ("RESPAWN_GRACE_S", str(GRACE_S)),
+        ("RESPAWN_PROGRESS_S", str(progress_s(spec))),
     ]
     reserved = {key for key, _ in own}
     return [(k, v) for k, v in spec.env if k not in reserved] + own
@@ -60,6 +66,7 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
         "respawn-image": spec.image,
         "respawn-args": json.dumps(list(spec.args)),
         "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
+        "respawn-progress-s": str(progress_s(spec)),
     }
 
 
@@ -115,9 +122,13 @@ while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wai
 done
 log "trainer exited with code $rc"
 if [ "$rc" -ne 0 ] && [ -z "$notified" ]; then  # killed without a word (OOM, segfault): say so for it
+  # every worker VM of a slice runs this script; the metadata server says which one this is
+  worker=$(curl -sf -H 'Metadata-Flavor: Google' \
+    http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)
+  case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
   gcloud logging write respawn-trainer \
-    "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "error": "the trainer exited with code %d"}}' \
-      {job_id} {attempt} "$rc")" \
+    "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \
+      {job_id} {attempt} "$worker" "the trainer exited with code $rc")" \
     --payload-type=json --severity=ERROR || log "could not log the failure"
 fi
 exit "$rc"
