@@ -44,7 +44,7 @@ def nodes(tmp_path: Path, routed: list[dict[str, Any]], got: threading.Event) ->
         log_dir=tmp_path,
         grace_s=5,
         route=route,
-        mark_preempted=lambda name: None,
+        mark_preempted=lambda name: name,
         timeline=Timeline(),
     )
 
@@ -76,12 +76,13 @@ def a_started_trainer(tmp_path: Path) -> Iterator[tuple[Nodes, list[dict[str, An
 
 def test_a_trainer_killed_without_a_word_is_reported_failed(tmp_path: Path) -> None:
     with a_started_trainer(tmp_path) as (n, routed, got):
-        (pid,) = [t.proc.pid for t in n._trainers.values()]
+        (pid,) = n.pids("crashy-a2")
         os.killpg(pid, signal.SIGKILL)  # an OOM kill: the trainer says nothing
         entry = wait_for(routed, got, "failed")
     event = parsing.log_entry_event(entry)
     assert isinstance(event, TrainerFailed) and (event.job_id, event.attempt) == ("crashy", 2)
-    assert "exited with code -9" in event.error
+    assert event.error == "the trainer exited with code -9"
+    assert "worker" not in entry["jsonPayload"]  # a one-host machine: no worker field
 
 
 def test_a_deleted_machine_is_no_failure(tmp_path: Path) -> None:

@@ -53,18 +53,27 @@ def trainer_entry(
     }
 
 
-def preempted_entry(*, project: str, zone: str, instance: str, now: float) -> dict[str, Any]:
-    """The `compute.instances.preempted` system event Compute Engine logs for a Spot/preemptible VM."""
+HOST_EVENT_MESSAGES = {
+    "compute.instances.preempted": "Instance was preempted.",
+    "compute.instances.hostError": "Instance terminated by Compute Engine.",
+    "compute.instances.terminateOnHostMaintenance": "Instance terminated during Compute Engine maintenance.",
+}
+
+
+def host_event_entry(*, method: str, project: str, zone: str, instance: str, now: float) -> dict[str, Any]:
+    """A system event Compute Engine logs about a VM's host (`method`, one of HOST_EVENT_MESSAGES)."""
+    if method not in HOST_EVENT_MESSAGES:
+        raise ValueError(f"{method!r} is not a host event; allowed: {', '.join(HOST_EVENT_MESSAGES)}")
     op = f"systemevent-{int(now * 1000)}-{hashlib.sha256(instance.encode()).hexdigest()[:12]}"
     return {
         "protoPayload": {
             "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-            "status": {"message": "Instance was preempted."},
+            "status": {"message": HOST_EVENT_MESSAGES[method]},
             "authenticationInfo": {"principalEmail": "system@google.com"},
             "serviceName": "compute.googleapis.com",
-            "methodName": "compute.instances.preempted",
+            "methodName": method,
             "resourceName": f"projects/{project}/zones/{zone}/instances/{instance}",
-            "request": {"@type": "type.googleapis.com/compute.instances.preempted"},
+            "request": {"@type": f"type.googleapis.com/{method}"},
         },
         "insertId": insert_id("p"),
         "resource": {
@@ -75,6 +84,13 @@ def preempted_entry(*, project: str, zone: str, instance: str, now: float) -> di
         "severity": "INFO",
         "labels": {"compute.googleapis.com/root_trigger_id": str(uuid.uuid4())},
         "logName": f"projects/{project}/logs/{SYSTEM_EVENT_LOG}",
-        "operation": {"id": op, "producer": "compute.instances.preempted", "first": True, "last": True},
+        "operation": {"id": op, "producer": method, "first": True, "last": True},
         "receiveTimestamp": rfc3339(now),
     }
+
+
+def preempted_entry(*, project: str, zone: str, instance: str, now: float) -> dict[str, Any]:
+    """The `compute.instances.preempted` system event Compute Engine logs for a Spot/preemptible VM."""
+    return host_event_entry(
+        method="compute.instances.preempted", project=project, zone=zone, instance=instance, now=now
+    )

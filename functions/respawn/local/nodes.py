@@ -1,22 +1,33 @@
-"""The machines of the local cloud: one trainer process per READY machine.
+"""The machines of the local cloud: the trainer processes of READY machines, one per worker of a TPU slice.
 
 A machine that becomes READY starts `python -m trainer` from its structured
 metadata (respawn-args, respawn-env, respawn-job-id, respawn-attempt,
-respawn-checkpoint-uri; the image is not run) in its own process group. Every
-stdout line of the trainer is a lifecycle entry; it is wrapped into the
-LogEntry google-cloud-logging would write and handed to the log router. Its
-stderr is kept in a log file and read for live progress (step, loss).
+respawn-checkpoint-uri, respawn-progress-s; the image is not run), each process
+in its own process group. A TPU node whose accelerator type has several hosts
+(v5litepod-16: 4 hosts x 4 chips) is that many processes on loopback, each
+with the environment a TPU VM worker has (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES,
+its chips as CPU devices, a coordinator port of its own node), as JAX's
+multi-controller runtime expects; every other machine is one process. Every
+stdout line of a trainer is a lifecycle entry (only process 0 of a slice writes
+them); it is wrapped into the LogEntry google-cloud-logging would write and
+handed to the log router. Stderr goes to the worker's log file
+(`NODE.log`, or `NODE-w-I.log` per worker of a slice); worker 0's is read for
+live progress (step, loss).
 
-Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM (the
-ACPI soft-off), SIGKILL after the grace period, then the machine is PREEMPTED
-and the `compute.instances.preempted` system event is emitted (on the hidden
-worker VM `t1v-n-<hash>-w-0` for a TPU node, on the instance for a GPU VM).
+Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM to
+every worker (the ACPI soft-off), SIGKILL after the grace period to those still
+alive, then the machine is PREEMPTED and one `compute.instances.preempted`
+system event is emitted per worker VM (`t1v-n-<hash>-w-<i>` for a TPU node, the
+instance itself for a GPU VM).
 
 A trainer that exits on its own (completed, or crashed after its `failed`
 entry) leaves its machine READY, as the startup script does on a real VM: the
-control plane decides what happens to it. A trainer killed without a last word
-(OOM, segfault) gets the `failed` entry the startup script writes for it.
-Deleting a machine stops its trainer.
+control plane decides what happens to it. A worker killed without a last word
+(OOM, segfault, a peer's broken collective) gets the `failed` entry its startup
+script writes for it, naming the worker and the exit code. A worker whose VM
+suffers a host error says nothing: the node is TERMINATED first, the
+`compute.instances.hostError` event is routed, then the process is killed.
+Deleting a machine kills every worker, stopped (hung) ones included.
 """
 
 from __future__ import annotations
@@ -36,12 +47,18 @@ from pathlib import Path
 from typing import IO, Any
 
 from respawn.local.cloudapi import CloudMachine
-from respawn.local.emulators import start_group
-from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
+from respawn.local.emulators import free_port, start_group
+from respawn.local.logentries import host_event_entry, preempted_entry, tpu_worker_name, trainer_entry
 from respawn.local.timeline import Timeline
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
+_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
+
+# JAX's heartbeat timeout for local slices: longer than any hang_timeout a local job has (the default is 30 m),
+# so that a stopped worker looks hung (alive, no progress) and only respawn's hang detection finds it.
+HEARTBEAT_TIMEOUT_S = 3600
+KILL_WAIT_S = 5.0  # how long SIGKILL may take to be reaped before it is given up on
 
 
 def progress(line: str) -> tuple[int, float] | None:
@@ -58,17 +75,66 @@ def progress(line: str) -> tuple[int, float] | None:
         return None
 
 
+def slice_shape(machine: CloudMachine) -> tuple[int, int]:
+    """(hosts, chips per host) of a machine: from a TPU node's accelerator type; (1, 1) for a GPU VM."""
+    if machine.kind != "tpu":
+        return 1, 1
+    from respawn.topology import UnknownTpuType, tpu_topology
+
+    try:
+        topo = tpu_topology(str(machine.resource.get("acceleratorType") or ""))
+    except UnknownTpuType:
+        return 1, 1
+    return topo.hosts, topo.chips_per_host
+
+
+def slice_worker_env(env: Mapping[str, str], worker: int, hosts: int, port: int, chips: int) -> dict[str, str]:
+    """`env` plus what worker `worker` of a `hosts`-host loopback slice has (trainer/slice_env.py), its XLA flags
+    kept (the device count replaced)."""
+    from trainer.slice_env import worker_env
+
+    extra = worker_env(worker, hosts, port, chips)
+    flags = _DEVICE_COUNT.sub("", env.get("XLA_FLAGS", "")).split()
+    extra["XLA_FLAGS"] = " ".join([*flags, *extra.get("XLA_FLAGS", "").split()])
+    return {**env, **extra, "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)}
+
+
 @dataclass
-class Trainer:
+class Worker:
+    """One trainer process: worker `index` of its node (0 for a one-host machine)."""
+
+    index: int
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    readers: list[threading.Thread] = field(default_factory=list)
+    last_word: bool = False  # the trainer logged completed, failed or stopped itself
+    stopped: bool = False  # SIGSTOPped: hung
+    host_error: bool = False  # its VM died of a host error: nobody is left to log a word for it
+
+
+@dataclass
+class Node:
+    """A READY machine and its trainer processes."""
+
     machine: CloudMachine
     job_id: str
     attempt: int
-    proc: subprocess.Popen[bytes]
-    readers: list[threading.Thread] = field(default_factory=list)
+    hosts: int
+    chips_per_host: int
+    port: int | None  # JAX's coordinator of a slice (worker 0 serves it)
+    workers: list[Worker] = field(default_factory=list)
     preempting: bool = False
     deleted: bool = False
-    last_word: bool = False  # the trainer logged completed, failed or stopped itself
-    step: int | None = None  # the last training step it reported
+    step: int | None = None  # the last training step worker 0 reported
+
+    def tagged(self, worker: Worker) -> dict[str, int]:
+        """The `worker` field of a slice's per-worker timeline lines (none for a one-host machine)."""
+        return {"worker": worker.index} if self.hosts > 1 else {}
+
+    def instance(self, worker: int) -> str:
+        """The Compute Engine VM of a worker: the hidden `t1v-n-...-w-I` of a TPU node, the GPU VM itself."""
+        m = self.machine
+        return tpu_worker_name(m.name, worker) if m.kind == "tpu" else m.name
 
 
 def trainer_argv(metadata: Mapping[str, str]) -> list[str]:
@@ -86,11 +152,13 @@ def trainer_env(metadata: Mapping[str, str], base: Mapping[str, str]) -> dict[st
         RESPAWN_LOG_SINK="stdout",
         PYTHONUNBUFFERED="1",
     )
+    if metadata.get("respawn-progress-s"):
+        env["RESPAWN_PROGRESS_S"] = str(metadata["respawn-progress-s"])
     return env
 
 
 class Nodes:
-    """Starts, preempts and stops the trainer processes of READY machines."""
+    """Starts, preempts, breaks and stops the trainer processes of READY machines."""
 
     def __init__(
         self,
@@ -102,16 +170,20 @@ class Nodes:
         route: Callable[[dict[str, Any]], None],
         mark_preempted: Callable[[str], object],
         timeline: Timeline,
+        set_state: Callable[[str, str], object] = lambda name, state: None,
     ) -> None:
+        """`mark_preempted(name)` and `set_state(name, state)` change the machine in the cloud API; each returns
+        None when there is no such machine (deleted meanwhile)."""
         self.project = project
         self.base_env = dict(base_env)
         self.log_dir = log_dir
         self.grace_s = grace_s
         self.route = route
         self.mark_preempted = mark_preempted
+        self.set_state = set_state
         self.timeline = timeline
         self._lock = threading.RLock()
-        self._trainers: dict[str, Trainer] = {}
+        self._nodes: dict[str, Node] = {}
         self._ready: dict[str, float] = {}  # READY and not being preempted -> since
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -121,38 +193,55 @@ class Nodes:
     def on_ready(self, machine: CloudMachine) -> None:
         with self._lock:  # atomic with stop(): a machine that comes up during teardown gets no trainer
             if not self._closed:
-                self._start_trainer(machine)
+                self._start_node(machine)
 
-    def _start_trainer(self, machine: CloudMachine) -> None:
+    def _start_node(self, machine: CloudMachine) -> None:
         meta = machine.metadata
         job_id, attempt = meta.get("respawn-job-id", ""), int(meta.get("respawn-attempt") or 0)
-        log = (self.log_dir / f"{machine.name}.log").open("ab")
-        proc = start_group(
-            trainer_argv(meta),
-            env=trainer_env(meta, self.base_env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        trainer = Trainer(machine, job_id, attempt, proc)
-        self.timeline.add("trainer_start", machine=machine.name, zone=machine.zone, attempt=attempt, pid=proc.pid)
-        assert proc.stdout is not None and proc.stderr is not None
-        trainer.readers = [
-            self._spawn(self._read_stdout, trainer, proc.stdout, log),
-            self._spawn(self._read_stderr, trainer, proc.stderr, log),
-        ]
-        self._spawn(self._reap, trainer, log)
-        self._trainers[machine.name] = trainer
+        hosts, chips = slice_shape(machine)
+        # A fresh port per node: a slice being torn down and its replacement never share a coordinator.
+        node = Node(machine, job_id, attempt, hosts, chips, free_port() if hosts > 1 else None)
+        env = trainer_env(meta, self.base_env)
+        for i in range(hosts):
+            worker_env = env if hosts == 1 else slice_worker_env(env, i, hosts, node.port or 0, chips)
+            log_name = f"{machine.name}.log" if hosts == 1 else f"{machine.name}-w-{i}.log"
+            log = (self.log_dir / log_name).open("ab")
+            proc = start_group(
+                trainer_argv(meta),
+                env=worker_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            worker = Worker(i, proc, log)
+            node.workers.append(worker)
+            self.timeline.add(
+                "trainer_start",
+                machine=machine.name,
+                zone=machine.zone,
+                attempt=attempt,
+                pid=proc.pid,
+                **node.tagged(worker),
+            )
+            assert proc.stdout is not None and proc.stderr is not None
+            worker.readers = [
+                self._spawn(self._read_stdout, node, worker, proc.stdout),
+                self._spawn(self._read_stderr, node, worker, proc.stderr),
+            ]
+            self._spawn(self._reap, node, worker)
+        self._nodes[machine.name] = node
         self._ready[machine.name] = time.time()
 
     def on_deleted(self, name: str) -> None:
         with self._lock:
             self._ready.pop(name, None)
-            trainer = self._trainers.get(name)
-            if trainer is not None:
-                trainer.deleted = True
-        if trainer is not None and trainer.proc.poll() is None:
-            self._spawn(self._terminate, trainer, 5.0)
+            node = self._nodes.get(name)
+            if node is None:
+                return
+            node.deleted = True
+        for worker in node.workers:
+            if worker.proc.poll() is None:
+                self._spawn(self._terminate, worker, 5.0)
 
     # ---- chaos ----------------------------------------------------------------------------------------------------
 
@@ -162,35 +251,85 @@ class Nodes:
             return sorted(self._ready.items(), key=lambda kv: kv[1])
 
     def step(self, name: str) -> int | None:
-        """The last training step the trainer of `name` reported."""
+        """The last training step worker 0 of `name` reported."""
         with self._lock:
-            trainer = self._trainers.get(name)
-        return trainer.step if trainer is not None else None
+            node = self._nodes.get(name)
+        return node.step if node is not None else None
+
+    def hosts(self, name: str) -> int:
+        with self._lock:
+            node = self._nodes.get(name)
+        return node.hosts if node is not None else 0
+
+    def pids(self, name: str) -> list[int]:
+        """The process ids of the workers of `name`, worker 0 first."""
+        with self._lock:
+            node = self._nodes.get(name)
+        return [w.proc.pid for w in node.workers] if node is not None else []
 
     def preempt(self, name: str) -> None:
         with self._lock:
             self._ready.pop(name, None)
-            trainer = self._trainers.get(name)
-            if trainer is None or trainer.preempting:
+            node = self._nodes.get(name)
+            if node is None or node.preempting:
                 return
-            trainer.preempting = True
-        self.timeline.add("notice", machine=name, zone=trainer.machine.zone)
-        self._spawn(self._preempt, trainer)
+            node.preempting = True
+        self.timeline.add("notice", machine=name, zone=node.machine.zone, workers=node.hosts)
+        self._spawn(self._preempt, node)
 
-    def _preempt(self, trainer: Trainer) -> None:
-        self._terminate(trainer, self.grace_s)
-        for reader in trainer.readers:
-            reader.join(timeout=5)
-        m = trainer.machine
-        try:
-            self.mark_preempted(m.name)
-        except KeyError:  # deleted meanwhile (the job completed): nothing left to preempt
+    def _preempt(self, node: Node) -> None:
+        stoppers = [self._spawn(self._terminate, w, self.grace_s) for w in node.workers]
+        for thread in stoppers:
+            thread.join()
+        for worker in node.workers:
+            for reader in worker.readers:
+                reader.join(timeout=5)
+        m = node.machine
+        if self.mark_preempted(m.name) is None:  # deleted meanwhile (the job completed): nothing left to preempt
             self.timeline.add("preempt_skipped", machine=m.name, reason="deleted")
             return
-        instance = tpu_worker_name(m.name) if m.kind == "tpu" else m.name
-        entry = preempted_entry(project=self.project, zone=m.zone, instance=instance, now=time.time())
-        self.timeline.add("preempted", machine=m.name, zone=m.zone, instance=instance)
-        self.route(entry)
+        instances = [node.instance(i) for i in range(node.hosts)]
+        self.timeline.add("preempted", machine=m.name, zone=m.zone, instance=instances[0], instances=instances)
+        for instance in instances:  # every worker VM of the slice logs its own system event
+            self.route(preempted_entry(project=self.project, zone=m.zone, instance=instance, now=time.time()))
+
+    def act(self, name: str, action: str, worker: int) -> None:
+        """Worker chaos (chaos.py): `kill-worker`, `hang-worker` or `host-error` on worker `worker` of `name`."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None or not 0 <= worker < node.hosts or node.deleted:
+                self.timeline.add("chaos_skipped", machine=name, action=action, worker=worker)
+                return
+            w = node.workers[worker]
+            if action == "host-error":
+                self._ready.pop(name, None)  # its node is TERMINATED: not a target any more
+                w.host_error = True
+        if action == "kill-worker":
+            self.timeline.add("kill_worker", machine=name, worker=worker, pid=w.proc.pid)
+            self._signal(w, signal.SIGKILL)
+        elif action == "hang-worker":
+            w.stopped = True
+            self.timeline.add("hang_worker", machine=name, worker=worker, pid=w.proc.pid)
+            self._signal(w, signal.SIGSTOP)
+        elif action == "host-error":
+            self._spawn(self._host_error, node, w)
+        else:
+            raise ValueError(f"{action!r} is not a worker action; allowed: kill-worker, hang-worker, host-error")
+
+    def _host_error(self, node: Node, worker: Worker) -> None:
+        """The worker's VM dies: the node TERMINATED in the API, then the system event, then the process is gone."""
+        m = node.machine
+        if self.set_state(m.name, "TERMINATED") is None:
+            self.timeline.add("chaos_skipped", machine=m.name, action="host-error", worker=worker.index)
+            return
+        instance = node.instance(worker.index)
+        self.timeline.add("state", machine=m.name, zone=m.zone, state="TERMINATED")
+        self.timeline.add("host_error", machine=m.name, zone=m.zone, worker=worker.index, instance=instance)
+        method = "compute.instances.hostError"
+        self.route(
+            host_event_entry(method=method, project=self.project, zone=m.zone, instance=instance, now=time.time())
+        )
+        self._signal(worker, signal.SIGKILL)
 
     # ---- processes ------------------------------------------------------------------------------------------------
 
@@ -203,82 +342,101 @@ class Nodes:
         return thread
 
     @staticmethod
-    def _terminate(trainer: Trainer, grace: float) -> None:
-        """SIGTERM to the trainer's process group; SIGKILL when it outlives the grace period."""
+    def _signal(worker: Worker, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(trainer.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            trainer.proc.wait(timeout=grace)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(trainer.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            trainer.proc.wait(timeout=5)
+            os.killpg(worker.proc.pid, sig)
 
-    def _read_stdout(self, trainer: Trainer, stream: IO[bytes], log: IO[bytes]) -> None:
+    @classmethod
+    def _terminate(cls, worker: Worker, grace: float) -> None:
+        """SIGTERM to the worker's process group; SIGKILL when it outlives the grace period (at once when it is
+        stopped: it cannot act on SIGTERM). SIGKILL ends a stopped process too."""
+        cls._signal(worker, signal.SIGTERM)
+        if not worker.stopped:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=grace)
+        cls._signal(worker, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.proc.wait(timeout=KILL_WAIT_S)
+
+    def _read_stdout(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
         for raw in stream:
-            log.write(raw)
+            worker.log.write(raw)
             try:
                 payload = json.loads(raw)
             except ValueError:
                 continue
             if not isinstance(payload, dict) or "event" not in payload:
                 continue
-            trainer.last_word |= payload["event"] in ("completed", "failed", "stopped")
-            self._emit(trainer, payload)
+            worker.last_word |= payload["event"] in ("completed", "failed", "stopped")
+            self._emit(node, payload)
 
-    def _emit(self, trainer: Trainer, payload: dict[str, Any]) -> None:
+    def _emit(self, node: Node, payload: dict[str, Any]) -> None:
         """Wrap a lifecycle payload into the LogEntry google-cloud-logging writes and hand it to the router."""
-        m, now = trainer.machine, time.time()
-        self.timeline.add("entry", t=now, machine=m.name, zone=m.zone, attempt=trainer.attempt, payload=payload)
+        m, now = node.machine, time.time()
+        self.timeline.add("entry", t=now, machine=m.name, zone=m.zone, attempt=node.attempt, payload=payload)
         self.route(
             trainer_entry(
                 payload,
                 project=self.project,
                 zone=m.zone,
                 machine=m.name,
-                job_id=str(payload.get("job_id") or trainer.job_id),
-                attempt=int(payload.get("attempt") or trainer.attempt),
+                job_id=str(payload.get("job_id") or node.job_id),
+                attempt=int(payload.get("attempt") or node.attempt),
                 now=now,
             )
         )
 
-    def _read_stderr(self, trainer: Trainer, stream: IO[bytes], log: IO[bytes]) -> None:
+    def _read_stderr(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
         for raw in stream:
-            log.write(raw)
+            worker.log.write(raw)
+            if worker.index != 0:
+                continue
             found = progress(raw.decode(errors="replace"))
             if found is not None:
                 step, loss = found
-                trainer.step = step
-                self.timeline.add("step", machine=trainer.machine.name, attempt=trainer.attempt, step=step, loss=loss)
+                node.step = step
+                self.timeline.add("step", machine=node.machine.name, attempt=node.attempt, step=step, loss=loss)
 
-    def _reap(self, trainer: Trainer, log: IO[bytes]) -> None:
-        code = trainer.proc.wait()
-        for reader in trainer.readers:
+    def _reap(self, node: Node, worker: Worker) -> None:
+        code = worker.proc.wait()
+        for reader in worker.readers:
             reader.join(timeout=10)
-        log.close()
-        self.timeline.add("trainer_exit", machine=trainer.machine.name, attempt=trainer.attempt, code=code)
-        if code != 0 and not (trainer.last_word or trainer.preempting or trainer.deleted or self._closed):
-            # Killed without a word (OOM, segfault): the startup script logs the `failed` entry for it.
-            error = f"the trainer exited with code {code} without a lifecycle entry"
-            self._emit(
-                trainer, {"event": "failed", "job_id": trainer.job_id, "attempt": trainer.attempt, "error": error}
-            )
+        worker.log.close()
+        m = node.machine
+        self.timeline.add("trainer_exit", machine=m.name, attempt=node.attempt, code=code, **node.tagged(worker))
+        quiet = worker.last_word or worker.host_error or node.preempting or node.deleted or self._closed
+        if code != 0 and not quiet:
+            # Killed without a word (OOM, segfault, a peer's broken collective): its startup script logs `failed`.
+            payload: dict[str, Any] = {
+                "event": "failed",
+                "job_id": node.job_id,
+                "attempt": node.attempt,
+                "error": f"the trainer exited with code {code}",
+            }
+            payload.update(node.tagged(worker))
+            self._emit(node, payload)
 
     def alive(self) -> list[str]:
+        """Machines with a live trainer process."""
         with self._lock:
-            return [n for n, t in self._trainers.items() if t.proc.poll() is None]
+            return [n for n, node in self._nodes.items() if any(w.proc.poll() is None for w in node.workers)]
+
+    def processes(self) -> int:
+        """Trainer processes alive (every worker of every machine)."""
+        with self._lock:
+            return sum(w.proc.poll() is None for node in self._nodes.values() for w in node.workers)
 
     def stop(self) -> None:
         """Kill every trainer's process group (teardown); no trainer starts after this."""
         with self._lock:
             self._closed = True
-            trainers = list(self._trainers.values())
+            workers = [w for node in self._nodes.values() for w in node.workers]
             self._ready.clear()
-        for trainer in trainers:
-            if trainer.proc.poll() is None:
-                self._terminate(trainer, 2.0)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(trainer.proc.pid, signal.SIGKILL)
+        stoppers = [self._spawn(self._terminate, w, 2.0) for w in workers if w.proc.poll() is None]
+        for thread in stoppers:
+            thread.join()
+        for worker in workers:
+            self._signal(worker, signal.SIGKILL)
         with self._lock:
             threads = list(self._threads)
         for thread in threads:

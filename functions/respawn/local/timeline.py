@@ -3,13 +3,17 @@
 Kinds recorded (each with `t`, seconds since the epoch, and `machine` where it applies):
   submitted                     the job message was published (t0 of the run)
   create_call                   the cloud API received a create for `machine` in `zone`
-  state                         `machine` changed state (`state`: CREATING, READY, PREEMPTED, ...; `zone`)
+  state                         `machine` changed state (`state`: CREATING, READY, TERMINATED, ...; `zone`)
   deleted                       `machine` was deleted
-  notice                        chaos told `machine` it is being preempted (SIGTERM)
-  preempted                     `machine` is PREEMPTED and its system event was emitted
-  trainer_start / trainer_exit  the trainer process of `machine` started / exited (`code`)
+  notice                        chaos told `machine` it is being preempted (SIGTERM to its `workers`)
+  preempted                     `machine` is PREEMPTED and its system events were emitted (`instances`, one per
+                                worker VM; `instance` the first)
+  trainer_start / trainer_exit  a trainer process of `machine` started (`pid`) / exited (`code`); `worker` on a
+                                multi-host slice
+  kill_worker / hang_worker     chaos SIGKILLed / SIGSTOPped `worker` of `machine`
+  host_error                    `worker`'s VM (`instance`) had a host error: `machine` TERMINATED, its event emitted
   entry                         a lifecycle entry of `machine`'s trainer (`payload`)
-  step                          a training step of `machine`'s trainer (`step`, `loss`)
+  step                          a training step of `machine`'s trainer, worker 0 (`step`, `loss`)
 """
 
 from __future__ import annotations
