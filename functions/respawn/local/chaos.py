@@ -8,6 +8,15 @@ still being created), the preemption waits for the next one that becomes READY.
 that training step (or a later one): the same run on a fast or a slow machine.
 `--mtbi 60s` gives every machine a lifetime drawn from a seeded exponential
 distribution, counted from the moment it becomes READY.
+
+Worker chaos hits one worker (one host) of a TPU slice, once worker 0 of the
+READY node reports STEP (`STEP:WORKER`, comma-separated lists allowed):
+`--kill-worker-at-step 300:2` SIGKILLs it (no notice; its startup script logs
+`failed`), `--hang-worker-at-step 450:1` SIGSTOPs it (alive, no progress: only
+hang detection finds it), `--host-error-at-step 600:3` is a host error of its VM
+(the node TERMINATED, the `compute.instances.hostError` event, the process
+killed without a word). Step actions, preemptions at steps included, fire in
+step order, each once, each on a node no earlier step action hit.
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -52,6 +62,67 @@ def parse_steps(text: str, option: str = "--preempt-at-step") -> list[int]:
     return sorted(int(part) for part in parts)
 
 
+_WORKER_STEP = re.compile(r"(\d+):(\d+)")
+
+
+def parse_worker_steps(text: str, option: str) -> list[tuple[int, int]]:
+    """`300:2,450:1` -> [(300, 2), (450, 1)] (step, worker), sorted by step."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ChaosError(f"{option}: nothing given; use a comma-separated list of STEP:WORKER (300:2)")
+    found = []
+    for part in parts:
+        m = _WORKER_STEP.fullmatch(part)
+        if not m or int(m.group(1)) < 1:
+            raise ChaosError(
+                f"{option}: {part!r} is not STEP:WORKER; use a training step of 1 or more and a worker number "
+                "from 0 (300:2)"
+            )
+        found.append((int(m.group(1)), int(m.group(2))))
+    return sorted(found)
+
+
+def check_workers(option: str, pairs: list[tuple[int, int]], hosts: int, machine: str) -> None:
+    """Every worker named must exist in the job's machine (`machine` describes it: v5litepod-16)."""
+    for step, worker in pairs:
+        if worker >= hosts:
+            have = "worker 0 only" if hosts == 1 else f"workers 0..{hosts - 1}"
+            raise ChaosError(
+                f"{option}: '{step}:{worker}' names worker {worker}, but {machine} has {hosts} "
+                f"host{'s' if hosts != 1 else ''}; allowed: {have}"
+            )
+
+
+PREEMPT = "preempt"
+KILL_WORKER = "kill-worker"
+HANG_WORKER = "hang-worker"
+HOST_ERROR = "host-error"
+STEP_ACTIONS = (PREEMPT, KILL_WORKER, HANG_WORKER, HOST_ERROR)  # also the order of actions at the same step
+
+
+@dataclass(frozen=True)
+class StepAction:
+    """Do `action` to `worker` of the READY node once its worker 0 reports `step`."""
+
+    step: int
+    action: str  # one of STEP_ACTIONS
+    worker: int = 0
+
+
+def step_actions(
+    *,
+    preempt: Sequence[int] = (),
+    kill_worker: Sequence[tuple[int, int]] = (),
+    hang_worker: Sequence[tuple[int, int]] = (),
+    host_error: Sequence[tuple[int, int]] = (),
+) -> list[StepAction]:
+    """Every step action, in the order they fire: by step, then in STEP_ACTIONS order."""
+    actions = [StepAction(s, PREEMPT) for s in preempt]
+    for kind, pairs in ((KILL_WORKER, kill_worker), (HANG_WORKER, hang_worker), (HOST_ERROR, host_error)):
+        actions += [StepAction(s, kind, w) for s, w in pairs]
+    return sorted(actions, key=lambda a: (a.step, STEP_ACTIONS.index(a.action), a.worker))
+
+
 def parse_stockout(text: str) -> tuple[str, int | None]:
     """`us-central1-a:2` -> the first 2 creates there fail; `us-central1-a` -> every create there fails."""
     zone, _, count = text.partition(":")
@@ -64,7 +135,8 @@ def parse_stockout(text: str) -> tuple[str, int | None]:
 
 class Chaos:
     """Preempts machines on a schedule. `ready()` lists (machine, became_ready_at) of READY machines; `step_of(machine)`
-    is the last training step its trainer reported (None before the first)."""
+    is the last training step its trainer (worker 0) reported (None before the first). `actions` are worker chaos
+    at steps, done by `act(machine, action)`; `at_steps` are preemptions at steps, done by `preempt(machine)`."""
 
     def __init__(
         self,
@@ -78,12 +150,19 @@ class Chaos:
         mtbi: float | None = None,
         seed: int = 0,
         tick: float = 0.1,
+        actions: list[StepAction] | None = None,
+        act: Callable[[str, StepAction], None] = lambda name, action: None,
     ) -> None:
         self._ready = ready
         self._preempt = preempt
         self._t0 = t0
         self._at = list(at or [])
-        self._at_steps = list(at_steps or [])
+        self._steps = sorted(
+            [*step_actions(preempt=at_steps or ()), *(actions or ())],
+            key=lambda a: (a.step, STEP_ACTIONS.index(a.action), a.worker),
+        )
+        self._hit: set[str] = set()  # machines a step action hit: the next one waits for another machine
+        self._act = act
         self._step_of = step_of
         self._mtbi = mtbi
         self._rng = random.Random(seed)
@@ -102,27 +181,40 @@ class Chaos:
         self._thread.join(timeout=5)
 
     def due(self, now: float) -> list[str]:
-        """Machines to preempt now (advances the schedule)."""
+        """Machines to preempt now (advances the schedule; worker actions due now are dropped: see plan)."""
+        return [name for name, action in self.plan(now) if action.action == PREEMPT]
+
+    def plan(self, now: float) -> list[tuple[str, StepAction]]:
+        """What to do now, to which machine (advances the schedule)."""
         live = self._ready()
-        chosen: list[str] = []
+        chosen: list[tuple[str, StepAction]] = []
+
+        def preempt(name: str, step: int = 0) -> None:
+            if all(n != name or a.action != PREEMPT for n, a in chosen):
+                chosen.append((name, StepAction(step, PREEMPT)))
+
         if self._at and now - self._t0 >= self._at[0] and live:
             self._at.pop(0)
-            chosen.append(live[0][0] if len(live) == 1 else self._pick.choice(live)[0])
-        if self._at_steps:
-            reached = [name for name, _ in live if (self._step_of(name) or 0) >= self._at_steps[0]]
-            if reached:
-                self._at_steps.pop(0)
-                if reached[0] not in chosen:
-                    chosen.append(reached[0])
+            preempt(live[0][0] if len(live) == 1 else self._pick.choice(live)[0])
+        if self._steps:
+            head = self._steps[0].step
+            reached = [n for n, _ in live if n not in self._hit and (self._step_of(n) or 0) >= head]
+            if reached:  # every action at this step, on the first machine that reached it
+                self._hit.add(reached[0])
+                while self._steps and self._steps[0].step == head:
+                    chosen.append((reached[0], self._steps.pop(0)))
         if self._mtbi:
             for name, ready_at in live:
                 if name not in self._deadlines:
                     self._deadlines[name] = ready_at + self._rng.expovariate(1.0 / self._mtbi)
-                if now >= self._deadlines[name] and name not in chosen:
-                    chosen.append(name)
+                if now >= self._deadlines[name]:
+                    preempt(name)
         return chosen
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):
-            for name in self.due(time.time()):
-                self._preempt(name)
+            for name, action in self.plan(time.time()):
+                if action.action == PREEMPT:
+                    self._preempt(name)
+                else:
+                    self._act(name, action)

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from respawn.local.chaos import ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
+from respawn.local.chaos import (
+    ChaosError,
+    check_workers,
+    parse_duration,
+    parse_steps,
+    parse_stockout,
+    parse_times,
+    parse_worker_steps,
+)
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption
@@ -24,9 +32,16 @@ that falls when no machine is READY waits for the next machine to become READY.
 --preempt-at-step preempts the READY machine once its trainer reports the step: the same
 run on a fast or a slow machine.
 --mtbi draws every machine's lifetime from a seeded exponential distribution, counted from READY.
+worker chaos (STEP:WORKER, comma-separated) hits one worker of a TPU slice once worker 0 of the READY
+node reports STEP: --kill-worker-at-step SIGKILLs it (its startup script logs `failed`),
+--hang-worker-at-step SIGSTOPs it (only hang detection, the job's hang_timeout, finds it),
+--host-error-at-step is a host error of its VM (node TERMINATED, hostError event, process killed).
+Step actions fire in step order, each once, each on a node no earlier step action hit.
 examples:
   respawn local run examples/quickstart.yaml --preempt-at 40s,80s
   respawn local run examples/quickstart.yaml --preempt-at-step 250,550
+  respawn local run examples/slice.yaml --preempt-at-step 40 --kill-worker-at-step 90:2 \
+      --hang-worker-at-step 140:1 --host-error-at-step 190:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
 """
@@ -53,6 +68,21 @@ def parser() -> argparse.ArgumentParser:
         "--preempt-at-step",
         metavar="S1,S2",
         help="preempt the live machine once its trainer reports these training steps (e.g. 250,550)",
+    )
+    r.add_argument(
+        "--kill-worker-at-step",
+        metavar="STEP:WORKER",
+        help="SIGKILL that worker of the slice once worker 0 reports STEP, without notice (e.g. 300:2)",
+    )
+    r.add_argument(
+        "--hang-worker-at-step",
+        metavar="STEP:WORKER",
+        help="SIGSTOP that worker once worker 0 reports STEP: alive, no progress (e.g. 450:1)",
+    )
+    r.add_argument(
+        "--host-error-at-step",
+        metavar="STEP:WORKER",
+        help="a host error on that worker's VM once worker 0 reports STEP: node TERMINATED, process gone (e.g. 600:3)",
     )
     r.add_argument("--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)")
     r.add_argument(
@@ -119,6 +149,32 @@ def total_steps(args: Sequence[str]) -> int | None:
     return None
 
 
+def worker_steps(text: str | None, option: str) -> list[tuple[int, int]]:
+    return parse_worker_steps(text, option) if text is not None else []
+
+
+def job_shape(machine: dict[str, Any]) -> tuple[int, int, str]:
+    """(hosts, chips per host, what the machine is) of a job's validated `machine`: a TPU slice's from its
+    accelerator type; a GPU VM is one host."""
+    if machine.get("kind") == "tpu":
+        from respawn.topology import tpu_topology
+
+        topo = tpu_topology(str(machine["accelerator_type"]))
+        return topo.hosts, topo.chips_per_host, str(machine["accelerator_type"])
+    return 1, 1, f"{machine.get('machine_type', 'the GPU VM')}"
+
+
+def check_chaos_workers(opts: Any, message: dict[str, Any]) -> None:
+    """Worker chaos must name workers the job's machine has."""
+    hosts, _, what = job_shape(message["machine"])
+    for option, pairs in (
+        ("--kill-worker-at-step", opts.kill_worker_at_steps),
+        ("--hang-worker-at-step", opts.hang_worker_at_steps),
+        ("--host-error-at-step", opts.host_error_at_steps),
+    ):
+        check_workers(option, pairs, hosts, what)
+
+
 def options(ns: argparse.Namespace) -> Any:
     from respawn.local.cloud import Options
 
@@ -131,6 +187,9 @@ def options(ns: argparse.Namespace) -> Any:
     return Options(
         preempt_at=parse_times(ns.preempt_at) if ns.preempt_at else [],
         preempt_at_steps=parse_steps(ns.preempt_at_step) if ns.preempt_at_step else [],
+        kill_worker_at_steps=worker_steps(ns.kill_worker_at_step, "--kill-worker-at-step"),
+        hang_worker_at_steps=worker_steps(ns.hang_worker_at_step, "--hang-worker-at-step"),
+        host_error_at_steps=worker_steps(ns.host_error_at_step, "--host-error-at-step"),
         mtbi_s=parse_duration(ns.mtbi, "--mtbi") if ns.mtbi else None,
         stockouts=stockouts,
         duplicate_deliveries=ns.duplicate_deliveries,
@@ -178,6 +237,8 @@ def run(ns: argparse.Namespace) -> int:
 
     message = load_message(ns.job, ns.trainer_arg)
     opts = options(ns)
+    check_chaos_workers(opts, message)
+    hosts, chips_per_host, _ = job_shape(message["machine"])
     out = sys.stderr if ns.json else sys.stdout
 
     def say(line: str) -> None:
@@ -188,13 +249,16 @@ def run(ns: argparse.Namespace) -> int:
         if not ns.no_reference:
             cloud_env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
             cloud_env["RESPAWN_COMPILE_CACHE"] = str((opts.workdir / "compile-cache").resolve())
-            say("reference: the uninterrupted run of the same trainer args (computed once, then cached)")
+            shape = f" on {hosts} processes ({hosts} hosts x {chips_per_host} devices)" if hosts > 1 else ""
+            say(f"reference: the uninterrupted run of the same trainer args{shape} (computed once, then cached)")
             ref = reference_run(
                 message.get("args") or [],
                 message.get("env") or {},
                 cache_dir=opts.workdir / "reference",
                 base_env=cloud_env,
                 log_path=opts.workdir / "reference.log",
+                hosts=hosts,
+                chips_per_host=chips_per_host,
             )
             reference_sha = ref["params_sha256"]
             how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
@@ -209,6 +273,7 @@ def run(ns: argparse.Namespace) -> int:
         leftover_processes=leftover_processes(),
         price=machine_price(message["machine"]),
         timed_out=outcome.timed_out,
+        hosts=hosts,
     )
     r["bus"] = outcome.bus
     r["run_dir"] = str(outcome.run_dir)

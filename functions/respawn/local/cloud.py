@@ -6,7 +6,8 @@
   functions-framework    on_job_message and on_event from functions/main.py, unchanged
   log router             the sink filter applied to every LogEntry -> respawn-events (router.py)
   Cloud Scheduler        a sweep tick every few seconds (scheduler.py)
-  chaos                  preemptions at fixed times or a seeded MTBI (chaos.py)
+  chaos                  preemptions at fixed times, steps or a seeded MTBI; workers killed, hung or lost to a
+                         host error at steps (chaos.py)
 
 `run()` takes one job through it (`respawn local run`). For many jobs (bench/load_test.py):
 `with LocalCloud(...) as cloud: cloud.start(buckets); cloud.start_chaos(t0); cloud.submit(message) ...`.
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
-from respawn.local.chaos import Chaos
+from respawn.local.chaos import Chaos, StepAction, step_actions
 from respawn.local.cloudapi import CloudApiServer
 from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
 from respawn.local.functions import FunctionServers
@@ -47,6 +48,9 @@ EVENTS_TOPIC = "respawn-events"
 class Options:
     preempt_at: list[float] = field(default_factory=list)
     preempt_at_steps: list[int] = field(default_factory=list)
+    kill_worker_at_steps: list[tuple[int, int]] = field(default_factory=list)  # (step, worker)
+    hang_worker_at_steps: list[tuple[int, int]] = field(default_factory=list)
+    host_error_at_steps: list[tuple[int, int]] = field(default_factory=list)
     mtbi_s: float | None = None
     stockouts: dict[str, int | None] = field(default_factory=dict)  # zone -> next COUNT creates fail (None: all)
     duplicate_deliveries: int = 1
@@ -146,6 +150,7 @@ class LocalCloud:
             grace_s=o.grace_s,
             route=lambda entry: router[0].route(entry),
             mark_preempted=lambda name: api[0].preempt(name),
+            set_state=lambda name, state: api[0].set_state(name, state),
             timeline=tl,
         )
         capacity: dict[str, int | None] = {z: 0 for z, n in o.stockouts.items() if n is None}
@@ -204,17 +209,29 @@ class LocalCloud:
         return t
 
     def start_chaos(self, t0: float) -> Chaos:
-        """Preemptions per the options (`preempt_at` counts from t0); stopped on exit before the trainers."""
+        """Preemptions and worker chaos per the options (`preempt_at` counts from t0); stopped on exit before the
+        trainers."""
         o = self.o
+        nodes = self.nodes
+
+        def act(name: str, action: StepAction) -> None:
+            nodes.act(name, action.action, action.worker)
+
         chaos = Chaos(
-            ready=self.nodes.ready,
-            preempt=self.nodes.preempt,
+            ready=nodes.ready,
+            preempt=nodes.preempt,
             t0=t0,
             at=o.preempt_at,
             at_steps=o.preempt_at_steps,
-            step_of=self.nodes.step,
+            step_of=nodes.step,
             mtbi=o.mtbi_s,
             seed=o.seed,
+            actions=step_actions(
+                kill_worker=o.kill_worker_at_steps,
+                hang_worker=o.hang_worker_at_steps,
+                host_error=o.host_error_at_steps,
+            ),
+            act=act,
         )
         self._stack.callback(chaos.start().stop)
         return chaos
@@ -316,14 +333,25 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
     if kind == "notice":
         return f"{at} chaos: preempting {e['machine']} (SIGTERM, grace period running)"
     if kind == "preempted":
-        return f"{at} cloud: {e['machine']} PREEMPTED; system event on {e['instance']} sent to the log router"
+        on = ", ".join(e.get("instances") or [e["instance"]])
+        return f"{at} cloud: {e['machine']} PREEMPTED; system event on {on} sent to the log router"
     if kind == "deleted":
         return f"{at} cloud: {e['machine']} deleted"
+    if kind == "kill_worker":
+        return f"{at} chaos: SIGKILL to worker {e['worker']} of {e['machine']} (no notice)"
+    if kind == "hang_worker":
+        return f"{at} chaos: SIGSTOP to worker {e['worker']} of {e['machine']} (hung: alive, no progress)"
+    if kind == "host_error":
+        return (
+            f"{at} chaos: host error on worker {e['worker']} of {e['machine']}: node TERMINATED, system event on "
+            f"{e['instance']} sent to the log router, the worker killed"
+        )
     if kind == "trainer_exit" and e["code"] not in (0, -15):  # -15: SIGTERM (preempted or deleted)
-        return f"{at} trainer on {e['machine']} exited with code {e['code']}"
+        worker = f" worker {e['worker']}" if "worker" in e else ""
+        return f"{at} trainer on {e['machine']}{worker} exited with code {e['code']}"
     if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):
         p = e["payload"]
-        detail = {k: p[k] for k in ("step", "restored_step", "error") if p.get(k) is not None}
+        detail = {k: p[k] for k in ("step", "restored_step", "worker", "error") if p.get(k) is not None}
         return f"{at} trainer {e['machine']}: {p['event']} {json.dumps(detail)}"
     return None
 
@@ -332,7 +360,7 @@ def _progress_key(job: Job | None) -> tuple[Any, ...] | None:
     """A progress line is printed when this changes, else every few seconds."""
     if job is None:
         return None
-    return job.status, job.current.n if job.current else None, job.counters.preemptions
+    return job.status, job.current.n if job.current else None, job.counters.preemptions, job.counters.failures
 
 
 def _progress_line(job: Job | None, step: dict[str, Any] | None, total: int | None) -> str:
@@ -348,6 +376,8 @@ def _progress_line(job: Job | None, step: dict[str, Any] | None, total: int | No
             parts.append(f"loss {step['loss']:.4f}")
     if job.counters.preemptions:
         parts.append(f"preemptions {job.counters.preemptions}")
+    if job.counters.failures:
+        parts.append(f"failures {job.counters.failures}")
     return "  ".join(parts)
 
 

@@ -1,13 +1,17 @@
 """The uninterrupted reference run a local run is compared with (`exact` in the report).
 
 The same trainer with the same args and env, run once to completion without the
-control plane, checkpointing to a temporary local directory. Its final
-`params_sha256` is cached under `.respawn/reference/<key>.json`, keyed by the
-args, the env and the trainer's source, so it is computed once per change.
+control plane, checkpointing to a temporary local directory. For a multi-host
+TPU slice it is as many processes as the slice has hosts, each with the worker
+environment the local cloud gives a slice's workers (nodes.py), so the shape of
+the computation (processes x devices) is the job's. Its final `params_sha256` is
+cached under `.respawn/reference/<key>.json`, keyed by the args, the env, the
+slice shape and the trainer's source, so it is computed once per change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -18,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from respawn.local.emulators import start_group, stop_group
+from respawn.local.emulators import free_port, start_group, stop_group
 
 
 def trainer_digest() -> str:
@@ -32,9 +36,11 @@ def trainer_digest() -> str:
     return h.hexdigest()
 
 
-def reference_key(args: Sequence[str], env: Mapping[str, str]) -> str:
-    blob = json.dumps({"args": list(args), "env": dict(sorted(env.items())), "trainer": trainer_digest()})
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+def reference_key(args: Sequence[str], env: Mapping[str, str], hosts: int = 1, chips_per_host: int = 1) -> str:
+    key: dict[str, Any] = {"args": list(args), "env": dict(sorted(env.items())), "trainer": trainer_digest()}
+    if hosts > 1:  # a one-host run keeps the key it always had
+        key.update(hosts=hosts, chips_per_host=chips_per_host)
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
 
 
 def reference_run(
@@ -45,9 +51,12 @@ def reference_run(
     base_env: Mapping[str, str],
     log_path: Path,
     timeout_s: float = 1800,
+    hosts: int = 1,
+    chips_per_host: int = 1,
 ) -> dict[str, Any]:
-    """{"params_sha256", "final_step", "final_loss", "wall_s", "cached"} of the uninterrupted run."""
-    path = cache_dir / f"{reference_key(args, env)}.json"
+    """{"params_sha256", "final_step", "final_loss", "wall_s", "cached"} of the uninterrupted run
+    (`hosts` processes with `chips_per_host` devices each for a multi-host slice)."""
+    path = cache_dir / f"{reference_key(args, env, hosts, chips_per_host)}.json"
     if path.exists():
         return {**json.loads(path.read_text()), "cached": True}
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -60,12 +69,33 @@ def reference_run(
             "RESPAWN_CHECKPOINT_URI": ckpt,
             "RESPAWN_LOG_SINK": "stdout",
         }
+        argv = [sys.executable, "-m", "trainer", *args]
         t = time.monotonic()
-        proc = start_group([sys.executable, "-m", "trainer", *args], env=run_env, stdout=subprocess.PIPE, stderr=log)
+        if hosts == 1:
+            procs = [start_group(argv, env=run_env, stdout=subprocess.PIPE, stderr=log)]
+        else:
+            from respawn.local.nodes import slice_worker_env
+
+            port = free_port()
+            procs = [
+                start_group(
+                    argv,
+                    env=slice_worker_env(run_env, i, hosts, port, chips_per_host),
+                    stdout=subprocess.PIPE if i == 0 else log,  # process 0 writes the lifecycle entries
+                    stderr=log,
+                )
+                for i in range(hosts)
+            ]
+        proc = procs[0]
         try:
             out, _ = proc.communicate(timeout=timeout_s)
+            for other in procs[1:]:  # they finish with process 0 (or are stopped below when it failed)
+                if proc.returncode == 0:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        other.wait(timeout=60)
         finally:
-            stop_group(proc, grace=2)
+            for p in procs:
+                stop_group(p, grace=2)
         wall = time.monotonic() - t
     completed = None
     for line in out.decode(errors="replace").splitlines():
@@ -76,13 +106,16 @@ def reference_run(
         if isinstance(entry, dict) and entry.get("event") == "completed":
             completed = entry
     if completed is None:
-        raise RuntimeError(f"the reference run did not complete (exit code {proc.returncode}); see {log_path}")
+        codes = ", ".join(str(p.returncode) for p in procs)
+        raise RuntimeError(f"the reference run did not complete (exit code {codes}); see {log_path}")
     result = {
         "params_sha256": completed.get("params_sha256"),
         "final_step": completed.get("step"),
         "final_loss": completed.get("final_loss"),
         "wall_s": round(wall, 2),
         "args": list(args),
+        "hosts": hosts,
+        "chips_per_host": chips_per_host,
     }
     path.write_text(json.dumps(result, indent=2) + "\n")
     return {**result, "cached": False}

@@ -10,6 +10,11 @@ Definitions:
                   the trainers' own splits (startup, restore, checkpoint, wasted) plus `idle_s`, the wall time no
                   trainer accounted for (no machine yet, machine booting, recovery gaps)
   cost            machine time (READY until preempted or deleted) at the Spot and on-demand prices of prices.py
+  hosts           worker VMs of the job's machine (a TPU slice's hosts; 1 for a GPU VM): trainer processes per attempt
+  hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
+  failures        the job record's failure counter (trainer failures, at most one per attempt)
+  chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
+  max_live_machines  the most machines live (CREATING/READY) at once: a slice counts once, whatever its hosts
 """
 
 from __future__ import annotations
@@ -46,6 +51,17 @@ def max_live_machines(events: list[dict[str, Any]]) -> int:
             live.discard(e["machine"])
         most = max(most, len(live))
     return most
+
+
+CHAOS_KINDS = {"kill_worker": "kill-worker", "hang_worker": "hang-worker", "host_error": "host-error"}
+
+
+def chaos_rows(events: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
+    return [
+        {"action": CHAOS_KINDS[e["kind"]], "machine": e.get("machine"), "worker": e.get("worker"), "at_s": e["t"] - t0}
+        for e in events
+        if e["kind"] in CHAOS_KINDS
+    ]
 
 
 def _attempt_of(e: dict[str, Any]) -> int:
@@ -127,6 +143,7 @@ def build(
     leftover_processes: int,
     price: MachinePrice | None,
     timed_out: bool,
+    hosts: int = 1,
 ) -> dict[str, Any]:
     events = sorted(events, key=lambda e: e["t"])
     t0 = next((e["t"] for e in events if e["kind"] == "submitted"), events[0]["t"] if events else 0.0)
@@ -148,8 +165,12 @@ def build(
         "timed_out": timed_out,
         "reason": job.get("reason", ""),
         "attempts": len(job.get("attempts") or ()),
+        "hosts": hosts,
         "preemptions": (job.get("counters") or {}).get("preemptions", 0),
         "preemptions_injected": sum(1 for e in events if e["kind"] == "notice"),
+        "failures": (job.get("counters") or {}).get("failures", 0),
+        "hangs_detected": sum(1 for a in job.get("attempts") or () if a.get("end_reason") == "hung"),
+        "chaos": [{**row, "at_s": round(row["at_s"], 3)} for row in chaos_rows(events, t0)],
         "capacity_errors": (job.get("counters") or {}).get("capacity_errors", 0),
         "zones": [
             {"attempt": a["n"], "zone": a["zone"], "end": a.get("end_reason"), "restored_step": a.get("restored_step")}
@@ -200,7 +221,7 @@ def render(r: dict[str, Any]) -> str:
     lines = [
         f"job {r['job_id']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""),
         f"  attempts {r['attempts']}, preemptions survived {r['preemptions']} (injected {r['preemptions_injected']}), "
-        f"capacity errors {r['capacity_errors']}",
+        f"capacity errors {r['capacity_errors']}, failures {r['failures']}, hangs detected {r['hangs_detected']}",
         "  zones    " + " -> ".join(f"a{z['attempt']} {z['zone']} ({z['end'] or 'live'})" for z in r["zones"]),
         f"  steps    {r['final_step']} (final loss {r['final_loss']}), lost steps {r['lost_steps']}",
         f"  wall     {r['wall_s']:.1f}s, goodput {100 * r['goodput']:.1f}%",
@@ -209,6 +230,10 @@ def render(r: dict[str, Any]) -> str:
         + ", "
         + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "wasted_s", "idle_s")),
     ]
+    if r["hosts"] > 1:
+        lines.append(f"  slice    {r['hosts']} hosts: {r['hosts']} trainer processes per attempt")
+    for c in r["chaos"]:
+        lines.append(f"  chaos    {c['action']} worker {c['worker']} of {c['machine']} at {c['at_s']:.1f}s")
     for row in r["recovery"]:
         lines.append(
             f"  recovery {row['machine']}: stopped in {_s(row['stop_s'])}, create after {_s(row['create_s'])}, "
