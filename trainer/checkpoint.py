@@ -37,18 +37,26 @@ class Checkpoints:
         self._pending: tuple[int, float, float] | None = None  # step, started, blocking_s
         self._finished: list[SaveDone] = []  # durable, not yet reported
 
-    def restore_newest(self, abstract_state: Any) -> tuple[Any, int] | None:
+    def restore_newest(
+        self, abstract_state: Any, agree_any: Callable[[bool], bool] = lambda flag: flag
+    ) -> tuple[Any, int] | None:
         """The newest readable checkpoint (state, step), or None when there is none at all.
 
+        `abstract_state` carries the target shardings: each process reads the shards its devices hold. A step
+        that any process cannot read is unreadable for all (`agree_any`), so every host restores the same step.
         Unreadable steps newer than the restored one are removed (a later save reuses their numbers).
         When steps exist but none can be read, this raises: starting over would discard them all.
         """
         unreadable: list[int] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
+            error: str | None = None
             try:
                 state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
             except Exception as e:  # any reason a step cannot be read: fall back to the previous one
-                log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, _short(e))
+                error = _short(e)
+            if agree_any(error is not None):
+                reason = error or "another host cannot read it"
+                log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, reason)
                 unreadable.append(step)
                 continue
             for bad in unreadable:

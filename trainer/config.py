@@ -72,6 +72,11 @@ class Config:
     mtbi_s: float
     compile_cache: str | None
     save_delay_s: float  # test knob: stretches each save before its commit
+    heartbeat_timeout_s: int  # multi-host: a worker whose peer stopped heartbeating exits after this long
+    progress_s: float  # process 0 sends a `progress` entry at most this often
+    worker_id: int | None  # TPU_WORKER_ID: this host's index in the slice
+    worker_hostnames: tuple[str, ...]  # TPU_WORKER_HOSTNAMES: every host of the slice, in worker order
+    coordinator_address: str | None  # JAX_COORDINATOR_ADDRESS (local slices); else the first host, port 8482
 
     @property
     def size(self) -> ModelSize | None:
@@ -146,7 +151,15 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "RESPAWN_MTBI_S": (_float(0.0, 1e9, lo_open=True), "seconds > 0"),
     "RESPAWN_COMPILE_CACHE": (lambda s: s, "a directory, or `off`"),
     "RESPAWN_TEST_SAVE_DELAY_S": (_float(0.0, 600.0), "seconds 0..600"),
+    "RESPAWN_HEARTBEAT_TIMEOUT_S": (_int(2, 86400), "an integer number of seconds 2..86400"),
+    "RESPAWN_PROGRESS_S": (_float(1.0, 86400.0), "seconds 1..86400"),
+    "TPU_WORKER_ID": (_int(0, 65535), "an integer 0..65535, below the number of TPU_WORKER_HOSTNAMES"),
+    "TPU_WORKER_HOSTNAMES": (lambda s: _hostnames(s), "comma-separated host names or addresses"),
+    "JAX_COORDINATOR_ADDRESS": (lambda s: _host_port(s), "HOST:PORT"),
 }
+DEFAULT_HEARTBEAT_TIMEOUT_S = 100  # JAX's own default
+DEFAULT_PROGRESS_S = 60.0
+COORDINATOR_PORT = 8482  # on a TPU slice, process 0 (the first host) serves JAX's coordinator here
 
 
 def _match(pattern: re.Pattern[str], text: str) -> str:
@@ -173,6 +186,20 @@ def _url(text: str) -> str:
     if not re.match(r"^https?://[^\s/]+", text):
         raise ValueError(f"{text!r} is not an http(s) URL")
     return text.rstrip("/")
+
+
+def _hostnames(text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in text.split(","))
+    if not all(hosts) or any(c.isspace() or c in "/@" for h in hosts for c in h):
+        raise ValueError(f"{text!r} is not a list of host names")
+    return hosts
+
+
+def _host_port(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return text
 
 
 def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
@@ -240,7 +267,17 @@ def load_config(argv: Sequence[str], env: Mapping[str, str], on_gce: bool = Fals
         mtbi_s=e.get("RESPAWN_MTBI_S", 3600.0),
         compile_cache=None if cache in ("", "off") else os.path.abspath(os.path.expanduser(cache)),
         save_delay_s=e.get("RESPAWN_TEST_SAVE_DELAY_S", 0.0),
+        heartbeat_timeout_s=e.get("RESPAWN_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_TIMEOUT_S),
+        progress_s=e.get("RESPAWN_PROGRESS_S", DEFAULT_PROGRESS_S),
+        worker_id=e.get("TPU_WORKER_ID"),
+        worker_hostnames=e.get("TPU_WORKER_HOSTNAMES", ()),
+        coordinator_address=e.get("JAX_COORDINATOR_ADDRESS"),
     )
+    hosts = config.worker_hostnames
+    if config.worker_id is not None and hosts and config.worker_id >= len(hosts):
+        raise ConfigError(
+            "TPU_WORKER_ID", f"{config.worker_id} is not below {len(hosts)} hosts", ENV["TPU_WORKER_ID"][1]
+        )
     return config
 
 
@@ -252,5 +289,5 @@ def help_text() -> str:
     lines = ["usage: python -m trainer [--FLAG=VALUE ...]", "", "flags:"]
     shown = {"checkpoint-every": "auto", "batch-size": "per model", "seq-len": "per model"}
     lines += [f"  --{n:<17} {h} ({a}; default {shown.get(n, d)})" for n, (_, d, a, h) in FLAGS.items()]
-    lines += ["", "environment:"] + [f"  {n:<26} {a}" for n, (_, a) in ENV.items()]
+    lines += ["", "environment:"] + [f"  {n:<28} {a}" for n, (_, a) in ENV.items()]
     return "\n".join(lines)

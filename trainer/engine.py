@@ -1,7 +1,9 @@
 """The JAX engine: state, compiled train step and checkpoints, behind the small interface the loop drives.
 
-The step is compiled ahead of time (part of startup), so the first training step runs at full speed.
-On CPU the state is not donated: an async save may still be reading the previous step's host view.
+The state (parameters and optimizer moments) is sharded FSDP-style over every device of every host
+(`runtime.fsdp_spec`); the batch is sharded on the same `data` axis. The step is compiled ahead of time
+(part of startup), so the first training step runs at full speed. On CPU the state is not donated: an
+async save may still be reading the previous step's host view.
 """
 
 from __future__ import annotations
@@ -30,18 +32,31 @@ class JaxEngine:
             raise ConfigError(
                 "--batch-size", f"{cfg.batch_size} does not split over {mesh.size} devices", "a multiple of it"
             )
-        self.replicated, self.sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+        self.sharded = NamedSharding(mesh, P("data"))
         optimizer = train.make_optimizer(cfg)
-        init = jax.jit(lambda params: train.new_state(params, optimizer), out_shardings=self.replicated)
-        self._fresh = lambda: init(model.init_params(cfg.seed, size, cfg.seq_len))
         shapes = train.state_shapes(cfg, size, optimizer)
-        self.abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.replicated), shapes)
+        self.shardings = runtime.state_shardings(shapes, mesh)
+        param_shardings = self.shardings["params"]
+        init = jax.jit(
+            lambda params: train.new_state(params, optimizer),
+            in_shardings=(param_shardings,),
+            out_shardings=self.shardings,
+        )
+
+        def fresh() -> Any:
+            host = model.init_params(cfg.seed, size, cfg.seq_len)  # the same numbers on every process
+            return init(jax.tree.map(runtime.global_array, host, param_shardings))
+
+        self._fresh = fresh
+        self.abstract = jax.tree.map(
+            lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, self.shardings
+        )
         tokens = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len + 1), jnp.int32, sharding=self.sharded)
         donate = (0,) if jax.default_backend() != "cpu" else ()
         step_fn = jax.jit(
             train.make_train_step(cfg, size, optimizer),
-            in_shardings=(self.replicated, self.sharded),
-            out_shardings=self.replicated,
+            in_shardings=(self.shardings, self.sharded),
+            out_shardings=self.shardings,
             donate_argnums=donate,
         )
         self._step = step_fn.lower(self.abstract, tokens).compile()
@@ -49,7 +64,7 @@ class JaxEngine:
         self.state: Any = None
 
     def restore(self) -> int:
-        restored = self.checkpoints.restore_newest(self.abstract)
+        restored = self.checkpoints.restore_newest(self.abstract, runtime.agree_any)
         if restored is None:
             self.state = self._fresh()
             return 0
@@ -86,3 +101,4 @@ class JaxEngine:
 
     def close(self) -> None:
         self.checkpoints.close()
+        runtime.shutdown()
