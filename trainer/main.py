@@ -52,6 +52,7 @@ class Trainer:
         log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", restored, cfg.steps, startup, now - ready)
         schedule = Schedule(fixed=cfg.checkpoint_every, last_saved=restored, mtbi_s=cfg.mtbi_s)
         window = (time.monotonic(), restored)
+        progress_at = window[0]  # the `started` entry is the first sign of life
         first_save_at = 0.0
         while self.step < cfg.steps and not engine.agree(self.watch.noticed):
             began = time.monotonic()
@@ -59,6 +60,8 @@ class Trainer:
             self.step += 1
             if self.step % cfg.log_every == 0:
                 window = self._progress(window)
+            if time.monotonic() - progress_at >= cfg.progress_s:
+                progress_at = self._progress_entry()
             blocking = 0.0
             if self.step < cfg.steps and schedule.due(self.step):
                 engine.loss()  # the step itself finishes before the save's clock starts
@@ -107,6 +110,13 @@ class Trainer:
         rate = (self.step - window[1]) / max(now - window[0], 1e-9)
         log.info("step %d/%d loss %.4f %.1f steps/s", self.step, self.cfg.steps, loss, rate)
         return now, self.step
+
+    def _progress_entry(self) -> float:
+        """A `progress` entry (at most one per RESPAWN_PROGRESS_S): the control plane's sign that steps go on."""
+        loss = self.engine.loss()
+        worker = self.cfg.worker_id or 0
+        self.lifecycle.emit("progress", self.step, loss=loss if math.isfinite(loss) else None, worker=worker)
+        return time.monotonic()
 
     def _report(self, saves: list[SaveDone]) -> None:
         for done in saves:
