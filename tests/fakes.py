@@ -112,6 +112,8 @@ class FakeProvider:
             self.machines.pop(name, None)  # NotFound is success
 
     def get(self, name: str, zone: str) -> Machine | None:
+        with self._lock:
+            self._maybe_fail("get")
         machine = self.machines.get(name)
         return machine if machine is not None and machine.zone == zone else None
 

@@ -70,8 +70,11 @@ def describe(job: Job) -> str:
             if isinstance(m, TpuMachine)
             else f"{m.machine_type} {m.accelerator_count}x{m.accelerator_type}"
         )
+        hosts = f", {m.hosts} hosts per slice" if m.hosts > 1 else ""
+        hang = "off" if spec.hang_timeout_s is None else f"{spec.hang_timeout_s}s without progress"
         lines += [
-            f"machine      {m.kind} {machine} ({spec.provisioning})",
+            f"machine      {m.kind} {machine} ({spec.provisioning}{hosts})",
+            f"hang after   {hang}",
             f"zones        {', '.join(spec.zones)}",
             f"checkpoints  {spec.checkpoint_uri}",
         ]

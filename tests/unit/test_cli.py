@@ -159,3 +159,19 @@ def test_parse_event_prints_one_json_object(
     assert fields.items() <= event.items()
     if kind == "ignored":
         assert event["reason"]
+
+
+def test_status_shows_the_hosts_of_a_slice_and_the_hang_timeout() -> None:
+    from respawn.cli import describe
+    from respawn.decide import Policy, decide
+    from respawn.events import JobSubmitted
+    from respawn.spec import load_job_file, parse_job_message
+
+    message = load_job_file(DATA / "job_tpu.yaml")
+    message["machine"]["accelerator_type"] = "v5litepod-16"
+    message["hang_timeout"] = "10m"
+    job, _ = decide(None, JobSubmitted("m1", 1.0, parse_job_message(message)), 1.0, Policy())  # type: ignore[arg-type]
+    assert job is not None
+    text = describe(job)
+    assert "tpu v5litepod-16 (spot, 4 hosts per slice)" in text and "hang after   600s without progress" in text
+    assert job.to_dict()["hosts"] == 4

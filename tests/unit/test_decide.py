@@ -22,6 +22,7 @@ from respawn.events import (
     MachinesObserved,
     TrainerCompleted,
     TrainerFailed,
+    TrainerProgressed,
     TrainerStarted,
 )
 from respawn.model import LEGAL_TRANSITIONS, TERMINAL, Job, JobSpec, MachineState, Status, TpuMachine
@@ -463,3 +464,79 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
         "env": dict(spec.env),
         "labels": dict(spec.labels),
     }
+
+
+# -- slices: progress, hangs, a failed worker on a dead node ---------------------------------------------------------
+
+
+def progress(n: int, at: float, step: int = 10) -> TrainerProgressed:
+    return TrainerProgressed(eid(), at, "llm", n, step)
+
+
+def test_progress_entries_move_the_attempts_progress_time_forward_only() -> None:
+    job = run(build(Status.RUNNING), progress(1, T0 + 300, 40), progress(1, T0 + 200, 30))
+    assert job.current is not None
+    assert (job.current.progress_at, job.current.last_step) == (T0 + 300, 40)
+    assert job.status is Status.RUNNING and job.counters == build(Status.RUNNING).counters
+
+
+@pytest.mark.parametrize(
+    ("timeout", "last_sign", "at", "hung"),
+    [
+        (1800, T0, T0 + 1800, False),  # exactly the timeout: not yet
+        (1800, T0, T0 + 1801, True),
+        (1800, T0 + 900, T0 + 2000, False),  # a progress entry 900 s in restarts the clock
+        (1800, T0 + 900, T0 + 2701, True),
+        (None, T0, T0 + 40 * 3600, False),  # hang_timeout off
+    ],
+)
+def test_a_running_attempt_silent_past_the_hang_timeout_is_hung(
+    timeout: int | None, last_sign: float, at: float, hung: bool
+) -> None:
+    job = run(None, submitted(spec(hang_timeout_s=timeout)), started(1))
+    if last_sign > T0:
+        job = run(job, progress(1, last_sign))
+    new, actions = step(job, observed(("llm-a1", A, MachineState.READY)), at)
+    assert new is not None
+    if not hung:
+        assert (new.status, actions) == (Status.RUNNING, [])
+        return
+    silent = at - last_sign
+    assert new.status is Status.RECOVERING and new.counters.failures == 1 and new.counters.preemptions == 0
+    assert new.attempts[0].end_reason == "hung"
+    assert new.reason == f"hung: no training progress for {silent:.0f}s on llm-a1; retrying"
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE)]
+
+
+def test_a_hang_is_a_failure_and_the_last_allowed_one_fails_the_job() -> None:
+    job = run(None, submitted(spec(max_failures=1, hang_timeout_s=120)), started(1))
+    new, actions = step(job, observed(("llm-a1", A, MachineState.READY)), T0 + 121)
+    assert new is not None and new.status is Status.FAILED
+    assert new.reason == "hung: no training progress for 121s on llm-a1 (failure 1 of 1)"
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]
+
+
+def test_only_a_running_attempt_can_hang() -> None:
+    provisioning = run(None, submitted(spec(hang_timeout_s=120)))  # no trainer yet: stuck creation decides
+    new, actions = step(provisioning, observed(("llm-a1", A, MachineState.READY)), T0 + 600)
+    assert new is not None and (new.status, actions) == (Status.PROVISIONING, [])
+
+
+@pytest.mark.parametrize(
+    ("state", "counted"),
+    [
+        (None, "failure"),  # not read: the entry alone
+        (MachineState.READY, "failure"),
+        (MachineState.PREEMPTED, "preemption"),
+        (MachineState.TERMINATED, "preemption"),  # one worker VM of the slice died (host error)
+    ],
+)
+def test_a_failed_worker_on_a_machine_the_api_shows_dead_is_a_loss(state: MachineState | None, counted: str) -> None:
+    job = build(Status.RUNNING)
+    event = TrainerFailed(eid(), T0, "llm", 1, "the trainer exited with code 1", worker=2, machine_state=state)
+    new, actions = step(job, event)
+    assert new is not None and new.status is Status.RECOVERING
+    assert (new.counters.failures, new.counters.preemptions) == ((1, 0) if counted == "failure" else (0, 1))
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE)]
+    if counted == "failure":
+        assert new.reason == "trainer failed on llm-a1 worker 2: the trainer exited with code 1; retrying"

@@ -24,6 +24,7 @@ from respawn.events import (
     SweepTicked,
     TrainerCompleted,
     TrainerFailed,
+    TrainerProgressed,
     TrainerStarted,
     ZoneWokeUp,
 )
@@ -115,6 +116,9 @@ EXPECTED: dict[str, Event] = {
         "log:0x7hw4kf2m1p3s", 1742074803.118462, "bert-ft-7", 1, "FloatingPointError: loss is nan at step 350"
     ),
     "logentry_trainer_stopped.json": CheckpointSaved("log:1m5ftq2e7c0k1", 1741950159.904117, "gemma-tune-2", 4, 8812),
+    "logentry_trainer_progress.json": TrainerProgressed(
+        "log:1c8xk2vf3n9r2e", 1741945332.041877, "llm-small-001", 3, 1460
+    ),
 }
 IGNORED: dict[str, str] = {
     "logentry_unrelated_vm.json": 'instance "gke-batch-spot-pool-5b909138-nr65" is not a respawn machine',
@@ -212,6 +216,7 @@ def trainer(payload: dict[str, Any]) -> dict[str, Any]:
         (trainer({"event": "started", "job_id": "a", "attempt": 1.5}), "attempt 1.5"),
         (trainer({"event": "checkpoint", "job_id": "a", "attempt": 1}), "checkpoint entry has no step"),
         (trainer({"event": "stopped", "job_id": "a", "attempt": 1}), "stopped entry has no step"),
+        (trainer({"event": "progress", "job_id": "a", "attempt": 1}), "progress entry has no step"),
         (trainer({"event": "checkpoint", "job_id": "a", "attempt": 1, "step": -3}), "step -3"),
         (trainer({"event": "checkpoint", "job_id": "a", "attempt": 1, "step": "9"}), 'step "9"'),
         ({**entry("logentry_trainer_started.json"), "jsonPayload": None}, "no jsonPayload"),
@@ -247,6 +252,12 @@ def test_trainer_numbers_stored_as_doubles_are_accepted() -> None:
     assert got == CheckpointSaved("log:1c8xk2vf3n9q7d", pytest.approx(1741945272.038115), "llm", 3, 1400)
     started = log_entry_event(trainer({"event": "started", "job_id": "llm", "attempt": 1, "step": 0}))
     assert started == TrainerStarted("log:1c8xk2vf3n9q7d", pytest.approx(1741945272.038115), "llm", 1, None, None)
+
+
+@pytest.mark.parametrize(("worker", "parsed"), [(3, 3), (0.0, 0), (-1, None), ("2", None), (None, None)])
+def test_a_failed_entry_names_its_worker_when_it_can(worker: Any, parsed: int | None) -> None:
+    got = log_entry_event(trainer({"event": "failed", "job_id": "llm", "attempt": 2, "worker": worker, "error": "x"}))
+    assert isinstance(got, TrainerFailed) and got.worker == parsed and got.machine_state is None
 
 
 def test_failed_entry_with_odd_error_keeps_a_readable_error() -> None:

@@ -5,8 +5,11 @@ zones, one FakeProvider per machine kind (its machines are the truth about the
 cloud), an InMemoryJobStore, a FakeClock and two function instances (each
 Service keeps its own cache of records). Hypothesis plays random histories of
 submits, rejected messages, cancels, preemptions (a GCE entry naming the VM, or
-a TPU zone wake-up; sometimes the notice is lost), creations that stall or
-fail, trainer entries for current and older attempts, re-deliveries of
+a TPU zone wake-up from every worker VM of a 4-host slice; sometimes notices are
+lost), host errors on one worker of a slice (its peers' trainers then report
+`failed` from any subset of workers), creations that stall or fail, trainer
+entries (progress among them) for current and older attempts, hangs (no progress
+past the hang timeout), re-deliveries of
 anything published earlier, deliveries in any order, at any later time, to
 either instance, compare-and-set conflicts, a crash at any mutating step of a
 handler (the crashed delivery is redelivered later or lost), capacity running
@@ -19,7 +22,8 @@ never reopened, each replacement in the same zone (the next zone after no
 capacity, never before the backoff), max_failures and max_preemptions honoured,
 counters that tally the attempts' end reasons, and every
 counted preemption or failure caused by the world (a preempted machine, a
-trainer `failed` entry). After every step: at most one live machine per job,
+trainer `failed` entry, no acknowledged progress entry within the hang timeout).
+After every step: at most one live machine per job,
 no machine without a record that asked for it, and a record without intent in
 flight owns every live machine of its job. After every acknowledged delivery:
 the same event again changes nothing, an older attempt's event changes nothing,
@@ -59,6 +63,7 @@ from respawn.events import (
     SweepTicked,
     TrainerCompleted,
     TrainerFailed,
+    TrainerProgressed,
     TrainerStarted,
     ZoneWokeUp,
 )
@@ -84,21 +89,25 @@ POLICY = Policy()
 LIVE = (MachineState.CREATING, MachineState.READY)
 DEAD = (MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED)
 COUNTED_AS_PREEMPTION = ("preempted", "lost")
+COUNTED_AS_FAILURE = ("failed", "hung")
 NO_CAPACITY = ("capacity", "stuck")
 
 
 TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")
+SLICE = TpuMachine("v5litepod-16", "v2-alpha-tpuv5-lite")  # 4 worker VMs
 GPU = GpuMachine("g2-standard-8", "nvidia-l4", 1)
 
 
-def _spec(job_id: str, machine: TpuMachine | GpuMachine, zones: tuple[str, ...], ttl_s: int, **limits: int) -> JobSpec:
+def _spec(
+    job_id: str, machine: TpuMachine | GpuMachine, zones: tuple[str, ...], ttl_s: int, **limits: int | None
+) -> JobSpec:
     image, uri = "us-docker.pkg.dev/p/r/trainer:1", f"gs://b/runs/{job_id}"
     return replace(JobSpec(job_id, machine, zones, image, uri, ttl_s=ttl_s), **limits)
 
 
 SPECS = {  # short TTLs so that histories reach them; bert fails at its second preemption
-    "llm": _spec("llm", TPU, (A, B), 3600, max_failures=2),
-    "bert": _spec("bert", TPU, (B, C, A), 1800, max_failures=3, max_preemptions=1),
+    "llm": _spec("llm", SLICE, (A, B), 3600, max_failures=2, hang_timeout_s=600),
+    "bert": _spec("bert", TPU, (B, C, A), 1800, max_failures=3, max_preemptions=1, hang_timeout_s=None),
     "vit": _spec("vit", GPU, (A, C), 7200, max_failures=1),
 }
 JOB_IDS = st.sampled_from(sorted(SPECS))
@@ -175,6 +184,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.must_succeed: set[str] = set()  # jobs whose live attempt's `completed` was acknowledged
         self.running: set[str] = set()  # machines ever seen READY after a delivery
         self.spoke: set[str] = set()  # machines whose trainer wrote an entry
+        self.progressed: dict[tuple[str, int], float] = {}  # (job, attempt) -> newest acknowledged sign of progress
 
     # -- the world publishes ------------------------------------------------------------------------------------------
 
@@ -221,10 +231,11 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         job, n = parsed
         self.preempted.add(m.name)
         now = self.clock.now()
-        if kind == "tpu":  # the node is PREEMPTED; its hidden worker VM's system event names no node
+        if kind == "tpu":  # the node is PREEMPTED; each worker VM's system event names no node
             self.providers[kind].set_state(m.name, MachineState.PREEMPTED)
-            if notify:
-                self.publish(ZoneWokeUp(self.eid("wake"), now, m.zone, "p", f"t1v-n-{pick:x}-w-0"))
+            for worker in range(SPECS[job].machine.hosts):
+                if notify or (vanish and worker % 2):  # every notice, or only some of them
+                    self.publish(ZoneWokeUp(self.eid("wake"), now, m.zone, "p", f"t1v-n-{pick:x}-w-{worker}"))
             return
         if vanish:  # instanceTerminationAction=DELETE
             self.providers[kind].vanish(m.name)
@@ -233,6 +244,30 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         if notify:
             cause = "preempted" if vanish else "hostError"
             self.publish(MachinePreempted(self.eid("preempted"), now, job, n, m.name, m.zone, "p", cause))
+
+    @precondition(
+        lambda self: any(m.state in LIVE and SPECS[m.name.split("-a")[0]].machine.hosts > 1 for _, m in self.tpus())
+    )
+    @rule(pick=PICK, notify=st.booleans(), peers=st.sets(st.integers(0, 3)))
+    def host_error(self, pick: int, notify: bool, peers: set[int]) -> None:
+        """One worker VM of a slice dies (host error): the node is TERMINATED, its system event may follow, and the
+        trainers of any of the other workers, whose collectives broke, report `failed` from their startup scripts."""
+        slices = [m for _, m in self.tpus() if m.state in LIVE and SPECS[m.name.split("-a")[0]].machine.hosts > 1]
+        m = slices[pick % len(slices)]
+        parsed = parse_machine_name(m.name)
+        assert parsed is not None
+        job, n = parsed
+        worker = pick % 4
+        self.preempted.add(m.name)
+        self.providers["tpu"].set_state(m.name, MachineState.TERMINATED)
+        now = self.clock.now()
+        if notify:
+            self.publish(ZoneWokeUp(self.eid("wake"), now, m.zone, "p", f"t1v-n-{pick:x}-w-{worker}", "hostError"))
+        for peer in sorted(peers - {worker}):
+            self.publish(TrainerFailed(self.eid("failed"), now, job, n, "the trainer exited with code 1", peer))
+
+    def tpus(self) -> list[tuple[str, Machine]]:
+        return [(kind, m) for kind, m in self.machines() if kind == "tpu"]
 
     @precondition(lambda self: any(m.name not in self.spoke and m.state in LIVE for _, m in self.machines()))
     @rule(pick=PICK, state=st.sampled_from([MachineState.CREATING, MachineState.READY, MachineState.FAILED]))
@@ -245,7 +280,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             self.running.discard(m.name)
 
     @precondition(lambda self: self.running)
-    @rule(pick=PICK, kind=st.sampled_from(["started", "checkpoint", "completed", "failed"]), old=st.booleans())
+    @rule(
+        pick=PICK, kind=st.sampled_from(["started", "checkpoint", "progress", "completed", "failed"]), old=st.booleans()
+    )
     def trainer(self, pick: int, kind: str, old: bool) -> None:
         """A trainer entry from a running machine, or (old) from any machine that ever ran: a late entry."""
         running = [parse_machine_name(m.name) for _, m in self.machines() if m.state is MachineState.READY]
@@ -259,11 +296,16 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             self.publish(TrainerStarted(event_id, now, job, n, restored_step=pick % 50))
         elif kind == "checkpoint":
             self.publish(CheckpointSaved(event_id, now, job, n, pick % 1000))
+        elif kind == "progress":
+            self.publish(TrainerProgressed(event_id, now, job, n, pick % 1000))
         elif kind == "completed":
             self.publish(TrainerCompleted(event_id, now, job, n, 1000, {"final_loss": 2.0}))
-        else:
+        else:  # on a slice, the first worker to die, and maybe others, report it
             self.failed.add((job, n))
-            self.publish(TrainerFailed(event_id, now, job, n, "FloatingPointError: loss is nan"))
+            hosts = SPECS[job].machine.hosts
+            for worker in sorted({pick % hosts, (pick >> 4) % hosts}):
+                error = "FloatingPointError: loss is nan"
+                self.publish(TrainerFailed(self.eid(kind), now, job, n, error, worker if hosts > 1 else None))
 
     @rule()
     def sweep(self) -> None:
@@ -299,7 +341,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
 
     @rule(
         where=st.sampled_from(
-            ["store", "tpu.create", "tpu.delete", "tpu.list", "gpu.create", "gpu.delete", "gpu.list", "403"]
+            ["store", "tpu.create", "tpu.delete", "tpu.list", "tpu.get", "gpu.create", "gpu.delete", "gpu.list", "403"]
         )
     )
     def api_error(self, where: str) -> None:
@@ -352,6 +394,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             self.running |= {m.name for _, m in self.machines() if m.state is MachineState.READY}
         if isinstance(event, JobSubmitted):
             self.accepted.add(event.spec.job_id)
+        if isinstance(event, (TrainerStarted, CheckpointSaved, TrainerProgressed)):  # now in the record
+            key = (event.job_id, event.attempt)
+            self.progressed[key] = max(self.progressed.get(key, event.time), event.time)
         for job_id, (old, generation) in before.items():
             touched = [
                 (method, name)
@@ -408,7 +453,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         before, after = old.counters, new.counters
         ended = {a.n: a.end_reason for a in new.attempts}
         if isinstance(event, (TrainerFailed, MachinePreempted)) and live is not None and attempt == live:
-            failed = isinstance(event, TrainerFailed)
+            # a `failed` entry from a machine the API shows dead (or no longer lists) is a loss, not a failure
+            state = states.get(machine_name(job_id, live), ("", MachineState.TERMINATED))[1]
+            failed = isinstance(event, TrainerFailed) and state not in DEAD
             assert ended[live] == ("failed" if failed else "preempted"), (event, ended)
             assert after.failures == before.failures + failed
             assert after.preemptions == before.preemptions + (not failed)
@@ -424,7 +471,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
                 assert after.preemptions == before.preemptions + 1
         else:
             assert after.preemptions == before.preemptions, f"{event} counted a preemption of {job_id}"
-        assert after.failures == before.failures, f"{event} counted a failure of {job_id}"
+        hung = live is not None and ended.get(live) == "hung"  # a sweep found the live attempt silent too long
+        assert after.failures == before.failures + hung, f"{event} counted a failure of {job_id}"
         if isinstance(event, TrainerCompleted) and live is not None and attempt == live:
             assert new.status is Status.SUCCEEDED and not self.live_machines(job_id)
             self.must_succeed.add(job_id)
@@ -451,7 +499,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         reasons = [a.end_reason for a in new.attempts]
         counters = new.counters
         assert counters.preemptions == sum(r in COUNTED_AS_PREEMPTION for r in reasons), (counters, reasons)
-        assert counters.failures == reasons.count("failed"), (counters, reasons)
+        assert counters.failures == sum(r in COUNTED_AS_FAILURE for r in reasons), (counters, reasons)
         assert counters.capacity_errors == sum(r in NO_CAPACITY for r in reasons), (counters, reasons)
         if new.spec is not None:
             over_failures = counters.failures >= new.spec.max_failures
@@ -460,11 +508,19 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             assert new.status.terminal or not (over_failures or over_preemptions), f"{new.job_id}: {counters}"
             if new.status is Status.FAILED:
                 assert over_failures or over_preemptions or "error" in reasons, f"{new.job_id}: {new.reason}"
+        was_hung = {a.n for a in old.attempts if a.end_reason == "hung"} if old is not None else set()
         for a in new.attempts:
             if a.end_reason in COUNTED_AS_PREEMPTION:
                 assert a.machine in self.preempted, f"{a.machine} counted as {a.end_reason}; the cloud never took it"
             if a.end_reason == "failed":
                 assert (new.job_id, a.n) in self.failed, f"{a.machine} counted as failed; its trainer never said so"
+            if a.end_reason == "hung" and a.n not in was_hung:  # this write ends it: no progress was acknowledged
+                timeout = new.spec.hang_timeout_s if new.spec else None
+                assert timeout is not None and a.started_at is not None, f"{a.machine} hung without a hang timeout"
+                last = max(a.started_at, self.progressed.get((new.job_id, a.n), a.started_at))
+                assert self.clock.now() - last > timeout, (
+                    f"{a.machine} hung with progress {self.clock.now() - last:.0f}s ago"
+                )
         if new.spec is not None:  # where the next machine goes: the same zone, or the next after no capacity
             zones = new.spec.zones
             assert not new.attempts or new.attempts[0].zone == zones[0]

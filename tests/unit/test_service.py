@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 from dataclasses import dataclass, replace
 
@@ -20,6 +21,8 @@ from respawn.events import (
     JobSubmitted,
     MachinePreempted,
     SweepTicked,
+    TrainerFailed,
+    TrainerProgressed,
     TrainerStarted,
     ZoneWokeUp,
 )
@@ -445,3 +448,77 @@ def test_a_tpu_worker_event_reads_only_the_records_of_machines_the_api_shows_dea
     loads = w.store.loads
     outcome = w.handle(ZoneWokeUp("wake-a", w.clock.now(), A, "p", "t1v-n-2-w-0"))
     assert outcome.job_ids == ("llm",) and w.store.loads - loads == 1
+
+
+# -- slices: N worker VMs, one node ----------------------------------------------------------------------------------
+
+SLICE = TpuMachine("v5litepod-16", "v2-alpha-tpuv5-lite")  # 4 worker VMs
+
+
+def running_slice() -> World:
+    w = world(machine=SLICE)
+    w.handle(TrainerStarted("started-1", T0, "llm", 1))
+    w.clock.advance(100)
+    w.provider.calls.clear()
+    return w
+
+
+@pytest.mark.parametrize("order", range(8))
+def test_every_workers_preemption_event_in_any_order_and_twice_gives_one_delete_and_one_create(order: int) -> None:
+    w = running_slice()
+    w.provider.set_state("llm-a1", MachineState.PREEMPTED)
+    events = [ZoneWokeUp(f"wake-w{i}", w.clock.now(), A, "p", f"t1v-n-9f3a-w-{i}") for i in range(4)] * 2
+    random.Random(order).shuffle(events)
+    for event in events:
+        w.handle(event)
+    assert w.provider.calls == [("delete", "llm-a1", A), ("create", "llm-a2", A)]
+    job = w.store.job("llm")
+    assert job.counters.preemptions == 1 and job.status is Status.RECOVERING
+
+
+def test_failed_entries_from_every_worker_count_one_failure_and_read_the_node_once() -> None:
+    w = running_slice()
+    reads = []
+    get = w.provider.get
+    w.provider.get = lambda name, zone: reads.append(name) or get(name, zone)  # type: ignore[method-assign]
+    for i in (2, 0, 3, 1, 2):
+        w.handle(TrainerFailed(f"failed-w{i}", w.clock.now(), "llm", 1, "the trainer exited with code 1", i))
+    job = w.store.job("llm")
+    assert (job.counters.failures, job.counters.preemptions) == (1, 0)
+    assert job.attempts[0].end_reason == "failed" and job.reason.startswith("trainer failed on llm-a1 worker 2:")
+    assert w.provider.calls == [("delete", "llm-a1", A), ("create", "llm-a2", A)]
+    assert reads == ["llm-a1"]  # the other workers' entries are about an attempt that is over
+
+
+def test_a_host_error_on_one_worker_is_a_loss_even_when_its_peers_failed_entries_come_first() -> None:
+    w = running_slice()
+    w.provider.set_state("llm-a1", MachineState.TERMINATED)  # worker 3's VM died; the API shows the node so
+    for i in (0, 1, 2):  # their collectives broke: their startup scripts report `failed`
+        w.handle(TrainerFailed(f"failed-w{i}", w.clock.now(), "llm", 1, "the trainer exited with code 1", i))
+    w.handle(ZoneWokeUp("host-error-w3", w.clock.now(), A, "p", "t1v-n-9f3a-w-3", "hostError"))
+    job = w.store.job("llm")
+    assert (job.counters.failures, job.counters.preemptions) == (0, 1)
+    assert w.provider.calls == [("delete", "llm-a1", A), ("create", "llm-a2", A)]
+
+
+def test_a_failed_entry_waits_for_redelivery_when_the_node_cannot_be_read() -> None:
+    w = running_slice()
+    w.provider.fail_next("get", TransientError("503 backend error"))
+    event = TrainerFailed("failed-w1", w.clock.now(), "llm", 1, "the trainer exited with code 1", 1)
+    with pytest.raises(Retryable):
+        w.handle(event)
+    assert w.provider.calls == [] and w.store.job("llm").status is Status.RUNNING
+    assert w.handle(event).result == "applied" and w.store.job("llm").counters.failures == 1
+
+
+def test_a_sweep_finds_a_hung_slice_and_replaces_it_as_a_failure() -> None:
+    w = running_slice()
+    w.handle(TrainerProgressed("progress-1", T0 + 60, "llm", 1, 40))
+    w.clock.t = T0 + 60 + 1800  # exactly the default hang timeout after the last progress entry: not yet
+    assert w.handle(SweepTicked("tick-1", w.clock.now())).result == "ignored"
+    w.clock.advance(5)
+    w.handle(SweepTicked("tick-2", w.clock.now()))
+    job = w.store.job("llm")
+    assert job.attempts[0].end_reason == "hung" and job.counters.failures == 1
+    assert job.reason == "hung: no training progress for 1805s on llm-a1; retrying"
+    assert w.provider.calls == [("delete", "llm-a1", A), ("create", "llm-a2", A)]

