@@ -51,6 +51,23 @@ TARGETS = [
     Target(
         "Lost work per preemption (30 s notice)", "bench_recovery.py", "lost_steps_per_preemption", "==", 0, "steps"
     ),
+    Target(
+        "4-host local slice, preemption -> first new step, p50",
+        "bench_recovery.py --hosts 4",
+        "first_step_p50_s",
+        "<",
+        8,
+        "s",
+        POLLING,
+    ),
+    Target(
+        "4-host local slice, lost work per preemption (30 s notice)",
+        "bench_recovery.py --hosts 4",
+        "lost_steps_per_preemption",
+        "==",
+        0,
+        "steps",
+    ),
     Target("Checkpoint stall at the default interval", "bench_trainer.py", "stall_pct", "<", 1, "% of wall time"),
     Target(
         "Goodput under local chaos, MTBI 60 s",
