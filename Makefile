@@ -8,6 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CHECKOV := .venv-checkov/bin/checkov
+TFSCHEMA := .venv-tfschema/node_modules/.installed
 
 .PHONY: setup local test lint bench load clean
 
@@ -25,7 +26,13 @@ $(CHECKOV): infra/requirements-checkov.txt
 	.venv-checkov/bin/python -m pip install --quiet -r infra/requirements-checkov.txt
 	@touch $(CHECKOV)
 
-setup: $(STAMP) $(CHECKOV)
+# The google and archive provider schemas (the Terraform CDK's prebuilt providers, from npm) for the schema test.
+$(TFSCHEMA): infra/tfschema/package.json infra/tfschema/package-lock.json
+	@mkdir -p .venv-tfschema && cp infra/tfschema/package.json infra/tfschema/package-lock.json .venv-tfschema/
+	cd .venv-tfschema && npm ci --ignore-scripts --legacy-peer-deps --no-audit --no-fund --loglevel=error
+	@touch $(TFSCHEMA)
+
+setup: $(STAMP) $(CHECKOV) $(TFSCHEMA)
 
 local: $(STAMP)
 	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at-step 250,550 $(ARGS)
@@ -36,7 +43,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: setup lint
-	RESPAWN_CHECKOV=$(CURDIR)/$(CHECKOV) $(BIN)/pytest $(PYTEST_ARGS)
+	RESPAWN_CHECKOV=$(CURDIR)/$(CHECKOV) RESPAWN_TFSCHEMA=$(CURDIR)/.venv-tfschema/node_modules $(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
@@ -45,4 +52,4 @@ load: $(STAMP)
 	$(BIN)/python bench/load_test.py
 
 clean:
-	rm -rf $(VENV) .venv-checkov .pytest_cache .mypy_cache .ruff_cache .respawn
+	rm -rf $(VENV) .venv-checkov .venv-tfschema .pytest_cache .mypy_cache .ruff_cache .respawn
