@@ -5,8 +5,9 @@
 # Eventarc trigger resource can set a dead-letter policy on it (hashicorp/terraform-provider-google#25069, #17697);
 # patching it afterwards with gcloud is undone by the next deploy. With our own subscription, retry with backoff,
 # dead-lettering after max_delivery_attempts and the ack deadline are all declared here. The entry points are
-# @functions_framework.cloud_event functions: the framework turns the raw push body into the same
-# messagePublished CloudEvent that Eventarc would deliver, so the code is identical either way. Pub/Sub
+# @functions_framework.cloud_event functions: the framework turns the raw push body into a messagePublished
+# CloudEvent carrying the same message (unlike Eventarc's, its source names no topic and its data no subscription;
+# respawn reads neither), so the code is identical either way. Pub/Sub
 # authenticates with an OIDC token of the respawn-push account, the only principal allowed to invoke them, and the
 # functions accept internal traffic only (Pub/Sub push from the same project counts as internal).
 
