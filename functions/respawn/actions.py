@@ -19,6 +19,7 @@ class CreateMachine:
     machine: str
     zone: str
     deadline: float | None = None  # the job's TTL deadline (epoch s): a GPU VM's own hard stop (maxRunDuration)
+    tier: int = 0  # index into the spec's tiers: provisioning model, reservation
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from respawn.config import VARIABLES, Settings, SettingsError
-from respawn.model import Job, TpuMachine
+from respawn.model import Attempt, Job, TpuMachine
+
+SPOT = ("spot", "preemptible")
 
 PROG = "respawn"
 
@@ -57,7 +59,7 @@ def summary(job: Job) -> dict[str, Any]:
     }
 
 
-def describe(job: Job) -> str:
+def describe(job: Job, now: float | None = None) -> str:
     spec = job.spec
     lines = [
         f"job          {job.job_id}",
@@ -75,7 +77,10 @@ def describe(job: Job) -> str:
         lines += [
             f"machine      {m.kind} {machine} ({spec.provisioning}{hosts})",
             f"hang after   {hang}",
-            f"zones        {', '.join(spec.zones)}",
+            f"zones        {', '.join(spec.zones)}"
+            if not spec.tiers
+            else "tiers        "
+            + "; ".join(f"{i}: {t.provisioning} in {', '.join(t.zones)}" for i, t in enumerate(spec.all_tiers)),
             f"checkpoints  {spec.checkpoint_uri}",
         ]
     lines += [f"submitted    {when(job.submitted_at)}", f"updated      {when(job.updated_at)}"]
@@ -92,18 +97,48 @@ def describe(job: Job) -> str:
         lines.append(f"in flight    {actions} (lease until {when(job.pending_lease_until)})")
     if job.attempts:
         rows = [
-            (a.n, a.zone, a.machine, when(a.requested_at), when(a.started_at), when(a.ended_at), a.end_reason,
-             a.restored_step, a.last_step)
+            (a.n, a.zone, a.tier, a.machine, when(a.requested_at), _waited(a), when(a.started_at), when(a.ended_at),
+             a.end_reason, a.restored_step, a.last_step)
             for a in job.attempts
         ]  # fmt: skip
-        headers = ("#", "zone", "machine", "requested", "started", "ended", "end", "restored", "last step")
+        headers = ("#", "zone", "tier", "machine", "requested", "waited", "started", "ended", "end", "restored",
+                   "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
+        if spec is not None:
+            lines += ["", "machine time by tier", _tier_costs(job, time.time() if now is None else now)]
     if job.result:
         lines += ["", "result"]
         lines += [
             f"  {k:<13}{json.dumps(v, sort_keys=True) if isinstance(v, dict) else v}" for k, v in job.result.items()
         ]
     return "\n".join(lines)
+
+
+def _waited(a: Attempt) -> str:
+    """Request -> the trainer's process start: the queue, provisioning, boot and image pull."""
+    if a.started_at is None:
+        return ""
+    return f"{max(0.0, a.started_at - (a.startup_s or 0.0) - a.requested_at):.0f}s"
+
+
+def _tier_costs(job: Job, now: float) -> str:
+    """Hours each tier's machines ran (from the trainer's process start to the attempt's end), priced at the
+    tier's rate (Spot for spot/preemptible, on-demand otherwise; respawn/local/prices.py, dated list prices)."""
+    from respawn.local.prices import machine_price
+    from respawn.spec import spec_to_message
+
+    assert job.spec is not None
+    price = machine_price(spec_to_message(job.spec)["machine"])
+    rows = []
+    for i, tier in enumerate(job.spec.all_tiers):
+        hours = sum(
+            ((a.ended_at or now) - a.started_at + (a.startup_s or 0.0)) / 3600
+            for a in job.attempts
+            if a.tier == i and a.started_at is not None
+        )
+        rate = None if price is None else price.spot_per_h if tier.provisioning in SPOT else price.on_demand_per_h
+        rows.append((i, tier.provisioning, f"{hours:.2f}", "" if rate is None else f"${hours * rate:.2f}"))
+    return table(("tier", "provisioning", "machine hours", "cost"), rows)
 
 
 # ---- settings and cloud clients ------------------------------------------------------------------------------------

@@ -30,10 +30,10 @@ from respawn.events import (
     TrainerProgressed,
     TrainerStarted,
 )
-from respawn.model import Attempt, Job, MachineState, Status, machine_name, parse_machine_name
+from respawn.model import Attempt, Job, MachineState, Status, Tier, TpuMachine, machine_name, parse_machine_name
 
 # Attempt end reasons that mean "this zone had no machine for us": they drive the zone walk.
-NO_CAPACITY = frozenset({"capacity", "stuck"})
+NO_CAPACITY = frozenset({"capacity", "stuck", "queued"})
 # What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
 DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
 
@@ -159,7 +159,12 @@ def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, l
 
 def _started(job: Job, live: Attempt, event: TrainerStarted) -> Job:
     restored = event.restored_step
-    started = replace(_progressed(live, event.time), started_at=live.started_at or event.time, restored_step=restored)
+    started = replace(
+        _progressed(live, event.time),
+        started_at=live.started_at or event.time,
+        restored_step=restored,
+        startup_s=live.startup_s if live.startup_s is not None else event.startup_s,
+    )
     if restored is not None:
         started = replace(started, last_step=max(restored, live.last_step or 0))
     reason = "trainer running" + ("" if restored is None else f" (resumed from step {restored})")
@@ -189,7 +194,7 @@ def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> 
         if not due or job.spec is None:
             return job, actions
         job, attempt = _with_new_attempt(job, job.zone_index, now)
-        return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {attempt.zone}"), [
+        return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {_where(job, attempt)}"), [
             *actions,
             _create(job, attempt),
         ]
@@ -203,7 +208,12 @@ def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> 
     ):
         job, more = _lost(job, now, "preempted", policy)
     elif state_of_live is MachineState.FAILED:
-        job, more = _no_capacity(job, now, "capacity", f"{live.machine} failed to come up in {live.zone}", True, policy)
+        said = dict(event.details).get(live.machine)
+        reason = f"{live.machine} failed to come up in {live.zone}" + (f": {said}" if said else "")
+        job, more = _no_capacity(job, now, "capacity", reason, True, policy)
+    elif state_of_live is MachineState.QUEUED and age > _queue_timeout(job):
+        reason = f"{live.machine} waited {age:.0f}s in the queue of {live.zone}"
+        job, more = _no_capacity(job, now, "queued", reason, True, policy)
     elif state_of_live is MachineState.CREATING and live.started_at is None and age > policy.stuck_creating_s:
         reason = f"{live.machine} was still creating after {age:.0f}s in {live.zone}"
         job, more = _no_capacity(job, now, "stuck", reason, True, policy)
@@ -213,6 +223,11 @@ def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> 
             job, now, f"hung: no training progress for {silent:.0f}s on {live.machine}", policy, "hung"
         )
     return job, actions + more
+
+
+def _queue_timeout(job: Job) -> float:
+    machine = job.spec.machine if job.spec else None
+    return machine.queue_timeout_s if isinstance(machine, TpuMachine) else float("inf")
 
 
 def _hung_for(job: Job, live: Attempt, now: float) -> float | None:
@@ -239,7 +254,8 @@ def _lost(job: Job, now: float, why: str, policy: Policy) -> tuple[Job, list[Act
         reason = f"{live.machine} {why}; {job.counters.preemptions} preemptions exceed max_preemptions={limit}"
         return replace(job, status=Status.FAILED, reason=reason), [delete]
     job, attempt = _with_new_attempt(job, _zone_index(job, live.zone), now)
-    return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {why}; replacing it"), [
+    where = "" if attempt.tier == live.tier else f" in {_where(job, attempt)}"
+    return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {why}; replacing it{where}"), [
         delete,
         _create(job, attempt),
     ]
@@ -262,15 +278,16 @@ def _crashed(job: Job, now: float, said: str, policy: Policy, why: str = "failed
 
 
 def _no_capacity(job: Job, now: float, why: str, reason: str, delete: bool, policy: Policy) -> tuple[Job, list[Action]]:
-    """No machine in the live attempt's zone: try the next zone now, or after a full walk wait in PENDING."""
+    """No machine in the live attempt's zone: try the next zone (or the next tier) now, or after a full walk of the
+    tier's zones wait in PENDING."""
     live = _live(job)
     assert live is not None and job.spec is not None
-    zones = job.spec.zones
+    zones = _tier(job).zones
     job = _end(job, now, why, deleted=True)
     job = replace(job, counters=replace(job.counters, capacity_errors=job.counters.capacity_errors + 1))
     actions: list[Action] = [DeleteMachine(job.job_id, live.n, live.machine, live.zone)] if delete else []
     following = (_zone_index(job, live.zone) + 1) % len(zones)
-    if _no_capacity_streak(job) % len(zones) == 0:
+    if _no_capacity_streak(job) % len(zones) == 0 and _next_tier(job, now) is None:
         wait = backoff_s(job.job_id, job.capacity_round, policy)
         return replace(
             job,
@@ -281,7 +298,7 @@ def _no_capacity(job: Job, now: float, why: str, reason: str, delete: bool, poli
             reason=f"{reason}; no capacity in any zone, next try in {wait:.0f}s",
         ), actions
     job, attempt = _with_new_attempt(job, following, now)
-    return replace(job, reason=f"{reason}; trying {attempt.zone}"), [*actions, _create(job, attempt)]
+    return replace(job, reason=f"{reason}; trying {_where(job, attempt)}"), [*actions, _create(job, attempt)]
 
 
 def _finish(job: Job, now: float, status: Status, why: str, reason: str) -> tuple[Job, list[Action]]:
@@ -330,27 +347,64 @@ def _progressed(attempt: Attempt, at: float) -> Attempt:
 
 
 def _with_new_attempt(job: Job, zone_index: int, now: float) -> tuple[Job, Attempt]:
+    """The next attempt in the tier's zone `zone_index`, or in the first zone of the next tier when it is time."""
     assert job.spec is not None
+    tier = _next_tier(job, now)
+    if tier is not None:
+        job, zone_index = replace(job, tier_index=tier, capacity_round=0), 0
     n = job.current.n + 1 if job.current else 1
-    zone = job.spec.zones[zone_index]
-    attempt = Attempt(n=n, zone=zone, machine=machine_name(job.job_id, n), requested_at=now)
+    zone = _tier(job).zones[zone_index]
+    attempt = Attempt(n=n, zone=zone, machine=machine_name(job.job_id, n), requested_at=now, tier=job.tier_index)
     return replace(job.with_attempt(attempt), zone_index=zone_index, next_attempt_at=None), attempt
 
 
 def _create(job: Job, attempt: Attempt) -> CreateMachine:
-    return CreateMachine(job.job_id, attempt.n, attempt.machine, attempt.zone, deadline=job.deadline)
+    return CreateMachine(job.job_id, attempt.n, attempt.machine, attempt.zone, deadline=job.deadline, tier=attempt.tier)
+
+
+def _tier(job: Job) -> Tier:
+    assert job.spec is not None
+    return job.spec.all_tiers[job.tier_index]
+
+
+def _where(job: Job, attempt: Attempt) -> str:
+    assert job.spec is not None
+    tiers = job.spec.all_tiers
+    return attempt.zone if len(tiers) == 1 else f"{attempt.zone} ({tiers[attempt.tier].provisioning} tier)"
+
+
+def _next_tier(job: Job, now: float) -> int | None:
+    """The tier the next attempt must use when the current tier's move-on rule holds (the last tier stays)."""
+    assert job.spec is not None
+    tiers, index = job.spec.all_tiers, job.tier_index
+    while index + 1 < len(tiers) and _moves_on(job, tiers[index], index, now):
+        index += 1
+    return index if index != job.tier_index else None
+
+
+def _moves_on(job: Job, tier: Tier, index: int, now: float) -> bool:
+    mine = [a for a in job.attempts if a.tier == index]
+    if tier.after_preemptions is not None:
+        preempted = sum(a.end_reason in ("preempted", "lost") for a in mine)
+        if preempted >= tier.after_preemptions:
+            return True
+    if tier.after_stockout_s is not None and index == job.tier_index:
+        streak = _no_capacity_streak(job)
+        if streak and now - job.attempts[-streak].requested_at >= tier.after_stockout_s:
+            return True
+    return tier.deadline_within_s is not None and job.deadline - now <= tier.deadline_within_s
 
 
 def _zone_index(job: Job, zone: str) -> int:
-    assert job.spec is not None
-    return job.spec.zones.index(zone) if zone in job.spec.zones else job.zone_index
+    zones = _tier(job).zones
+    return zones.index(zone) if zone in zones else job.zone_index
 
 
 def _no_capacity_streak(job: Job) -> int:
-    """How many attempts in a row, newest first, found no capacity."""
+    """How many attempts in a row, newest first, found no capacity (in the current tier)."""
     streak = 0
     for attempt in reversed(job.attempts):
-        if attempt.end_reason not in NO_CAPACITY:
+        if attempt.end_reason not in NO_CAPACITY or attempt.tier != job.tier_index:
             break
         streak += 1
     return streak

@@ -153,6 +153,7 @@ class MachinesObserved:
     job_id: str
     machines: tuple[tuple[str, str, MachineState], ...]  # (name, zone, state)
     zones: tuple[str, ...] = ()
+    details: tuple[tuple[str, str], ...] = ()  # (name, what the API says went wrong) for FAILED machines
 
 
 @dataclass(frozen=True)

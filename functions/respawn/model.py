@@ -82,6 +82,7 @@ LEGAL_TRANSITIONS: dict[Status | None, frozenset[Status]] = {
 class MachineState(enum.StrEnum):
     """What the cloud API says about one machine (TPU node or GCE instance)."""
 
+    QUEUED = "QUEUED"  # a queued resource waiting in Cloud TPU's queue (WAITING_FOR_RESOURCES, ACCEPTED)
     CREATING = "CREATING"
     READY = "READY"
     PREEMPTED = "PREEMPTED"
@@ -95,6 +96,8 @@ class TpuMachine:
     accelerator_type: str
     runtime_version: str
     kind: str = "tpu"
+    request: str = "node"  # queued: a queued resource (Cloud TPU's queue for capacity) | node: nodes.create
+    queue_timeout_s: int = 30 * 60  # queued: how long one zone's queue may keep us waiting before the next zone
 
     @property
     def hosts(self) -> int:
@@ -119,6 +122,27 @@ MachineSpec = TpuMachine | GpuMachine
 
 
 @dataclass(frozen=True)
+class Tier:
+    """One way of getting machines, tried in order: a provisioning model with its zones, and when to move on.
+
+    A job without `tiers` has one: its `provisioning` in its `zones`, never moving on."""
+
+    provisioning: str  # spot | preemptible | standard | reservation
+    zones: tuple[str, ...]
+    reservation: str | None = None  # provisioning reservation: the reservation's name
+    after_preemptions: int | None = None  # move on once this tier's machines were preempted this often
+    after_stockout_s: int | None = None  # ... once this tier found no capacity anywhere for this long
+    deadline_within_s: int | None = None  # ... once the job's TTL deadline is this close
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "zones": list(self.zones)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Tier:
+        return Tier(**{**d, "zones": tuple(d["zones"])})
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A validated submit message (SPEC 3.1). Build it with respawn.spec.parse_job_message."""
 
@@ -135,6 +159,16 @@ class JobSpec:
     max_failures: int = 3
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
     hang_timeout_s: int | None = 30 * 60  # a RUNNING attempt without progress this long is hung; None: off
+    tiers: tuple[Tier, ...] = ()  # () = one tier of `provisioning` in `zones`; else zones/provisioning are tier 0's
+
+    @property
+    def all_tiers(self) -> tuple[Tier, ...]:
+        return self.tiers or (Tier(self.provisioning, self.zones),)
+
+    @property
+    def every_zone(self) -> tuple[str, ...]:
+        """Every zone any tier may use, in order (the zones a sweep lists)."""
+        return tuple(dict.fromkeys(z for tier in self.all_tiers for z in tier.zones))
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)  # shallow: every field is a str, a number, None or a tuple (fixed below)
@@ -143,12 +177,14 @@ class JobSpec:
         d["args"] = list(self.args)
         d["env"] = dict(self.env)
         d["labels"] = dict(self.labels)
+        d["tiers"] = [t.to_dict() for t in self.tiers]
         return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> JobSpec:
         m = d["machine"]
-        machine: MachineSpec = TpuMachine(**m) if m["kind"] == "tpu" else GpuMachine(**m)
+        # a record written before queued resources asked for a node: keep what its machines are
+        machine: MachineSpec = TpuMachine(**{"request": "node", **m}) if m["kind"] == "tpu" else GpuMachine(**m)
         return JobSpec(
             job_id=d["job_id"],
             machine=machine,
@@ -163,6 +199,7 @@ class JobSpec:
             max_failures=d["max_failures"],
             labels=tuple(sorted(d["labels"].items())),
             hang_timeout_s=d.get("hang_timeout_s"),
+            tiers=tuple(Tier.from_dict(t) for t in d.get("tiers", ())),
         )
 
 
@@ -190,7 +227,9 @@ class Attempt:
     ended_at: float | None = None
     # preempted | terminated | lost | failed | hung | capacity | stuck | completed | cancelled | expired | error
     end_reason: str | None = None
+    tier: int = 0  # index into spec.all_tiers: how this attempt's machine was requested
     restored_step: int | None = None
+    startup_s: float | None = None  # the trainer's own start (imports, compile, restore), from its `started` entry
     last_step: int | None = None  # newest step reported by a checkpoint/started/completed entry
     progress_at: float | None = None  # time of the newest trainer entry proving progress (hang detection)
     machine_deleted: bool = False
@@ -219,7 +258,8 @@ class Job:
     reason: str = ""  # human-readable reason for the current status
     attempts: tuple[Attempt, ...] = ()
     counters: Counters = field(default_factory=Counters)
-    zone_index: int = 0  # index into spec.zones for the next create
+    tier_index: int = 0  # index into spec.all_tiers: the tier the next create uses (only ever moves forward)
+    zone_index: int = 0  # index into the tier's zones for the next create
     capacity_round: int = 0  # full walks of the zone list that met no capacity (drives backoff)
     next_attempt_at: float | None = None  # capacity backoff: create no sooner than this
     pending: tuple[dict[str, Any], ...] = ()  # serialized actions not yet confirmed done
@@ -265,6 +305,7 @@ class Job:
             reason=d.get("reason", ""),
             attempts=tuple(Attempt(**a) for a in d.get("attempts", ())),
             counters=Counters(**d.get("counters", {})),
+            tier_index=d.get("tier_index", 0),
             zone_index=d.get("zone_index", 0),
             capacity_round=d.get("capacity_round", 0),
             next_attempt_at=d.get("next_attempt_at"),

@@ -35,6 +35,7 @@ class Machine:
     zone: str
     state: MachineState
     labels: dict[str, str] = field(default_factory=dict)
+    detail: str = ""  # why a FAILED machine failed, in the API's words
 
 
 class MachineProvider(Protocol):

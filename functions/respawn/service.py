@@ -59,8 +59,6 @@ from respawn.ports import (
 log = logging.getLogger("respawn.service")
 DEFAULT_POLICY = Policy()
 
-Observed = tuple[str, str, MachineState]  # (machine name, zone, state)
-
 
 class Retryable(Exception):
     """Raise to the entry point so Pub/Sub redelivers the message later."""
@@ -233,7 +231,7 @@ class Service:
     def _act(self, job: Job, gen: int, actions: list[Action], now: float) -> tuple[Job, int, list[Action]]:
         """Execute the actions; feed create failures back into decide; clear the intent. We hold the lease."""
         queue, done = list(actions), []
-        feedback_left = len(job.spec.zones) + 1 if job.spec else 0
+        feedback_left = len(job.spec.every_zone) + len(job.spec.all_tiers) if job.spec else 0
         while queue:
             action = queue[0]
             try:
@@ -285,7 +283,9 @@ class Service:
     def _sweep(self, tick: SweepTicked) -> Outcome:
         """Every job that is live or may still hold a machine: observe its zones and let decide repair."""
         records = self._load_all()
-        zones = {(job.spec.machine.kind, z) for job, _ in records.values() if job and job.spec for z in job.spec.zones}
+        zones = {
+            (job.spec.machine.kind, z) for job, _ in records.values() if job and job.spec for z in job.spec.every_zone
+        }
         listing = self._list(zones)
         wanted = {
             job_id
@@ -303,7 +303,7 @@ class Service:
         does not show dead yet is the sweep's (it re-reads every job).
         """
         listing = self._list({(kind, woke.zone) for kind in self.providers})
-        hit = {job_id for job_id, machines in listing.items() if any(state in DEAD for _, _, state in machines)}
+        hit = {job_id for job_id, machines in listing.items() if any(m.state in DEAD for m in machines)}
         records = {job_id: self._load(job_id, fresh=True)[:2] for job_id in sorted(hit)}
         return self._observe_all(woke.event_id, records, hit, listing, lambda job: (woke.zone,))
 
@@ -312,7 +312,7 @@ class Service:
         event_id: str,
         records: dict[str, tuple[Job | None, int]],
         job_ids: Iterable[str],
-        listing: dict[str, list[Observed]],
+        listing: dict[str, list[Machine]],
         zones_of: Callable[[Job], tuple[str, ...]],
     ) -> Outcome:
         outcomes, retry = [], []
@@ -324,10 +324,17 @@ class Service:
             ) -> JobEvent:
                 zones = zones_of(job) if job is not None and job.spec is not None else ()
                 if gen == first[1]:  # the listing was taken after this generation was loaded
-                    machines = [m for m in listing.get(job_id, []) if m[1] in zones]
+                    machines = [m for m in listing.get(job_id, []) if m.zone in zones]
                 else:
                     machines = self._observe(job, zones)
-                return MachinesObserved(f"{event_id}/{job_id}", self.clock.now(), job_id, tuple(machines), zones)
+                return MachinesObserved(
+                    f"{event_id}/{job_id}",
+                    self.clock.now(),
+                    job_id,
+                    tuple((m.name, m.zone, m.state) for m in machines),
+                    zones,
+                    tuple((m.name, m.detail) for m in machines if m.detail),
+                )
 
             try:
                 outcomes.append(self._apply(job_id, f"{event_id}/{job_id}", observe, first))
@@ -350,22 +357,22 @@ class Service:
             self._remember(job_id, job, gen)
         return records
 
-    def _list(self, zones: set[tuple[str, str]]) -> dict[str, list[Observed]]:
+    def _list(self, zones: set[tuple[str, str]]) -> dict[str, list[Machine]]:
         """respawn's machines in these (kind, zone)s, grouped by job id (from the deterministic name)."""
-        by_job: dict[str, list[Observed]] = {}
+        by_job: dict[str, list[Machine]] = {}
         for kind, zone in sorted(zones):
             provider = self.providers.get(kind)
             for machine in self._listed(provider, zone, None) if provider else []:
                 parsed = parse_machine_name(machine.name)
                 if parsed is not None:
-                    by_job.setdefault(parsed[0], []).append((machine.name, machine.zone, machine.state))
+                    by_job.setdefault(parsed[0], []).append(machine)
         return by_job
 
-    def _observe(self, job: Job | None, zones: tuple[str, ...]) -> list[Observed]:
+    def _observe(self, job: Job | None, zones: tuple[str, ...]) -> list[Machine]:
         if job is None or job.spec is None:
             return []
         provider = self._provider(job.spec.machine.kind)
-        return [(m.name, m.zone, m.state) for z in zones for m in self._listed(provider, z, job.job_id)]
+        return [m for z in zones for m in self._listed(provider, z, job.job_id)]
 
     @staticmethod
     def _listed(provider: MachineProvider, zone: str, job_id: str | None) -> list[Machine]:
@@ -376,7 +383,7 @@ class Service:
 
 
 def _spec_zones(job: Job) -> tuple[str, ...]:
-    return job.spec.zones if job.spec else ()
+    return job.spec.every_zone if job.spec else ()
 
 
 def _lease_expired(job: Job, now: float) -> bool:

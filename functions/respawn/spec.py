@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from respawn.model import GpuMachine, JobSpec, MachineSpec, TpuMachine
+from respawn.model import GpuMachine, JobSpec, MachineSpec, Tier, TpuMachine
 from respawn.topology import UnknownTpuType, tpu_topology
 
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -47,6 +47,12 @@ _DIGEST = r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{
 IMAGE_RE = re.compile(rf"^{_HOST}?{_PATH}{_TAG}?{_DIGEST}?$")
 
 PROVISIONING = ("spot", "preemptible", "standard")
+TIER_PROVISIONING = (*PROVISIONING, "reservation")
+REQUESTS = ("queued", "node")
+MAX_TIERS = 5
+RESERVATION_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+DEFAULT_QUEUE_TIMEOUT = "30m"
+DEFAULT_REQUEST = "node"
 GPU_COUNTS = (1, 2, 4, 8, 16)
 MAX_ZONES = 20
 MAX_ARGS = 256
@@ -76,10 +82,13 @@ SUBMIT_FIELDS = (
     "max_failures",
     "labels",
     "hang_timeout",
+    "tiers",
 )
-REQUIRED_FIELDS = ("job_id", "machine", "zones", "image", "checkpoint_uri")
+REQUIRED_FIELDS = ("job_id", "machine", "image", "checkpoint_uri")
 CANCEL_FIELDS = ("action", "job_id")
-TPU_FIELDS = ("kind", "accelerator_type", "runtime_version")
+TPU_FIELDS = ("kind", "accelerator_type", "runtime_version", "request", "queue_timeout")
+TIER_FIELDS = ("provisioning", "zones", "reservation", "move_on")
+MOVE_ON_FIELDS = ("after_preemptions", "after_stockout", "deadline_within")
 GPU_FIELDS = ("kind", "machine_type", "accelerator_type", "accelerator_count", "boot_disk_gb")
 DEFAULT_TTL = "48h"
 
@@ -182,7 +191,7 @@ def _machine(value: Any) -> MachineSpec:
     kind = value.get("kind")
     if kind == "tpu":
         _only("machine", value, TPU_FIELDS)
-        for f in TPU_FIELDS[1:]:
+        for f in TPU_FIELDS[1:3]:
             if f not in value:
                 _fail(f"machine.{f}", "missing", "required for kind tpu")
         accelerator_type = _string(
@@ -197,7 +206,15 @@ def _machine(value: Any) -> MachineSpec:
         except UnknownTpuType as e:
             problem, _, allowed = str(e).partition("; allowed: ")
             _fail("machine.accelerator_type", problem, allowed)
+        request = value.get("request", DEFAULT_REQUEST)
+        if request not in REQUESTS:
+            _fail("machine.request", f"{show(request)} is not a request mode", '"queued" (a queued resource) or "node"')
+        queue_timeout = value.get("queue_timeout", DEFAULT_QUEUE_TIMEOUT)
+        if request != "queued" and "queue_timeout" in value:
+            _fail("machine.queue_timeout", "only a queued request waits in a queue", 'request "queued"')
         return TpuMachine(
+            request=str(request),
+            queue_timeout_s=parse_ttl(queue_timeout, "machine.queue_timeout"),
             accelerator_type=accelerator_type,
             runtime_version=_string(
                 "machine.runtime_version",
@@ -239,19 +256,80 @@ def _machine(value: Any) -> MachineSpec:
     _fail("machine.kind", f"{show(kind)} is not a machine kind", '"tpu" or "gpu"')
 
 
-def _zones(value: Any) -> tuple[str, ...]:
-    _expect_type("zones", value, list, "a list of zones")
+def _zones(value: Any, field: str = "zones") -> tuple[str, ...]:
+    _expect_type(field, value, list, "a list of zones")
     if not value:
-        _fail("zones", "the list is empty", "1 to 20 zone names like us-central1-a, in order of preference")
+        _fail(field, "the list is empty", "1 to 20 zone names like us-central1-a, in order of preference")
     if len(value) > MAX_ZONES:
-        _fail("zones", f"{len(value)} zones", f"at most {MAX_ZONES} zones")
+        _fail(field, f"{len(value)} zones", f"at most {MAX_ZONES} zones")
     zones: list[str] = []
     for i, z in enumerate(value):
-        zone = _string(f"zones[{i}]", z, ZONE_RE, "a zone name like us-central1-a", "a zone")
+        zone = _string(f"{field}[{i}]", z, ZONE_RE, "a zone name like us-central1-a", "a zone")
         if zone in zones:
-            _fail(f"zones[{i}]", f"{show(zone)} is listed twice", "each zone once")
+            _fail(f"{field}[{i}]", f"{show(zone)} is listed twice", "each zone once")
         zones.append(zone)
     return tuple(zones)
+
+
+def _tiers(value: Any) -> tuple[Tier, ...]:
+    """Ordered ways of getting machines: [{provisioning, zones, reservation?, move_on?}, ...]."""
+    _expect_type("tiers", value, list, "a list of tiers")
+    if not 1 <= len(value) <= MAX_TIERS:
+        _fail("tiers", f"{len(value)} tiers", f"1 to {MAX_TIERS} tiers, in the order to try them")
+    tiers = []
+    for i, t in enumerate(value):
+        field = f"tiers[{i}]"
+        _expect_type(field, t, dict, "an object")
+        _only(field, t, TIER_FIELDS)
+        for f in ("provisioning", "zones"):
+            if f not in t:
+                _fail(f"{field}.{f}", "missing", "required in every tier")
+        provisioning = t["provisioning"]
+        _expect_type(f"{field}.provisioning", provisioning, str, "a string")
+        if provisioning not in TIER_PROVISIONING:
+            _fail(
+                f"{field}.provisioning",
+                f"{show(provisioning)} is not a provisioning model",
+                ", ".join(TIER_PROVISIONING),
+            )
+        reservation = t.get("reservation")
+        if provisioning == "reservation":
+            if reservation is None:
+                _fail(f"{field}.reservation", "missing", "the name of a reservation in the tier's zones")
+            _string(
+                f"{field}.reservation",
+                reservation,
+                RESERVATION_RE,
+                "a reservation name like tpu-res-1",
+                "a reservation name",
+            )
+        elif reservation is not None:
+            _fail(f"{field}.reservation", "only a reservation tier names a reservation", 'provisioning "reservation"')
+        move_on = t.get("move_on", {})
+        _expect_type(f"{field}.move_on", move_on, dict, "an object")
+        _only(f"{field}.move_on", move_on, MOVE_ON_FIELDS)
+        if move_on and i == len(value) - 1:
+            _fail(f"{field}.move_on", "the last tier has no tier to move on to", "move_on on any tier but the last")
+        if i < len(value) - 1 and not move_on:
+            _fail(f"{field}.move_on", "missing: this tier would never move on", ", ".join(MOVE_ON_FIELDS))
+        after = move_on.get("after_preemptions")
+        tiers.append(
+            Tier(
+                provisioning=provisioning,
+                zones=_zones(t["zones"], f"{field}.zones"),
+                reservation=reservation,
+                after_preemptions=None
+                if after is None
+                else _int(f"{field}.move_on.after_preemptions", after, 1, 10_000),
+                after_stockout_s=_duration_or_none(move_on.get("after_stockout"), f"{field}.move_on.after_stockout"),
+                deadline_within_s=_duration_or_none(move_on.get("deadline_within"), f"{field}.move_on.deadline_within"),
+            )
+        )
+    return tuple(tiers)
+
+
+def _duration_or_none(value: Any, field: str) -> int | None:
+    return None if value is None else parse_ttl(value, field)
 
 
 def _provisioning(value: Any) -> str:
@@ -491,6 +569,12 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
     for f in REQUIRED_FIELDS:
         if f not in obj:
             _fail(f, "missing", "required for action submit")
+    tiers = _tiers(obj["tiers"]) if "tiers" in obj else ()
+    for f in ("zones", "provisioning"):
+        if tiers and f in obj:
+            _fail(f, "not allowed with tiers", f"{f} inside each tier")
+    if not tiers and "zones" not in obj:
+        _fail("zones", "missing", "required for action submit (or tiers, each with its zones)")
     fields: dict[str, Callable[[Any], Any]] = {
         "job_id": _job_id,
         "machine": _machine,
@@ -505,6 +589,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         "max_failures": lambda v: _int("max_failures", v, 0, MAX_FAILURES),
         "labels": _labels,
         "hang_timeout": _hang_timeout,
+        "tiers": lambda t: tiers,
     }
     defaults: dict[str, Any] = {
         "provisioning": "spot",
@@ -516,6 +601,8 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         "labels": {},
         "hang_timeout": DEFAULT_HANG_TIMEOUT,
     }
+    if tiers:  # tier 0 is also the job's zones and provisioning (what the first attempt uses)
+        obj = {**obj, "zones": list(tiers[0].zones)}
     v = {name: check(obj.get(name, defaults.get(name))) for name, check in fields.items()}
     return JobSpec(
         job_id=v["job_id"],
@@ -523,7 +610,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         zones=v["zones"],
         image=v["image"],
         checkpoint_uri=v["checkpoint_uri"],
-        provisioning=v["provisioning"],
+        provisioning=tiers[0].provisioning if tiers else v["provisioning"],
         args=v["args"],
         env=v["env"],
         ttl_s=v["ttl"],
@@ -531,6 +618,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         max_failures=v["max_failures"],
         labels=v["labels"],
         hang_timeout_s=v["hang_timeout"],
+        tiers=v["tiers"],
     )
 
 
@@ -538,7 +626,13 @@ def spec_to_message(spec: JobSpec) -> dict[str, Any]:
     """The submit message for a JobSpec: parse_job_message(spec_to_message(s)) == s."""
     m = spec.machine
     machine: dict[str, Any] = (
-        {"kind": "tpu", "accelerator_type": m.accelerator_type, "runtime_version": m.runtime_version}
+        {
+            "kind": "tpu",
+            "accelerator_type": m.accelerator_type,
+            "runtime_version": m.runtime_version,
+            "request": m.request,
+            **({"queue_timeout": format_ttl(m.queue_timeout_s)} if m.request == "queued" else {}),
+        }
         if isinstance(m, TpuMachine)
         else {
             "kind": "gpu",
@@ -548,12 +642,16 @@ def spec_to_message(spec: JobSpec) -> dict[str, Any]:
             "boot_disk_gb": m.boot_disk_gb,
         }
     )
+    where: dict[str, Any] = (
+        {"tiers": [_tier_message(t) for t in spec.tiers]}
+        if spec.tiers
+        else {"zones": list(spec.zones), "provisioning": spec.provisioning}
+    )
     return {
         "action": "submit",
         "job_id": spec.job_id,
         "machine": machine,
-        "zones": list(spec.zones),
-        "provisioning": spec.provisioning,
+        **where,
         "image": spec.image,
         "args": list(spec.args),
         "env": dict(spec.env),
@@ -563,6 +661,21 @@ def spec_to_message(spec: JobSpec) -> dict[str, Any]:
         "max_failures": spec.max_failures,
         "labels": dict(spec.labels),
         "hang_timeout": "off" if spec.hang_timeout_s is None else format_ttl(spec.hang_timeout_s),
+    }
+
+
+def _tier_message(tier: Tier) -> dict[str, Any]:
+    rules = {
+        "after_preemptions": tier.after_preemptions,
+        "after_stockout": None if tier.after_stockout_s is None else format_ttl(tier.after_stockout_s),
+        "deadline_within": None if tier.deadline_within_s is None else format_ttl(tier.deadline_within_s),
+    }
+    move_on = {k: v for k, v in rules.items() if v is not None}
+    return {
+        "provisioning": tier.provisioning,
+        "zones": list(tier.zones),
+        **({"reservation": tier.reservation} if tier.reservation else {}),
+        **({"move_on": move_on} if move_on else {}),
     }
 
 

@@ -175,3 +175,37 @@ def test_status_shows_the_hosts_of_a_slice_and_the_hang_timeout() -> None:
     text = describe(job)
     assert "tpu v5litepod-16 (spot, 4 hosts per slice)" in text and "hang after   600s without progress" in text
     assert job.to_dict()["hosts"] == 4
+
+
+def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
+    from respawn.cli import describe
+    from respawn.decide import Policy, decide
+    from respawn.events import JobSubmitted, MachinePreempted, TrainerStarted
+    from respawn.spec import load_job_file, parse_job_message
+
+    T = 1_700_000_000.0
+    message = load_job_file(DATA / "job_tpu.yaml")
+    zones = message.pop("zones")
+    del message["provisioning"]
+    message["tiers"] = [
+        {"provisioning": "spot", "zones": zones, "move_on": {"after_preemptions": 1}},
+        {"provisioning": "standard", "zones": zones[:1]},
+    ]
+    events = [
+        JobSubmitted("m1", T, parse_job_message(message)),  # type: ignore[arg-type]
+        TrainerStarted("s1", T + 100, "llm-small-001", 1, None, 10.0),  # waited 90 s, started its process at 90
+        MachinePreempted("p1", T + 3690, "llm-small-001", 1, "llm-small-001-a1", zones[0], "p"),
+        TrainerStarted("s2", T + 3760, "llm-small-001", 2, 100, 10.0),
+    ]
+    job = None
+    for e in events:
+        job, _ = decide(job, e, e.time, Policy())
+    assert job is not None
+    text = describe(job, now=T + 3750 + 1800)
+    assert "tiers        0: spot in us-central1-a, us-west4-a; 1: standard in us-central1-a" in text
+    rows = {line.split()[0]: line.split() for line in text.split("attempts")[1].splitlines()[2:4]}
+    assert (rows["1"][2], rows["1"][6], rows["1"][-3]) == ("0", "90s", "preempted")  # tier, waited, end
+    assert (rows["2"][2], rows["2"][6]) == ("1", "60s")
+    costs = text.split("machine time by tier")[1]
+    assert "spot" in costs and "1.00" in costs and "$3.84" in costs  # 1 h of v5litepod-8 at 8 x $0.48 Spot
+    assert "standard" in costs and "0.50" in costs and "$4.80" in costs  # 0.5 h at 8 x $1.20 on-demand

@@ -25,7 +25,7 @@ from respawn.events import (
     TrainerProgressed,
     TrainerStarted,
 )
-from respawn.model import LEGAL_TRANSITIONS, TERMINAL, Job, JobSpec, MachineState, Status, TpuMachine
+from respawn.model import LEGAL_TRANSITIONS, TERMINAL, Job, JobSpec, MachineState, Status, Tier, TpuMachine
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
 T0 = 1_000_000.0
@@ -457,13 +457,16 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
     }
     assert Job.from_dict(d) == job
     assert job.spec is not None
-    spec = replace(job.spec, args=("--steps=9",), env=(("A", "1"),), labels=(("team", "nlp"),))
+    tiers = (Tier("spot", (A, B), after_preemptions=2, after_stockout_s=600), Tier("reservation", (A,), "r-1"))
+    spec = replace(job.spec, args=("--steps=9",), env=(("A", "1"),), labels=(("team", "nlp"),), tiers=tiers)
     assert spec.to_dict() == dataclasses.asdict(spec) | {
         "zones": list(spec.zones),
         "args": list(spec.args),
         "env": dict(spec.env),
         "labels": dict(spec.labels),
+        "tiers": [dataclasses.asdict(t) | {"zones": list(t.zones)} for t in tiers],
     }
+    assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
 
 # -- slices: progress, hangs, a failed worker on a dead node ---------------------------------------------------------
@@ -540,3 +543,63 @@ def test_a_failed_worker_on_a_machine_the_api_shows_dead_is_a_loss(state: Machin
     assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE)]
     if counted == "failure":
         assert new.reason == "trainer failed on llm-a1 worker 2: the trainer exited with code 1; retrying"
+
+
+# -- queued resources and tiers --------------------------------------------------------------------------------------
+
+QUEUED_TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request="queued", queue_timeout_s=600)
+SPOT_THEN_STANDARD = (Tier("spot", (A, B), after_preemptions=2, after_stockout_s=900), Tier("standard", (C,)))
+
+
+def test_a_queued_request_waits_in_the_queue_until_its_timeout_then_tries_the_next_zone() -> None:
+    job = run(None, submitted(spec(machine=QUEUED_TPU)))
+    waiting = observed(("llm-a1", A, MachineState.QUEUED))
+    new, actions = step(job, waiting, T0 + 600)
+    assert new is not None and (new.status, actions) == (Status.PROVISIONING, [])
+    new, actions = step(job, waiting, T0 + 601)
+    assert new is not None and new.attempts[0].end_reason == "queued" and new.counters.capacity_errors == 1
+    assert new.reason == "llm-a1 waited 601s in the queue of us-central1-a; trying us-west4-a"
+    assert actions == [
+        DeleteMachine("llm", 1, "llm-a1", A),
+        CreateMachine("llm", 2, "llm-a2", B, deadline=DEADLINE),
+    ]
+
+
+def test_a_failed_queued_resource_says_why_in_the_apis_words() -> None:
+    job = run(None, submitted(spec(machine=QUEUED_TPU)))
+    event = MachinesObserved(
+        eid(), T0, "llm", (("llm-a1", A, MachineState.FAILED),), (A, B), (("llm-a1", "Invalid runtime version"),)
+    )
+    new, _ = step(job, event)
+    assert new is not None and new.reason.startswith("llm-a1 failed to come up in us-central1-a: Invalid runtime")
+
+
+def test_after_two_preemptions_on_spot_the_third_attempt_is_standard() -> None:
+    job = run(None, submitted(spec(tiers=SPOT_THEN_STANDARD)), started(1), preempted(1))
+    assert job.current is not None and (job.current.tier, job.current.zone) == (0, A)
+    job, actions = step(run(job, started(2)), preempted(2))
+    assert job is not None and job.current is not None and job.tier_index == 1
+    assert (job.current.n, job.current.tier, job.current.zone) == (3, 1, C)
+    assert actions[-1] == CreateMachine("llm", 3, "llm-a3", C, deadline=DEADLINE, tier=1)
+    assert job.reason == "llm-a2 preempted; replacing it in europe-west4-b (standard tier)"
+    job = run(job, started(3), preempted(3))  # the last tier stays, however often it is preempted
+    assert job.current is not None and (job.current.tier, job.tier_index) == (1, 1)
+
+
+def test_a_stockout_longer_than_the_limit_moves_on_instead_of_backing_off() -> None:
+    job = run(None, submitted(spec(tiers=SPOT_THEN_STANDARD)), capacity(1), capacity(2), now=T0)
+    assert job.status is Status.PENDING and job.tier_index == 0  # a whole walk of spot, 0 s of stockout so far
+    job = run(job, observed(), now=job.next_attempt_at or 0)
+    assert job.current is not None and job.current.tier == 0  # the backoff is over: spot again
+    job, actions = step(job, capacity(3), T0 + 900)  # spot has had no capacity for 900 s
+    assert job is not None and job.current is not None and job.status is not Status.PENDING
+    assert (job.current.tier, job.current.zone) == (1, C) and actions[-1].tier == 1  # type: ignore[union-attr]
+
+
+def test_a_deadline_at_risk_moves_on() -> None:
+    tiers = (Tier("spot", (A,), deadline_within_s=3600), Tier("standard", (A,)))
+    job = run(None, submitted(spec(tiers=tiers)), started(1))
+    job, _ = step(job, preempted(1), DEADLINE - 3601)
+    assert job is not None and job.current is not None and job.current.tier == 0
+    job, _ = step(run(job, started(2), now=DEADLINE - 3601), preempted(2), DEADLINE - 3600)
+    assert job is not None and job.current is not None and job.current.tier == 1

@@ -74,6 +74,7 @@ from respawn.model import (
     JobSpec,
     MachineState,
     Status,
+    Tier,
     TpuMachine,
     machine_name,
     parse_machine_name,
@@ -90,11 +91,12 @@ LIVE = (MachineState.CREATING, MachineState.READY)
 DEAD = (MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED)
 COUNTED_AS_PREEMPTION = ("preempted", "lost")
 COUNTED_AS_FAILURE = ("failed", "hung")
-NO_CAPACITY = ("capacity", "stuck")
+NO_CAPACITY = ("capacity", "stuck", "queued")
 
 
-TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")
+TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request="queued", queue_timeout_s=600)
 SLICE = TpuMachine("v5litepod-16", "v2-alpha-tpuv5-lite")  # 4 worker VMs
+SPOT_THEN_STANDARD = (Tier("spot", (A, B), after_preemptions=2, after_stockout_s=1200), Tier("standard", (C,)))
 GPU = GpuMachine("g2-standard-8", "nvidia-l4", 1)
 
 
@@ -106,7 +108,7 @@ def _spec(
 
 
 SPECS = {  # short TTLs so that histories reach them; bert fails at its second preemption
-    "llm": _spec("llm", SLICE, (A, B), 3600, max_failures=2, hang_timeout_s=600),
+    "llm": replace(_spec("llm", SLICE, (A, B), 3600, max_failures=2, hang_timeout_s=600), tiers=SPOT_THEN_STANDARD),
     "bert": _spec("bert", TPU, (B, C, A), 1800, max_failures=3, max_preemptions=1, hang_timeout_s=None),
     "vit": _spec("vit", GPU, (A, C), 7200, max_failures=1),
 }
@@ -270,9 +272,12 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         return [(kind, m) for kind, m in self.machines() if kind == "tpu"]
 
     @precondition(lambda self: any(m.name not in self.spoke and m.state in LIVE for _, m in self.machines()))
-    @rule(pick=PICK, state=st.sampled_from([MachineState.CREATING, MachineState.READY, MachineState.FAILED]))
+    @rule(
+        pick=PICK,
+        state=st.sampled_from([MachineState.QUEUED, MachineState.CREATING, MachineState.READY, MachineState.FAILED]),
+    )
     def slow_create(self, pick: int, state: MachineState) -> None:
-        """A machine whose trainer never spoke is still creating, comes up after all, or failed to come up."""
+        """A machine whose trainer never spoke waits in a queue, is still creating, comes up after all, or failed."""
         quiet = [(kind, m) for kind, m in self.machines() if m.name not in self.spoke and m.state in LIVE]
         kind, m = quiet[pick % len(quiet)]
         self.providers[kind].set_state(m.name, state)
@@ -522,9 +527,19 @@ class ServiceUnderChaos(RuleBasedStateMachine):
                     f"{a.machine} hung with progress {self.clock.now() - last:.0f}s ago"
                 )
         if new.spec is not None:  # where the next machine goes: the same zone, or the next after no capacity
-            zones = new.spec.zones
-            assert not new.attempts or new.attempts[0].zone == zones[0]
+            assert not new.attempts or new.attempts[0].zone == new.spec.zones[0]
+            tiers = new.spec.all_tiers
+            assert new.tier_index >= max((a.tier for a in new.attempts), default=0), "a tier was left and taken again"
             for a, b in itertools.pairwise(new.attempts):
+                assert b.tier >= a.tier, f"{b.machine} went back from tier {a.tier} to {b.tier}"
+                if b.tier != a.tier:  # moved on: the next tier's first zone, because its rule held
+                    assert b.zone == tiers[b.tier].zones[0], f"{b.machine} in {b.zone} on tier {b.tier}"
+                    rule = tiers[a.tier]
+                    preempted = sum(x.tier == a.tier and x.end_reason in COUNTED_AS_PREEMPTION for x in new.attempts)
+                    stockout = rule.after_stockout_s is not None and a.end_reason in NO_CAPACITY
+                    assert (rule.after_preemptions is not None and preempted >= rule.after_preemptions) or stockout
+                    continue
+                zones = tiers[a.tier].zones
                 walk = a.end_reason in NO_CAPACITY
                 want = zones[(zones.index(a.zone) + 1) % len(zones)] if walk else a.zone
                 assert b.zone == want, f"{b.machine} in {b.zone} after {a.machine} ended {a.end_reason} in {a.zone}"

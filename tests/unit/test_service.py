@@ -395,7 +395,15 @@ def test_one_json_line_per_handled_event_without_env_values(caplog: pytest.LogCa
     ]
     assert lines[1]["actions"] == [
         {"kind": "delete", "job_id": "llm", "attempt": 1, "machine": "llm-a1", "zone": A},
-        {"kind": "create", "job_id": "llm", "attempt": 2, "machine": "llm-a2", "zone": A, "deadline": DEADLINE},
+        {
+            "kind": "create",
+            "job_id": "llm",
+            "attempt": 2,
+            "machine": "llm-a2",
+            "zone": A,
+            "deadline": DEADLINE,
+            "tier": 0,
+        },
     ]
     assert "s3cr3t" not in caplog.text and "t0ps3cret" not in caplog.text
 

@@ -365,10 +365,13 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     err = error_of(with_change("priority", "high"))
     assert str(err) == (
         'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
-        "image, args, env, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout"
+        "image, args, env, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers"
     )
     err = error_of(with_change("machine.topology", "2x4"))
-    assert err.field == "machine.topology" and err.allowed == "kind, accelerator_type, runtime_version"
+    assert (
+        err.field == "machine.topology"
+        and err.allowed == "kind, accelerator_type, runtime_version, request, queue_timeout"
+    )
 
 
 def test_the_example_line_from_the_docs() -> None:
@@ -533,3 +536,93 @@ def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_job_file(tmp_path / "nope.yaml")
     assert "cannot read" in str(info.value) and "No such file" in str(info.value)
+
+
+# ---------------------------------------------------------------------------- queued requests and tiers
+
+TIERS = [
+    {"provisioning": "spot", "zones": ["us-central1-a", "us-west4-a"], "move_on": {"after_preemptions": 2}},
+    {
+        "provisioning": "reservation",
+        "reservation": "tpu-res-1",
+        "zones": ["us-central1-a"],
+        "move_on": {"after_stockout": "20m", "deadline_within": "2h"},
+    },
+    {"provisioning": "standard", "zones": ["us-east5-b"]},
+]
+
+
+def tiered() -> dict[str, Any]:
+    msg = with_change("tiers", copy.deepcopy(TIERS))
+    del msg["zones"], msg["provisioning"]
+    return msg
+
+
+def test_tiers_parse_in_order_and_round_trip() -> None:
+    spec = parse_job_message(tiered())
+    assert isinstance(spec, JobSpec)
+    assert [(t.provisioning, t.zones, t.reservation) for t in spec.all_tiers] == [
+        ("spot", ("us-central1-a", "us-west4-a"), None),
+        ("reservation", ("us-central1-a",), "tpu-res-1"),
+        ("standard", ("us-east5-b",), None),
+    ]
+    assert (spec.tiers[0].after_preemptions, spec.tiers[1].after_stockout_s, spec.tiers[1].deadline_within_s) == (
+        2,
+        1200,
+        7200,
+    )
+    assert spec.zones == ("us-central1-a", "us-west4-a") and spec.provisioning == "spot"  # tier 0
+    assert spec.every_zone == ("us-central1-a", "us-west4-a", "us-east5-b")
+    assert parse_job_message(json.loads(json.dumps(spec_to_message(spec)))) == spec
+
+
+def test_without_tiers_a_job_has_one_tier_of_its_zones() -> None:
+    spec = parse_job_message(tpu_message())
+    assert isinstance(spec, JobSpec) and spec.tiers == ()
+    assert [(t.provisioning, t.zones, t.after_preemptions) for t in spec.all_tiers] == [("spot", spec.zones, None)]
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "text"),
+    [
+        (lambda m: m.update(zones=["us-central1-a"]), "zones", "not allowed with tiers"),
+        (lambda m: m.update(provisioning="spot"), "provisioning", "not allowed with tiers"),
+        (lambda m: m.update(tiers=[]), "tiers", "0 tiers"),
+        (lambda m: m["tiers"][1].pop("reservation"), "tiers[1].reservation", "missing"),
+        (lambda m: m["tiers"][0].update(reservation="r"), "tiers[0].reservation", "only a reservation tier"),
+        (lambda m: m["tiers"][2].update(move_on={"after_preemptions": 1}), "tiers[2].move_on", "the last tier"),
+        (lambda m: m["tiers"][0].pop("move_on"), "tiers[0].move_on", "would never move on"),
+        (
+            lambda m: m["tiers"][0]["move_on"].update(after_preemptions=0),
+            "tiers[0].move_on.after_preemptions",
+            "out of range",
+        ),
+        (lambda m: m["tiers"][0]["move_on"].update(soon=1), "tiers[0].move_on.soon", "unknown field"),
+        (
+            lambda m: m["tiers"][1]["move_on"].update(after_stockout="a while"),
+            "tiers[1].move_on.after_stockout",
+            "not a duration",
+        ),
+        (lambda m: m["tiers"][2].update(provisioning="free"), "tiers[2].provisioning", "not a provisioning model"),
+        (lambda m: m["tiers"][2].update(zones=["mars"]), "tiers[2].zones[0]", "is not a zone"),
+        (lambda m: m["tiers"][2].pop("zones"), "tiers[2].zones", "missing"),
+    ],
+)
+def test_each_bad_tier_names_the_field(change: Any, field: str, text: str) -> None:
+    msg = tiered()
+    change(msg)
+    err = error_of(msg)
+    assert err.field == field and text in str(err)
+
+
+def test_a_tpu_machine_is_requested_as_a_node_or_a_queued_resource() -> None:
+    spec = parse_job_message(with_change("machine.request", "queued"))
+    assert isinstance(spec, JobSpec) and isinstance(spec.machine, TpuMachine)
+    assert (spec.machine.request, spec.machine.queue_timeout_s) == ("queued", 1800)
+    spec = parse_job_message(with_change("machine.queue_timeout", "5m", with_change("machine.request", "queued")))
+    assert isinstance(spec, JobSpec) and spec.machine.queue_timeout_s == 300  # type: ignore[union-attr]
+    assert parse_job_message(json.loads(json.dumps(spec_to_message(spec)))) == spec
+    err = error_of(with_change("machine.request", "vm"))
+    assert err.field == "machine.request" and '"queued" (a queued resource) or "node"' in str(err)
+    err = error_of(with_change("machine.queue_timeout", "5m", with_change("machine.request", "node")))
+    assert err.field == "machine.queue_timeout" and "only a queued request waits" in str(err)

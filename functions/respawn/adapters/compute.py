@@ -50,7 +50,8 @@ _DONE = compute_v1.Operation.Status.DONE
 
 
 def scheduling(provisioning: str, run_s: int) -> compute_v1.Scheduling:
-    """GPUs cannot live-migrate, so host maintenance terminates; respawn, not GCE, restarts the work."""
+    """GPUs cannot live-migrate, so host maintenance terminates; respawn, not GCE, restarts the work.
+    A reservation tier runs standard VMs that consume the reservation (`reservation_affinity`)."""
     if provisioning == "preemptible":  # legacy preemptible VMs: at most 24 h, no maxRunDuration
         return compute_v1.Scheduling(preemptible=True, automatic_restart=False, on_host_maintenance="TERMINATE")
     return compute_v1.Scheduling(
@@ -98,7 +99,7 @@ class GcpComputeProvider:
         m = spec.machine
         if not isinstance(m, GpuMachine):
             raise PermanentError(f"machine.kind: {m.kind!r} cannot run on a GPU VM; allowed: gpu")
-        zone = action.zone
+        zone, tier = action.zone, spec.all_tiers[action.tier]
         left = (action.deadline - self.clock()) if action.deadline is not None else spec.ttl_s
         metadata = {**machine_metadata(spec, action.attempt), "install-nvidia-driver": "True"}
         nic = compute_v1.NetworkInterface(network=self.network)
@@ -120,12 +121,18 @@ class GcpComputeProvider:
                     accelerator_count=m.accelerator_count,
                 )
             ],
-            scheduling=scheduling(spec.provisioning, max(MIN_RUN_S, int(left))),
+            scheduling=scheduling(tier.provisioning, max(MIN_RUN_S, int(left))),
             disks=[disk],
             network_interfaces=[nic],
             metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in metadata.items()]),
             labels=machine_labels(spec, action.attempt),
         )
+        if tier.reservation:
+            instance.reservation_affinity = compute_v1.ReservationAffinity(
+                consume_reservation_type="SPECIFIC_RESERVATION",
+                key="compute.googleapis.com/reservation-name",
+                values=[tier.reservation],
+            )
         if self.service_account:
             instance.service_accounts = [compute_v1.ServiceAccount(email=self.service_account, scopes=[CLOUD_PLATFORM])]
         return instance

@@ -44,6 +44,8 @@ STATES: dict[int, MachineState] = {
 def scheduling_config(provisioning: str) -> tpu_v2.SchedulingConfig | None:
     if provisioning == "standard":
         return None
+    if provisioning == "reservation":
+        return tpu_v2.SchedulingConfig(reserved=True)
     return tpu_v2.SchedulingConfig(spot=provisioning == "spot", preemptible=provisioning == "preemptible")
 
 
@@ -79,7 +81,7 @@ class GcpTpuProvider:
         node = tpu_v2.Node(
             accelerator_type=machine.accelerator_type,
             runtime_version=machine.runtime_version,
-            scheduling_config=scheduling_config(spec.provisioning),
+            scheduling_config=scheduling_config(spec.all_tiers[action.tier].provisioning),
             labels=machine_labels(spec, action.attempt),
             metadata=machine_metadata(spec, action.attempt),
             network_config=tpu_v2.NetworkConfig(enable_external_ips=self.external_ips, network=self.network or ""),
