@@ -31,12 +31,18 @@ resource "google_service_account" "build" {
 resource "google_project_iam_custom_role" "orchestrator" {
   role_id     = "respawnOrchestrator"
   title       = "respawn orchestrator"
-  description = "Create, get, list and delete Cloud TPU nodes and Spot GPU VMs."
+  description = "Create, get, list and delete Cloud TPU queued resources, nodes and Spot GPU VMs."
   permissions = [
     "tpu.nodes.create",
     "tpu.nodes.delete",
     "tpu.nodes.get",
     "tpu.nodes.list",
+    # machine.request "queued" (the default). Consuming a reservation (a reservation tier) needs no permission
+    # beyond creating the machine (Compute Engine "Consume reservations": compute.instances.create).
+    "tpu.queuedResources.create",
+    "tpu.queuedResources.delete",
+    "tpu.queuedResources.get",
+    "tpu.queuedResources.list",
     "tpu.operations.get",
     "tpu.operations.list",
     "compute.instances.create",

@@ -153,9 +153,9 @@ MACHINE = "${google_service_account.machine.member}"
 def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) -> None:
     role = config.resource("google_project_iam_custom_role", "orchestrator")
     permissions = set(role["permissions"])
-    needed = {f"tpu.nodes.{verb}" for verb in ("create", "delete", "get", "list")} | {
-        f"compute.instances.{verb}" for verb in ("create", "delete", "get", "list", "setMetadata", "setLabels")
-    }
+    needed = {
+        f"tpu.{kind}.{verb}" for kind in ("nodes", "queuedResources") for verb in ("create", "delete", "get", "list")
+    } | {f"compute.instances.{verb}" for verb in ("create", "delete", "get", "list", "setMetadata", "setLabels")}
     assert needed | {"tpu.operations.get", "compute.zoneOperations.get", "compute.disks.create"} <= permissions
     assert all(p.startswith(("tpu.", "compute.")) for p in permissions)
     assert not any(p.endswith(("setIamPolicy", ".update", ".start", ".stop", ".reset")) for p in permissions)
