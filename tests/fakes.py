@@ -105,13 +105,13 @@ class FakeProvider:
             labels = {LABEL_MANAGED: "true", LABEL_JOB: action.job_id, LABEL_ATTEMPT: str(action.attempt)}
             self.machines[action.machine] = Machine(action.machine, action.zone, MachineState.READY, labels)
 
-    def delete(self, name: str, zone: str) -> None:
+    def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
         with self._lock:
             self.calls.append(("delete", name, zone))
             self._maybe_fail("delete")
             self.machines.pop(name, None)  # NotFound is success
 
-    def get(self, name: str, zone: str) -> Machine | None:
+    def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         with self._lock:
             self._maybe_fail("get")
         machine = self.machines.get(name)
@@ -209,11 +209,11 @@ class CrashingProvider:
     def create(self, action: CreateMachine, spec: JobSpec) -> None:
         self.plan.step(f"create {action.machine}", lambda: self.provider.create(action, spec))
 
-    def delete(self, name: str, zone: str) -> None:
-        self.plan.step(f"delete {name}", lambda: self.provider.delete(name, zone))
+    def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
+        self.plan.step(f"delete {name}", lambda: self.provider.delete(name, zone, spec))
 
-    def get(self, name: str, zone: str) -> Machine | None:
-        return self.provider.get(name, zone)
+    def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
+        return self.provider.get(name, zone, spec)
 
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
         return self.provider.list(zone, job_id)

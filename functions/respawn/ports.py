@@ -44,10 +44,11 @@ class MachineProvider(Protocol):
     def create(self, action: CreateMachine, spec: JobSpec) -> None:
         """Create `action.machine` in `action.zone`. AlreadyExists is success."""
 
-    def delete(self, name: str, zone: str) -> None:
-        """Delete the machine. NotFound is success. Does not wait for completion longer than needed."""
+    def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
+        """Delete the machine. NotFound is success. Does not wait for completion longer than needed.
+        `spec`, the job's, says how its machines were requested (None: unknown, look every way)."""
 
-    def get(self, name: str, zone: str) -> Machine | None:
+    def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         """The machine, or None when it does not exist."""
 
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:

@@ -127,7 +127,7 @@ class Service:
         if job is None or job.spec is None or current is None or current.n != event.attempt or current.ended:
             return event
         try:
-            machine = self._provider(job.spec.machine.kind).get(current.machine, current.zone)
+            machine = self._provider(job.spec.machine.kind).get(current.machine, current.zone, job.spec)
         except TransientError as e:
             raise Retryable(f"reading {current.machine}: {e}") from e
         except ProviderError:
@@ -270,7 +270,7 @@ class Service:
         if isinstance(action, CreateMachine):
             provider.create(action, job.spec)
         else:
-            provider.delete(action.machine, action.zone)
+            provider.delete(action.machine, action.zone, job.spec)
 
     def _provider(self, kind: str) -> MachineProvider:
         provider = self.providers.get(kind)

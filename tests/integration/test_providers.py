@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from respawn.actions import CreateMachine
 from respawn.adapters.compute import DLVM_IMAGE, GcpComputeProvider
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.local.cloudapi import CloudApiServer
-from respawn.model import GpuMachine, JobSpec, MachineState, TpuMachine
+from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
 ZONE = "us-central1-a"
@@ -75,7 +76,7 @@ def test_tpu_create_get_list_delete(server: CloudApiServer, tpu: GcpTpuProvider)
     spec = tpu_spec()
     tpu.create(create(spec), spec)
 
-    m = tpu.get("llm-1-a1", ZONE)
+    m = tpu.get("llm-1-a1", ZONE, spec)
     assert m is not None and m.state is MachineState.READY  # create waited for the operation
     assert m.labels == {"team": "nlp", "respawn-managed": "true", "respawn-job": "llm-1", "respawn-attempt": "1"}
     node = server.machine("llm-1-a1")
@@ -96,8 +97,8 @@ def test_tpu_create_get_list_delete(server: CloudApiServer, tpu: GcpTpuProvider)
     assert [m.name for m in tpu.list(ZONE, "llm-1")] == ["llm-1-a1"]
     assert tpu.list("us-west4-a") == []
 
-    tpu.delete("llm-1-a1", ZONE)
-    assert tpu.get("llm-1-a1", ZONE) is None
+    tpu.delete("llm-1-a1", ZONE, spec)
+    assert tpu.get("llm-1-a1", ZONE, spec) is None
     verbs = [c.verb for c in server.calls if c.name == "llm-1-a1"]
     assert [v for v in verbs if v != "operation"] == ["create", "get", "delete", "get"] and "operation" in verbs
     assert f"POST /v2/projects/{PROJECT}/locations/{ZONE}/nodes" in server.requests
@@ -262,7 +263,7 @@ def test_tpu_read_and_delete_errors(server: CloudApiServer, tpu: GcpTpuProvider)
 def test_tpu_read_retry(server: CloudApiServer) -> None:
     provider = GcpTpuProvider(PROJECT, endpoint=server.url, read_retry_s=5)
     server.fail_next("get", code=503, status="UNAVAILABLE", message="unavailable")
-    assert provider.get("x-a1", ZONE) is None
+    assert provider.get("x-a1", ZONE, tpu_spec()) is None
     assert [c.verb for c in server.calls] == ["get", "get"]
 
 
@@ -519,7 +520,7 @@ def test_server_callbacks_and_call_log() -> None:
         gce = GcpComputeProvider(PROJECT, endpoint=server.url, create_wait_s=10)
         tpu.create(create(tpu_spec()), tpu_spec())
         gce.create(create(gpu_spec()), gpu_spec())
-        tpu.delete("llm-1-a1", ZONE)
+        tpu.delete("llm-1-a1", ZONE, tpu_spec())
         gce.delete("gpu-1-a1", ZONE)
         deadline = time.monotonic() + 5
         while len(deleted) < 2 and time.monotonic() < deadline:
@@ -532,3 +533,133 @@ def test_server_callbacks_and_call_log() -> None:
         ("delete", "tpu", "llm-1-a1", ZONE),
         ("delete", "gpu", "gpu-1-a1", ZONE),
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------- queued
+
+
+def queued_spec(job_id: str = "llm-1", provisioning: str = "spot", **kw: object) -> JobSpec:
+    spec = tpu_spec(job_id, provisioning, **kw)
+    return JobSpec(**{**spec.__dict__, "machine": TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request="queued")})
+
+
+def wait_state(tpu: GcpTpuProvider, name: str, spec: JobSpec, state: MachineState) -> None:
+    deadline = time.monotonic() + 5
+    while (m := tpu.get(name, ZONE, spec)) is None or m.state is not state:
+        assert time.monotonic() < deadline, f"{name} is {m}, not {state}"
+        time.sleep(0.02)
+
+
+def test_queued_resource_create_active_list_and_force_delete(server: CloudApiServer, tpu: GcpTpuProvider) -> None:
+    spec = queued_spec()
+    tpu.create(create(spec, deadline=2_000_000_000.0), spec)
+    tpu.create(create(spec, deadline=2_000_000_000.0), spec)  # a redelivered create: 409, already there
+    assert [c.verb for c in server.calls if c.verb == "create"] == ["create", "create"]
+    assert len(server.queued_resources()) == 1
+    wait_state(tpu, "llm-1-a1", spec, MachineState.READY)
+    qr = server.queued_resources()[0]
+    assert qr.state == "ACTIVE" and qr.body["spot"] == {} and "guaranteed" not in qr.body
+    assert qr.body["queueingPolicy"] == {"validUntilTime": "2033-05-18T03:33:20Z"}  # the job's TTL deadline
+    node_spec = qr.body["tpu"]["nodeSpec"][0]
+    assert node_spec["parent"] == f"projects/{PROJECT}/locations/{ZONE}" and node_spec["nodeId"] == "llm-1-a1"
+    assert "schedulingConfig" not in node_spec["node"]  # the queued resource carries the provisioning model
+    node = server.machine("llm-1-a1")
+    assert node is not None and node.resource["queuedResource"].endswith("/queuedResources/llm-1-a1")
+    assert node.metadata["respawn-job-id"] == "llm-1"
+    listed = tpu.list(ZONE)
+    assert [(m.name, m.state) for m in listed] == [("llm-1-a1", MachineState.READY)]  # one machine, not two
+    assert tpu.get("llm-1-a1", ZONE) is not None  # found without the spec too
+
+    tpu.delete("llm-1-a1", ZONE, spec)
+    assert server.queued_resources() == [] and server.machine("llm-1-a1") is None  # force took the node too
+    assert tpu.get("llm-1-a1", ZONE, spec) is None
+    tpu.delete("llm-1-a1", ZONE, spec)  # NotFound is success
+    assert f"DELETE /v2/projects/{PROJECT}/locations/{ZONE}/queuedResources/llm-1-a1" in server.requests
+
+
+def test_a_queued_resource_waits_for_resources_then_becomes_active() -> None:
+    with CloudApiServer(create_delay_s=0.05, queue_waits={ZONE: 0.5}) as server:
+        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, create_wait_s=10, read_retry_s=0)
+        spec = queued_spec()
+        tpu.create(create(spec), spec)
+        m = tpu.get("llm-1-a1", ZONE, spec)
+        assert m is not None and m.state is MachineState.QUEUED and server.machine("llm-1-a1") is None
+        wait_state(tpu, "llm-1-a1", spec, MachineState.READY)
+        assert server.queued_resources()[0].state == "ACTIVE"
+
+
+def test_a_queued_resource_waits_forever_in_a_stocked_out_zone_until_deleted() -> None:
+    with CloudApiServer(create_delay_s=0.05, queue_waits={ZONE: None}) as server:
+        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, create_wait_s=10, read_retry_s=0)
+        spec = queued_spec()
+        tpu.create(create(spec), spec)  # capacity is not an error for a queued request
+        time.sleep(0.2)
+        assert [(m.name, m.state) for m in tpu.list(ZONE, "llm-1")] == [("llm-1-a1", MachineState.QUEUED)]
+        tpu.delete("llm-1-a1", ZONE, spec)
+        assert server.queued_resources() == []
+
+
+def test_a_preempted_queued_resource_is_suspended(server: CloudApiServer, tpu: GcpTpuProvider) -> None:
+    spec = queued_spec()
+    tpu.create(create(spec), spec)
+    wait_state(tpu, "llm-1-a1", spec, MachineState.READY)
+    server.preempt("llm-1-a1")
+    assert server.queued_resources()[0].state == "SUSPENDED"
+    m = tpu.get("llm-1-a1", ZONE, spec)
+    assert m is not None and m.state is MachineState.PREEMPTED
+
+
+def test_a_failed_queued_resource_says_why(server: CloudApiServer, tpu: GcpTpuProvider) -> None:
+    server.fail_next(
+        "create", code=400, status="INVALID_ARGUMENT", message="Invalid runtime version", in_operation=True
+    )
+    spec = queued_spec()
+    tpu.create(create(spec), spec)
+    m = tpu.get("llm-1-a1", ZONE, spec)
+    assert m is not None and m.state is MachineState.FAILED and m.detail == "Invalid runtime version"
+    assert [(x.name, x.detail) for x in tpu.list(ZONE)] == [("llm-1-a1", "Invalid runtime version")]
+
+
+@pytest.mark.parametrize(
+    ("provisioning", "reservation", "expected"),
+    [
+        ("standard", None, {"guaranteed": {}}),
+        ("reservation", "tpu-res-1", {"guaranteed": {}}),
+    ],
+)
+def test_queued_tiers(
+    server: CloudApiServer, tpu: GcpTpuProvider, provisioning: str, reservation: str | None, expected: dict[str, Any]
+) -> None:
+    tiers = (Tier("spot", (ZONE,), after_preemptions=1), Tier(provisioning, (ZONE,), reservation))
+    spec = queued_spec(tiers=tiers)
+    action = CreateMachine(spec.job_id, 1, "llm-1-a1", ZONE, None, tier=1)
+    tpu.create(action, spec)
+    body = server.queued_resources()[0].body
+    assert {k: body[k] for k in ("spot", "guaranteed") if k in body} == expected
+    if reservation:
+        assert body["reservationName"] == f"projects/{PROJECT}/locations/{ZONE}/reservations/{reservation}"
+
+
+def test_a_node_tier_asks_for_the_tiers_provisioning(server: CloudApiServer, tpu: GcpTpuProvider) -> None:
+    spec = tpu_spec(tiers=(Tier("spot", (ZONE,), after_preemptions=1), Tier("reservation", (ZONE,), "r-1")))
+    tpu.create(CreateMachine(spec.job_id, 1, "llm-1-a1", ZONE, None, tier=1), spec)
+    node = server.machine("llm-1-a1")
+    assert node is not None and node.resource["schedulingConfig"] == {"reserved": True}
+
+
+def test_a_gpu_reservation_tier_consumes_that_reservation(server: CloudApiServer, gce: GcpComputeProvider) -> None:
+    base = gpu_spec()
+    spec = JobSpec(
+        **{
+            **base.__dict__,
+            "tiers": (Tier("spot", (ZONE,), after_preemptions=1), Tier("reservation", (ZONE,), "gpu-res")),
+        }
+    )
+    gce.create(CreateMachine(spec.job_id, 1, "gpu-1-a1", ZONE, None, tier=1), spec)
+    vm = server.machine("gpu-1-a1")
+    assert vm is not None and vm.resource["scheduling"]["provisioningModel"] == "STANDARD"
+    assert vm.resource["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["gpu-res"],
+    }

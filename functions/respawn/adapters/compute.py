@@ -166,7 +166,7 @@ class GcpComputeProvider:
             if not is_already_exists(exc):
                 raise classify(exc, what, in_operation=True) from exc
 
-    def delete(self, name: str, zone: str) -> None:
+    def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
         try:
             self.client.delete_unary(project=self.project, zone=zone, instance=name, timeout=self.timeout)
         except gexc.NotFound:
@@ -174,7 +174,7 @@ class GcpComputeProvider:
         except Exception as e:
             raise classify(e, f"delete GPU VM {name} in {zone}") from e
 
-    def get(self, name: str, zone: str) -> Machine | None:
+    def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         try:
             vm = self.client.get(project=self.project, zone=zone, instance=name, retry=self.retry, timeout=self.timeout)
         except gexc.NotFound:

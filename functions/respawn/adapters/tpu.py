@@ -1,14 +1,21 @@
-"""GcpTpuProvider: Cloud TPU VMs (TPU v2 API nodes) through google-cloud-tpu.
+"""GcpTpuProvider: Cloud TPU VMs through google-cloud-tpu (TPU v2 API), as queued resources or nodes.
 
-create waits for the create operation at most `create_wait_s` (capacity errors
-surface there, as operation code 8); when it is still running after that, create
-returns and the sweep observes the node later. AlreadyExists on create and
-NotFound on delete are success. The REST transport is used everywhere, so the
-cloud runs the code path the tests run against the local server.
+A job's TPU machine is requested one of two ways (`machine.request`):
+* `queued` (default): a queued resource `JOB_ID-aN` holding one node of the same name. It waits in Cloud TPU's
+  queue (WAITING_FOR_RESOURCES: MachineState.QUEUED, not an error), is provisioned, and is ACTIVE while its node
+  runs; a preempted Spot queued resource goes SUSPENDING -> SUSPENDED (PREEMPTED). FAILED carries the API's
+  reason. Deleting it uses `force`, so its node goes too. Its valid-until time is the job's TTL deadline.
+* `node`: `nodes.create`; capacity errors surface in the create operation (code 8).
+create waits for the create operation at most `create_wait_s`; when it is still running after that, create
+returns and the sweep observes the machine later. AlreadyExists on create and NotFound on delete are success.
+get, list and delete look at queued resources and nodes both (a node that belongs to a queued resource is
+reported through it), so a job's machines are found whichever way they were requested. The REST transport is
+used everywhere, so the cloud runs the code path the tests run against the local server.
 """
 
 from __future__ import annotations
 
+import datetime
 import time
 
 from google.api_core import exceptions as gexc
@@ -22,6 +29,18 @@ from respawn.model import LABEL_JOB, LABEL_MANAGED, JobSpec, MachineState, TpuMa
 from respawn.ports import Machine, PermanentError
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+_QR = tpu_v2.QueuedResourceState.State
+QUEUED_STATES: dict[int, MachineState] = {
+    _QR.CREATING: MachineState.QUEUED,
+    _QR.ACCEPTED: MachineState.QUEUED,
+    _QR.WAITING_FOR_RESOURCES: MachineState.QUEUED,
+    _QR.PROVISIONING: MachineState.CREATING,
+    _QR.ACTIVE: MachineState.READY,  # then the node's own state decides
+    _QR.SUSPENDING: MachineState.PREEMPTED,
+    _QR.SUSPENDED: MachineState.PREEMPTED,
+    _QR.FAILED: MachineState.FAILED,
+    _QR.DELETING: MachineState.DELETING,
+}
 _STATE = tpu_v2.Node.State
 STATES: dict[int, MachineState] = {
     _STATE.CREATING: MachineState.CREATING,
@@ -38,6 +57,7 @@ STATES: dict[int, MachineState] = {
     _STATE.HIDDEN: MachineState.TERMINATED,
     _STATE.UNHIDING: MachineState.TERMINATED,
     _STATE.DELETING: MachineState.DELETING,
+    _STATE.UNKNOWN: MachineState.TERMINATED,  # "unknown state after a failed repair": the trainer is gone
 }
 
 
@@ -74,14 +94,15 @@ class GcpTpuProvider:
         self.timeout = request_timeout_s
         self.retry = read_retry(read_retry_s)
 
-    def node(self, action: CreateMachine, spec: JobSpec) -> tpu_v2.Node:
+    def node(self, action: CreateMachine, spec: JobSpec, queued: bool = False) -> tpu_v2.Node:
+        """The node to create; inside a queued resource the queued resource carries the provisioning model."""
         machine = spec.machine
         if not isinstance(machine, TpuMachine):
             raise PermanentError(f"machine.kind: {machine.kind!r} cannot run on Cloud TPU; allowed: tpu")
         node = tpu_v2.Node(
             accelerator_type=machine.accelerator_type,
             runtime_version=machine.runtime_version,
-            scheduling_config=scheduling_config(spec.all_tiers[action.tier].provisioning),
+            scheduling_config=None if queued else scheduling_config(spec.all_tiers[action.tier].provisioning),
             labels=machine_labels(spec, action.attempt),
             metadata=machine_metadata(spec, action.attempt),
             network_config=tpu_v2.NetworkConfig(enable_external_ips=self.external_ips, network=self.network or ""),
@@ -90,13 +111,48 @@ class GcpTpuProvider:
             node.service_account = tpu_v2.ServiceAccount(email=self.service_account, scope=[CLOUD_PLATFORM])
         return node
 
+    def queued_resource(self, action: CreateMachine, spec: JobSpec) -> tpu_v2.QueuedResource:
+        """`gcloud compute tpus queued-resources create NAME --node-id NAME --spot --valid-until-time ...`."""
+        parent = f"projects/{self.project}/locations/{action.zone}"
+        tier = spec.all_tiers[action.tier]
+        qr = tpu_v2.QueuedResource(
+            tpu=tpu_v2.QueuedResource.Tpu(
+                node_spec=[
+                    tpu_v2.QueuedResource.Tpu.NodeSpec(
+                        parent=parent, node_id=action.machine, node=self.node(action, spec, queued=True)
+                    )
+                ]
+            )
+        )
+        if tier.provisioning in ("spot", "preemptible"):
+            qr.spot = tpu_v2.QueuedResource.Spot()
+        elif tier.provisioning == "reservation":  # `--reserved --reservation NAME`: guaranteed, from the reservation
+            qr.guaranteed = tpu_v2.QueuedResource.Guaranteed()
+            qr.reservation_name = f"{parent}/reservations/{tier.reservation}"
+        else:
+            qr.guaranteed = tpu_v2.QueuedResource.Guaranteed()
+        if action.deadline is not None:
+            until = datetime.datetime.fromtimestamp(action.deadline, datetime.UTC)
+            qr.queueing_policy = tpu_v2.QueuedResource.QueueingPolicy(valid_until_time=until)
+        return qr
+
     def create(self, action: CreateMachine, spec: JobSpec) -> None:
-        what = f"create TPU node {action.machine} in {action.zone}"
+        queued = isinstance(spec.machine, TpuMachine) and spec.machine.request == "queued"
+        kind = "queued resource" if queued else "TPU node"
+        what = f"create {kind} {action.machine} in {action.zone}"
         parent = f"projects/{self.project}/locations/{action.zone}"
         try:
-            op = self.client.create_node(
-                parent=parent, node_id=action.machine, node=self.node(action, spec), timeout=self.timeout
-            )
+            if queued:
+                op = self.client.create_queued_resource(
+                    parent=parent,
+                    queued_resource_id=action.machine,
+                    queued_resource=self.queued_resource(action, spec),
+                    timeout=self.timeout,
+                )
+            else:
+                op = self.client.create_node(
+                    parent=parent, node_id=action.machine, node=self.node(action, spec), timeout=self.timeout
+                )
         except Exception as e:
             if is_already_exists(e):
                 return
@@ -119,7 +175,23 @@ class GcpTpuProvider:
             if not is_already_exists(exc):
                 raise classify(exc, what, in_operation=True) from exc
 
-    def delete(self, name: str, zone: str) -> None:
+    def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
+        """The queued resource of that name with its node (`force`), or the node; with no spec, whichever exists."""
+        queued = _queued(spec)
+        if queued is not False:
+            try:
+                self.client.delete_queued_resource(
+                    request=tpu_v2.DeleteQueuedResourceRequest(
+                        name=self._name(name, zone, "queuedResources"), force=True
+                    ),
+                    timeout=self.timeout,
+                )
+                return
+            except gexc.NotFound:
+                if queued:
+                    return
+            except Exception as e:
+                raise classify(e, f"delete queued resource {name} in {zone}") from e
         try:
             self.client.delete_node(name=self._name(name, zone), timeout=self.timeout)
         except gexc.NotFound:
@@ -127,29 +199,57 @@ class GcpTpuProvider:
         except Exception as e:
             raise classify(e, f"delete TPU node {name} in {zone}") from e
 
-    def get(self, name: str, zone: str) -> Machine | None:
+    def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
+        """A queued resource (with its node once ACTIVE) or a node; with no spec, whichever exists."""
+        queued = _queued(spec)
+        if queued is not False:
+            try:
+                qr = self.client.get_queued_resource(
+                    name=self._name(name, zone, "queuedResources"), retry=self.retry, timeout=self.timeout
+                )
+            except gexc.NotFound:
+                qr = None
+            except Exception as e:
+                raise classify(e, f"get queued resource {name} in {zone}") from e
+            if qr is not None:
+                active = int(qr.state.state) == _QR.ACTIVE
+                return _queued_machine(qr, self._node(name, zone) if active else None, zone)
+            if queued:
+                return None
+        node = self._node(name, zone)
+        return _machine(node, zone) if node is not None else None
+
+    def _node(self, name: str, zone: str) -> tpu_v2.Node | None:
         try:
-            node = self.client.get_node(name=self._name(name, zone), retry=self.retry, timeout=self.timeout)
+            return self.client.get_node(name=self._name(name, zone), retry=self.retry, timeout=self.timeout)
         except gexc.NotFound:
             return None
         except Exception as e:
             raise classify(e, f"get TPU node {name} in {zone}") from e
-        return _machine(node, zone)
 
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
+        """respawn's queued resources and nodes in the zone (two list calls), one Machine per name."""
         parent = f"projects/{self.project}/locations/{zone}"
         try:
             nodes = list(self.client.list_nodes(parent=parent, retry=self.retry, timeout=self.timeout))
+            qrs = list(self.client.list_queued_resources(parent=parent, retry=self.retry, timeout=self.timeout))
         except Exception as e:
-            raise classify(e, f"list TPU nodes in {zone}") from e
-        return [
-            _machine(n, zone)
+            raise classify(e, f"list TPU nodes and queued resources in {zone}") from e
+        ours = {
+            _short(n.name): n
             for n in nodes
             if n.labels.get(LABEL_MANAGED) == "true" and (job_id is None or n.labels.get(LABEL_JOB) == job_id)
-        ]
+        }
+        machines = {}
+        for qr in qrs:
+            labels = _spec_node(qr).labels
+            if labels.get(LABEL_MANAGED) == "true" and (job_id is None or labels.get(LABEL_JOB) == job_id):
+                name = _short(qr.name)
+                machines[name] = _queued_machine(qr, ours.pop(name, None), zone)
+        return [*machines.values(), *(_machine(n, zone) for n in ours.values())]
 
-    def _name(self, name: str, zone: str) -> str:
-        return f"projects/{self.project}/locations/{zone}/nodes/{name}"
+    def _name(self, name: str, zone: str, collection: str = "nodes") -> str:
+        return f"projects/{self.project}/locations/{zone}/{collection}/{name}"
 
 
 def tpu_client(endpoint: str | None = None) -> tpu_v2.TpuClient:
@@ -163,6 +263,34 @@ def tpu_client(endpoint: str | None = None) -> tpu_v2.TpuClient:
     return tpu_v2.TpuClient(transport="rest")
 
 
+def _queued(spec: JobSpec | None) -> bool | None:
+    """Whether the job's machines are queued resources; None when unknown."""
+    if spec is None:
+        return None
+    return isinstance(spec.machine, TpuMachine) and spec.machine.request == "queued"
+
+
+def _short(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
 def _machine(node: tpu_v2.Node, zone: str) -> Machine:
     state = STATES.get(int(node.state), MachineState.CREATING)  # unknown / unspecified: let the sweep's timeout judge
-    return Machine(name=node.name.rsplit("/", 1)[-1], zone=zone, state=state, labels=dict(node.labels))
+    return Machine(name=_short(node.name), zone=zone, state=state, labels=dict(node.labels))
+
+
+def _spec_node(qr: tpu_v2.QueuedResource) -> tpu_v2.Node:
+    specs = qr.tpu.node_spec
+    return specs[0].node if specs else tpu_v2.Node()
+
+
+def _queued_machine(qr: tpu_v2.QueuedResource, node: tpu_v2.Node | None, zone: str) -> Machine:
+    """An ACTIVE queued resource is as alive as its node; otherwise its own state says (SUSPENDED: preempted)."""
+    state = QUEUED_STATES.get(int(qr.state.state), MachineState.QUEUED)
+    if state is MachineState.READY:
+        state = _machine(node, zone).state if node is not None else MachineState.CREATING
+    detail = ""
+    if state is MachineState.FAILED:
+        error = qr.state.failed_data.error
+        detail = error.message or f"the queued resource FAILED (code {error.code})"
+    return Machine(name=_short(qr.name), zone=zone, state=state, labels=dict(_spec_node(qr).labels), detail=detail)

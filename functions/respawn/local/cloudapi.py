@@ -6,6 +6,9 @@ The real google-cloud-tpu and google-cloud-compute clients talk to it with
   TPU v2    POST   /v2/projects/P/locations/Z/nodes?nodeId=N      -> Operation
             GET    /v2/projects/P/locations/Z/nodes[/N]
             DELETE /v2/projects/P/locations/Z/nodes/N              -> Operation
+            POST   /v2/projects/P/locations/Z/queuedResources?queuedResourceId=N -> Operation
+            GET    /v2/projects/P/locations/Z/queuedResources[/N]
+            DELETE /v2/projects/P/locations/Z/queuedResources/N[?force=true] -> Operation
             GET    /v2/projects/P/locations/Z/operations/OP
   Compute   POST   /compute/v1/projects/P/zones/Z/instances        -> Operation
             GET    /compute/v1/projects/P/zones/Z/instances[/N]    (list takes `filter`)
@@ -14,7 +17,12 @@ The real google-cloud-tpu and google-cloud-compute clients talk to it with
             POST   /compute/v1/projects/P/zones/Z/operations/OP/wait
 
 Machines go CREATING -> READY after `create_delay_s` (the create operation is
-done then, like the real ones). Stockouts fail the way the real services do:
+done then, like the real ones). A queued resource is ACCEPTED and provisioned at
+once, or waits WAITING_FOR_RESOURCES for its zone's `queue_waits` seconds (None:
+until deleted); provisioning creates its node (CREATING -> READY, the queued
+resource ACTIVE). A preempted node is PREEMPTED and its queued resource SUSPENDED,
+as in the cloud; deleting a queued resource that still has a node needs `force`.
+Stockouts of node creates fail the way the real services do:
 the TPU create operation ends with code 8 "There is no more capacity in the
 zone ...", the Compute insert operation with ZONE_RESOURCE_POOL_EXHAUSTED.
 Errors use the Google JSON error format so the client libraries raise the
@@ -76,6 +84,23 @@ class CloudMachine:
     state: str  # the API's own string: TPU `state` or Compute `status`
     created_at: float
     resource: dict[str, Any] = field(default_factory=dict)  # the JSON body as created
+
+
+@dataclass
+class QueuedResource:
+    """A TPU queued resource: one node request waiting in the zone's queue, then holding its node."""
+
+    name: str
+    zone: str
+    project: str
+    body: dict[str, Any]  # the JSON body as created
+    state: str  # WAITING_FOR_RESOURCES | ACCEPTED | PROVISIONING | ACTIVE | SUSPENDED | FAILED
+    created_at: float
+    error: dict[str, Any] | None = None  # FAILED: {"code", "message"}
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}/queuedResources/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -150,15 +175,18 @@ class CloudApiServer:
         stockouts: dict[str, int] | None = None,
         on_ready: Callable[[CloudMachine], None] | None = None,
         on_deleted: Callable[[CloudMachine], None] | None = None,
+        queue_waits: dict[str, float | None] | None = None,
     ) -> None:
         self.create_delay_s = create_delay_s
         self.capacity: dict[str, int | None] = dict(capacity or {})
         self.stockouts: dict[str, int] = dict(stockouts or {})
+        self.queue_waits: dict[str, float | None] = dict(queue_waits or {})  # zone -> seconds in the queue
         self.on_ready = on_ready
         self.on_deleted = on_deleted
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._machines: dict[tuple[str, str, str, str], CloudMachine] = {}  # (kind, project, zone, name)
+        self._queued: dict[tuple[str, str, str], QueuedResource] = {}  # (project, zone, name)
         self._ops: dict[str, dict[str, Any]] = {}  # operation name -> {"kind", "json", "waiting": key|None}
         self._calls: list[Call] = []
         self._requests: list[str] = []
@@ -212,6 +240,10 @@ class CloudApiServer:
         with self._lock:
             return [_snapshot(m) for m in self._machines.values()]
 
+    def queued_resources(self) -> list[QueuedResource]:
+        with self._lock:
+            return [replace(q, body=q.body) for q in self._queued.values()]
+
     def machine(self, name: str) -> CloudMachine | None:
         with self._lock:
             found = self._find(name)
@@ -221,7 +253,12 @@ class CloudApiServer:
         """TPU node -> PREEMPTED, GCE instance -> TERMINATED. Returns the machine, None when there is none."""
         with self._lock:
             m = self._find(name)
-            return self._set(m, _PREEMPTED[m.kind]) if m else None
+            if m is None:
+                return None
+            qr = self._queued.get((m.project, m.zone, m.name))
+            if qr is not None:  # a preempted Spot queued resource: SUSPENDING -> SUSPENDED
+                qr.state = "SUSPENDED"
+            return self._set(m, _PREEMPTED[m.kind])
 
     def set_state(self, name: str, state: str) -> CloudMachine | None:
         """Set the API state string (TPU `state` / Compute `status`). None when there is no such machine."""
@@ -291,6 +328,9 @@ class CloudApiServer:
                 return
             if m.state == _CREATING[m.kind]:  # not moved on by set_state / preempt meanwhile
                 m.state = _READY[m.kind]
+                qr = self._queued.get((m.project, m.zone, m.name))
+                if qr is not None and qr.state == "PROVISIONING":
+                    qr.state = "ACTIVE"
                 self._notify(self.on_ready, m)
             for op in self._ops.values():
                 if op.get("waiting") == key:
@@ -311,20 +351,106 @@ class CloudApiServer:
                 return self._finish(op, ApiError(fault.code, fault.status, fault.message, fault.reason), None)
             if self._stocked_out(zone):
                 return self._finish(op, _capacity_error(kind, project, zone), None)
-            now = time.time()
-            labels = dict(body.get("labels") or {})
-            if kind == TPU:
-                metadata = dict(body.get("metadata") or {})
-            else:
-                metadata = {i["key"]: i.get("value", "") for i in (body.get("metadata") or {}).get("items", [])}
-            m = CloudMachine(kind, name, zone, project, labels, metadata, _CREATING[kind], now, copy.deepcopy(body))
-            self._machines[key] = m
+            self._make(kind, project, zone, name, body)
             op["waiting"] = key
-            timer = threading.Timer(self.create_delay_s, self._become_ready, (key, now))
-            timer.daemon = True
-            timer.start()
-            self._changed.notify_all()
             return copy.deepcopy(op["json"])
+
+    def _make(self, kind: str, project: str, zone: str, name: str, body: dict[str, Any]) -> CloudMachine:
+        """A new machine, CREATING, READY after `create_delay_s`. Called with the lock held."""
+        now = time.time()
+        labels = dict(body.get("labels") or {})
+        if kind == TPU:
+            metadata = dict(body.get("metadata") or {})
+        else:
+            metadata = {i["key"]: i.get("value", "") for i in (body.get("metadata") or {}).get("items", [])}
+        m = CloudMachine(kind, name, zone, project, labels, metadata, _CREATING[kind], now, copy.deepcopy(body))
+        key = (kind, project, zone, name)
+        self._machines[key] = m
+        timer = threading.Timer(self.create_delay_s, self._become_ready, (key, now))
+        timer.daemon = True
+        timer.start()
+        self._changed.notify_all()
+        return m
+
+    # ----------------------------------------------------------------- queued resources
+    def _create_queued(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            fault = self._record("create", TPU, name, zone)
+            if fault and not fault.in_operation:
+                raise ApiError(fault.code, fault.status, fault.message, fault.reason)
+            key = (project, zone, name)
+            if key in self._queued:
+                raise ApiError(409, "ALREADY_EXISTS", f"Resource '{_qr_path(project, zone, name)}' already exists")
+            specs = (body.get("tpu") or {}).get("nodeSpec") or []
+            if len(specs) != 1 or not specs[0].get("nodeId") or not isinstance(specs[0].get("node"), dict):
+                raise ApiError(400, "INVALID_ARGUMENT", "tpu.nodeSpec must hold one node with a nodeId")
+            qr = QueuedResource(name, zone, project, copy.deepcopy(body), "ACCEPTED", time.time())
+            self._queued[key] = qr
+            if fault:  # the request was taken, and then the queued resource failed
+                qr.state, qr.error = "FAILED", {"code": GRPC_CODES.get(fault.status, 2), "message": fault.message}
+            elif zone in self.queue_waits:
+                qr.state = "WAITING_FOR_RESOURCES"
+                wait = self.queue_waits[zone]
+                if wait is not None:
+                    timer = threading.Timer(wait, self._provision, (key, qr.created_at))
+                    timer.daemon = True
+                    timer.start()
+            else:
+                self._provision(key, qr.created_at)
+            op = self._new_op(TPU, project, zone, name, "create", "queuedResources")
+            self._changed.notify_all()
+            return self._finish(op, None, None, qr)
+
+    def _provision(self, key: tuple[str, str, str], created_at: float) -> None:
+        """The queue gave the request its capacity: PROVISIONING, and its node is created."""
+        with self._lock:
+            qr = self._queued.get(key)
+            if qr is None or qr.created_at != created_at or qr.state not in ("ACCEPTED", "WAITING_FOR_RESOURCES"):
+                return
+            qr.state = "PROVISIONING"
+            spec = qr.body["tpu"]["nodeSpec"][0]
+            node = {**spec["node"], "queuedResource": qr.path}
+            self._machines.pop((TPU, qr.project, qr.zone, spec["nodeId"]), None)
+            self._make(TPU, qr.project, qr.zone, spec["nodeId"], node)
+
+    def _delete_queued(self, project: str, zone: str, name: str, force: bool) -> dict[str, Any]:
+        with self._lock:
+            fault = self._record("delete", TPU, name, zone)
+            if fault:
+                raise ApiError(fault.code, fault.status, fault.message, fault.reason)
+            qr = self._queued.get((project, zone, name))
+            if qr is None:
+                raise ApiError(404, "NOT_FOUND", f"Resource '{_qr_path(project, zone, name)}' was not found")
+            node = self._machines.get((TPU, project, zone, qr.body["tpu"]["nodeSpec"][0]["nodeId"]))
+            if node is not None and not force:
+                raise ApiError(
+                    400, "FAILED_PRECONDITION", f"Queued resource '{qr.path}' has a node; delete it or use force"
+                )
+            del self._queued[(project, zone, name)]
+            if node is not None:
+                self._machines.pop((TPU, project, zone, node.name), None)
+                node.state = "DELETING"
+                self._notify(self.on_deleted, node)
+            op = self._new_op(TPU, project, zone, name, "delete", "queuedResources")
+            self._changed.notify_all()
+            return self._finish(op, None, None)
+
+    def _get_queued(self, project: str, zone: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            fault = self._record("get", TPU, name, zone)
+            if fault:
+                raise ApiError(fault.code, fault.status, fault.message, fault.reason)
+            qr = self._queued.get((project, zone, name))
+            if qr is None:
+                raise ApiError(404, "NOT_FOUND", f"Resource '{_qr_path(project, zone, name)}' was not found")
+            return _queued_json(qr)
+
+    def _list_queued(self, project: str, zone: str) -> list[dict[str, Any]]:
+        with self._lock:
+            fault = self._record("list", TPU, "", zone)
+            if fault:
+                raise ApiError(fault.code, fault.status, fault.message, fault.reason)
+            return [_queued_json(q) for (p, z, _), q in sorted(self._queued.items()) if (p, z) == (project, zone)]
 
     def _delete(self, kind: str, project: str, zone: str, name: str) -> dict[str, Any]:
         with self._lock:
@@ -376,7 +502,9 @@ class CloudApiServer:
                 self._changed.wait(left)
             return copy.deepcopy(op["json"])
 
-    def _new_op(self, kind: str, project: str, zone: str, target: str, verb: str) -> dict[str, Any]:
+    def _new_op(
+        self, kind: str, project: str, zone: str, target: str, verb: str, collection: str = "nodes"
+    ) -> dict[str, Any]:
         n = next(self._ids)
         now = time.time()
         if kind == TPU:
@@ -387,7 +515,7 @@ class CloudApiServer:
                 "metadata": {
                     "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
                     "createTime": _rfc3339(now),
-                    "target": f"projects/{project}/locations/{zone}/nodes/{target}",
+                    "target": f"projects/{project}/locations/{zone}/{collection}/{target}",
                     "verb": verb,
                     "apiVersion": "v2",
                 },
@@ -413,12 +541,19 @@ class CloudApiServer:
         self._ops[name] = op
         return op
 
-    def _finish(self, op: dict[str, Any], error: ApiError | None, m: CloudMachine | None) -> dict[str, Any]:
+    def _finish(
+        self, op: dict[str, Any], error: ApiError | None, m: CloudMachine | None, qr: QueuedResource | None = None
+    ) -> dict[str, Any]:
         body = op["json"]
         if op["kind"] == TPU:
             body["done"] = True
             if error:
                 body["error"] = {"code": GRPC_CODES.get(error.status, 2), "message": error.message}
+            elif qr is not None:
+                body["response"] = {
+                    "@type": "type.googleapis.com/google.cloud.tpu.v2.QueuedResource",
+                    **_queued_json(qr),
+                }
             else:
                 response = _resource_json(m) if m else {}
                 body["response"] = {
@@ -470,6 +605,29 @@ def _capacity_error(kind: str, project: str, zone: str) -> ApiError:
     )
 
 
+def _qr_path(project: str, zone: str, name: str) -> str:
+    return f"projects/{project}/locations/{zone}/queuedResources/{name}"
+
+
+_QR_STATE_DATA = {
+    "ACCEPTED": "acceptedData",
+    "WAITING_FOR_RESOURCES": "waitingForResourcesData",
+    "PROVISIONING": "provisioningData",
+    "ACTIVE": "activeData",
+    "SUSPENDED": "suspendedData",
+    "FAILED": "failedData",
+}
+
+
+def _queued_json(qr: QueuedResource) -> dict[str, Any]:
+    """The v2 QueuedResource: name, createTime, tpu.nodeSpec, spot|guaranteed, queueingPolicy, state."""
+    state: dict[str, Any] = {"state": qr.state, "stateInitiator": "SERVICE"}
+    data = _QR_STATE_DATA.get(qr.state)
+    if data is not None and data != "waitingForResourcesData":
+        state[data] = {"error": qr.error} if qr.state == "FAILED" and qr.error else {}
+    return {**copy.deepcopy(qr.body), "name": qr.path, "createTime": _rfc3339(qr.created_at), "state": state}
+
+
 def _resource_json(m: CloudMachine) -> dict[str, Any]:
     body = copy.deepcopy(m.resource)
     if m.kind == TPU:
@@ -497,7 +655,7 @@ def _resource_json(m: CloudMachine) -> dict[str, Any]:
     return body
 
 
-_TPU_PATH = re.compile(r"^/v2/projects/([^/]+)/locations/([^/]+)/(nodes|operations)(?:/([^/:]+))?$")
+_TPU_PATH = re.compile(r"^/v2/projects/([^/]+)/locations/([^/]+)/(nodes|queuedResources|operations)(?:/([^/:]+))?$")
 _GCE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)(?:/([^/]+))?(/wait)?$")
 
 
@@ -560,6 +718,17 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
                         return {"nodes": server._list(TPU, project, zone)}
                     if method == "DELETE" and name:
                         return server._delete(TPU, project, zone, name)
+                if collection == "queuedResources":
+                    if method == "POST" and not name:
+                        if not query.get("queuedResourceId"):
+                            raise ApiError(400, "INVALID_ARGUMENT", "queuedResourceId is required")
+                        return server._create_queued(project, zone, query["queuedResourceId"], body)
+                    if method == "GET" and name:
+                        return server._get_queued(project, zone, name)
+                    if method == "GET":
+                        return {"queuedResources": server._list_queued(project, zone)}
+                    if method == "DELETE" and name:
+                        return server._delete_queued(project, zone, name, query.get("force") == "true")
             elif m := _GCE_PATH.match(path):
                 project, zone, collection, name, wait = m.groups()
                 if collection == "operations" and name and (method, bool(wait)) in (("GET", False), ("POST", True)):
