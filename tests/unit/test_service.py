@@ -488,7 +488,7 @@ def test_failed_entries_from_every_worker_count_one_failure_and_read_the_node_on
     w = running_slice()
     reads = []
     get = w.provider.get
-    w.provider.get = lambda name, zone: reads.append(name) or get(name, zone)  # type: ignore[method-assign]
+    w.provider.get = lambda name, zone, spec=None: reads.append(name) or get(name, zone, spec)  # type: ignore[method-assign]
     for i in (2, 0, 3, 1, 2):
         w.handle(TrainerFailed(f"failed-w{i}", w.clock.now(), "llm", 1, "the trainer exited with code 1", i))
     job = w.store.job("llm")
