@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from respawn.adapters.startup import GRACE_S, machine_labels, machine_metadata, startup_script
+from respawn.adapters.startup import GRACE_S, grace_s, machine_labels, machine_metadata, startup_script
 from respawn.events import TrainerFailed
 from respawn.model import GpuMachine, JobSpec, TpuMachine
 from respawn.parsing import log_entry_event
@@ -116,7 +116,7 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         "RESPAWN_ATTEMPT=3",
         f"RESPAWN_CHECKPOINT_URI={uri}",
         "RESPAWN_LOG_SINK=cloud",
-        f"RESPAWN_GRACE_S={GRACE_S}",
+        "RESPAWN_GRACE_S=8",  # a TPU VM's notice is about 10 s
         "RESPAWN_PROGRESS_S=60",  # the default hang_timeout (30m) / 4, at most once a minute
     ]
     assert ["docker", "pull", image] in calls(fakes)
@@ -207,7 +207,7 @@ def test_shutdown_signal_stops_the_container_with_the_grace_period(tmp_path: Pat
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert ["docker", "stop", "-t", str(GRACE_S), "respawn-trainer"] in calls(fakes)
+    assert ["docker", "stop", "-t", str(GRACE_S["tpu"]), "respawn-trainer"] in calls(fakes)
     assert not [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]  # a preemption is no failure
 
 
@@ -229,7 +229,9 @@ def test_metadata_and_labels() -> None:
     assert json.loads(meta["respawn-env"]) == {"KEY": "value"}
     assert (meta["respawn-job-id"], meta["respawn-attempt"]) == ("job-1", "2")
     assert meta["respawn-image"] == s.image and meta["respawn-checkpoint-uri"] == s.checkpoint_uri
-    assert f"docker stop -t {GRACE_S} respawn-trainer" in meta["shutdown-script"]
+    assert f"docker stop -t {GRACE_S['tpu']} respawn-trainer" in meta["shutdown-script"]
+    assert "docker stop -t 25 respawn-trainer" in machine_metadata(spec("gpu"), 2)["shutdown-script"]
+    assert (grace_s(s), grace_s(spec("gpu"))) == (8, 25)  # inside the 10 s a TPU gets and the 30 s a Spot VM gets
     assert machine_labels(s, 2) == {
         "team": "nlp",
         "respawn-job": "job-1",

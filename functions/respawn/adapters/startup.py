@@ -15,7 +15,14 @@ import shlex
 
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
 
-GRACE_S = 25  # the trainer's save window after the shutdown signal (GCE gives 30 s)
+# The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
+# a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
+# 10 s in practice (docs/operations.md, Notice windows).
+GRACE_S = {"gpu": 25, "tpu": 8}
+
+
+def grace_s(spec: JobSpec) -> int:
+    return GRACE_S[spec.machine.kind]
 CONTAINER = "respawn-trainer"
 _ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
 
@@ -37,7 +44,7 @@ def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
         ("RESPAWN_ATTEMPT", str(attempt)),
         ("RESPAWN_CHECKPOINT_URI", spec.checkpoint_uri),
         ("RESPAWN_LOG_SINK", "cloud"),
-        ("RESPAWN_GRACE_S", str(GRACE_S)),
+        ("RESPAWN_GRACE_S", str(grace_s(spec))),
         ("RESPAWN_PROGRESS_S", str(progress_s(spec))),
     ]
     reserved = {key for key, _ in own}
@@ -59,7 +66,7 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
     """TPU node `metadata` map / GCE metadata items."""
     return {
         "startup-script": startup_script(spec, attempt),
-        "shutdown-script": f"#!/bin/bash\ndocker stop -t {GRACE_S} {CONTAINER}\n",
+        "shutdown-script": f"#!/bin/bash\ndocker stop -t {grace_s(spec)} {CONTAINER}\n",
         "respawn-job-id": spec.job_id,
         "respawn-attempt": str(attempt),
         "respawn-checkpoint-uri": spec.checkpoint_uri,
@@ -148,7 +155,7 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
         _RUN.format(
             image=q(spec.image),
             container=CONTAINER,
-            grace=GRACE_S,
+            grace=grace_s(spec),
             run=run,
             job_id=q(spec.job_id),
             attempt=int(attempt),
