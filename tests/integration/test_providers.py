@@ -386,9 +386,19 @@ def test_gce_states(server: CloudApiServer, gce: GcpComputeProvider, server_stat
     assert m is not None and m.state is state
 
 
-def test_gce_preempted_vm_is_terminated(server: CloudApiServer, gce: GcpComputeProvider) -> None:
+def test_gce_preempted_spot_vm_is_deleted_as_it_asked(server: CloudApiServer, gce: GcpComputeProvider) -> None:
     spec = gpu_spec()
     gce.create(create(spec), spec)
+    assert server.machine("gpu-1-a1").resource["scheduling"]["instanceTerminationAction"] == "DELETE"  # type: ignore[union-attr]
+    server.preempt("gpu-1-a1")
+    assert gce.list(ZONE, "gpu-1") == [] and gce.get("gpu-1-a1", ZONE) is None
+
+
+def test_gce_preempted_vm_that_asked_to_stop_is_terminated(server: CloudApiServer, gce: GcpComputeProvider) -> None:
+    spec = gpu_spec()
+    gce.create(create(spec), spec)
+    with server._lock:  # the stored VM, as a STOP-on-preemption VM would have been created
+        server._find("gpu-1-a1").resource["scheduling"]["instanceTerminationAction"] = "STOP"  # type: ignore[union-attr]
     server.preempt("gpu-1-a1")
     assert [m.state for m in gce.list(ZONE, "gpu-1")] == [MachineState.TERMINATED]
 

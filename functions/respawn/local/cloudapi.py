@@ -250,11 +250,17 @@ class CloudApiServer:
             return _snapshot(found) if found else None
 
     def preempt(self, name: str) -> CloudMachine | None:
-        """TPU node -> PREEMPTED, GCE instance -> TERMINATED. Returns the machine, None when there is none."""
+        """TPU node -> PREEMPTED (its queued resource SUSPENDED); GCE instance -> TERMINATED, or deleted when it
+        asked for instanceTerminationAction DELETE (as respawn's Spot VMs do). Returns the machine, None when
+        there is none."""
         with self._lock:
             m = self._find(name)
             if m is None:
                 return None
+            if m.kind == GPU and (m.resource.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
+                del self._machines[(m.kind, m.project, m.zone, m.name)]
+                self._notify(self.on_deleted, m)
+                return self._set(m, "STOPPING")
             qr = self._queued.get((m.project, m.zone, m.name))
             if qr is not None:  # a preempted Spot queued resource: SUSPENDING -> SUSPENDED
                 qr.state = "SUSPENDED"
