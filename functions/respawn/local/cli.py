@@ -40,8 +40,8 @@ Step actions fire in step order, each once, each on a node no earlier step actio
 examples:
   respawn local run examples/quickstart.yaml --preempt-at 40s,80s
   respawn local run examples/quickstart.yaml --preempt-at-step 250,550
-  respawn local run examples/slice.yaml --preempt-at-step 40 --kill-worker-at-step 90:2 \
-      --hang-worker-at-step 140:1 --host-error-at-step 190:3
+  respawn local run examples/slice.yaml --preempt-at-step 30 --kill-worker-at-step 70:2 \
+      --hang-worker-at-step 110:1 --host-error-at-step 150:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
 """

@@ -295,9 +295,15 @@ class LocalCloud:
         deadline = time.time() + self.o.timeout_s
         last_key, last_print, shown = None, 0.0, 0
         job: Job | None = None
+        problem = ""
         while time.time() < deadline:
-            with contextlib.suppress(Exception):
+            try:
                 job, _ = store.load(job_id)
+            except Exception as e:  # unreadable (a missing record is None): say why, once per distinct error
+                error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                if error != problem:
+                    self.say(f"cannot read the job record: {error}")
+                    problem = error
             events = self.timeline.events()
             for e in events[shown:]:
                 note = _note(e, t0)
