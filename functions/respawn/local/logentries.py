@@ -6,7 +6,6 @@ import datetime as dt
 import hashlib
 import itertools
 import time
-import uuid
 from typing import Any
 
 TRAINER_LOG = "respawn-trainer"
@@ -81,8 +80,7 @@ def host_event_entry(*, method: str, project: str, zone: str, instance: str, now
             "labels": {"project_id": project, "instance_id": instance_id(instance), "zone": zone},
         },
         "timestamp": rfc3339(now),
-        "severity": "INFO",
-        "labels": {"compute.googleapis.com/root_trigger_id": str(uuid.uuid4())},
+        "severity": "INFO",  # no labels: root_trigger_id belongs to API-call entries, not system events
         "logName": f"projects/{project}/logs/{SYSTEM_EVENT_LOG}",
         "operation": {"id": op, "producer": method, "first": True, "last": True},
         "receiveTimestamp": rfc3339(now),
