@@ -60,11 +60,12 @@ class JaxEngine:
             donate_argnums=donate,
         )
         self._step = step_fn.lower(self.abstract, tokens).compile()
+        runtime.barrier("compiled")  # every host has its step program before the first collective
         self.checkpoints = Checkpoints(cfg.checkpoint_uri, cfg.keep, cfg.save_delay_s)
         self.state: Any = None
 
     def restore(self) -> int:
-        restored = self.checkpoints.restore_newest(self.abstract, runtime.agree_any)
+        restored = self.checkpoints.restore_newest(self.abstract, self._agree_after_restore)
         if restored is None:
             self.state = self._fresh()
             return 0
@@ -72,6 +73,11 @@ class JaxEngine:
         if int(self.state["step"]) != step:
             raise RuntimeError(f"checkpoint step {step} holds state of step {int(self.state['step'])}")
         return step
+
+    @staticmethod
+    def _agree_after_restore(failed: bool) -> bool:
+        runtime.barrier("restored")  # reading a checkpoint takes longer on some hosts than on others
+        return runtime.agree_any(failed)
 
     def run_step(self, step: int) -> None:
         host = data.batch(self.cfg.seed, step, self.cfg.batch_size, self.cfg.seq_len)
@@ -97,6 +103,7 @@ class JaxEngine:
         return runtime.agree_max(value)
 
     def fingerprint(self) -> str:
+        runtime.barrier("fingerprint")  # after the final save, which ends at different times on each host
         return train.params_sha256(self.state["params"])
 
     def close(self) -> None:

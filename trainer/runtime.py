@@ -68,6 +68,30 @@ def configure(cfg: Config, env: Mapping[str, str]) -> None:
         )
 
 
+BARRIER_TIMEOUT_S = 1800.0
+_barriers = 0
+
+
+def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
+    """Wait until every process gets here, through JAX's coordination service (no device collective).
+
+    Gloo gives up on a collective whose peers do not all reach it within 30 s, so the processes meet here
+    before the first one after work whose length differs between hosts (compiling: only process 0 finds its
+    programs in the persistent cache; restoring). A peer that dies meanwhile ends the wait by the heartbeat.
+    """
+    import jax
+
+    global _barriers
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    assert client is not None
+    _barriers += 1
+    client.wait_at_barrier(f"respawn-{_barriers}-{name}", int(timeout_s * 1000))
+
+
 def shutdown() -> None:
     """Leave the distributed runtime together: process 0 hosts the coordinator, so it must not go first."""
     import jax
