@@ -15,6 +15,7 @@ import pytest
 from trainer_harness import (
     ARGS,
     Reference,
+    assert_no_step_redone_after_stops,
     committed_steps,
     entries,
     kill_hard,
@@ -32,16 +33,6 @@ def finish_and_check(env: dict[str, str], sink: Path, reference: Reference) -> N
     code, run = run_to_end(env)
     assert code == 0, run.tail()
     assert last(sink, "completed")["params_sha256"] == reference.params_sha256
-
-
-def assert_no_step_redone_after_stops(sink: Path) -> None:
-    """After each `stopped` the next attempt's first step is stopped.step + 1: started.restored_step == stopped.step."""
-    events = entries(sink)
-    stops = [i for i, e in enumerate(events) if e["event"] == "stopped"]
-    assert stops
-    for i in stops:
-        following = next(e for e in events[i + 1 :] if e["event"] == "started")
-        assert following["restored_step"] == events[i]["step"]
 
 
 @pytest.mark.slow

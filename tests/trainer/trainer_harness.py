@@ -1,4 +1,5 @@
-"""Run `python -m trainer` as a real process: watch its progress, signal it, read its lifecycle entries."""
+"""Run `python -m trainer` as a real process (or the N processes of a multi-host slice on loopback): watch its
+progress, signal it, read its lifecycle entries."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from trainer.slice_env import free_port, worker_env
+
 REPO = Path(__file__).resolve().parents[2]
 # One configuration everywhere, so every run after the first loads its programs from the compilation cache.
 ARGS = ["--model=nano", "--steps=120", "--seed=7", "--checkpoint-every=10", "--log-every=1"]
 STEPS = 120
 PROGRESS = re.compile(r" step (\d+)/\d+ loss ")
+COMPLETED = re.compile(r"completed step (\d+): loss \S+ params_sha256 ([0-9a-f]{64})")
 TMP_MARK = ".orbax-checkpoint-tmp"
 
 
@@ -124,6 +128,39 @@ def last(sink: Path, event: str) -> dict:
     return found[-1]
 
 
+def assert_no_step_redone_after_stops(sink: Path) -> None:
+    """After each `stopped` the next attempt's first step is stopped.step + 1: started.restored_step == stopped.step."""
+    events = entries(sink)
+    stops = [i for i, e in enumerate(events) if e["event"] == "stopped"]
+    assert stops
+    for i in stops:
+        following = next(e for e in events[i + 1 :] if e["event"] == "started")
+        assert following["restored_step"] == events[i]["step"]
+
+
+class EntryClock:
+    """Polls a sink file and notes when each entry appeared (time.monotonic()), to check the rate of entries."""
+
+    def __init__(self, sink: Path, every: float = 0.02) -> None:
+        self.sink, self.every = sink, every
+        self.seen: list[tuple[float, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            found = entries(self.sink)
+            now = time.monotonic()
+            self.seen += [(now, e) for e in found[len(self.seen) :]]
+            self._stop.wait(self.every)
+
+    def stop(self) -> list[tuple[float, dict]]:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
+
+
 def committed_steps(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
 
@@ -168,3 +205,74 @@ class MetadataServer:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/computeMetadata/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def worker_sink(sink: Path, worker: int) -> Path:
+    """Worker 0 writes to `sink` itself; the others to a file of their own (which must stay empty)."""
+    return sink if worker == 0 else sink.with_name(f"{sink.stem}.worker{worker}{sink.suffix}")
+
+
+@dataclass
+class Slice:
+    """The trainer processes of one multi-host slice: worker i is TPU_WORKER_ID i."""
+
+    runs: list[Run]
+    sink: Path
+
+    @property
+    def lead(self) -> Run:
+        return self.runs[0]
+
+    def wait_step(self, target: int, timeout: float = 180.0) -> int:
+        """Worker 0's newest step once it is >= target (every worker runs the same steps)."""
+        return self.lead.wait_step(target, timeout)
+
+    def signal(self, sig: int, workers: list[int] | None = None) -> float:
+        for i in range(len(self.runs)) if workers is None else workers:
+            if self.runs[i].proc.poll() is None:
+                self.runs[i].proc.send_signal(sig)
+        return time.monotonic()
+
+    def kill_all(self) -> None:
+        """What a launcher does once a worker is gone: SIGKILL the rest."""
+        self.signal(signal.SIGKILL)
+        for run in self.runs:
+            run.proc.wait(timeout=30)
+
+    def finish(self, timeout: float = 240.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        try:
+            return [run.proc.wait(timeout=max(deadline - time.monotonic(), 0.01)) for run in self.runs]
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            raise
+
+    def hashes(self) -> list[str | None]:
+        """The params_sha256 each process logged when it completed (None: it did not)."""
+        found = [COMPLETED.findall("".join(run.stderr)) for run in self.runs]
+        return [f[-1][1] if f else None for f in found]
+
+    def tail(self, n: int = 15) -> str:
+        return "\n".join(f"--- worker {i} (exit {r.proc.poll()}):\n{r.tail(n)}" for i, r in enumerate(self.runs))
+
+
+def start_slice(
+    env: dict[str, str], hosts: int, devices_per_host: int, args: list[str] | None = None, port: int | None = None
+) -> Slice:
+    """`hosts` trainer processes with the environment of a TPU slice's workers (trainer.slice_env) on loopback."""
+    port = port or free_port()
+    sink = Path(env["RESPAWN_LOG_SINK"])
+    runs = [
+        start(
+            {**env, **worker_env(i, hosts, port, devices_per_host), "RESPAWN_LOG_SINK": str(worker_sink(sink, i))}, args
+        )
+        for i in range(hosts)
+    ]
+    return Slice(runs, sink)
+
+
+def run_slice_to_end(
+    env: dict[str, str], hosts: int, devices_per_host: int, args: list[str] | None = None, timeout: float = 240.0
+) -> tuple[list[int], Slice]:
+    run = start_slice(env, hosts, devices_per_host, args)
+    return run.finish(timeout), run
