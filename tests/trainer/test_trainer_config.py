@@ -46,6 +46,62 @@ def test_flags_and_environment() -> None:
     assert load_config(["--checkpoint-every=auto"], {}).checkpoint_every is None
 
 
+def test_multi_host_environment() -> None:
+    from trainer.runtime import initialize_args, wants_distributed
+
+    single = load_config([], {})
+    assert (single.heartbeat_timeout_s, single.progress_s, single.worker_id, single.worker_hostnames) == (
+        100,
+        60.0,
+        None,
+        (),
+    )
+    assert not wants_distributed(single, {})
+    assert initialize_args(single) == {"heartbeat_timeout_seconds": 100}  # JAX auto-detects (--distributed=on)
+    env = {"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "t1v-w-0, t1v-w-1,t1v-w-2,t1v-w-3"}
+    tpu = load_config([], {**env, "RESPAWN_HEARTBEAT_TIMEOUT_S": "30", "RESPAWN_PROGRESS_S": "5"})
+    assert wants_distributed(tpu, env) and not wants_distributed(load_config(["--distributed=off"], env), env)
+    assert initialize_args(tpu) == {
+        "coordinator_address": "t1v-w-0:8482",
+        "num_processes": 4,
+        "process_id": 2,
+        "heartbeat_timeout_seconds": 30,
+    }
+    assert tpu.progress_s == 5.0
+    local = load_config([], {**env, "JAX_COORDINATOR_ADDRESS": "127.0.0.1:4567"})
+    assert initialize_args(local)["coordinator_address"] == "127.0.0.1:4567"
+    one_host = {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "t1v-w-0"}
+    assert not wants_distributed(load_config([], one_host), one_host)
+
+
+def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
+    from trainer.slice_env import free_port, worker_env
+
+    assert worker_env(1, 4, 8476, 2) == {
+        "TPU_WORKER_ID": "1",
+        "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1",
+        "JAX_COORDINATOR_ADDRESS": "127.0.0.1:8476",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "JAX_PLATFORMS": "cpu",
+    }
+    cfg = load_config([], worker_env(3, 4, 8476, 2))
+    assert (cfg.worker_id, len(cfg.worker_hostnames), cfg.coordinator_address) == (3, 4, "127.0.0.1:8476")
+    for bad in [(4, 4, 8476, 2), (-1, 4, 8476, 2), (0, 4, 0, 2), (0, 4, 8476, 0)]:
+        with pytest.raises(ValueError):
+            worker_env(*bad)
+    assert 0 < free_port() < 65536
+    assert (
+        "jax"
+        not in subprocess.run(
+            [sys.executable, "-c", "import sys, trainer.slice_env; print(sorted(sys.modules))"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "field"),
     [
@@ -69,6 +125,15 @@ def test_flags_and_environment() -> None:
         ([], {"RESPAWN_GRACE_S": "0"}, "RESPAWN_GRACE_S"),
         ([], {"RESPAWN_METADATA_URL": "ftp://x"}, "RESPAWN_METADATA_URL"),
         ([], {"RESPAWN_MTBI_S": "-1"}, "RESPAWN_MTBI_S"),
+        ([], {"RESPAWN_HEARTBEAT_TIMEOUT_S": "1"}, "RESPAWN_HEARTBEAT_TIMEOUT_S"),
+        ([], {"RESPAWN_HEARTBEAT_TIMEOUT_S": "2.5"}, "RESPAWN_HEARTBEAT_TIMEOUT_S"),
+        ([], {"RESPAWN_PROGRESS_S": "0.5"}, "RESPAWN_PROGRESS_S"),
+        ([], {"RESPAWN_PROGRESS_S": "soon"}, "RESPAWN_PROGRESS_S"),
+        ([], {"TPU_WORKER_ID": "-1"}, "TPU_WORKER_ID"),
+        ([], {"TPU_WORKER_ID": "4", "TPU_WORKER_HOSTNAMES": "a,b,c,d"}, "TPU_WORKER_ID"),
+        ([], {"TPU_WORKER_HOSTNAMES": "a,,c"}, "TPU_WORKER_HOSTNAMES"),
+        ([], {"JAX_COORDINATOR_ADDRESS": "10.0.0.1"}, "JAX_COORDINATOR_ADDRESS"),
+        ([], {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:99999"}, "JAX_COORDINATOR_ADDRESS"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(argv: list[str], env: dict[str, str], field: str) -> None:

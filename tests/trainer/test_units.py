@@ -142,6 +142,18 @@ def test_params_fingerprint_is_bitwise() -> None:
     assert params_sha256(params) != params_sha256(flipped)
 
 
+def test_fsdp_splits_each_leaf_on_its_first_axis_the_device_count_divides() -> None:
+    from jax.sharding import PartitionSpec as P
+
+    from trainer.runtime import fsdp_spec
+
+    assert fsdp_spec((256, 32), 8) == P("data")
+    assert fsdp_spec((1, 32, 96), 8) == P(None, "data")
+    assert fsdp_spec((3, 5), 8) == P()
+    assert fsdp_spec((), 8) == P()
+    assert fsdp_spec((256, 32), 1) == P()  # one device: nothing to split
+
+
 def test_watch_notices_the_metadata_server_and_sigterm() -> None:
     server = MetadataServer()
     previous = signal.getsignal(signal.SIGTERM)
