@@ -54,9 +54,10 @@ class Checkpoints:
                 state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
             except Exception as e:  # any reason a step cannot be read: fall back to the previous one
                 error = _short(e)
+                log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, error)
             if agree_any(error is not None):
-                reason = error or "another host cannot read it"
-                log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, reason)
+                if error is None:
+                    log.warning("checkpoint step %d cannot be read on another host; trying the previous one", step)
                 unreadable.append(step)
                 continue
             for bad in unreadable:

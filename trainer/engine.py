@@ -21,6 +21,8 @@ from trainer.checkpoint import Checkpoints
 from trainer.config import Config, ConfigError
 from trainer.schedule import SaveDone
 
+RESTORE_FAILED_WAIT_S = 60.0  # how long a host that could not read a step waits for the others to agree
+
 
 class JaxEngine:
     def __init__(self, cfg: Config) -> None:
@@ -76,7 +78,11 @@ class JaxEngine:
 
     @staticmethod
     def _agree_after_restore(failed: bool) -> bool:
-        runtime.barrier("restored")  # reading a checkpoint takes longer on some hosts than on others
+        """Did any host fail to read the step? A host that read it passed Orbax's barrier after the read, so
+        every host did. A host that failed meets the others here if they failed too (an unreadable step);
+        if they are waiting in Orbax's barrier instead, its wait times out and the slice fails, rather than
+        hang (a step only some hosts can read: a lost shard, or a transient read error)."""
+        runtime.barrier("restored", RESTORE_FAILED_WAIT_S if failed else runtime.BARRIER_TIMEOUT_S)
         return runtime.agree_any(failed)
 
     def run_step(self, step: int) -> None:
