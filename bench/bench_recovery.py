@@ -17,7 +17,8 @@ starts 4 new ones, which must all come up (JAX's coordinator) before the first n
 
 Targets (SPEC section 7): create p95 < 1 s, first step p50 < 10 s; a 4-host local slice: first step p50 < 8 s.
 The last line printed is one JSON object {"create_p50_s", "create_p95_s", "first_step_p50_s",
-"first_step_p95_s", "goodput", "lost_steps_per_preemption", "hosts", ...}.
+"first_step_p95_s", "split_p50_s" (create / queue / boot / trainer start), "goodput", "lost_steps_per_preemption",
+"hosts", ...}.
 
     .venv/bin/python bench/bench_recovery.py [--preemptions 12] [--every 100] [--steps 1500] [--plot FILE.png]
     .venv/bin/python bench/bench_recovery.py --mtbi 60 --steps 2500
@@ -82,7 +83,8 @@ def main() -> int:
     for row in r["recovery"]:
         print(
             f"{row['machine']:>22} stop {row['stop_s'] or 0:6.2f}s  create {row['create_s'] or 0:6.3f}s  "
-            f"first step {row['first_step_s'] or 0:6.2f}s"
+            f"queue {row['queue_s'] or 0:6.3f}s  boot {row['boot_s'] or 0:6.2f}s  "
+            f"trainer start {row['start_s'] or 0:6.2f}s  first step {row['first_step_s'] or 0:6.2f}s"
         )
     print(
         f"hosts {r.get('hosts', 1)}, status {r['status']}, exact {r['exact']}, attempts {r['attempts']}, "
@@ -100,6 +102,7 @@ def main() -> int:
                 "create_p95_s": r["recovery_create_p95_s"],
                 "first_step_p50_s": r["recovery_first_step_p50_s"],
                 "first_step_p95_s": r["recovery_first_step_p95_s"],
+                "split_p50_s": r["recovery_split_p50_s"],  # create, queue (queued resource), boot, trainer start
                 "goodput": r["goodput"],
                 "preemptions": r["preemptions"],
                 "lost_steps": r["lost_steps"],

@@ -333,7 +333,7 @@ def run(a: argparse.Namespace, say: Callable[[str], None]) -> Run:
                 )
             time.sleep(1.0)
         r.end, r.timed_out = time.time(), len(r.status) < a.jobs
-        r.machines_left = len(cloud.server.machines()) if r.timed_out else cloud.settle(60)
+        r.machines_left = cloud.machines_left() if r.timed_out else cloud.settle(60)
         for message in messages:  # the last word: every record
             job, _ = cloud.store.load(message["job_id"])
             r.status[message["job_id"]] = job.status.value if job else "MISSING"

@@ -96,7 +96,7 @@ class TpuMachine:
     accelerator_type: str
     runtime_version: str
     kind: str = "tpu"
-    request: str = "node"  # queued: a queued resource (Cloud TPU's queue for capacity) | node: nodes.create
+    request: str = "queued"  # queued: a queued resource (Cloud TPU's queue for capacity) | node: nodes.create
     queue_timeout_s: int = 30 * 60  # queued: how long one zone's queue may keep us waiting before the next zone
 
     @property

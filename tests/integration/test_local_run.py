@@ -1,4 +1,4 @@
-"""`respawn local run` end to end: a small job through two preemptions and a stockout, on the whole local cloud.
+"""`respawn local run` end to end: a small job through two preemptions (and a stockout), on the whole local cloud.
 
 Each run is the real command in a subprocess (fake-gcs-server, the local TPU API, functions-framework running
 functions/main.py, the Pub/Sub emulator or the in-process bus, trainer processes). Every process it starts
@@ -28,18 +28,11 @@ pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 RESPAWN = [sys.executable, "-m", "respawn.cli"]
 STEPS = 200
-# The first zone is stocked out once, so attempt 2 runs in the second zone; it is preempted at step 60 and its
-# replacement at step 140, on a fast machine or a slow one.
-CHAOS = [
-    "--preempt-at-step",
-    "60,140",
-    "--stockout",
-    "us-central1-a:1",
-    "--creation-delay",
-    "0.5s",
-    "--sweep-every",
-    "2s",
-]
+# The machine is preempted at step 60 and its replacement at step 140, on a fast machine or a slow one.
+# TPU machines are queued resources (the default): with `--stockout us-central1-a` the first request waits in
+# that zone's queue until its queue_timeout (1m here), and the next attempt goes to the second zone.
+CHAOS = ["--preempt-at-step", "60,140", "--creation-delay", "0.5s", "--sweep-every", "2s"]
+STOCKOUT = ["--stockout", "us-central1-a"]
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +45,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def job_file(workdir: Path) -> Path:
     job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     job["job_id"] = "local-it"
+    job["machine"]["queue_timeout"] = "1m"
     job["args"] = ["--model=tiny", f"--steps={STEPS}", "--checkpoint-every=20", "--log-every=1"]
     path = workdir / "job.yaml"
     path.write_text(yaml.safe_dump(job))
@@ -70,10 +64,10 @@ def marked(marker: str) -> list[psutil.Process]:
 
 
 def run_local(
-    job_file: Path, workdir: Path, *extra: str, env: dict[str, str] | None = None
+    job_file: Path, workdir: Path, *extra: str, env: dict[str, str] | None = None, chaos: list[str] = CHAOS
 ) -> tuple[dict[str, Any], str]:
     marker = uuid.uuid4().hex
-    argv = [*RESPAWN, "local", "run", str(job_file), *CHAOS, "--json", "--workdir", str(workdir), *extra]
+    argv = [*RESPAWN, "local", "run", str(job_file), *chaos, "--json", "--workdir", str(workdir), *extra]
     run_env = {**os.environ, **(env or {}), "LOCAL_RUN_MARKER": marker}
     proc = subprocess.run(argv, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=400)
     time.sleep(0.5)
@@ -85,14 +79,21 @@ def run_local(
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-def check(report: dict[str, Any], stderr: str) -> None:
+def check(report: dict[str, Any], stderr: str, stockout: bool = False) -> None:
     detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
     assert report["status"] == "SUCCEEDED", detail
     assert report["exact"] is True, detail
     assert report["final_step"] == STEPS, detail
     assert report["preemptions"] >= 2 and report["preemptions_injected"] == 2, detail
-    assert report["capacity_errors"] >= 1, detail
-    assert [z["zone"] for z in report["zones"]][:2] == ["us-central1-a", "us-west4-a"], detail
+    if stockout:  # a1 waited in the stocked-out zone's queue until its queue_timeout; a2 went to the next zone
+        assert report["capacity_errors"] >= 1 and report["zones"][0]["end"] == "queued", detail
+        assert [z["zone"] for z in report["zones"]][:2] == ["us-central1-a", "us-west4-a"], detail
+        assert report["zones"][0]["queue_s"] is None  # its node was never provisioned
+    else:
+        assert report["capacity_errors"] == 0, detail
+    split = report["recovery_split_p50_s"]
+    assert split["queue_s"] is not None and split["queue_s"] < 1.0, detail  # no queue outside a stockout
+    assert split["boot_s"] is not None and split["start_s"] is not None, detail
     assert report["max_live_machines"] <= 1, detail
     assert report["machines_left"] == 0, detail
     assert report["processes_left"] == 0, detail
@@ -101,8 +102,8 @@ def check(report: dict[str, Any], stderr: str) -> None:
 
 def test_quickstart_survives_preemptions_and_a_stockout(job_file: Path, workdir: Path) -> None:
     need(FakeGcs.missing() or PubSubEmulator.missing())
-    report, stderr = run_local(job_file, workdir, "--plot", str(workdir / "timeline.png"))
-    check(report, stderr)
+    report, stderr = run_local(job_file, workdir, *STOCKOUT, "--plot", str(workdir / "timeline.png"))
+    check(report, stderr, stockout=True)
     assert report["bus"] == "pubsub-emulator"
     assert (workdir / "timeline.png").stat().st_size > 10_000
 

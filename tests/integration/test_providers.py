@@ -23,7 +23,7 @@ PROJECT = "proj"
 def tpu_spec(job_id: str = "llm-1", provisioning: str = "spot", **kw: object) -> JobSpec:
     return JobSpec(
         job_id=job_id,
-        machine=TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"),
+        machine=TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request="node"),
         zones=(ZONE, "us-west4-a"),
         image="us-docker.pkg.dev/proj/repo/trainer:1",
         checkpoint_uri=f"gs://ckpt/{job_id}",

@@ -23,6 +23,8 @@ GRACE_S = {"gpu": 25, "tpu": 8}
 
 def grace_s(spec: JobSpec) -> int:
     return GRACE_S[spec.machine.kind]
+
+
 CONTAINER = "respawn-trainer"
 _ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
 

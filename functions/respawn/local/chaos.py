@@ -123,13 +123,14 @@ def step_actions(
     return sorted(actions, key=lambda a: (a.step, STEP_ACTIONS.index(a.action), a.worker))
 
 
-def parse_stockout(text: str) -> tuple[str, int | None]:
-    """`us-central1-a:2` -> the first 2 creates there fail; `us-central1-a` -> every create there fails."""
+def parse_stockout(text: str, option: str = "--stockout") -> tuple[str, int | None]:
+    """`us-central1-a:2` -> node creates: the first 2 there fail; queued requests: each waits 2 s in the queue.
+    `us-central1-a` -> every create there fails; every queued request there waits until deleted."""
     zone, _, count = text.partition(":")
     if not re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", zone):
-        raise ChaosError(f"--stockout: {zone!r} is not a zone; use ZONE[:COUNT] (us-central1-a:1)")
+        raise ChaosError(f"{option}: {zone!r} is not a zone; use ZONE[:N] (us-central1-a:1)")
     if count and not count.isdigit():
-        raise ChaosError(f"--stockout: count {count!r} is not a whole number; use ZONE[:COUNT] (us-central1-a:1)")
+        raise ChaosError(f"{option}: {count!r} is not a whole number; use ZONE[:N] (us-central1-a:1)")
     return zone, int(count) if count else None
 
 

@@ -87,10 +87,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)")
     r.add_argument(
         "--stockout",
-        metavar="ZONE[:COUNT]",
+        metavar="ZONE[:N]",
         action="append",
         default=[],
-        help="the next COUNT creates in ZONE fail for capacity (every create without COUNT); repeatable",
+        help="no capacity in ZONE: a TPU queued request waits N seconds there WAITING_FOR_RESOURCES, a node or "
+        "VM create fails the next N times (without N: forever, every time); repeatable",
+    )
+    r.add_argument(
+        "--spot-stockout",
+        metavar="ZONE[:N]",
+        action="append",
+        default=[],
+        help="the same for Spot and preemptible requests only (on-demand and reservations still get capacity)",
     )
     r.add_argument(
         "--duplicate-deliveries",
@@ -180,10 +188,8 @@ def options(ns: argparse.Namespace) -> Any:
 
     if ns.duplicate_deliveries < 1:
         raise UsageError("--duplicate-deliveries: must be 1 or more")
-    stockouts: dict[str, int | None] = {}
-    for text in ns.stockout:
-        zone, count = parse_stockout(text)
-        stockouts[zone] = count
+    stockouts = dict(parse_stockout(text) for text in ns.stockout)
+    spot_stockouts = dict(parse_stockout(text, "--spot-stockout") for text in ns.spot_stockout)
     return Options(
         preempt_at=parse_times(ns.preempt_at) if ns.preempt_at else [],
         preempt_at_steps=parse_steps(ns.preempt_at_step) if ns.preempt_at_step else [],
@@ -192,6 +198,7 @@ def options(ns: argparse.Namespace) -> Any:
         host_error_at_steps=worker_steps(ns.host_error_at_step, "--host-error-at-step"),
         mtbi_s=parse_duration(ns.mtbi, "--mtbi") if ns.mtbi else None,
         stockouts=stockouts,
+        spot_stockouts=spot_stockouts,
         duplicate_deliveries=ns.duplicate_deliveries,
         seed=ns.seed,
         creation_delay_s=parse_duration(ns.creation_delay, "--creation-delay"),

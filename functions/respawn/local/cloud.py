@@ -52,7 +52,9 @@ class Options:
     hang_worker_at_steps: list[tuple[int, int]] = field(default_factory=list)
     host_error_at_steps: list[tuple[int, int]] = field(default_factory=list)
     mtbi_s: float | None = None
-    stockouts: dict[str, int | None] = field(default_factory=dict)  # zone -> next COUNT creates fail (None: all)
+    # zone -> N: node/VM creates: the next N fail (None: all); TPU queued requests: each waits N s (None: forever)
+    stockouts: dict[str, int | None] = field(default_factory=dict)
+    spot_stockouts: dict[str, int | None] = field(default_factory=dict)  # the same, Spot/preemptible requests only
     duplicate_deliveries: int = 1
     seed: int = 0
     creation_delay_s: float = 1.0
@@ -111,7 +113,7 @@ class LocalCloud:
             self.start_chaos(t0)
             self.say(f"submitted {job_id} to {JOBS_TOPIC}; logs in {self.run_dir}")
             job, timed_out = self._follow(self.store, job_id, t0, total_steps)
-            machines_left = len(self.server.machines()) if timed_out else self.settle()
+            machines_left = self.machines_left() if timed_out else self.settle()
             return Outcome(job, self.timeline.events(), machines_left, timed_out, self.run_dir, self.bus_name)
 
     def __enter__(self) -> LocalCloud:
@@ -156,6 +158,9 @@ class LocalCloud:
         capacity: dict[str, int | None] = {z: 0 for z, n in o.stockouts.items() if n is None}
         stockouts = {z: n for z, n in o.stockouts.items() if n is not None}
 
+        def waits(stocked: dict[str, int | None]) -> dict[str, float | None]:
+            return {z: None if n is None else float(n) for z, n in stocked.items()}
+
         def on_ready(m: Any) -> None:
             tl.add("state", machine=m.name, zone=m.zone, state="READY")
             nodes.on_ready(m)
@@ -170,6 +175,9 @@ class LocalCloud:
             stockouts=stockouts,
             on_ready=on_ready,
             on_deleted=on_deleted,
+            queue_waits=waits(o.stockouts),
+            spot_stockouts=dict(o.spot_stockouts),
+            spot_queue_waits=waits(o.spot_stockouts),
         )
         api.append(self._start(f"TPU/Compute API {server.url}", server.start, server.stop))
         self._watch_calls(server)
@@ -259,10 +267,11 @@ class LocalCloud:
         return bus, name
 
     def _watch_calls(self, server: CloudApiServer) -> None:
-        """Copy the API's create calls and new machines into the timeline as they happen."""
+        """Copy the API's create calls, queued resources' states and new machines into the timeline as they happen."""
         stop = threading.Event()
         seen_calls = 0
         known: set[str] = set()
+        queued: dict[str, str] = {}  # queued resource -> its last state
 
         def poll() -> None:
             nonlocal seen_calls
@@ -273,7 +282,14 @@ class LocalCloud:
                     self.timeline.add(f"{call.verb}_call", t=call.time, machine=call.name, zone=call.zone)
                     created = created or call.verb == "create"
             seen_calls = len(calls)
-            if not created:  # a machine appears with its create call (the API records both under one lock)
+            current = server.queued_resources()
+            for q in current:
+                if queued.get(q.name) != q.state:
+                    queued[q.name] = q.state
+                    self.timeline.add("queued", machine=q.name, zone=q.zone, state=q.state)
+            # a node appears with its create call (the API records both under one lock), or when its queued
+            # resource is provisioned
+            if not created and all(q.name in known for q in current):
                 return
             for m in server.machines():
                 if m.name not in known:
@@ -324,9 +340,14 @@ class LocalCloud:
     def settle(self, wait_s: float = 20.0) -> int:
         """Give the control plane a moment to delete the last machines; returns how many are left."""
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and (self.server.machines() or self.nodes.alive()):
+        while time.monotonic() < deadline and (self.machines_left() or self.nodes.alive()):
             time.sleep(0.1)
-        return len(self.server.machines())
+        return self.machines_left()
+
+    def machines_left(self) -> int:
+        """Machines the cloud still holds: nodes and VMs, and queued resources (waiting ones have no node yet)."""
+        names = {m.name for m in self.server.machines()} | {q.name for q in self.server.queued_resources()}
+        return len(names)
 
 
 def _note(e: dict[str, Any], t0: float) -> str | None:

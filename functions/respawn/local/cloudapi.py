@@ -176,11 +176,16 @@ class CloudApiServer:
         on_ready: Callable[[CloudMachine], None] | None = None,
         on_deleted: Callable[[CloudMachine], None] | None = None,
         queue_waits: dict[str, float | None] | None = None,
+        spot_stockouts: dict[str, int | None] | None = None,
+        spot_queue_waits: dict[str, float | None] | None = None,
     ) -> None:
         self.create_delay_s = create_delay_s
         self.capacity: dict[str, int | None] = dict(capacity or {})
         self.stockouts: dict[str, int] = dict(stockouts or {})
         self.queue_waits: dict[str, float | None] = dict(queue_waits or {})  # zone -> seconds in the queue
+        # Spot (and preemptible) requests only: a zone short of Spot capacity, on-demand still there.
+        self.spot_stockouts: dict[str, int | None] = dict(spot_stockouts or {})  # zone -> next K fail (None: all)
+        self.spot_queue_waits: dict[str, float | None] = dict(spot_queue_waits or {})
         self.on_ready = on_ready
         self.on_deleted = on_deleted
         self._lock = threading.RLock()
@@ -320,10 +325,17 @@ class CloudApiServer:
             except Exception as e:  # a failing hook must not take the server down
                 print(f"cloudapi: callback {getattr(callback, '__name__', callback)} failed: {e!r}", flush=True)
 
-    def _stocked_out(self, zone: str) -> bool:
+    def _stocked_out(self, zone: str, spot: bool = False) -> bool:
         if self.stockouts.get(zone, 0) > 0:
             self.stockouts[zone] -= 1
             return True
+        if spot and zone in self.spot_stockouts:
+            left = self.spot_stockouts[zone]
+            if left is None:
+                return True
+            if left > 0:
+                self.spot_stockouts[zone] = left - 1
+                return True
         cap = self.capacity.get(zone)
         return cap is not None and sum(1 for m in self._machines.values() if m.zone == zone) >= cap
 
@@ -355,7 +367,7 @@ class CloudApiServer:
             op = self._new_op(kind, project, zone, name, "create" if kind == TPU else "insert")
             if fault:
                 return self._finish(op, ApiError(fault.code, fault.status, fault.message, fault.reason), None)
-            if self._stocked_out(zone):
+            if self._stocked_out(zone, _spot(kind, body)):
                 return self._finish(op, _capacity_error(kind, project, zone), None)
             self._make(kind, project, zone, name, body)
             op["waiting"] = key
@@ -394,9 +406,9 @@ class CloudApiServer:
             self._queued[key] = qr
             if fault:  # the request was taken, and then the queued resource failed
                 qr.state, qr.error = "FAILED", {"code": GRPC_CODES.get(fault.status, 2), "message": fault.message}
-            elif zone in self.queue_waits:
+            elif zone in self.queue_waits or ("spot" in body and zone in self.spot_queue_waits):
                 qr.state = "WAITING_FOR_RESOURCES"
-                wait = self.queue_waits[zone]
+                wait = self.queue_waits[zone] if zone in self.queue_waits else self.spot_queue_waits[zone]
                 if wait is not None:
                     timer = threading.Timer(wait, self._provision, (key, qr.created_at))
                     timer.daemon = True
@@ -609,6 +621,15 @@ def _capacity_error(kind: str, project: str, zone: str) -> ApiError:
         "fulfill the request.  Try a different zone, or try again later.",
         "ZONE_RESOURCE_POOL_EXHAUSTED",
     )
+
+
+def _spot(kind: str, body: dict[str, Any]) -> bool:
+    """A node or instance body asking for Spot or preemptible capacity."""
+    if kind == TPU:
+        config = body.get("schedulingConfig") or {}
+        return bool(config.get("spot") or config.get("preemptible"))
+    scheduling = body.get("scheduling") or {}
+    return scheduling.get("provisioningModel") == "SPOT" or bool(scheduling.get("preemptible"))
 
 
 def _qr_path(project: str, zone: str, name: str) -> str:

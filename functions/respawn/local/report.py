@@ -3,13 +3,17 @@
 Definitions:
   preemption      the moment a machine was PREEMPTED and its system event emitted (after the trainer's save)
   recovery_create_s      preemption -> the next create call the cloud API received
-  recovery_first_step_s  preemption -> the first training step of a later attempt
+  recovery_first_step_s  preemption -> the first training step of a later attempt, split into create_s, queue_s
+                  (create call -> the node exists: a queued resource's wait in the queue, 0 for a node create),
+                  boot_s (node created -> its trainer process starts) and start_s (process start -> first step:
+                  imports, compile, restore)
   lost_steps      steps trained twice: for every attempt that started after another had trained, the furthest
                   step reached before it started minus the step it restored
   goodput         productive training seconds / wall seconds from submit to the end; the badput categories are
                   the trainers' own splits (startup, restore, checkpoint, wasted) plus `idle_s`, the wall time no
                   trainer accounted for (no machine yet, machine booting, recovery gaps)
-  cost            machine time (READY until preempted or deleted) at the Spot and on-demand prices of prices.py
+  cost            machine time (READY until preempted or deleted) at the Spot and on-demand prices of prices.py;
+                  `tiers`: each tier's machine time at its own rate (Spot for spot/preemptible, else on-demand)
   hosts           worker VMs of the job's machine (a TPU slice's hosts; 1 for a GPU VM): trainer processes per attempt
   hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
   failures        the job record's failure counter (trainer failures, at most one per attempt)
@@ -88,13 +92,14 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per preemption: the machine, how long the trainer took to stop, and the two recovery latencies."""
     attempts = {e["machine"]: _attempt_of(e) for e in events if e["kind"] == "trainer_start"}
     notices = {e["machine"]: e["t"] for e in events if e["kind"] == "notice"}
+    created = _first_times(events, "state", state="CREATING")
+    started = _first_times(events, "trainer_start")
     rows = []
     for p in (e for e in events if e["kind"] == "preempted"):
         tp, attempt = p["t"], attempts.get(p["machine"], 0)
         create = next((e["t"] for e in events if e["kind"] == "create_call" and e["t"] >= tp), None)
-        first = next(
-            (e["t"] for e in events if e["kind"] == "step" and e["t"] >= tp and _attempt_of(e) > attempt), None
-        )
+        first = next((e for e in events if e["kind"] == "step" and e["t"] >= tp and _attempt_of(e) > attempt), None)
+        made, began = (created.get(first["machine"]), started.get(first["machine"])) if first else (None, None)
         rows.append(
             {
                 "machine": p["machine"],
@@ -102,10 +107,26 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "at_s": tp,
                 "stop_s": tp - notices[p["machine"]] if p["machine"] in notices else None,
                 "create_s": create - tp if create is not None else None,
-                "first_step_s": first - tp if first is not None else None,
+                "queue_s": _gap(create, made),
+                "boot_s": _gap(made, began),
+                "start_s": _gap(began, first["t"] if first else None),
+                "first_step_s": first["t"] - tp if first is not None else None,
             }
         )
     return rows
+
+
+def _first_times(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, float]:
+    """machine -> the time of its first event of `kind` (with these field values)."""
+    times: dict[str, float] = {}
+    for e in events:
+        if e["kind"] == kind and all(e.get(k) == v for k, v in match.items()):
+            times.setdefault(str(e.get("machine")), e["t"])
+    return times
+
+
+def _gap(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else max(0.0, end - start)
 
 
 def goodput_split(events: list[dict[str, Any]], wall_s: float) -> dict[str, float]:
@@ -122,16 +143,40 @@ def goodput_split(events: list[dict[str, Any]], wall_s: float) -> dict[str, floa
     return total
 
 
-def machine_seconds(events: list[dict[str, Any]], end: float) -> float:
+def machine_seconds(events: list[dict[str, Any]], end: float) -> dict[str, float]:
+    """machine -> seconds it was READY (until preempted, deleted or another state)."""
     ready_since: dict[str, float] = {}
-    used = 0.0
+    used: dict[str, float] = {}
     for e in events:
         name = str(e.get("machine"))
         if e["kind"] == "state" and e["state"] == "READY":
             ready_since.setdefault(name, e["t"])
         elif name in ready_since and (e["kind"] in ("deleted", "preempted") or e["kind"] == "state"):
-            used += e["t"] - ready_since.pop(name)
-    return used + sum(end - t for t in ready_since.values())
+            used[name] = used.get(name, 0.0) + e["t"] - ready_since.pop(name)
+    for name, t in ready_since.items():
+        used[name] = used.get(name, 0.0) + end - t
+    return used
+
+
+def tier_costs(job: dict[str, Any], used: dict[str, float], price: MachinePrice | None) -> list[dict[str, Any]]:
+    """Each tier of the job: its provisioning model, how long its machines ran and what that cost at its rate."""
+    spec = job.get("spec") or {}
+    tiers = spec.get("tiers") or [{"provisioning": spec.get("provisioning", "spot"), "zones": spec.get("zones", [])}]
+    rows = []
+    for i, tier in enumerate(tiers):
+        seconds = sum(used.get(a.get("machine", ""), 0.0) for a in job.get("attempts") or () if a.get("tier", 0) == i)
+        spot = tier["provisioning"] in ("spot", "preemptible")
+        rate = None if price is None else price.spot_per_h if spot else price.on_demand_per_h
+        rows.append(
+            {
+                "tier": i,
+                "provisioning": tier["provisioning"],
+                "attempts": sum(1 for a in job.get("attempts") or () if a.get("tier", 0) == i),
+                "machine_hours": round(seconds / 3600, 5),
+                "cost_usd": None if rate is None else round(seconds / 3600 * rate, 4),
+            }
+        )
+    return rows
 
 
 def build(
@@ -157,7 +202,10 @@ def build(
     create = [r["create_s"] for r in rows if r["create_s"] is not None]
     first = [r["first_step_s"] for r in rows if r["first_step_s"] is not None]
     split = goodput_split(events, wall)
-    hours = machine_seconds(events, end) / 3600
+    used = machine_seconds(events, end)
+    hours = sum(used.values()) / 3600
+    created = _first_times(events, "state", state="CREATING")
+    calls = _first_times(events, "create_call")
     steps = [e["step"] for e in events if e["kind"] == "step"]
     return {
         "job_id": job.get("job_id"),
@@ -173,9 +221,17 @@ def build(
         "chaos": [{**row, "at_s": round(row["at_s"], 3)} for row in chaos_rows(events, t0)],
         "capacity_errors": (job.get("counters") or {}).get("capacity_errors", 0),
         "zones": [
-            {"attempt": a["n"], "zone": a["zone"], "end": a.get("end_reason"), "restored_step": a.get("restored_step")}
+            {
+                "attempt": a["n"],
+                "zone": a["zone"],
+                "tier": a.get("tier", 0),
+                "end": a.get("end_reason"),
+                "restored_step": a.get("restored_step"),
+                "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
+            }
             for a in job.get("attempts") or ()
         ],
+        "tiers": tier_costs(job, used, price),
         "final_step": result.get("step", max(steps) if steps else None),
         "final_loss": result.get("final_loss"),
         "lost_steps": lost_steps(events),
@@ -189,6 +245,10 @@ def build(
         "recovery_create_p95_s": percentile(create, 95),
         "recovery_first_step_p50_s": percentile(first, 50),
         "recovery_first_step_p95_s": percentile(first, 95),
+        "recovery_split_p50_s": {
+            k: percentile([r[k] for r in rows if r[k] is not None], 50)
+            for k in ("create_s", "queue_s", "boot_s", "start_s")
+        },
         "machine_hours": round(hours, 5),
         "cost": (
             {
@@ -222,7 +282,14 @@ def render(r: dict[str, Any]) -> str:
         f"job {r['job_id']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""),
         f"  attempts {r['attempts']}, preemptions survived {r['preemptions']} (injected {r['preemptions_injected']}), "
         f"capacity errors {r['capacity_errors']}, failures {r['failures']}, hangs detected {r['hangs_detected']}",
-        "  zones    " + " -> ".join(f"a{z['attempt']} {z['zone']} ({z['end'] or 'live'})" for z in r["zones"]),
+        "  zones    "
+        + " -> ".join(
+            f"a{z['attempt']} {z['zone']}"
+            + (f" tier {z['tier']}" if len(r["tiers"]) > 1 else "")
+            + (f" queued {z['queue_s']:.0f}s" if (z["queue_s"] or 0) >= 0.5 else "")
+            + f" ({z['end'] or 'live'})"
+            for z in r["zones"]
+        ),
         f"  steps    {r['final_step']} (final loss {r['final_loss']}), lost steps {r['lost_steps']}",
         f"  wall     {r['wall_s']:.1f}s, goodput {100 * r['goodput']:.1f}%",
         "  time     "
@@ -237,6 +304,7 @@ def render(r: dict[str, Any]) -> str:
     for row in r["recovery"]:
         lines.append(
             f"  recovery {row['machine']}: stopped in {_s(row['stop_s'])}, create after {_s(row['create_s'])}, "
+            f"queued {_s(row['queue_s'])}, booted {_s(row['boot_s'])}, trainer start {_s(row['start_s'])}: "
             f"first step after {_s(row['first_step_s'])}"
         )
     if r["recovery"]:
@@ -253,6 +321,13 @@ def render(r: dict[str, Any]) -> str:
         )
     else:
         lines.append("  cost     - (no price for this machine type in respawn/local/prices.py)")
+    if len(r["tiers"]) > 1:
+        for t in r["tiers"]:
+            cost = "-" if t["cost_usd"] is None else f"${t['cost_usd']:.4f}"
+            lines.append(
+                f"  tier {t['tier']}   {t['provisioning']}: {t['attempts']} attempts, "
+                f"{t['machine_hours'] * 3600:.0f} machine-seconds, {cost}"
+            )
     if r["reference_sha256"] is None:
         lines.append(f"  exact    not checked: params {str(r['params_sha256'])[:16]} (no reference run)")
     else:
