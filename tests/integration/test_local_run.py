@@ -64,12 +64,18 @@ def marked(marker: str) -> list[psutil.Process]:
 
 
 def run_local(
-    job_file: Path, workdir: Path, *extra: str, env: dict[str, str] | None = None, chaos: list[str] = CHAOS
+    job_file: Path,
+    workdir: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    chaos: list[str] = CHAOS,
+    timeout: float = 400,
 ) -> tuple[dict[str, Any], str]:
+    """The command in a subprocess; no process it started may outlive it."""
     marker = uuid.uuid4().hex
     argv = [*RESPAWN, "local", "run", str(job_file), *chaos, "--json", "--workdir", str(workdir), *extra]
     run_env = {**os.environ, **(env or {}), "LOCAL_RUN_MARKER": marker}
-    proc = subprocess.run(argv, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(argv, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=timeout)
     time.sleep(0.5)
     left = marked(marker)
     for p in left:  # never leave them behind, even when the assertion below fails

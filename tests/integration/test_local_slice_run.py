@@ -9,17 +9,12 @@ at least: the acceptance run of examples/slice.yaml covers it, the node mechanic
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import time
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from conftest import need
-from test_local_run import RESPAWN, ROOT, marked
+from test_local_run import ROOT, run_local
 
 from respawn.local.emulators import FakeGcs
 
@@ -29,23 +24,6 @@ STEPS = 40
 CHAOS = ["--preempt-at-step", "10", "--kill-worker-at-step", "20:2", "--host-error-at-step", "30:3"]
 
 
-def run_local(job_file: Path, workdir: Path, *extra: str) -> tuple[dict[str, Any], str]:
-    """The command in a subprocess; no process it started may outlive it. The in-process bus leaves the Pub/Sub
-    emulator's JVM out: the 4 trainer processes of an attempt share 2 cores (test_local_run.py covers both buses)."""
-    marker = uuid.uuid4().hex
-    argv = [*RESPAWN, "local", "run", str(job_file), *extra, "--json", "--workdir", str(workdir)]
-    argv += ["--creation-delay", "0.5s", "--sweep-every", "2s"]
-    env = {**os.environ, "RESPAWN_HIDE_PUBSUB_EMULATOR": "1", "LOCAL_RUN_MARKER": marker}
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    time.sleep(0.5)
-    left = marked(marker)
-    for p in left:  # never leave them behind, even when the assertion below fails
-        p.kill()
-    assert not left, f"processes left behind: {[p.cmdline()[:3] for p in left]}"
-    assert proc.stdout.strip(), f"no report; stderr:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
-
-
 def test_a_slice_survives_a_preemption_a_killed_worker_and_a_host_error(tmp_path: Path) -> None:
     need(FakeGcs.missing())
     job = yaml.safe_load((ROOT / "examples" / "slice.yaml").read_text())
@@ -53,7 +31,11 @@ def test_a_slice_survives_a_preemption_a_killed_worker_and_a_host_error(tmp_path
     job["args"] = ["--model=nano", f"--steps={STEPS}", "--batch-size=16", "--checkpoint-every=5", "--log-every=1"]
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    report, stderr = run_local(path, tmp_path, *CHAOS)
+    # The in-process bus leaves the Pub/Sub emulator's JVM out: the 4 trainer processes of an attempt share 2 cores
+    # (test_local_run.py covers both buses).
+    fast = ["--creation-delay", "0.5s", "--sweep-every", "2s"]
+    env = {"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"}
+    report, stderr = run_local(path, tmp_path, env=env, chaos=[*CHAOS, *fast], timeout=900)
     detail = f"report: {json.dumps(report, indent=1)[:4000]}\nstderr tail:\n{stderr[-4000:]}"
     assert report["status"] == "SUCCEEDED", detail
     assert report["hosts"] == 4, detail

@@ -431,14 +431,19 @@ class CloudApiServer:
             self._machines.pop((TPU, qr.project, qr.zone, spec["nodeId"]), None)
             self._make(TPU, qr.project, qr.zone, spec["nodeId"], node)
 
+    def _queued_resource(self, verb: str, project: str, zone: str, name: str) -> QueuedResource:
+        """Record the call; the queued resource, or the injected fault or a 404. Called with the lock held."""
+        fault = self._record(verb, TPU, name, zone)
+        if fault:
+            raise ApiError(fault.code, fault.status, fault.message, fault.reason)
+        qr = self._queued.get((project, zone, name))
+        if qr is None:
+            raise ApiError(404, "NOT_FOUND", f"Resource '{_qr_path(project, zone, name)}' was not found")
+        return qr
+
     def _delete_queued(self, project: str, zone: str, name: str, force: bool) -> dict[str, Any]:
         with self._lock:
-            fault = self._record("delete", TPU, name, zone)
-            if fault:
-                raise ApiError(fault.code, fault.status, fault.message, fault.reason)
-            qr = self._queued.get((project, zone, name))
-            if qr is None:
-                raise ApiError(404, "NOT_FOUND", f"Resource '{_qr_path(project, zone, name)}' was not found")
+            qr = self._queued_resource("delete", project, zone, name)
             node = self._machines.get((TPU, project, zone, qr.body["tpu"]["nodeSpec"][0]["nodeId"]))
             if node is not None and not force:
                 raise ApiError(
@@ -455,13 +460,7 @@ class CloudApiServer:
 
     def _get_queued(self, project: str, zone: str, name: str) -> dict[str, Any]:
         with self._lock:
-            fault = self._record("get", TPU, name, zone)
-            if fault:
-                raise ApiError(fault.code, fault.status, fault.message, fault.reason)
-            qr = self._queued.get((project, zone, name))
-            if qr is None:
-                raise ApiError(404, "NOT_FOUND", f"Resource '{_qr_path(project, zone, name)}' was not found")
-            return _queued_json(qr)
+            return _queued_json(self._queued_resource("get", project, zone, name))
 
     def _list_queued(self, project: str, zone: str) -> list[dict[str, Any]]:
         with self._lock:
