@@ -64,11 +64,11 @@ class InstantProvider:
             labels = {LABEL_JOB: action.job_id}
             self.machines.setdefault(action.machine, Machine(action.machine, action.zone, MachineState.READY, labels))
 
-    def delete(self, name: str, zone: str) -> None:
+    def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
         with self.lock:
             self.machines.pop(name, None)
 
-    def get(self, name: str, zone: str) -> Machine | None:
+    def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         return self.machines.get(name)
 
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:

@@ -52,6 +52,14 @@ TARGETS = [
         "Lost work per preemption (30 s notice)", "bench_recovery.py", "lost_steps_per_preemption", "==", 0, "steps"
     ),
     Target(
+        "Control-plane cost of one slice preemption independent of hosts (beyond one zone listing per delivery)",
+        "bench_slice_events.py",
+        "independent_of_n",
+        "==",
+        1,
+        "",
+    ),
+    Target(
         "4-host local slice, preemption -> first new step, p50",
         "bench_recovery.py --hosts 4",
         "first_step_p50_s",
