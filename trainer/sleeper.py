@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 
 import fsspec
@@ -43,7 +44,7 @@ class SleepEngine:
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
         body = json.dumps({"step": step})
         if isinstance(self.fs, LocalFileSystem):
-            tmp = f"{self.path}.tmp"
+            tmp = f"{self.path}.{os.getpid()}.tmp"  # each process its own: every worker of a slice saves here
             self.fs.pipe_file(tmp, body.encode())
             self.fs.mv(tmp, self.path)
         else:

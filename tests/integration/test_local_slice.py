@@ -332,11 +332,11 @@ def test_a_preempted_slice_stops_every_worker_and_each_worker_vm_logs_the_event(
         events = cloud.wait_for(HOSTS, method="compute.instances.preempted")
         assert gone(pids)
         stopped = cloud.entries(event="stopped")
-    # Every worker had the notice and stopped on its own, none was killed. (--model=none: each worker logs its own
-    # entries and saves the same marker file, so two saving at once may fail the later one: the trainer's own word.)
+    # Every worker had the notice and stopped on its own, none was killed (--model=none: each worker logs its own
+    # entries and saves the same marker file, each through its own temporary file).
     for i in range(HOSTS):
         assert "preemption notice (SIGTERM)" in (tmp_path / f"slice-a3-w-{i}.log").read_text()
-    assert stopped and {e["code"] for e in cloud.timeline.events("trainer_exit")} <= {0, 1}
+    assert stopped and {e["code"] for e in cloud.timeline.events("trainer_exit")} == {0}
     assert ("preempt", ("slice-a3",)) in cloud.log
     instances = [e["protoPayload"]["resourceName"].rsplit("/", 1)[1] for e in events]
     assert instances == [tpu_worker_name("slice-a3", i) for i in range(HOSTS)]
