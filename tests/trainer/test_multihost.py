@@ -206,22 +206,29 @@ def test_a_hung_worker_makes_the_others_exit_after_the_heartbeat_timeout(tmp_pat
         run.kill_all()
 
 
+@pytest.mark.emulator
 @pytest.mark.slow
-def test_a_step_no_host_can_read_is_skipped_by_all(tmp_path: Path, compile_cache: Path) -> None:
-    """The newest step's metadata (read by every host) is garbage: every host falls back to the previous step
-    together, retrains from there and ends with the same hash. (A step only some hosts cannot read fails the
-    attempt instead: the others wait in Orbax's barrier after the read, and the failed host gives up on them.)"""
-    hosts, devices = 2, 1
-    sink, ckpt = tmp_path / "entries.jsonl", tmp_path / "ckpt"
-    env = trainer_env(str(ckpt), sink, compile_cache)
-    args = [a for a in SLICE_ARGS if not a.startswith("--steps")] + ["--steps=20"]
-    codes, run = run_slice_to_end(env, hosts, devices, args)
-    assert codes == [0] * hosts, run.tail()
-    reference = last(sink, "completed")["params_sha256"]
-    (ckpt / "20" / "default" / "_METADATA").write_bytes(b"\x00garbage" * 7)
+def test_a_step_no_host_can_read_is_skipped_by_all(
+    slice_bucket: str, slice_reference: SliceReference, tmp_path: Path, compile_cache: Path
+) -> None:
+    """A copy of the reference's checkpoints whose newest step has garbage metadata (read by every host): every
+    host falls back to the previous step together, retrains from there and ends with H4. (A step only some
+    hosts cannot read fails the attempt instead: the others wait in Orbax's barrier after the read, and the
+    failed host gives up on them.)"""
+    client = storage.Client(project="local", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
+    bucket = client.bucket(slice_bucket)
+    prefix = f"unreadable-{uuid.uuid4().hex[:8]}/"
+    for blob in client.list_blobs(slice_bucket, prefix="reference/"):
+        bucket.copy_blob(blob, bucket, prefix + blob.name.removeprefix("reference/"))
+    steps = committed_on_gcs(slice_bucket, prefix)
+    assert steps[-2:] == [STEPS - 10, STEPS], steps
+    bucket.blob(f"{prefix}{STEPS}/default/_METADATA").upload_from_string(b"\x00garbage" * 7)
 
-    codes, run = run_slice_to_end(env, hosts, devices, args)
-    assert codes == [0] * hosts, run.tail()
-    assert all("checkpoint step 20 cannot be read" in r.tail(300) for r in run.runs), run.tail()
-    assert last(sink, "started")["restored_step"] == 10
-    assert run.hashes() == [reference] * hosts
+    sink = tmp_path / "entries.jsonl"
+    codes, run = run_slice_to_end(
+        trainer_env(f"gs://{slice_bucket}/{prefix}", sink, compile_cache), HOSTS, DEVICES, SLICE_ARGS
+    )
+    assert codes == [0] * HOSTS, run.tail()
+    assert all(f"checkpoint step {STEPS} cannot be read" in r.tail(300) for r in run.runs), run.tail()
+    assert last(sink, "started")["restored_step"] == STEPS - 10
+    assert run.hashes() == [slice_reference.params_sha256] * HOSTS
