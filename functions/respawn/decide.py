@@ -217,8 +217,7 @@ def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> 
     elif state_of_live is MachineState.CREATING and live.started_at is None and age > policy.stuck_creating_s:
         reason = f"{live.machine} was still creating after {age:.0f}s in {live.zone}"
         job, more = _no_capacity(job, now, "stuck", reason, True, policy)
-    elif state_of_live is MachineState.READY and _hung_for(job, live, now) is not None:
-        silent = _hung_for(job, live, now)
+    elif state_of_live is MachineState.READY and (silent := _hung_for(job, live, now)) is not None:
         job, more = _crashed(
             job, now, f"hung: no training progress for {silent:.0f}s on {live.machine}", policy, "hung"
         )

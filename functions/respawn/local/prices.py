@@ -11,8 +11,9 @@ the figures as indicative: the report prints which row it used.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from respawn.topology import UnknownTpuType, tpu_topology
 
 PRICES_AS_OF = "2025-06 (us-central1 list prices)"
 
@@ -53,16 +54,13 @@ class MachinePrice:
 
 
 def tpu_units(accelerator_type: str) -> tuple[str, int] | None:
-    """`v5litepod-8` -> ("v5litepod", 8 chips); v2/v3 are priced per 8-core device; v4/v5p name cores (2 per chip)."""
-    m = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", accelerator_type)
-    if not m:
+    """`v5litepod-8` -> ("v5litepod", 8 chips); v2/v3 are priced per 4-chip device (respawn/topology.py's chips)."""
+    try:
+        shape = tpu_topology(accelerator_type)
+    except UnknownTpuType:
         return None
-    generation, n = m.group(1), int(m.group(2))
-    if generation in ("v2", "v3"):
-        return generation, max(1, n // 8)
-    if generation in ("v4", "v5p"):
-        return generation, max(1, n // 2)
-    return generation, n
+    generation = accelerator_type.rpartition("-")[0]
+    return generation, max(1, shape.chips // 4) if generation in ("v2", "v3") else shape.chips
 
 
 def machine_price(machine: dict[str, object]) -> MachinePrice | None:
