@@ -3,7 +3,7 @@
 import os
 import sys
 
-from trainer.goodput import process_started
+from respawn_trainer.goodput import process_started
 
 STARTED = process_started()
 

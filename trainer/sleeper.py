@@ -1,45 +1,49 @@
-"""`--model=none`: no JAX, each step sleeps --step-time. For load tests of the control plane.
+"""`--model=none`: no JAX; each step sleeps --step-time. For load tests of the control plane.
 
-Progress is a one-line JSON marker `none-progress.json` under the checkpoint URI (local or gs://, through
-fsspec), written whole (rename on a file system; GCS object writes are atomic), so restarts resume too.
+The state is {"step": N}; its checkpoint is a one-line JSON marker `none-progress.json` under the checkpoint
+URI (local or gs://, through fsspec), written whole (rename on a file system; GCS object writes are atomic),
+so restarts resume too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from trainer.schedule import SaveDone
+from respawn_trainer.schedule import SaveDone
 
 MARKER = "none-progress.json"
 
 
-class SleepEngine:
-    def __init__(self, seed: int, step_time: float, checkpoint_uri: str) -> None:
-        self.seed, self.step_time = seed, step_time
+def sleep_step(step_time: float) -> Callable[[Any, int], Any]:
+    def step(state: Any, number: int) -> Any:
+        time.sleep(step_time)
+        return {"step": number}
+
+    return step
+
+
+class MarkerCheckpoints:
+    """A respawn_trainer checkpointer for the sleeper's state."""
+
+    def __init__(self, checkpoint_uri: str) -> None:
         self.fs, root = fsspec.core.url_to_fs(checkpoint_uri)
         self.path = f"{root.rstrip('/')}/{MARKER}"
-        self.step = 0
         self._done: list[SaveDone] = []
 
-    def restore(self) -> int:
-        if self.fs.exists(self.path):
-            self.step = int(json.loads(self.fs.cat_file(self.path))["step"])
-        return self.step
+    def restore_newest(self, template: Any, agree_any: Callable[[bool], bool]) -> tuple[Any, int] | None:
+        if not self.fs.exists(self.path):
+            return None
+        step = int(json.loads(self.fs.cat_file(self.path))["step"])
+        return {"step": step}, step
 
-    def run_step(self, step: int) -> None:
-        time.sleep(self.step_time)
-        self.step = step
-
-    def loss(self) -> float:
-        return 0.0
-
-    def save(self, step: int) -> float:
+    def save(self, step: int, state: Any) -> float:
         started = time.monotonic()
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
         body = json.dumps({"step": step})
@@ -59,15 +63,6 @@ class SleepEngine:
 
     def wait(self) -> list[SaveDone]:
         return self.poll()
-
-    def agree(self, flag: bool) -> bool:
-        return flag
-
-    def agree_max(self, value: float) -> float:
-        return value
-
-    def fingerprint(self) -> str:
-        return hashlib.sha256(f"none|{self.seed}|{self.step}".encode()).hexdigest()
 
     def close(self) -> None:
         return None

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from trainer import model
@@ -46,25 +44,3 @@ def make_train_step(cfg: Config, size: ModelSize, optimizer: optax.GradientTrans
         return {"params": params, "opt_state": opt_state, "step": step, "loss": loss}
 
     return train_step
-
-
-def global_value(leaf: Any) -> np.ndarray:
-    """The whole array on the host. A leaf sharded over other processes' devices is gathered (a collective:
-    every process must call this for the same leaves in the same order)."""
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
-    return np.asarray(leaf)
-
-
-def params_sha256(params: Any) -> str:
-    """sha256 over (path, dtype, shape, bytes) of every leaf's global value, in sorted path order: equal iff
-    bitwise equal, and the same on every process of a multi-host job."""
-    digest = hashlib.sha256()
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
-        host = global_value(leaf)
-        digest.update(f"{jax.tree_util.keystr(path)}|{host.dtype.str}|{host.shape}|".encode())
-        digest.update(np.ascontiguousarray(host).tobytes())
-    return digest.hexdigest()

@@ -11,18 +11,23 @@ from pathlib import Path
 import pytest
 from trainer_harness import REPO, trainer_env
 
-from trainer.config import DEFAULT_METADATA_URL, ConfigError, load_config
+from respawn_trainer.env import DEFAULT_METADATA_URL, load_env
+from trainer.config import ConfigError, load_config
 
 
 def test_defaults() -> None:
-    cfg = load_config([], {})
+    cfg = load_config([])
     assert (cfg.steps, cfg.model, cfg.batch_size, cfg.seq_len) == (300, "tiny", 16, 64)
     assert cfg.checkpoint_every is None and cfg.keep == 3 and cfg.log_every == 10
-    assert (cfg.job_id, cfg.attempt, cfg.log_sink, cfg.grace_s, cfg.mtbi_s) == ("local", 1, "stdout", 25.0, 3600.0)
-    assert cfg.checkpoint_uri == os.path.abspath(".respawn/checkpoints/local")
-    assert cfg.metadata_url is None
-    assert cfg.compile_cache == os.path.expanduser("~/.cache/respawn/jax")
-    assert load_config([], {}, on_gce=True).metadata_url == DEFAULT_METADATA_URL
+    run = load_env({})
+    assert (run.job_id, run.attempt, run.log_sink, run.grace_s, run.mtbi_s) == ("local", 1, "stdout", 25.0, 3600.0)
+    assert run.checkpoint_uri == os.path.abspath(".respawn/checkpoints/local")
+    assert run.metadata_url is None
+    assert run.compile_cache == os.path.expanduser("~/.cache/respawn/jax")
+    assert load_env({}, on_gce=True).metadata_url == DEFAULT_METADATA_URL
+    # Checkpoints on GCS: a new VM's disk is empty, so the compiled programs are kept next to them.
+    on_gcs = load_env({"RESPAWN_CHECKPOINT_URI": "gs://bkt/jobs/llm-1"})
+    assert on_gcs.compile_cache == "gs://bkt/jobs/llm-1-compile-cache"
 
 
 def test_flags_and_environment() -> None:
@@ -38,29 +43,29 @@ def test_flags_and_environment() -> None:
         "UNRELATED": "ignored",
     }
     argv = ["--steps", "50", "--model=small", "--checkpoint-every=25", "--batch-size=8", "--learning-rate=1e-3"]
-    cfg = load_config(argv, env)
+    cfg, run = load_config(argv), load_env(env)
     assert (cfg.steps, cfg.model, cfg.checkpoint_every, cfg.batch_size, cfg.seq_len) == (50, "small", 25, 8, 128)
-    assert (cfg.job_id, cfg.attempt, cfg.checkpoint_uri) == ("llm-1", 4, "gs://my-bucket/runs/llm-1")
-    assert (cfg.log_sink, cfg.grace_s, cfg.mtbi_s, cfg.compile_cache) == ("cloud", 20.0, 60.0, None)
-    assert cfg.metadata_url == "http://127.0.0.1:9/computeMetadata/v1"
-    assert load_config(["--checkpoint-every=auto"], {}).checkpoint_every is None
+    assert (run.job_id, run.attempt, run.checkpoint_uri) == ("llm-1", 4, "gs://my-bucket/runs/llm-1")
+    assert (run.log_sink, run.grace_s, run.mtbi_s, run.compile_cache) == ("cloud", 20.0, 60.0, None)
+    assert run.metadata_url == "http://127.0.0.1:9/computeMetadata/v1"
+    assert load_config(["--checkpoint-every=auto"]).checkpoint_every is None
 
 
 def test_multi_host_environment() -> None:
-    from trainer.runtime import initialize_args, wants_distributed
+    from respawn_trainer.runtime import initialize_args, wants_distributed
 
-    single = load_config([], {})
+    single = load_env({})
     assert (single.heartbeat_timeout_s, single.progress_s, single.worker_id, single.worker_hostnames) == (
         100,
         60.0,
         None,
         (),
     )
-    assert not wants_distributed(single, {})
+    assert not wants_distributed(single)
     assert initialize_args(single) == {"heartbeat_timeout_seconds": 100}  # JAX auto-detects (--distributed=on)
     env = {"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "t1v-w-0, t1v-w-1,t1v-w-2,t1v-w-3"}
-    tpu = load_config([], {**env, "RESPAWN_HEARTBEAT_TIMEOUT_S": "30", "RESPAWN_PROGRESS_S": "5"})
-    assert wants_distributed(tpu, env) and not wants_distributed(load_config(["--distributed=off"], env), env)
+    tpu = load_env({**env, "RESPAWN_HEARTBEAT_TIMEOUT_S": "30", "RESPAWN_PROGRESS_S": "5"})
+    assert wants_distributed(tpu) and not wants_distributed(tpu, "off") and wants_distributed(single, "on")
     assert initialize_args(tpu) == {
         "coordinator_address": "t1v-w-0:8482",
         "num_processes": 4,
@@ -68,10 +73,10 @@ def test_multi_host_environment() -> None:
         "heartbeat_timeout_seconds": 30,
     }
     assert tpu.progress_s == 5.0
-    local = load_config([], {**env, "JAX_COORDINATOR_ADDRESS": "127.0.0.1:4567"})
+    local = load_env({**env, "JAX_COORDINATOR_ADDRESS": "127.0.0.1:4567"})
     assert initialize_args(local)["coordinator_address"] == "127.0.0.1:4567"
     one_host = {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "t1v-w-0"}
-    assert not wants_distributed(load_config([], one_host), one_host)
+    assert not wants_distributed(load_env(one_host))
 
 
 def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
@@ -84,7 +89,7 @@ def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
         "JAX_PLATFORMS": "cpu",
     }
-    cfg = load_config([], worker_env(3, 4, 8476, 2))
+    cfg = load_env(worker_env(3, 4, 8476, 2))
     assert (cfg.worker_id, len(cfg.worker_hostnames), cfg.coordinator_address) == (3, 4, "127.0.0.1:8476")
     for bad in [(4, 4, 8476, 2), (-1, 4, 8476, 2), (0, 4, 0, 2), (0, 4, 8476, 0)]:
         with pytest.raises(ValueError):
@@ -138,7 +143,8 @@ def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
 )
 def test_bad_input_is_one_line_naming_the_field(argv: list[str], env: dict[str, str], field: str) -> None:
     with pytest.raises(ConfigError) as raised:
-        load_config(argv, env)
+        load_config(argv)
+        load_env(env)
     message = str(raised.value)
     assert raised.value.field == field and field in message
     assert "\n" not in message and "allowed:" in message

@@ -5,18 +5,20 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 from trainer_harness import MetadataServer
 
+from respawn_trainer.goodput import Goodput
+from respawn_trainer.lifecycle import CloudLoggingSink, FileSink, Lifecycle
+from respawn_trainer.notice import PreemptionWatch
+from respawn_trainer.schedule import Schedule, interval_steps, young_daly_s
 from trainer import data
-from trainer.goodput import Goodput
-from trainer.lifecycle import CloudLoggingSink, FileSink, Lifecycle
-from trainer.preemption import PreemptionWatch
-from trainer.schedule import Schedule, interval_steps, young_daly_s
 
 # Pinned: a changed corpus or batch function would silently break resumption of runs already under way.
 CORPUS_SHA256 = "831d34845d96eafd59b1e7af0d799b2281a6c021d23fd6ef3c65b62be40da98f"
@@ -99,19 +101,17 @@ def test_file_sink_appends_one_json_line_per_entry(tmp_path: Path) -> None:
 
 
 def test_cloud_sink_writes_structured_entries_with_job_and_attempt_labels() -> None:
-    class RecordingLogger:  # the google.cloud.logging Logger surface the sink uses
-        def __init__(self) -> None:
-            self.calls: list[tuple[dict, dict]] = []
-
-        def log_struct(self, payload: dict, **kwargs: object) -> None:
-            self.calls.append((payload, kwargs))
-
-    logger = RecordingLogger()
-    lifecycle = Lifecycle(CloudLoggingSink("job-a", 2, logger=logger), "job-a", 2)
-    lifecycle.emit("started", 0, restored_step=0, startup_s=1.0)
-    lifecycle.emit("failed", 7, error="boom", goodput={})
-    (started, first), (failed, second) = logger.calls
-    assert started["event"] == "started" and failed == {
+    """Cloud Logging's REST entries:write, authorized by the metadata server's token (both served locally)."""
+    api = CloudApi()
+    try:
+        sink = CloudLoggingSink("job-a", 2, metadata_url=api.url + "/computeMetadata/v1", endpoint=api.url + "/write")
+        lifecycle = Lifecycle(sink, "job-a", 2)
+        lifecycle.emit("started", 0, restored_step=0, startup_s=1.0)
+        lifecycle.emit("failed", 7, error="boom", goodput={})
+    finally:
+        api.server.shutdown()
+    (first,), (second,) = (body["entries"] for body in api.writes)
+    assert second["jsonPayload"] == {
         "event": "failed",
         "job_id": "job-a",
         "attempt": 2,
@@ -119,8 +119,58 @@ def test_cloud_sink_writes_structured_entries_with_job_and_attempt_labels() -> N
         "error": "boom",
         "goodput": {},
     }
+    assert first["jsonPayload"]["event"] == "started" and first["logName"] == "projects/proj-1/logs/respawn-trainer"
+    assert first["resource"] == {
+        "type": "gce_instance",
+        "labels": {"project_id": "proj-1", "instance_id": "4242", "zone": "us-central2-b"},
+    }
     assert first["labels"] == {"respawn-job": "job-a", "respawn-attempt": "2"}
     assert (first["severity"], second["severity"]) == ("INFO", "ERROR")
+    assert api.authorizations == ["Bearer tok-1", "Bearer tok-1"]  # one token, reused until it nears expiry
+    assert [p for p in api.metadata_paths if p.endswith("/token")] == [
+        "/computeMetadata/v1/instance/service-accounts/default/token"
+    ]
+
+
+class CloudApi:
+    """The metadata server's token, project and instance, and Cloud Logging's entries:write, on loopback."""
+
+    METADATA = {
+        "/computeMetadata/v1/instance/service-accounts/default/token": '{"access_token": "tok-1", "expires_in": 3599}',
+        "/computeMetadata/v1/project/project-id": "proj-1",
+        "/computeMetadata/v1/instance/id": "4242",
+        "/computeMetadata/v1/instance/zone": "projects/123/zones/us-central2-b",
+    }
+
+    def __init__(self) -> None:
+        self.writes: list[dict] = []
+        self.authorizations: list[str] = []
+        self.metadata_paths: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.metadata_paths.append(self.path)
+                body = outer.METADATA.get(self.path) if self.headers.get("Metadata-Flavor") == "Google" else None
+                self._answer(404 if body is None else 200, (body or "").encode())
+
+            def do_POST(self) -> None:
+                outer.authorizations.append(self.headers.get("Authorization", ""))
+                outer.writes.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self._answer(200, b"{}")
+
+            def _answer(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 def test_a_failing_sink_does_not_stop_training() -> None:
@@ -132,7 +182,9 @@ def test_a_failing_sink_does_not_stop_training() -> None:
 
 
 def test_params_fingerprint_is_bitwise() -> None:
-    from trainer.step import params_sha256
+    import jax  # noqa: F401  (state_sha256 hashes arrays when JAX is in use)
+
+    from respawn_trainer import state_sha256 as params_sha256
 
     params = {"b": np.arange(6, dtype=np.float32).reshape(2, 3), "a": {"w": np.ones(4, np.float32)}}
     same = {"a": {"w": np.ones(4, np.float32)}, "b": np.arange(6, dtype=np.float32).reshape(2, 3)}
@@ -145,7 +197,7 @@ def test_params_fingerprint_is_bitwise() -> None:
 def test_fsdp_splits_each_leaf_on_its_first_axis_the_device_count_divides() -> None:
     from jax.sharding import PartitionSpec as P
 
-    from trainer.runtime import fsdp_spec
+    from trainer.sharding import fsdp_spec
 
     assert fsdp_spec((256, 32), 8) == P("data")
     assert fsdp_spec((1, 32, 96), 8) == P(None, "data")

@@ -9,16 +9,41 @@ newest step when one cannot be read.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-import jax
-import orbax.checkpoint as ocp
-
-from trainer.schedule import SaveDone
+from respawn_trainer.schedule import SaveDone
 
 log = logging.getLogger("trainer")
+
+
+def _import_orbax() -> Any:
+    """orbax.checkpoint imports google-cloud-logging (half a second) for an optional logger respawn does not use:
+    hide it for that one import, so a restart does not pay for it."""
+    hidden = "google.cloud.logging" not in sys.modules
+    if hidden:
+        sys.modules["google.cloud.logging"] = None  # type: ignore[assignment]  # makes that import fail fast
+    try:
+        import orbax.checkpoint as ocp
+    finally:
+        if hidden:
+            del sys.modules["google.cloud.logging"]
+    return ocp
+
+
+ocp = _import_orbax()
+
+
+class Checkpointer(Protocol):
+    """Where a run's state goes: `Checkpoints` (Orbax) for JAX pytrees, or anything that keeps these promises."""
+
+    def restore_newest(self, template: Any, agree_any: Callable[[bool], bool]) -> tuple[Any, int] | None: ...
+    def save(self, step: int, state: Any) -> float: ...
+    def poll(self) -> list[SaveDone]: ...
+    def wait(self) -> list[SaveDone]: ...
+    def close(self) -> None: ...
 
 
 class Checkpoints:
@@ -103,6 +128,8 @@ class Checkpoints:
 
 def abstract(state: Any) -> Any:
     """Shapes, dtypes and shardings of `state`: the restore target."""
+    import jax
+
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
 
 

@@ -1,0 +1,21 @@
+"""respawn_trainer: any JAX training loop survives Spot / preemptible machines in a few lines.
+
+    import respawn_trainer
+
+    with respawn_trainer.Run(steps=STEPS) as run:
+        state, step = run.restore(init_state)
+        while run.keep_going(step):
+            state = train_step(state, step)
+            step += 1
+            run.step_done(step, state)
+        run.finish(step, state)
+
+What it does, and the protocol underneath (environment, signals, lifecycle entries, exit codes):
+docs/trainer-protocol.md and trainer/README.md.
+"""
+
+from respawn_trainer.env import ConfigError, RunEnv, load_env
+from respawn_trainer.run import Run, state_sha256
+from respawn_trainer.runtime import compile
+
+__all__ = ["ConfigError", "Run", "RunEnv", "compile", "load_env", "state_sha256"]

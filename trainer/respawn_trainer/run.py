@@ -1,0 +1,322 @@
+"""`Run`: one attempt of a training job, seen from inside the user's own loop.
+
+    with Run(steps=STEPS) as run:                 # the notice watch, JAX setup, the compilation cache
+        state, step = run.restore(init_state)     # the newest checkpoint, else init_state()
+        while run.keep_going(step):               # False at STEPS, or once any host got the notice
+            state = train_step(state, step)
+            step += 1
+            run.step_done(step, state)            # saves on schedule (Young/Daly); `progress` entries
+        run.finish(step, state)                   # the last save; `completed` or `stopped`
+
+An exception inside the block waits for a save under way, sends `failed` and propagates (exit non-zero).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from respawn_trainer import runtime
+from respawn_trainer.env import ConfigError, RunEnv, load_env
+from respawn_trainer.goodput import Goodput, process_started
+from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
+from respawn_trainer.notice import PreemptionWatch, on_gce
+from respawn_trainer.schedule import SaveDone, Schedule
+
+log = logging.getLogger("trainer")
+RESTORE_FAILED_WAIT_S = 60.0  # how long a host that could not read a step waits for the others to agree
+
+
+class Run:
+    def __init__(
+        self,
+        steps: int,
+        *,
+        checkpoint_every: int | None = None,
+        keep: int = 3,
+        checkpointer: Any = None,
+        env: Mapping[str, str] | None = None,
+        distributed: str = "auto",
+        use_jax: bool = True,
+        started: float | None = None,
+    ) -> None:
+        """steps: the job's total. checkpoint_every: N steps, or None for Young/Daly from the measured save cost
+        and RESPAWN_MTBI_S. checkpointer: default Orbax `Checkpoints` on RESPAWN_CHECKPOINT_URI.
+        distributed: auto (multi-host when TPU_WORKER_HOSTNAMES lists several hosts), on or off.
+        use_jax False: no JAX setup at all (a checkpointer of your own, host-side state)."""
+        began = time.monotonic()
+        self.goodput = Goodput(started=started if started is not None else process_started())
+        environ = os.environ if env is None else env
+        self.env: RunEnv = load_env(environ, on_gce=on_gce())
+        self.steps, self.step = steps, 0
+        self.watch = PreemptionWatch(self.env.metadata_url).start()
+        sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
+        self.lifecycle = Lifecycle(sink, *self._ids())
+        self._split = {"import_s": began - self.goodput.started}
+        try:
+            if use_jax:
+                runtime.configure(self.env, environ, distributed)
+            if not runtime.is_primary():
+                self.lifecycle = Lifecycle(NullSink(), *self._ids())
+            if checkpointer is None:
+                from respawn_trainer.checkpoint import Checkpoints
+
+                checkpointer = Checkpoints(self.env.checkpoint_uri, keep, self.env.save_delay_s)
+        except BaseException as e:
+            self._failed(e)
+            raise
+        self.checkpoints = checkpointer
+        self._closed, self._loss = False, None
+        self.schedule = Schedule(fixed=checkpoint_every, last_saved=0, mtbi_s=self.env.mtbi_s)
+        self._ready_at = time.monotonic()
+        self._split["setup_s"] = self._ready_at - began
+
+    def _ids(self) -> tuple[str, int]:
+        return self.env.job_id, self.env.attempt
+
+    # -- the loop's calls ---------------------------------------------------------------------------------------
+
+    def restore(self, init: Any, template: Any = None) -> tuple[Any, int]:
+        """(state, step): the newest readable checkpoint, else the fresh state at step 0.
+
+        init: the fresh state, or a function returning it (called only when there is no checkpoint).
+        template: the restore target (shapes, dtypes, shardings); by default that of `init`."""
+        began = time.monotonic()
+        if template is None:
+            template = _template(init)
+        restored = self.checkpoints.restore_newest(template, self._agree_after_restore)
+        if restored is None:
+            state, step = (init() if callable(init) else init), 0
+        else:
+            state, step = restored
+        now = time.monotonic()
+        self.step = step
+        self.schedule = Schedule(fixed=self.schedule.fixed, last_saved=step, mtbi_s=self.env.mtbi_s)
+        self.goodput.startup_s, self.goodput.restore_s = began - self.goodput.started, now - began
+        split = {**self._split, "compile_s": began - self._ready_at, "restore_s": now - began}
+        startup = now - self.goodput.started
+        self.lifecycle.emit(
+            "started",
+            step,
+            restored_step=step,
+            startup_s=round(startup, 3),
+            **{k: round(v, 3) for k, v in split.items()},
+        )
+        log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", step, self.steps, startup, now - began)
+        self._mark = self._progress_at = now
+        self._first_save_at = 0.0
+        return state, step
+
+    def keep_going(self, step: int) -> bool:
+        """False once `steps` are done, or when any host has the preemption notice (every host agrees)."""
+        return step < self.steps and not runtime.agree_any(self.watch.noticed)
+
+    @property
+    def noticed(self) -> bool:
+        """This host got the preemption notice (SIGTERM or the metadata flag)."""
+        return self.watch.noticed
+
+    def step_done(self, step: int, state: Any, loss: Any = None) -> None:
+        """After each step: a `progress` entry at most every RESPAWN_PROGRESS_S, a save when one is due."""
+        self.step, self._loss = step, loss
+        now = time.monotonic()
+        self.goodput.steps(now - self._mark)
+        if now - self._progress_at >= self.env.progress_s:
+            self.lifecycle.emit("progress", step, loss=_finite(loss), worker=self.env.worker_id or 0)
+            self._progress_at = time.monotonic()
+        schedule = self.schedule
+        if step < self.steps and schedule.due(step):
+            _ready(state)  # the step itself finishes before the save's clock starts
+            blocking = self.checkpoints.save(step, state)
+            self._first_save_at = self._first_save_at or time.monotonic()
+            self._saved(blocking)
+            self.goodput.saved(blocking)
+        elif schedule.measuring(step):
+            _ready(state)  # wait for the timed steps
+            steps = step - schedule.last_saved
+            schedule.measure(runtime.agree_max((time.monotonic() - self._first_save_at) / steps))
+            self._log_interval()
+        self._report(self.checkpoints.poll())
+        self._mark = time.monotonic()
+
+    def finish(self, step: int, state: Any, params: Any = None) -> str:
+        """The last save, then `completed` (step >= steps, with `params_sha256` of `params`, by default of the
+        whole state) or `stopped` (the notice). Returns the event sent."""
+        self.step = step
+        self._save_now(state)
+        if step >= self.steps:
+            digest = state_sha256(state if params is None else params)
+            loss = _finite(state.get("loss") if isinstance(state, dict) and "loss" in state else self._loss)
+            self.lifecycle.emit(
+                "completed", step, final_loss=loss, params_sha256=digest, goodput=self.goodput.summary()
+            )
+            log.info("completed step %d: loss %.4f params_sha256 %s", step, loss or 0.0, digest)
+            event = "completed"
+        else:
+            self.lifecycle.emit("stopped", step, reason="preempted", goodput=self.goodput.summary())
+            took = time.monotonic() - (self.watch.noticed_at or time.monotonic())
+            level = logging.INFO if took <= self.env.grace_s else logging.WARNING
+            log.log(
+                level, "stopped at step %d, saved %.2fs after the notice (grace %.0fs)", step, took, self.env.grace_s
+            )
+            event = "stopped"
+        self.close()
+        return event
+
+    def close(self) -> None:
+        """Release the checkpointer, the notice watch and the distributed runtime (finish() does it)."""
+        if not self._closed:
+            self._closed = True
+            self.checkpoints.close()
+            runtime.shutdown()
+        self.watch.stop()
+
+    # -- context: failures and teardown -------------------------------------------------------------------------
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if error is not None:
+            self._failed(error)
+            self.watch.stop()
+            return
+        self.close()
+
+    def _failed(self, error: BaseException) -> None:
+        """Keep a save that was already under way, then tell the control plane (no entry for Ctrl-C)."""
+        if isinstance(error, KeyboardInterrupt):
+            return
+        text = one_line(error)
+        log.error("failed: %s", text, exc_info=not isinstance(error, ConfigError))
+        try:
+            self._report(self.checkpoints.wait())
+        except AttributeError:
+            pass  # failed before the checkpointer existed
+        except Exception as late:
+            log.warning("the pending checkpoint did not complete: %s", one_line(late))
+        self.lifecycle.emit("failed", self.step, error=text, goodput=self.goodput.summary(lost=True))
+
+    # -- saves ----------------------------------------------------------------------------------------------------
+
+    def _save_now(self, state: Any) -> None:
+        if self.step > self.schedule.last_saved:
+            _ready(state)
+            blocking = self.checkpoints.save(self.step, state)
+            self._saved(blocking)
+            self.goodput.saved(blocking)
+        self._report(self.checkpoints.wait())
+
+    def _saved(self, blocking: float) -> None:
+        schedule, before = self.schedule, self.schedule.every
+        # Every host must pick the same interval: they agree on the slowest save.
+        schedule.saved(self.step, runtime.agree_max(blocking) if schedule.fixed is None else blocking)
+        if schedule.every != before:
+            self._log_interval()
+
+    def _log_interval(self) -> None:
+        s = self.schedule
+        log.info(
+            "checkpoint interval: auto -> every %s steps (Young/Daly tau %.1fs from save cost %.3fs, MTBI %.0fs, "
+            "step %.4fs)",
+            s.every,
+            s.tau_s(),
+            s.save_cost_s,
+            s.mtbi_s,
+            s.step_s or 0.0,
+        )
+
+    def _report(self, saves: list[SaveDone]) -> None:
+        for done in saves:
+            self.lifecycle.emit(
+                "checkpoint", done.step, blocking_s=round(done.blocking_s, 4), total_s=round(done.total_s, 4)
+            )
+
+    @staticmethod
+    def _agree_after_restore(failed: bool) -> bool:
+        """Did any host fail to read the step? A host that read it passed Orbax's barrier after the read, so
+        every host did. A host that failed meets the others here if they failed too (an unreadable step);
+        if they are waiting in Orbax's barrier instead, its wait times out and the slice fails, rather than
+        hang (a step only some hosts can read: a lost shard, or a transient read error)."""
+        runtime.barrier("restored", RESTORE_FAILED_WAIT_S if failed else runtime.BARRIER_TIMEOUT_S)
+        return runtime.agree_any(failed)
+
+
+def _template(init: Any) -> Any:
+    """The restore target of `init` without computing it when it is a function (jax.eval_shape)."""
+    if "jax" not in sys.modules:
+        return init() if callable(init) else init
+    import jax
+
+    if callable(init):
+        return jax.eval_shape(init)
+    from respawn_trainer.checkpoint import abstract
+
+    return abstract(init)
+
+
+def _ready(state: Any) -> None:
+    if "jax" in sys.modules:
+        import jax
+
+        jax.block_until_ready(state)
+
+
+def _finite(loss: Any) -> float | None:
+    """The loss as a float for an entry, or None (none given, not a number, not finite)."""
+    try:
+        value = float(loss)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def state_sha256(state: Any) -> str:
+    """sha256 over (path, dtype, shape, bytes) of every leaf's global value, in sorted path order: equal iff
+    bitwise equal, and the same on every process of a multi-host job (a collective: every process calls it).
+    State without JAX: the sha256 of its JSON."""
+    if "jax" not in sys.modules:
+        return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
+    import jax
+    import numpy as np
+
+    runtime.barrier("fingerprint")  # after the final save, which ends at different times on each host
+    digest = hashlib.sha256()
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
+        host = _global_value(leaf)
+        digest.update(f"{jax.tree_util.keystr(path)}|{host.dtype.str}|{host.shape}|".encode())
+        digest.update(np.ascontiguousarray(host).tobytes())
+    return digest.hexdigest()
+
+
+def _global_value(leaf: Any) -> Any:
+    """The whole array on the host; a leaf sharded over other processes' devices is gathered (a collective)."""
+    import jax
+    import numpy as np
+
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+    return np.asarray(leaf)
+
+
+def one_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:500]
+
+
+def exit_code(error: BaseException | None) -> int:
+    """0 for a run that completed or stopped; 2 for a configuration error; 1 for anything else."""
+    if error is None:
+        return 0
+    return 2 if isinstance(error, ConfigError) else 1

@@ -1,0 +1,242 @@
+"""JAX process setup for a respawn machine: XLA flags, the persistent compilation cache (local or gs://),
+multi-host init through JAX's own multi-controller runtime, and the few cross-host agreements the loop needs.
+
+Everything here imports JAX lazily: a trainer that does not use JAX (or a config error) never pays for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from respawn_trainer.env import COORDINATOR_PORT, RunEnv
+
+log = logging.getLogger("trainer")
+
+# Single-threaded Eigen on the CPU backend: the same reductions in the same order on every machine size.
+CPU_DETERMINISM_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+CACHE_PROBE_TIMEOUT_S = 10.0  # an unreachable gs:// cache costs this long once, then the run compiles without it
+
+
+def wants_distributed(run: RunEnv, mode: str = "auto") -> bool:
+    """On a multi-host TPU slice every worker runs the trainer; TPU_WORKER_HOSTNAMES lists them all."""
+    if mode != "auto":
+        return mode == "on"
+    return len(run.worker_hostnames) > 1
+
+
+def initialize_args(run: RunEnv) -> dict[str, Any]:
+    """The arguments of jax.distributed.initialize(): explicit from TPU_WORKER_ID / TPU_WORKER_HOSTNAMES when
+    both are set (JAX_COORDINATOR_ADDRESS, else the first host on port 8482), else JAX's own auto-detection."""
+    args: dict[str, Any] = {"heartbeat_timeout_seconds": run.heartbeat_timeout_s}
+    if run.worker_id is not None and run.worker_hostnames:
+        hosts = run.worker_hostnames
+        args["coordinator_address"] = run.coordinator_address or f"{hosts[0]}:{COORDINATOR_PORT}"
+        args["num_processes"] = len(hosts)
+        args["process_id"] = run.worker_id
+    return args
+
+
+def on_cpu(env: Mapping[str, str]) -> bool:
+    """JAX_PLATFORMS names cpu first (a local slice; slice_env sets it)."""
+    return env.get("JAX_PLATFORMS", "").split(",")[0].strip().lower() == "cpu"
+
+
+def configure(run: RunEnv, env: Mapping[str, str], distributed: str = "auto") -> None:
+    """Call before the first JAX computation: flags, multi-host init, then the compilation cache."""
+    if CPU_DETERMINISM_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_DETERMINISM_FLAGS}".strip()
+    import jax
+
+    if wants_distributed(run, distributed):
+        args = initialize_args(run)
+        if on_cpu(env) and args.get("num_processes", 2) > 1:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives across CPU processes
+        # JAX's preemption service installs its own SIGTERM handler, which would swallow the notice:
+        # the trainer watches SIGTERM itself and agrees on it across processes (agree_any).
+        jax.config.update("jax_enable_preemption_service", False)
+        jax.distributed.initialize(**args)
+        log.info(
+            "process %d of %d (%d local devices of %d), heartbeat timeout %ds",
+            jax.process_index(),
+            jax.process_count(),
+            jax.local_device_count(),
+            jax.device_count(),
+            run.heartbeat_timeout_s,
+        )
+    if run.compile_cache:
+        use_compile_cache(run.compile_cache)
+
+
+def cache_dir(base: str) -> str:
+    """Programs are only valid for one accelerator shape and one JAX: key the directory by both."""
+    import jax
+
+    device = jax.devices()[0]
+    kind = re.sub(r"[^a-z0-9]+", "-", f"{device.platform}-{device.device_kind}".lower()).strip("-")
+    return f"{base}/{kind}-{jax.device_count()}x{jax.process_count()}-jax{jax.__version__}"
+
+
+def use_compile_cache(base: str) -> str | None:
+    """Point JAX's persistent compilation cache at `base` (keyed below it); None when it cannot be reached.
+
+    A gs:// cache is probed first with a deadline, so an unreachable bucket costs a warning and a compile,
+    never a hang (JAX's own reads would retry for minutes)."""
+    import jax
+
+    path = cache_dir(base)
+    error = _probe(path)
+    if error:
+        log.warning("compilation cache %s unreachable (%s): compiling without it", path, error)
+        return None
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def _probe(path: str) -> str | None:
+    """None when `path` can be listed (created if local) within the deadline, else what went wrong."""
+    if not path.startswith("gs://"):
+        try:
+            os.makedirs(path, exist_ok=True)
+            return None
+        except OSError as e:
+            return str(e)
+    result: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(path)
+            fs.ls(root.split("/", 1)[0])  # the bucket answers
+            result.append(None)
+        except Exception as e:
+            result.append(f"{type(e).__name__}: {e}".splitlines()[0][:200])
+
+    thread = threading.Thread(target=probe, name="compile-cache-probe", daemon=True)
+    thread.start()
+    thread.join(CACHE_PROBE_TIMEOUT_S)
+    return result[0] if result else f"no answer within {CACHE_PROBE_TIMEOUT_S:.0f}s"
+
+
+def compile(jitted: Any, *args: Any) -> Any:
+    """Ahead-of-time compile `jitted` for `args` (arrays or ShapeDtypeStructs with shardings).
+
+    Through JAX's persistent cache. One exception: JAX writes cache entries from process 0 only, and on CPU
+    each process's programs differ (its topology is part of the key), so the other processes of a
+    multi-process CPU run (a local slice) would compile on every start. There each process keeps its own
+    serialized executable next to JAX's entries."""
+    import jax
+
+    lowered = jitted.lower(*args)
+    cache = jax.config.jax_compilation_cache_dir
+    if not cache or jax.process_count() == 1 or jax.default_backend() != "cpu":
+        return lowered.compile()
+    import pickle
+
+    import fsspec
+    from jax.experimental import serialize_executable
+
+    key = hashlib.sha256(
+        "|".join(
+            [lowered.as_text(), jax.__version__, os.environ.get("XLA_FLAGS", ""), str(jax.process_index())]
+        ).encode()
+    ).hexdigest()
+    fs, root = fsspec.core.url_to_fs(f"{cache}/respawn-process-{jax.process_index()}")
+    path = f"{root}/{key}"
+    try:
+        return serialize_executable.deserialize_and_load(*pickle.loads(fs.cat_file(path)))
+    except FileNotFoundError:
+        pass
+    except Exception as e:  # a damaged entry is a compile, not a failure
+        log.warning("cached program %s unreadable (%s): compiling", path, type(e).__name__)
+    compiled = lowered.compile()
+    try:
+        fs.makedirs(root, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fs.pipe_file(tmp, pickle.dumps(serialize_executable.serialize(compiled)))
+        fs.mv(tmp, path)
+    except Exception as e:
+        log.warning("could not cache the compiled program (%s)", type(e).__name__)
+    return compiled
+
+
+BARRIER_TIMEOUT_S = 1800.0
+_barriers = 0
+
+
+def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
+    """Wait until every process gets here, through JAX's coordination service (no device collective).
+
+    Gloo gives up on a collective whose peers do not all reach it within 30 s, so the processes meet here
+    before the first one after work whose length differs between hosts (compiling, restoring).
+    A peer that dies meanwhile ends the wait by the heartbeat.
+    """
+    global _barriers
+    if process_count() == 1:
+        return
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    assert client is not None
+    _barriers += 1
+    client.wait_at_barrier(f"respawn-{_barriers}-{name}", int(timeout_s * 1000))
+
+
+def process_count() -> int:
+    """1 unless JAX is in use with several processes (never imports JAX itself)."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    return int(jax.process_count()) if jax is not None and jax.distributed.is_initialized() else 1
+
+
+def is_primary() -> bool:
+    import sys
+
+    jax = sys.modules.get("jax")
+    return jax is None or not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
+def shutdown() -> None:
+    """Leave the distributed runtime together: process 0 hosts the coordinator, so it must not go first."""
+    if process_count() > 1:
+        import jax
+
+        jax.distributed.shutdown()
+
+
+def agree_any(flag: bool) -> bool:
+    """True on every process if it is true on any: all hosts must stop (and save) at the same step."""
+    return agree_max(float(flag)) > 0.0
+
+
+_max_over_processes: Any = None
+
+
+def agree_max(value: float) -> float:
+    """The largest of every process's `value` (float32), on every process: one small compiled collective."""
+    global _max_over_processes
+    if process_count() == 1:
+        return value
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+    per_process = NamedSharding(Mesh(devices, ("processes", "local")), P("processes"))
+    if _max_over_processes is None:
+        program = jax.jit(lambda x: x.max(), out_shardings=per_process.update(spec=P()))
+        _max_over_processes = compile(
+            program, jax.ShapeDtypeStruct((jax.process_count(),), np.float32, sharding=per_process)
+        )
+    values = jax.make_array_from_process_local_data(per_process, np.array([value], np.float32))
+    return float(_max_over_processes(values))

@@ -1,0 +1,42 @@
+"""How the demo model is laid out over every device of every host: one `data` axis, FSDP-style state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mesh() -> Any:
+    """One `data` axis over every device of every host (jax.devices() is in the same order on each process)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(jax.devices()), ("data",))
+
+
+def fsdp_spec(shape: tuple[int, ...], devices: int) -> Any:
+    """FSDP / ZeRO-3: a leaf is split along its first axis whose size the device count divides; else replicated."""
+    from jax.sharding import PartitionSpec as P
+
+    for axis, size in enumerate(shape):
+        if devices > 1 and size % devices == 0:
+            return P(*([None] * axis), "data")
+    return P()
+
+
+def state_shardings(shapes: Any, mesh: Any) -> Any:
+    """A NamedSharding per leaf of a tree of shapes (parameters, optimizer moments, scalars)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    return jax.tree.map(lambda s: NamedSharding(mesh, fsdp_spec(tuple(s.shape), mesh.size)), shapes)
+
+
+def global_array(host: Any, sharding: Any) -> Any:
+    """Every process holds the same host value (cheap, seeded) and contributes the slices its devices hold."""
+    import jax
+
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+global_batch = global_array
