@@ -34,13 +34,6 @@ HOSTILE = [
 FAKE = """#!{python}
 import json, os, pathlib, sys, time
 log = os.environ["FAKE_LOG"]
-if os.path.basename(sys.argv[0]) == "curl":  # the metadata server: FAKE_<KEY> answers, else HTTP 404 (curl -f: 22)
-    key = sys.argv[-1].rsplit("/", 1)[1].replace("-", "_").upper()
-    answer = os.environ.get("FAKE_" + key)
-    if answer is None:
-        sys.exit(22)
-    print(answer, end="")
-    sys.exit(0)
 with open(log, "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
 cmd = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -53,6 +46,19 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
         while not stopped.exists():
             time.sleep(0.01)
     sys.exit(int(os.environ.get("FAKE_RUN_RC", "0")))
+"""
+
+
+# The metadata server: the value of FAKE_AGENT_WORKER_NUMBER / FAKE_PREEMPTED, else HTTP 404 (curl -f exits 22).
+FAKE_CURL = """#!/bin/sh
+for url; do :; done
+case "${url##*/}" in
+  agent-worker-number) answer=${FAKE_AGENT_WORKER_NUMBER-} ;;
+  preempted) answer=${FAKE_PREEMPTED-} ;;
+  *) answer= ;;
+esac
+[ -n "$answer" ] || exit 22
+printf %s "$answer"
 """
 
 
@@ -81,7 +87,7 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     bin_dir.mkdir()
     for name in ("docker", "gcloud", "nvidia-smi", "nvidia-ctk", "curl"):
         path = bin_dir / name
-        path.write_text(FAKE.format(python=sys.executable))
+        path.write_text(FAKE_CURL if name == "curl" else FAKE.format(python=sys.executable))
         path.chmod(0o755)
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(tmp_path / "calls.jsonl"), "HOME": str(tmp_path)}
 
@@ -188,6 +194,7 @@ EXITS = [
     (3, "2", None, "failed", "ERROR"),  # any worker's failure recreates the slice
     (137, None, None, "failed", "ERROR"),  # killed without a word (OOM)
     (0, None, "TRUE", "stopped", "WARNING"),  # the trainer acted on the metadata flag before any signal
+    (0, "1", "TRUE", None, None),
     (137, None, "TRUE", None, None),  # killed after the notice: the preemption's system event speaks for it
 ]
 

@@ -7,11 +7,11 @@ a shell; no credentials are ever put in metadata (the machine's service account
 authenticates the trainer and the image pull).
 
 When the container exits, the script speaks for a trainer that may have said
-nothing (docs/trainer-protocol.md, Exit codes): exit 0 after the notice is
-`stopped`, exit 0 without it `completed`, anything else without it `failed`,
-each marked `"source": "exit-code"`. The notice is the marker file the shutdown
-script (or the script's own SIGTERM trap) leaves, or the metadata server's
-`instance/preempted`.
+nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
+notice and `completed` without it (worker 0 speaks for a slice), anything else
+without the notice is `failed` (any worker), each marked `"source": "exit-code"`.
+The notice is the marker file the shutdown script (or the script's own SIGTERM
+trap) leaves, or the metadata server's `instance/preempted`.
 """
 
 from __future__ import annotations
@@ -153,12 +153,12 @@ say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit 
 '"exit_code": %d%s}}' "$1" {job_id} {attempt} "$worker" "$rc" "$3")
   gcloud logging write respawn-trainer "$entry" --payload-type=json --severity="$2" || log "could not log $1"
 }}
-if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then  # after the notice: its system event replaces the machine
-  [ "$rc" -ne 0 ] || say stopped WARNING ""
-elif [ "$rc" -ne 0 ]; then  # killed without a word (OOM, segfault) or failed
+noticed=
+if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi  # its system event replaces the machine
+if [ "$rc" -ne 0 ] && [ -z "$noticed" ]; then  # failed, or killed without a word (OOM, segfault)
   say failed ERROR ", \\"error\\": \\"the trainer exited with code $rc\\""
-elif [ "$worker" -eq 0 ]; then  # done without the notice (worker 0 speaks for a slice)
-  say completed INFO ""
+elif [ "$rc" -eq 0 ] && [ "$worker" -eq 0 ]; then  # worker 0 speaks for a slice
+  if [ -n "$noticed" ]; then say stopped WARNING ""; else say completed INFO ""; fi
 fi
 exit "$rc"
 """
