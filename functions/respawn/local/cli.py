@@ -2,7 +2,8 @@
 
 Prints live progress and, at the end, the report (`--json`: one JSON object on
 stdout, progress on stderr). Exit code 0 when the job SUCCEEDED with the exact
-parameters of the uninterrupted reference run and nothing was left behind,
+parameters of the uninterrupted reference run (or with exactness unknown: no
+reference, or no params_sha256 to compare) and nothing was left behind,
 1 otherwise, 2 for a usage error.
 """
 
