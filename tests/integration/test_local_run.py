@@ -157,7 +157,7 @@ def test_a_program_that_knows_nothing_of_respawn_is_stopped_recreated_and_comple
     """It prints odd lines, exits 0 on SIGTERM (`stopped`: the preemption recreates it, and it starts over), and
     exits 0 at the end (`completed`). With no params_sha256 from it, `exact` is unknown, not false."""
     need(FakeGcs.missing())
-    job = own_program_job(workdir, "plain-program", ["--steps=12", "--step-time=0.1"])
+    job = own_program_job(workdir, "plain-program", ["--steps=10", "--step-time=0.2"])
     entrypoint = f"python {PROGRAMS / 'plain_train.py'}"
     chaos = ["--preempt-at-step", "4", "--creation-delay", "0.2s", "--grace", "10s", "--sweep-every", "2s"]
     report, stderr = run_local(job, workdir, "--entrypoint", entrypoint, chaos=chaos, timeout=180)
