@@ -6,7 +6,8 @@ calls decide, persists the result with the actions as intent, then acts.
 Order of the checks on every event: an already-seen event id changes nothing;
 then the TTL (a live job past its deadline is EXPIRED and its machine deleted);
 then events naming an older attempt are stale and change nothing; then the
-event itself. A decision that changes nothing returns the same record and no
+event itself (on a SUCCEEDED job only the trainer's own `completed` entry does anything: it fills in the result
+of one its startup script sent on exit code 0). A decision that changes nothing returns the same record and no
 actions, and the event id is not recorded.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from respawn.actions import Action, CreateMachine, DeleteMachine
 from respawn.events import (
+    EXIT_CODE,
     CancelRequested,
     CheckpointSaved,
     CreateFailed,
@@ -119,6 +121,8 @@ def _first(event: JobEvent, now: float) -> tuple[Job | None, list[Action]]:
 def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, list[Action]]:
     if isinstance(event, MachinesObserved):
         return _observed(job, event, now, policy)
+    if isinstance(event, TrainerCompleted) and job.status is Status.SUCCEEDED:
+        return _filled_in(job, event), []
     if job.status.terminal:
         return job, []
     if isinstance(event, CancelRequested):
@@ -136,11 +140,8 @@ def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, l
     if isinstance(event, TrainerStarted):
         return _started(job, live, event), []
     if isinstance(event, TrainerCompleted):
-        done, actions = _finish(job, now, Status.SUCCEEDED, "completed", "the trainer completed")
-        if event.step is not None:
-            done = _with_step(done, done.attempts[-1], event.step)
-        final = {**event.result, **({"final_step": event.step} if event.step is not None else {})}
-        return replace(done, result=final), actions
+        done, actions = _finish(job, now, Status.SUCCEEDED, "completed", "")
+        return _with_result(done, event), actions
     if isinstance(event, TrainerFailed):
         if event.machine_state in DEAD:  # the machine went first (a host error on one worker kills its peers)
             return _lost(job, now, "preempted", policy)
@@ -169,6 +170,28 @@ def _started(job: Job, live: Attempt, event: TrainerStarted) -> Job:
         started = replace(started, last_step=max(restored, live.last_step or 0))
     reason = "trainer running" + ("" if restored is None else f" (resumed from step {restored})")
     return replace(job.with_attempt(started), status=Status.RUNNING, reason=reason, capacity_round=0)
+
+
+def _with_result(job: Job, event: TrainerCompleted) -> Job:
+    """The SUCCEEDED job with what the `completed` entry says: the trainer's result, or only that its startup
+    script saw it exit 0 (`source: exit-code`)."""
+    if event.step is not None:
+        job = _with_step(job, job.attempts[-1], event.step)
+    final = {**event.result, **({"final_step": event.step} if event.step is not None else {})}
+    if event.source == EXIT_CODE:
+        return replace(job, result={**final, "source": EXIT_CODE}, reason="the trainer exited with code 0")
+    return replace(job, result=final, reason="the trainer completed")
+
+
+def _filled_in(job: Job, event: TrainerCompleted) -> Job:
+    """A trainer's own `completed` entry arriving after its startup script's made the job SUCCEEDED (entries arrive
+    in any order): its result, final step and reason replace the exit code's, as if it had come first. Anything
+    else about a SUCCEEDED job changes nothing, so a trainer's result is never replaced."""
+    current = job.current
+    by_exit_code = job.result.get("source") == EXIT_CODE
+    if event.source == EXIT_CODE or not by_exit_code or current is None or current.n != event.attempt:
+        return job
+    return _with_result(job, event)
 
 
 def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> tuple[Job, list[Action]]:

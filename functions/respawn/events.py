@@ -94,14 +94,22 @@ class TrainerProgressed:
     step: int
 
 
+EXIT_CODE = "exit-code"  # the `source` of an entry a startup script sends for a trainer that exited without one
+
+
 @dataclass(frozen=True)
 class TrainerCompleted:
+    """The trainer's `completed` entry, or (source `exit-code`) its startup script's for a trainer that exited 0
+    without the notice: a program that knows nothing of respawn completes too. Only the trainer's own entry carries
+    a result (final_loss, params_sha256, goodput)."""
+
     event_id: str
     time: float
     job_id: str
     attempt: int
     step: int | None = None
     result: dict[str, Any] = field(default_factory=dict)  # final_loss, params_sha256, ...
+    source: str = "trainer"  # trainer | exit-code
 
 
 @dataclass(frozen=True)

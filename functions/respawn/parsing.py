@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from respawn.events import (
+    EXIT_CODE,
     CancelRequested,
     CheckpointSaved,
     Event,
@@ -274,6 +275,8 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
             return Ignored("trainer progress entry has no step")
         return TrainerProgressed(event_id, when, job_id, attempt, step)
     if kind == "completed":
+        if p.get("source") == EXIT_CODE:  # the startup script's: it knows only the exit code
+            return TrainerCompleted(event_id, when, job_id, attempt, step, source=EXIT_CODE)
         result = {k: p[k] for k in ("final_loss", "params_sha256", "goodput") if k in p}
         return TrainerCompleted(event_id, when, job_id, attempt, step, result)
     error = p.get("error")

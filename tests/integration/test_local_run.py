@@ -127,3 +127,63 @@ def test_without_the_emulator_the_in_process_bus_is_used(job_file: Path, workdir
     assert report["bus"] == "in-process"
     notices = [line for line in stderr.splitlines() if "RESPAWN_HIDE_PUBSUB_EMULATOR" in line]
     assert len(notices) == 1 and "in-process push bus" in notices[0], stderr[-2000:]
+
+
+# -- a program that knows nothing of respawn (--entrypoint) -----------------------------------------------------------
+
+PROGRAMS = Path("tests") / "data" / "programs"  # relative to ROOT, where the command runs
+
+
+def own_program_job(workdir: Path, job_id: str, args: list[str], **changes: Any) -> Path:
+    """The quickstart job with another id and the program's args; `node` requests start at once."""
+    job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    job.update(job_id=job_id, args=args, **changes)
+    job["machine"]["request"] = "node"
+    path = workdir / f"{job_id}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def entries(run_dir: str, event: str) -> list[dict[str, Any]]:
+    """The lifecycle entries of one kind the run's machines logged, in order (from its timeline)."""
+    lines = (Path(run_dir) / "timeline.jsonl").read_text().splitlines()
+    found = [json.loads(line) for line in lines]
+    return [e for e in found if e["kind"] == "entry" and e["payload"].get("event") == event]
+
+
+def test_a_program_that_knows_nothing_of_respawn_is_stopped_recreated_and_completed_by_its_exit_code(
+    workdir: Path,
+) -> None:
+    """It prints odd lines, exits 0 on SIGTERM (`stopped`: the preemption recreates it, and it starts over), and
+    exits 0 at the end (`completed`). With no params_sha256 from it, `exact` is unknown, not false."""
+    need(FakeGcs.missing())
+    job = own_program_job(workdir, "plain-program", ["--steps=10", "--step-time=0.2"])
+    entrypoint = f"python {PROGRAMS / 'plain_train.py'}"
+    chaos = ["--preempt-at-step", "4", "--creation-delay", "0.2s", "--grace", "10s", "--sweep-every", "2s"]
+    report, stderr = run_local(job, workdir, "--entrypoint", entrypoint, chaos=chaos, timeout=180)
+    detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "SUCCEEDED" and report["reason"] == "the trainer exited with code 0", detail
+    assert (report["attempts"], report["preemptions"], report["failures"]) == (2, 1, 0), detail
+    assert report["exact"] is None and "sends no params_sha256" in report["exact_reason"], detail
+    assert report["lost_steps"] >= 4, detail  # a2 started over: the program keeps no checkpoint of its own
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
+    said = [(e["attempt"], e["payload"]) for e in entries(report["run_dir"], "stopped")]
+    said += [(e["attempt"], e["payload"]) for e in entries(report["run_dir"], "completed")]
+    assert [(n, p["event"], p["source"], p["exit_code"]) for n, p in said] == [
+        (1, "stopped", "exit-code", 0),
+        (2, "completed", "exit-code", 0),
+    ], detail
+    log = (Path(report["run_dir"]) / "machines" / "plain-program-a1.log").read_text(errors="replace")
+    assert '{"event": "completed", "note"' in log and "SIGTERM after step" in log  # its lines, as plain lines
+
+
+def test_a_program_that_exits_3_fails_the_job_after_max_failures_with_the_code_in_the_reason(workdir: Path) -> None:
+    need(FakeGcs.missing())
+    job = own_program_job(workdir, "exit-three", [], max_failures=2)
+    chaos = ["--creation-delay", "0.2s", "--sweep-every", "2s"]
+    report, stderr = run_local(job, workdir, "--entrypoint", f"python {PROGRAMS / 'exit_3.py'}", chaos=chaos)
+    detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "FAILED" and (report["attempts"], report["failures"]) == (2, 2), detail
+    assert report["reason"].endswith("the trainer exited with code 3 (failure 2 of 2)"), detail
+    assert "the reference run did not complete (exit code 3)" in report["exact_reason"], detail
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, detail

@@ -12,6 +12,7 @@ import pytest
 from respawn.actions import Action, CreateMachine, DeleteMachine
 from respawn.decide import Policy, backoff_s, decide
 from respawn.events import (
+    EXIT_CODE,
     CancelRequested,
     CheckpointSaved,
     CreateFailed,
@@ -131,6 +132,7 @@ KINDS: dict[str, Callable[[Job], tuple[JobEvent, float]]] = {
     "started": lambda j: (started(current_n(j), 40), NOW),
     "checkpoint": lambda j: (CheckpointSaved(eid(), T0, "llm", current_n(j), 70), NOW),
     "completed": lambda j: (TrainerCompleted(eid(), T0, "llm", current_n(j), 100, {"final_loss": 0.1}), NOW),
+    "exit_0": lambda j: (TrainerCompleted(eid(), T0, "llm", current_n(j), source=EXIT_CODE), NOW),
     "failed": lambda j: (failed(current_n(j)), NOW),
     "capacity": lambda j: (capacity(current_n(j)), NOW),
     "permanent": lambda j: (CreateFailed(eid(), T0, "llm", current_n(j), "permanent", "403"), NOW),
@@ -154,6 +156,7 @@ preempted        -                RECOVERING:dc  RECOVERING:dc  :dc            -
 started          -                RUNNING:       -              RUNNING:       -         -
 checkpoint       -                -              -              -              -         -
 completed        -                SUCCEEDED:d    SUCCEEDED:d    SUCCEEDED:d    -         -
+exit_0           -                SUCCEEDED:d    SUCCEEDED:d    SUCCEEDED:d    -         -
 failed           -                RECOVERING:dc  RECOVERING:dc  :dc            -         -
 capacity         -                :c             -              :c             -         -
 permanent        -                FAILED:d       -              FAILED:d       -         -
@@ -223,7 +226,9 @@ def test_replacement_stays_in_the_zone_and_gets_the_next_name() -> None:
     assert job.counters.preemptions == 1 and job.counters.failures == 0
 
 
-@pytest.mark.parametrize("kind", ["preempted", "started", "checkpoint", "completed", "failed", "capacity", "permanent"])
+@pytest.mark.parametrize(
+    "kind", ["preempted", "started", "checkpoint", "completed", "exit_0", "failed", "capacity", "permanent"]
+)
 def test_an_event_for_an_older_attempt_changes_nothing(kind: str) -> None:
     job = run(build(Status.RECOVERING), started(2))  # attempt 2 running; the events below name attempt 1
     event, _ = KINDS[kind](replace(job, attempts=job.attempts[:1]))
@@ -290,6 +295,37 @@ def test_started_records_time_and_restored_step_and_completed_the_result() -> No
     assert done.result == {"params_sha256": "ab", "final_step": 2000}
     assert actions == [DeleteMachine("llm", 2, "llm-a2", A)]
     assert done.attempts[-1].end_reason == "completed"
+
+
+def test_the_trainers_completed_entry_fills_in_what_the_exit_code_could_not_say_in_either_order() -> None:
+    running = run(build(Status.RECOVERING), started(2))
+    by_exit = TrainerCompleted(eid(), T0 + 2, "llm", 2, source=EXIT_CODE)
+    own = TrainerCompleted(eid(), T0 + 1, "llm", 2, 2000, {"params_sha256": "ab", "goodput": {"total_s": 9.0}})
+    exit_first, actions = step(running, by_exit)
+    assert exit_first is not None and exit_first.status is Status.SUCCEEDED
+    assert exit_first.result == {"source": EXIT_CODE} and exit_first.reason == "the trainer exited with code 0"
+    assert actions == [DeleteMachine("llm", 2, "llm-a2", A)]  # the only delete: the late entry only fills in
+    filled, actions = step(exit_first, own, NOW + 5)
+    own_first = run(running, own, by_exit)
+    for job in (filled, own_first):
+        assert job is not None and job.status is Status.SUCCEEDED and job.reason == "the trainer completed"
+        assert job.result == {"params_sha256": "ab", "goodput": {"total_s": 9.0}, "final_step": 2000}
+        assert job.current is not None and (job.current.end_reason, job.current.last_step) == ("completed", 2000)
+    assert actions == []
+    assert filled is not None and filled.seen_events[-1] == own.event_id
+    # filled in once: the same entry again, another exit code or another trainer entry change nothing
+    for again in (own, replace(by_exit, event_id=eid()), replace(own, event_id=eid(), result={"params_sha256": "x"})):
+        assert decide(filled, again, NOW + 9, POLICY) == (filled, [])
+    assert decide(own_first, replace(by_exit, event_id=eid()), NOW, POLICY) == (own_first, [])
+
+
+def test_a_completed_entry_fills_in_only_a_job_the_exit_code_completed() -> None:
+    own = TrainerCompleted(eid(), T0, "llm", 1, 50, {"params_sha256": "ab"})
+    for status in TERMINAL - {Status.SUCCEEDED, Status.REJECTED}:
+        job = build(status)
+        assert decide(job, replace(own, attempt=current_n(job)), NOW, POLICY) == (job, [])
+    stale = run(build(Status.RECOVERING), started(2), TrainerCompleted(eid(), T0, "llm", 2, source=EXIT_CODE))
+    assert decide(stale, own, NOW, POLICY) == (stale, [])  # attempt 1's entry: not the attempt that completed
 
 
 # -- zone walk and backoff -------------------------------------------------------------------------------------------

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 
 from respawn import parsing
 from respawn.events import MachinePreempted, TrainerStarted, ZoneWokeUp
 from respawn.local import report
 from respawn.local.chaos import Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
-from respawn.local.cli import total_steps, with_trainer_args
+from respawn.local.cli import UsageError, parse_entrypoint, total_steps, with_trainer_args
 from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
-from respawn.local.nodes import progress
+from respawn.local.nodes import exit_word, lifecycle_entry, progress
 from respawn.local.prices import machine_price, tpu_units
 from respawn.logfilter import LogFilter, load_sink_filter
 
@@ -143,6 +146,27 @@ def test_report_from_a_timeline() -> None:
     assert "SUCCEEDED" in report.render(r)
     assert report.build(events=TIMELINE, job=job, reference_sha="cd", machines_left=0, leftover_processes=0,
                         price=None, timed_out=False)["exact"] is False  # fmt: skip
+    assert r["exact_reason"] is None
+
+
+def test_without_a_reference_hash_exact_is_unknown_and_the_report_says_why() -> None:
+    job = {
+        "job_id": "j",
+        "status": "SUCCEEDED",
+        "attempts": [{"n": 1, "zone": "z-a"}],
+        "result": {"source": "exit-code"},
+    }
+    why = "the program sends no params_sha256 (the respawn_trainer library does)"
+    r = report.build(events=TIMELINE[:5], job=job, reference_sha=None, machines_left=0, leftover_processes=0,
+                     price=None, timed_out=False, reference_note=why)  # fmt: skip
+    assert (r["exact"], r["exact_reason"], r["params_sha256"]) == (None, why, None)
+    assert f"  exact    unknown: {why}" in report.render(r).splitlines()
+
+
+def test_a_program_without_started_entries_loses_the_steps_before_its_first_progress_line() -> None:
+    steps = [_ev(1.0 + i, "step", machine=f"j-a{n}", attempt=n, step=s) for i, (n, s) in enumerate(
+        [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 5), (3, 4), (3, 6)])]  # fmt: skip
+    assert report.lost_steps(steps) == 4 + 2  # a2 began from scratch after a1 reached 4; a3 at 4 after a2 reached 5
 
 
 def test_live_machines_count_only_creating_and_ready() -> None:
@@ -193,6 +217,55 @@ def test_emitted_entries_pass_the_sink_filter_and_parse() -> None:
     assert isinstance(event, TrainerStarted) and event.restored_step == 5
     other = preempted_entry(project="p", zone="us-central1-a", instance="someone-elses-vm", now=1.0)
     assert not sink.matches(other)
+
+
+def test_only_json_objects_naming_a_lifecycle_event_of_this_job_and_attempt_are_entries() -> None:
+    ours = {"event": "completed", "job_id": "byo", "attempt": 2, "step": 5}
+    assert lifecycle_entry(json.dumps(ours).encode() + b"\n", "byo", 2) == ours
+    plain = [
+        b"step 1 loss 2.0\n",
+        b"\n",
+        b'{"event": "completed"}\n',  # a program's own log line: no job, no attempt
+        json.dumps({**ours, "attempt": 1}).encode(),
+        json.dumps({**ours, "attempt": True}).encode(),
+        json.dumps({**ours, "job_id": "other"}).encode(),
+        json.dumps({**ours, "event": "epoch"}).encode(),
+        json.dumps({**ours, "event": ["completed"]}).encode(),
+        b'{"deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deeper than the JSON parser recurses
+        b'{"event": "\xff\xfe"}',  # not UTF-8
+        b"{not json",
+        b"[1, 2]",
+    ]
+    assert [lifecycle_entry(line, "byo", 2) for line in plain] == [None] * len(plain)
+    assert lifecycle_entry(json.dumps({**ours, "attempt": 1}).encode(), "byo", 1) is not None
+
+
+# (exit code, after the notice, worker) -> what the startup script says for a trainer that said nothing
+EXIT_WORDS = [
+    (0, False, 0, "completed"),
+    (0, False, 2, None),  # worker 0 speaks for a slice
+    (0, True, 0, "stopped"),
+    (0, True, 1, None),
+    (3, False, 0, "failed"),
+    (-9, False, 3, "failed"),  # any worker's death recreates the slice
+    (143, True, 0, None),  # after the notice the preemption's system event speaks for it
+]
+
+
+@pytest.mark.parametrize(("code", "noticed", "worker", "word"), EXIT_WORDS)
+def test_the_exit_code_speaks_for_a_trainer_as_the_startup_script_does(
+    code: int, noticed: bool, worker: int, word: str | None
+) -> None:
+    assert exit_word(code, noticed, worker) == word
+
+
+def test_entrypoints_split_like_a_shell_and_python_is_this_interpreter() -> None:
+    assert parse_entrypoint("python train.py --lr='1e-3 x'") == [sys.executable, "train.py", "--lr=1e-3 x"]
+    assert parse_entrypoint("python3 -m my.train")[0] == sys.executable
+    assert parse_entrypoint("/opt/bin/train --x") == ["/opt/bin/train", "--x"]
+    for text, problem in [("", "holds no command"), ("  ", "holds no command"), ("python 'a", "no closing quotation")]:
+        with pytest.raises(UsageError, match=f"^--entrypoint: .*{problem}; allowed: a command line such as"):
+            parse_entrypoint(text)
 
 
 def test_progress_lines_and_trainer_args() -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from respawn.events import (
+    EXIT_CODE,
     CancelRequested,
     CheckpointSaved,
     Event,
@@ -265,6 +266,19 @@ def test_failed_entry_with_odd_error_keeps_a_readable_error() -> None:
     assert isinstance(got, TrainerFailed) and got.error == '{"code": 1}'
     got = log_entry_event(trainer({"event": "failed", "job_id": "llm", "attempt": 2}))
     assert isinstance(got, TrainerFailed) and got.error == "null"
+
+
+def test_a_completed_entry_from_the_exit_code_carries_no_result() -> None:
+    """The startup script's `completed` (source exit-code) cannot vouch for parameters or goodput, whatever it says."""
+    said = {"event": "completed", "job_id": "llm", "attempt": 2, "source": "exit-code", "params_sha256": "ab"}
+    got = log_entry_event(trainer(said))
+    assert isinstance(got, TrainerCompleted) and (got.source, got.result, got.step) == (EXIT_CODE, {}, None)
+    own = log_entry_event(trainer({**said, "source": "mine", "step": 7}))
+    assert isinstance(own, TrainerCompleted) and (own.source, own.result, own.step) == (
+        "trainer",
+        {"params_sha256": "ab"},
+        7,
+    )
 
 
 # ---------------------------------------------------------------------------- envelopes

@@ -8,7 +8,8 @@ submits, rejected messages, cancels, preemptions (a GCE entry naming the VM, or
 a TPU zone wake-up from every worker VM of a 4-host slice; sometimes notices are
 lost), host errors on one worker of a slice (its peers' trainers then report
 `failed` from any subset of workers), creations that stall or fail, trainer
-entries (progress among them) for current and older attempts, hangs (no progress
+entries (progress among them) for current and older attempts, a `completed`
+from the trainer, from its startup script's exit code, or both, hangs (no progress
 past the hang timeout), re-deliveries of
 anything published earlier, deliveries in any order, at any later time, to
 either instance, compare-and-set conflicts, a crash at any mutating step of a
@@ -29,8 +30,9 @@ flight owns every live machine of its job. After every acknowledged delivery:
 the same event again changes nothing, an older attempt's event changes nothing,
 a preemption or failure of the live attempt is counted exactly once (and never
 as the other), completion, cancel and TTL expiry end the job with its machine
-deleted. At the end of each history every job reaches a terminal status with
-no machine left once the clock passes the TTLs and one sweep runs.
+deleted, and a trainer's own result is never replaced (it fills in an exit code's).
+At the end of each history every job reaches a terminal status with no machine
+left once the clock passes the TTLs and one sweep runs.
 
 Examples are seeded (the same histories on every run). Explore new ones with
 `RESPAWN_EXPLORE=2000 .venv/bin/pytest --timeout=0 tests/unit/test_properties.py`.
@@ -54,6 +56,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from respawn.decide import Policy
 from respawn.events import (
+    EXIT_CODE,
     CancelRequested,
     CheckpointSaved,
     Event,
@@ -184,6 +187,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.failed: set[tuple[str, int]] = set()  # (job, attempt) whose trainer wrote a `failed` entry
         self.accepted: set[str] = set()  # jobs whose submit was acknowledged
         self.must_succeed: set[str] = set()  # jobs whose live attempt's `completed` was acknowledged
+        self.completed: set[tuple[str, int]] = set()  # (job, attempt) whose trainer's own `completed` was acknowledged
         self.running: set[str] = set()  # machines ever seen READY after a delivery
         self.spoke: set[str] = set()  # machines whose trainer wrote an entry
         self.progressed: dict[tuple[str, int], float] = {}  # (job, attempt) -> newest acknowledged sign of progress
@@ -303,8 +307,11 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             self.publish(CheckpointSaved(event_id, now, job, n, pick % 1000))
         elif kind == "progress":
             self.publish(TrainerProgressed(event_id, now, job, n, pick % 1000))
-        elif kind == "completed":
-            self.publish(TrainerCompleted(event_id, now, job, n, 1000, {"final_loss": 2.0}))
+        elif kind == "completed":  # the trainer's own entry, its startup script's on exit 0, or both
+            if pick % 3:
+                self.publish(TrainerCompleted(self.eid("exit-0"), now, job, n, source=EXIT_CODE))
+            if pick % 3 != 1:
+                self.publish(TrainerCompleted(event_id, now, job, n, 1000, {"final_loss": 2.0}))
         else:  # on a slice, the first worker to die, and maybe others, report it
             self.failed.add((job, n))
             hosts = SPECS[job].machine.hosts
@@ -399,6 +406,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             self.running |= {m.name for _, m in self.machines() if m.state is MachineState.READY}
         if isinstance(event, JobSubmitted):
             self.accepted.add(event.spec.job_id)
+        if isinstance(event, TrainerCompleted) and event.source != EXIT_CODE:
+            self.completed.add((event.job_id, event.attempt))
         if isinstance(event, (TrainerStarted, CheckpointSaved, TrainerProgressed)):  # now in the record
             key = (event.job_id, event.attempt)
             self.progressed[key] = max(self.progressed.get(key, event.time), event.time)
@@ -556,6 +565,10 @@ class ServiceUnderChaos(RuleBasedStateMachine):
                 assert (b.ended_at, b.end_reason) == (a.ended_at, a.end_reason), f"ended attempt {a} became {b}"
             assert b.machine_deleted or not a.machine_deleted
         assert counters.preemptions >= old.counters.preemptions and counters.failures >= old.counters.failures
+        if old.status is Status.SUCCEEDED and old.result.get("source") != EXIT_CODE:
+            assert new.result == old.result, f"{new.job_id}: the trainer's result {old.result} became {new.result}"
+        elif old.status is Status.SUCCEEDED and new.result != old.result:
+            tally("the trainer's completed filled in the exit code's")
 
     def live_machines(self, job_id: str) -> list[str]:
         return [m.name for _, m in self.machines() if m.state in LIVE and m.name.startswith(f"{job_id}-a")]
@@ -608,6 +621,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             tally(f"{min(job.counters.preemptions, 3)} preemptions, {job.counters.failures} failures counted")
             if job_id in self.must_succeed:
                 assert job.status is Status.SUCCEEDED, f"{job_id} completed but is {job.status}"
+            if job.status is Status.SUCCEEDED and job.current and (job_id, job.current.n) in self.completed:
+                # its trainer's own entry was acknowledged: the record holds its result, whichever came first
+                assert job.result == {"final_loss": 2.0, "final_step": 1000}, f"{job_id}: {job.result}"
         assert self.machines() == [], f"machines left after the ttl: {self.machines()}"
 
 

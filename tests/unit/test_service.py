@@ -14,6 +14,7 @@ from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, 
 from respawn.actions import CreateMachine, DeleteMachine
 from respawn.decide import Policy, backoff_s
 from respawn.events import (
+    EXIT_CODE,
     CheckpointSaved,
     Event,
     Ignored,
@@ -21,6 +22,7 @@ from respawn.events import (
     JobSubmitted,
     MachinePreempted,
     SweepTicked,
+    TrainerCompleted,
     TrainerFailed,
     TrainerProgressed,
     TrainerStarted,
@@ -125,6 +127,37 @@ def test_the_same_preemption_five_times_concurrently_gives_one_delete_and_one_cr
     assert sorted(results) == ["applied"] + ["duplicate"] * 4
     assert w.provider.count("delete", "llm-a1") == 1 and w.provider.count("create", "llm-a2") == 1
     assert w.provider.live("llm") == ["llm-a2"]
+
+
+@pytest.mark.parametrize("order", range(8))
+def test_the_exit_codes_and_the_trainers_completed_entries_concurrently_and_twice_give_one_delete_and_its_result(
+    order: int,
+) -> None:
+    w = running()
+    own = TrainerCompleted("completed-1", w.clock.now(), "llm", 1, 300, {"params_sha256": "ab", "final_loss": 1.5})
+    by_exit = TrainerCompleted("completed-exit-1", w.clock.now(), "llm", 1, source=EXIT_CODE)
+    events = [own, by_exit] * 2
+    random.Random(order).shuffle(events)
+    barrier = threading.Barrier(len(events))
+
+    def deliver(event: Event) -> None:
+        barrier.wait()
+        for _ in range(50):  # what Pub/Sub does with a Retryable
+            try:
+                w.handle(event)
+                return
+            except Retryable:
+                continue
+
+    threads = [threading.Thread(target=deliver, args=(e,)) for e in events]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    job = w.store.job("llm")
+    assert job.status is Status.SUCCEEDED and job.reason == "the trainer completed"
+    assert job.result == {"params_sha256": "ab", "final_loss": 1.5, "final_step": 300}
+    assert w.provider.calls == [("delete", "llm-a1", A)] and job.pending == ()
 
 
 # -- a crash between any two steps ------------------------------------------------------------------------------------

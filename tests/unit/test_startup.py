@@ -8,11 +8,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from respawn.adapters import startup
 from respawn.adapters.startup import GRACE_S, grace_s, machine_labels, machine_metadata, startup_script
-from respawn.events import TrainerFailed
+from respawn.events import EXIT_CODE, Event, TrainerCompleted, TrainerFailed
 from respawn.model import GpuMachine, JobSpec, TpuMachine
 from respawn.parsing import log_entry_event
 
@@ -47,6 +49,19 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
 """
 
 
+# The metadata server: the value of FAKE_AGENT_WORKER_NUMBER / FAKE_PREEMPTED, else HTTP 404 (curl -f exits 22).
+FAKE_CURL = """#!/bin/sh
+for url; do :; done
+case "${url##*/}" in
+  agent-worker-number) answer=${FAKE_AGENT_WORKER_NUMBER-} ;;
+  preempted) answer=${FAKE_PREEMPTED-} ;;
+  *) answer= ;;
+esac
+[ -n "$answer" ] || exit 22
+printf %s "$answer"
+"""
+
+
 def spec(kind: str = "tpu", **kw: object) -> JobSpec:
     machine = (
         TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")
@@ -66,12 +81,13 @@ def spec(kind: str = "tpu", **kw: object) -> JobSpec:
 
 
 @pytest.fixture
-def fakes(tmp_path: Path) -> dict[str, str]:
+def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    monkeypatch.setattr(startup, "NOTICE_FILE", str(tmp_path / "notice"))  # /run on a machine
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("docker", "gcloud", "nvidia-smi", "nvidia-ctk"):
+    for name in ("docker", "gcloud", "nvidia-smi", "nvidia-ctk", "curl"):
         path = bin_dir / name
-        path.write_text(FAKE.format(python=sys.executable))
+        path.write_text(FAKE_CURL if name == "curl" else FAKE.format(python=sys.executable))
         path.chmod(0o755)
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(tmp_path / "calls.jsonl"), "HOME": str(tmp_path)}
 
@@ -120,7 +136,7 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         "RESPAWN_PROGRESS_S=60",  # the default hang_timeout (30m) / 4, at most once a minute
     ]
     assert ["docker", "pull", image] in calls(fakes)
-    assert not [c for c in calls(fakes) if c[0] == "gcloud"]  # not an Artifact Registry image
+    assert not [c for c in calls(fakes) if c[:2] == ["gcloud", "auth"]]  # not an Artifact Registry image
 
 
 def test_artifact_registry_login_then_pull_then_run(tmp_path: Path, fakes: dict[str, str]) -> None:
@@ -132,6 +148,7 @@ def test_artifact_registry_login_then_pull_then_run(tmp_path: Path, fakes: dict[
         ["docker", "pull", "us-docker.pkg.dev/proj/repo/trainer:1"],
         ["docker", "rm", "-f"],
         ["docker", "run", "--rm"],
+        ["gcloud", "logging", "write"],  # the exit code's `completed`
     ]
     assert calls(fakes)[0] == ["gcloud", "auth", "configure-docker", "us-docker.pkg.dev", "--quiet"]
 
@@ -156,59 +173,113 @@ def test_trainer_exit_code_is_the_scripts(tmp_path: Path, fakes: dict[str, str])
     assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="3").returncode == 3
 
 
-def test_a_trainer_killed_without_a_word_gets_a_failed_entry(tmp_path: Path, fakes: dict[str, str]) -> None:
-    run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="137")
-    writes = [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]
-    assert len(writes) == 1 and writes[0][3] == "respawn-trainer" and "--payload-type=json" in writes[0]
-    payload = json.loads(writes[0][4])
-    assert payload == {
-        "event": "failed",
-        "job_id": "job-1",
-        "attempt": 3,
-        "worker": 0,
-        "error": "the trainer exited with code 137",
-    }
-    assert isinstance(
-        log_entry_event(
-            {
-                "logName": "projects/p/logs/respawn-trainer",
-                "timestamp": "2026-11-21T10:00:00.123456Z",
-                "insertId": "x1",
-                "jsonPayload": payload,
-            }
-        ),
-        TrainerFailed,
-    )
+def said(env: dict[str, str]) -> list[tuple[dict[str, Any], str]]:
+    """(jsonPayload, severity) of every entry the script wrote with `gcloud logging write respawn-trainer`."""
+    writes = [c for c in calls(env) if c[:3] == ["gcloud", "logging", "write"]]
+    assert all(w[3] == "respawn-trainer" and "--payload-type=json" in w for w in writes), writes
+    return [(json.loads(w[4]), w[-1].removeprefix("--severity=")) for w in writes]
 
 
-def test_a_clean_exit_writes_no_failed_entry(tmp_path: Path, fakes: dict[str, str]) -> None:
-    run_script(tmp_path, fakes, spec())
-    assert not [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]
+def parsed(payload: dict[str, Any]) -> Event:
+    """What the control plane makes of an entry the script wrote (gcloud gives it resource `global`, no labels)."""
+    entry = {"logName": "projects/p/logs/respawn-trainer", "timestamp": "2026-11-21T10:00:00Z", "insertId": "x1"}
+    return log_entry_event({**entry, "jsonPayload": payload})
 
 
-def test_shutdown_signal_stops_the_container_with_the_grace_period(tmp_path: Path, fakes: dict[str, str]) -> None:
+# (exit code, TPU worker, metadata instance/preempted) -> the entry the script writes for the trainer
+EXITS = [
+    (0, None, None, "completed", "INFO"),  # a program that knows nothing of respawn finished
+    (0, "0", "FALSE", "completed", "INFO"),
+    (0, "2", None, None, None),  # worker 0 speaks for a slice
+    (3, "2", None, "failed", "ERROR"),  # any worker's failure recreates the slice
+    (137, None, None, "failed", "ERROR"),  # killed without a word (OOM)
+    (0, None, "TRUE", "stopped", "WARNING"),  # the trainer acted on the metadata flag before any signal
+    (0, "1", "TRUE", None, None),
+    (137, None, "TRUE", None, None),  # killed after the notice: the preemption's system event speaks for it
+]
+
+
+@pytest.mark.parametrize(("rc", "worker", "preempted", "event", "severity"), EXITS)
+def test_the_exit_code_speaks_for_the_trainer(
+    tmp_path: Path,
+    fakes: dict[str, str],
+    rc: int,
+    worker: str | None,
+    preempted: str | None,
+    event: str | None,
+    severity: str | None,
+) -> None:
+    metadata = {"FAKE_AGENT_WORKER_NUMBER": worker, "FAKE_PREEMPTED": preempted}
+    extra = {k: v for k, v in metadata.items() if v is not None}
+    assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RC=str(rc), **extra).returncode == rc
+    if event is None:
+        assert said(fakes) == []
+        return
+    ((payload, how),) = said(fakes)
+    base = {"job_id": "job-1", "attempt": 3, "worker": int(worker or 0), "source": "exit-code", "exit_code": rc}
+    error = {"error": f"the trainer exited with code {rc}"} if event == "failed" else {}
+    assert payload == {"event": event, **base, **error} and how == severity
+    got = parsed(payload)
+    if event == "completed":
+        assert got == TrainerCompleted("log:x1", got.time, "job-1", 3, None, {}, EXIT_CODE)  # type: ignore[union-attr]
+    elif event == "failed":
+        assert isinstance(got, TrainerFailed) and (got.error, got.worker) == (error["error"], int(worker or 0))
+    else:  # a stopped entry without a step records nothing: the preemption's event recreates the machine
+        assert "no step" in getattr(got, "reason", "")
+
+
+def start_blocked(tmp_path: Path, fakes: dict[str, str], rc: int) -> subprocess.Popen[bytes]:
+    """The script with its trainer running until `docker stop`, after which the trainer exits `rc`."""
     script = tmp_path / "startup.sh"
-    script.write_text(startup_script(spec(), 1))
+    script.write_text(startup_script(spec(), 3))
+    env = {**fakes, "FAKE_BLOCK": "1", "FAKE_RUN_RC": str(rc)}
     proc = subprocess.Popen(
-        ["bash", str(script)],
-        cwd=tmp_path,
-        env={**fakes, "FAKE_BLOCK": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        ["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    running = Path(fakes["FAKE_LOG"] + ".running")
+    deadline = time.monotonic() + 30
+    while not running.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    assert running.exists(), proc.communicate()
+    return proc
+
+
+@pytest.mark.parametrize("rc", [0, 143])
+def test_shutdown_signal_stops_the_container_with_the_grace_period(
+    tmp_path: Path, fakes: dict[str, str], rc: int
+) -> None:
+    proc = start_blocked(tmp_path, fakes, rc)
     try:
-        running = Path(fakes["FAKE_LOG"] + ".running")
-        deadline = time.monotonic() + 30
-        while not running.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert running.exists()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0  # the container's exit code, after docker stop
+        assert proc.wait(timeout=30) == rc  # the container's exit code, after docker stop
     finally:
         if proc.poll() is None:
             proc.kill()
     assert ["docker", "stop", "-t", str(GRACE_S["tpu"]), "respawn-trainer"] in calls(fakes)
-    assert not [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]  # a preemption is no failure
+    # a preemption is no failure; a trainer that saved and exited 0 is `stopped` (it may have said so itself)
+    assert [(p["event"], how) for p, how in said(fakes)] == ([("stopped", "WARNING")] if rc == 0 else [])
+
+
+def test_after_the_shutdown_script_a_clean_exit_is_stopped_not_completed(tmp_path: Path, fakes: dict[str, str]) -> None:
+    """The notice runs the metadata shutdown-script, which may stop the container before the startup script hears of
+    it: the marker it leaves first is what tells a preempted trainer's exit 0 from a finished one's."""
+    proc = start_blocked(tmp_path, fakes, 0)
+    try:
+        shutdown = tmp_path / "shutdown.sh"
+        shutdown.write_text(machine_metadata(spec(), 3)["shutdown-script"])
+        subprocess.run(["bash", str(shutdown)], env=fakes, check=True, timeout=30)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [(p["event"], p["source"]) for p, _ in said(fakes)] == [("stopped", "exit-code")]
+    assert Path(startup.NOTICE_FILE).exists()
+
+
+def test_a_notice_left_by_an_earlier_boot_is_cleared(tmp_path: Path, fakes: dict[str, str]) -> None:
+    Path(startup.NOTICE_FILE).touch()  # a Spot VM stopped and started again runs the startup script anew
+    run_script(tmp_path, fakes, spec())
+    assert [p["event"] for p, _ in said(fakes)] == ["completed"]
 
 
 def test_metadata_and_labels() -> None:

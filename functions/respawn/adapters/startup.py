@@ -5,6 +5,13 @@ reaches the script through shlex.quote only, so nothing in it can inject shell.
 The structured metadata keys let the local cloud start the same trainer without
 a shell; no credentials are ever put in metadata (the machine's service account
 authenticates the trainer and the image pull).
+
+When the container exits, the script speaks for a trainer that may have said
+nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
+notice and `completed` without it (worker 0 speaks for a slice), anything else
+without the notice is `failed` (any worker), each marked `"source": "exit-code"`.
+The notice is the marker file the shutdown script (or the script's own SIGTERM
+trap) leaves, or the metadata server's `instance/preempted`.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ def grace_s(spec: JobSpec) -> int:
 
 
 CONTAINER = "respawn-trainer"
+NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`
 _ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
 
 
@@ -68,7 +76,7 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
     """TPU node `metadata` map / GCE metadata items."""
     return {
         "startup-script": startup_script(spec, attempt),
-        "shutdown-script": f"#!/bin/bash\ndocker stop -t {grace_s(spec)} {CONTAINER}\n",
+        "shutdown-script": shutdown_script(spec),
         "respawn-job-id": spec.job_id,
         "respawn-attempt": str(attempt),
         "respawn-checkpoint-uri": spec.checkpoint_uri,
@@ -77,6 +85,11 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
         "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
         "respawn-progress-s": str(progress_s(spec)),
     }
+
+
+def shutdown_script(spec: JobSpec) -> str:
+    """Run on the notice (ACPI soft off): marks it, then gives the trainer its grace period to save and exit."""
+    return f"#!/bin/bash\ntouch {shlex.quote(NOTICE_FILE)}\ndocker stop -t {grace_s(spec)} {CONTAINER}\n"
 
 
 def _registry_host(image: str) -> str | None:
@@ -113,10 +126,11 @@ _AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configu
 
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
 docker rm -f {container} >/dev/null 2>&1 || true
+notice={notice}
+rm -f "$notice"
 stopping=
-notified=
 shutdown() {{
-  stopping=1; notified=1
+  stopping=1; touch "$notice"
   log "shutdown: stopping the trainer"; docker stop -t {grace} {container} >/dev/null 2>&1
 }}
 trap shutdown TERM INT HUP
@@ -130,15 +144,21 @@ while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wai
   rc=$?
 done
 log "trainer exited with code $rc"
-if [ "$rc" -ne 0 ] && [ -z "$notified" ]; then  # killed without a word (OOM, segfault): say so for it
-  # every worker VM of a slice runs this script; the metadata server says which one this is
-  worker=$(curl -sf -H 'Metadata-Flavor: Google' \
-    http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)
-  case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
-  gcloud logging write respawn-trainer \
-    "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \
-      {job_id} {attempt} "$worker" "the trainer exited with code $rc")" \
-    --payload-type=json --severity=ERROR || log "could not log the failure"
+md() {{ curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"; }}
+# every worker VM of a slice runs this script; the metadata server says which one this is
+worker=$(md attributes/agent-worker-number || echo 0)
+case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
+say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
+  entry=$(printf '{{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "exit-code", '\\
+'"exit_code": %d%s}}' "$1" {job_id} {attempt} "$worker" "$rc" "$3")
+  gcloud logging write respawn-trainer "$entry" --payload-type=json --severity="$2" || log "could not log $1"
+}}
+noticed=
+if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi  # its system event replaces the machine
+if [ "$rc" -ne 0 ] && [ -z "$noticed" ]; then  # failed, or killed without a word (OOM, segfault)
+  say failed ERROR ", \\"error\\": \\"the trainer exited with code $rc\\""
+elif [ "$rc" -eq 0 ] && [ "$worker" -eq 0 ]; then  # worker 0 speaks for a slice
+  if [ -n "$noticed" ]; then say stopped WARNING ""; else say completed INFO ""; fi
 fi
 exit "$rc"
 """
@@ -158,6 +178,7 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
             image=q(spec.image),
             container=CONTAINER,
             grace=grace_s(spec),
+            notice=q(NOTICE_FILE),
             run=run,
             job_id=q(spec.job_id),
             attempt=int(attempt),

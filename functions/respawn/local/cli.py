@@ -2,7 +2,8 @@
 
 Prints live progress and, at the end, the report (`--json`: one JSON object on
 stdout, progress on stderr). Exit code 0 when the job SUCCEEDED with the exact
-parameters of the uninterrupted reference run and nothing was left behind,
+parameters of the uninterrupted reference run (or with exactness unknown: no
+reference, or no params_sha256 to compare) and nothing was left behind,
 1 otherwise, 2 for a usage error.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +39,10 @@ node reports STEP: --kill-worker-at-step SIGKILLs it (its startup script logs `f
 --hang-worker-at-step SIGSTOPs it (only hang detection, the job's hang_timeout, finds it),
 --host-error-at-step is a host error of its VM (node TERMINATED, hostError event, process killed).
 Step actions fire in step order, each once, each on a node no earlier step action hit.
+--entrypoint runs your own program on every machine (every worker of a slice) instead of the image's
+`python -m trainer`, with the job's args after it, the same environment, signals and log routing; no image
+is pulled. A leading `python` or `python3` is the interpreter running respawn (with its JAX). A program that
+sends no lifecycle entries completes, stops and fails by its exit code (docs/trainer-protocol.md).
 examples:
   respawn local run examples/quickstart.yaml --preempt-at 40s,80s
   respawn local run examples/quickstart.yaml --preempt-at-step 250,550
@@ -44,6 +50,7 @@ examples:
       --hang-worker-at-step 110:1 --host-error-at-step 150:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
+  respawn local run examples/byo/job.yaml --entrypoint "python examples/byo/train.py" --preempt-at-step 40
 """
 
 
@@ -129,6 +136,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="--FLAG=VALUE",
         help="set one trainer flag, replacing the job's own (e.g. --trainer-arg=--steps=60); repeatable",
     )
+    r.add_argument(
+        "--entrypoint",
+        metavar="CMD",
+        help="run this command (shell-quoted; the job's args follow) on every machine instead of the image's "
+        '`python -m trainer`; a leading python/python3 is this interpreter (e.g. "python train.py")',
+    )
     r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
     r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
     r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
@@ -146,6 +159,20 @@ def with_trainer_args(args: Sequence[str], overrides: Sequence[str]) -> list[str
         out = [a for a in out if a.partition("=")[0] != name]
         out.append(flag)
     return out
+
+
+def parse_entrypoint(text: str) -> list[str]:
+    """`--entrypoint "python train.py --x=1"` -> argv, a leading python/python3 replaced by this interpreter."""
+    allowed = 'allowed: a command line such as "python train.py --lr=0.1"'
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--entrypoint: cannot split {text!r}: {str(e).lower()}; {allowed}") from None
+    if not argv:
+        raise UsageError(f"--entrypoint: {text!r} holds no command; {allowed}")
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
 
 
 def total_steps(args: Sequence[str]) -> int | None:
@@ -206,10 +233,12 @@ def options(ns: argparse.Namespace) -> Any:
         sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
         timeout_s=parse_duration(ns.timeout, "--timeout"),
         workdir=Path(ns.workdir),
+        entrypoint=parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None,
     )
 
 
-def load_message(path: str, overrides: Sequence[str]) -> dict[str, Any]:
+def load_message(path: str, overrides: Sequence[str], own_program: bool = False) -> dict[str, Any]:
+    """The validated job message; its args must be the trainer's flags unless `own_program` runs instead."""
     from respawn.spec import SpecError, load_job_file, parse_job_message
 
     try:
@@ -221,6 +250,8 @@ def load_message(path: str, overrides: Sequence[str]) -> dict[str, Any]:
         raise UsageError(f"{path}: {e}") from e
     if message.get("action", "submit") != "submit":
         raise UsageError(f"{path}: action must be submit to run a job locally")
+    if own_program:  # the args are the program's own
+        return message
     from trainer.config import ConfigError, parse_flags
 
     try:  # the local cloud runs the trainer itself (not the image): its flags must be the trainer's
@@ -240,10 +271,10 @@ def run(ns: argparse.Namespace) -> int:
     from respawn.local import report
     from respawn.local.cloud import LocalCloud, signals_as_interrupt
     from respawn.local.prices import machine_price
-    from respawn.local.reference import reference_run
+    from respawn.local.reference import ReferenceFailed, reference_run
 
-    message = load_message(ns.job, ns.trainer_arg)
     opts = options(ns)
+    message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
     check_chaos_workers(opts, message)
     hosts, chips_per_host, _ = job_shape(message["machine"])
     out = sys.stderr if ns.json else sys.stdout
@@ -252,24 +283,34 @@ def run(ns: argparse.Namespace) -> int:
         print(line, file=out, flush=True)
 
     with signals_as_interrupt():
-        reference_sha = None
+        reference_sha, note = None, "no reference run (--no-reference)"
         if not ns.no_reference:
             cloud_env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
             cloud_env["RESPAWN_COMPILE_CACHE"] = str((opts.workdir / "compile-cache").resolve())
             shape = f" on {hosts} processes ({hosts} hosts x {chips_per_host} devices)" if hosts > 1 else ""
-            say(f"reference: the uninterrupted run of the same trainer args{shape} (computed once, then cached)")
-            ref = reference_run(
-                message.get("args") or [],
-                message.get("env") or {},
-                cache_dir=opts.workdir / "reference",
-                base_env=cloud_env,
-                log_path=opts.workdir / "reference.log",
-                hosts=hosts,
-                chips_per_host=chips_per_host,
-            )
-            reference_sha = ref["params_sha256"]
-            how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
-            say(f"reference: params {str(reference_sha)[:16]} after step {ref['final_step']} ({how})")
+            what = "command and args" if opts.entrypoint else "trainer args"
+            say(f"reference: the uninterrupted run of the same {what}{shape} (computed once, then cached)")
+            try:
+                ref = reference_run(
+                    message.get("args") or [],
+                    message.get("env") or {},
+                    cache_dir=opts.workdir / "reference",
+                    base_env=cloud_env,
+                    log_path=opts.workdir / "reference.log",
+                    hosts=hosts,
+                    chips_per_host=chips_per_host,
+                    entrypoint=opts.entrypoint,
+                )
+            except ReferenceFailed as e:
+                note = str(e)
+            else:
+                reference_sha = ref["params_sha256"]
+                how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
+                note = "the program sends no params_sha256 (the respawn_trainer library does)"
+                said = f"params {reference_sha[:16]} after step {ref['final_step']}" if reference_sha else "completed"
+                say(f"reference: {said} ({how})")
+            if reference_sha is None:
+                say(f"reference: exact unknown: {note}")
         cloud = LocalCloud(opts, say)
         outcome = cloud.run(message, total_steps(message.get("args") or []))
     r = report.build(
@@ -281,6 +322,7 @@ def run(ns: argparse.Namespace) -> int:
         price=machine_price(message["machine"]),
         timed_out=outcome.timed_out,
         hosts=hosts,
+        reference_note=note,
     )
     r["bus"] = outcome.bus
     r["run_dir"] = str(outcome.run_dir)

@@ -64,6 +64,7 @@ class Options:
     workdir: Path = Path(".respawn")
     progress_every_s: float = 5.0
     bus: str = "auto"  # auto (the emulator when it can run) | emulator | in-process
+    entrypoint: list[str] | None = None  # run on every machine instead of `python -m trainer` (with the job's args)
 
 
 def checkpoint_buckets(messages: Iterable[dict[str, Any]]) -> list[str]:
@@ -154,6 +155,7 @@ class LocalCloud:
             mark_preempted=lambda name: api[0].preempt(name),
             set_state=lambda name, state: api[0].set_state(name, state),
             timeline=tl,
+            entrypoint=o.entrypoint,
         )
         capacity: dict[str, int | None] = {z: 0 for z, n in o.stockouts.items() if n is None}
         stockouts = {z: n for z, n in o.stockouts.items() if n is not None}

@@ -1,18 +1,20 @@
 """The machines of the local cloud: the trainer processes of READY machines, one per worker of a TPU slice.
 
-A machine that becomes READY starts `python -m trainer` from its structured
+A machine that becomes READY starts `python -m trainer` (or the command given
+with `respawn local run --entrypoint`) with the job's args, from its structured
 metadata (respawn-args, respawn-env, respawn-job-id, respawn-attempt,
 respawn-checkpoint-uri, respawn-progress-s; the image is not run), each process
 in its own process group. A TPU node whose accelerator type has several hosts
 (v5litepod-16: 4 hosts x 4 chips) is that many processes on loopback, each
 with the environment a TPU VM worker has (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES,
 its chips as CPU devices, a coordinator port of its own node), as JAX's
-multi-controller runtime expects; every other machine is one process. Every
-stdout line of a trainer is a lifecycle entry (only process 0 of a slice writes
-them); it is wrapped into the LogEntry google-cloud-logging would write and
-handed to the log router. Stderr goes to the worker's log file
-(`NODE.log`, or `NODE-w-I.log` per worker of a slice); worker 0's is read for
-live progress (step, loss).
+multi-controller runtime expects; every other machine is one process. A stdout
+line that is a JSON object naming a lifecycle event of the machine's job and
+attempt is a lifecycle entry (only process 0 of a slice writes them); it is
+wrapped into the LogEntry google-cloud-logging would write and handed to the log
+router. Every other line, on stdout or stderr, is a plain log line for the
+worker's log file (`NODE.log`, or `NODE-w-I.log` per worker of a slice);
+worker 0's are read for live progress (step, loss).
 
 Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM to
 every worker (the ACPI soft-off), SIGKILL after the grace period to those still
@@ -22,10 +24,13 @@ instance itself for a GPU VM).
 
 A trainer that exits on its own (completed, or crashed after its `failed`
 entry) leaves its machine READY, as the startup script does on a real VM: the
-control plane decides what happens to it. A worker killed without a last word
-(OOM, segfault, a peer's broken collective) gets the `failed` entry its startup
-script writes for it, naming the worker and the exit code. A worker whose VM
-suffers a host error says nothing: the node is TERMINATED first, the
+control plane decides what happens to it. A worker that exits without a last
+word of its own gets the entry its startup script writes for it from the exit
+code (`exit_word`, marked `"source": "exit-code"`): exit 0 is `completed`
+without the notice and `stopped` after it (worker 0 speaks for a slice), and
+anything else without the notice `failed` (OOM, segfault, a peer's broken
+collective), naming the worker and the exit code. A worker whose VM suffers a
+host error says nothing: the node is TERMINATED first, the
 `compute.instances.hostError` event is routed, then the process is killed.
 Deleting a machine kills every worker, stopped (hung) ones included.
 """
@@ -41,15 +46,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from respawn.events import EXIT_CODE
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, tpu_worker_name, trainer_entry
 from respawn.local.timeline import Timeline
+from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
@@ -59,6 +66,7 @@ _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 # so that a stopped worker looks hung (alive, no progress) and only respawn's hang detection finds it.
 HEARTBEAT_TIMEOUT_S = 3600
 KILL_WAIT_S = 5.0  # how long SIGKILL may take to be reaped before it is given up on
+TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
 
 
 def progress(line: str) -> tuple[int, float] | None:
@@ -73,6 +81,34 @@ def progress(line: str) -> tuple[int, float] | None:
         return int(step.group(1)), float(loss.group(1))
     except ValueError:
         return None
+
+
+def lifecycle_entry(line: bytes, job_id: str, attempt: int) -> dict[str, Any] | None:
+    """The lifecycle entry on a stdout line (RESPAWN_LOG_SINK=stdout): a JSON object naming a lifecycle event of
+    this job and attempt. None for anything else a program prints (a plain log line), however odd."""
+    if not line.lstrip().startswith(b"{"):
+        return None
+    try:
+        payload = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(payload, dict) or payload.get("event") not in TRAINER_EVENTS:
+        return None
+    if payload.get("job_id") != job_id or payload.get("attempt") != attempt or isinstance(payload["attempt"], bool):
+        return None
+    return payload
+
+
+def exit_word(code: int, noticed: bool, worker: int) -> str | None:
+    """The entry a startup script writes from the exit code of a trainer that sent no last word of its own
+    (adapters/startup.py): exit 0 is `stopped` after the notice and `completed` without it (worker 0 speaks for a
+    slice); anything else is `failed` without the notice, and nothing after it (the preemption's system event
+    speaks for it)."""
+    if code != 0:
+        return None if noticed else "failed"
+    if worker != 0:
+        return None
+    return "stopped" if noticed else "completed"
 
 
 def slice_shape(machine: CloudMachine) -> tuple[int, int]:
@@ -137,9 +173,10 @@ class Node:
         return tpu_worker_name(m.name, worker) if m.kind == "tpu" else m.name
 
 
-def trainer_argv(metadata: Mapping[str, str]) -> list[str]:
+def trainer_argv(metadata: Mapping[str, str], entrypoint: Sequence[str] | None = None) -> list[str]:
+    """The job's args after the entrypoint: the image's (`python -m trainer`) unless one is given."""
     args = json.loads(metadata.get("respawn-args") or "[]")
-    return [sys.executable, "-m", "trainer", *[str(a) for a in args]]
+    return [*(entrypoint or TRAINER), *[str(a) for a in args]]
 
 
 def trainer_env(metadata: Mapping[str, str], base: Mapping[str, str]) -> dict[str, str]:
@@ -171,9 +208,10 @@ class Nodes:
         mark_preempted: Callable[[str], object],
         timeline: Timeline,
         set_state: Callable[[str, str], object] = lambda name, state: None,
+        entrypoint: Sequence[str] | None = None,
     ) -> None:
         """`mark_preempted(name)` and `set_state(name, state)` change the machine in the cloud API; each returns
-        None when there is no such machine (deleted meanwhile)."""
+        None when there is no such machine (deleted meanwhile). `entrypoint` replaces `python -m trainer`."""
         self.project = project
         self.base_env = dict(base_env)
         self.log_dir = log_dir
@@ -182,6 +220,7 @@ class Nodes:
         self.mark_preempted = mark_preempted
         self.set_state = set_state
         self.timeline = timeline
+        self.entrypoint = list(entrypoint) if entrypoint else None
         self._lock = threading.RLock()
         self._nodes: dict[str, Node] = {}
         self._ready: dict[str, float] = {}  # READY and not being preempted -> since
@@ -207,7 +246,7 @@ class Nodes:
             log_name = f"{machine.name}.log" if hosts == 1 else f"{machine.name}-w-{i}.log"
             log = (self.log_dir / log_name).open("ab")
             proc = start_group(
-                trainer_argv(meta),
+                trainer_argv(meta, self.entrypoint),
                 env=worker_env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -360,13 +399,11 @@ class Nodes:
 
     def _read_stdout(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
         for raw in stream:
+            payload = lifecycle_entry(raw, node.job_id, node.attempt)
+            if payload is None:
+                self._log_line(node, worker, raw)
+                continue
             worker.log.write(raw)
-            try:
-                payload = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(payload, dict) or "event" not in payload:
-                continue
             worker.last_word |= payload["event"] in ("completed", "failed", "stopped")
             self._emit(node, payload)
 
@@ -388,14 +425,18 @@ class Nodes:
 
     def _read_stderr(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
         for raw in stream:
-            worker.log.write(raw)
-            if worker.index != 0:
-                continue
-            found = progress(raw.decode(errors="replace"))
-            if found is not None:
-                step, loss = found
-                node.step = step
-                self.timeline.add("step", machine=node.machine.name, attempt=node.attempt, step=step, loss=loss)
+            self._log_line(node, worker, raw)
+
+    def _log_line(self, node: Node, worker: Worker, raw: bytes) -> None:
+        """A plain log line: to the worker's log file; worker 0's are read for progress (step, loss)."""
+        worker.log.write(raw)
+        if worker.index != 0:
+            return
+        found = progress(raw.decode(errors="replace"))
+        if found is not None:
+            step, loss = found
+            node.step = step
+            self.timeline.add("step", machine=node.machine.name, attempt=node.attempt, step=step, loss=loss)
 
     def _reap(self, node: Node, worker: Worker) -> None:
         code = worker.proc.wait()
@@ -404,16 +445,14 @@ class Nodes:
         worker.log.close()
         m = node.machine
         self.timeline.add("trainer_exit", machine=m.name, attempt=node.attempt, code=code, **node.tagged(worker))
-        quiet = worker.last_word or worker.host_error or node.preempting or node.deleted or self._closed
-        if code != 0 and not quiet:
-            # Killed without a word (OOM, segfault, a peer's broken collective): its startup script logs `failed`.
-            payload: dict[str, Any] = {
-                "event": "failed",
-                "job_id": node.job_id,
-                "attempt": node.attempt,
-                "error": f"the trainer exited with code {code}",
-            }
+        quiet = worker.last_word or worker.host_error or self._closed
+        word = None if quiet else exit_word(code, node.preempting or node.deleted, worker.index)
+        if word is not None:  # what its startup script logs for it
+            payload: dict[str, Any] = {"event": word, "job_id": node.job_id, "attempt": node.attempt}
             payload.update(node.tagged(worker))
+            payload.update(source=EXIT_CODE, exit_code=code)
+            if word == "failed":
+                payload["error"] = f"the trainer exited with code {code}"
             self._emit(node, payload)
 
     def alive(self) -> list[str]:

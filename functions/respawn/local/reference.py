@@ -1,12 +1,18 @@
 """The uninterrupted reference run a local run is compared with (`exact` in the report).
 
-The same trainer with the same args and env, run once to completion without the
-control plane, checkpointing to a temporary local directory. For a multi-host
+The same trainer (or the same `--entrypoint` command) with the same args and
+env, run once to completion without the control plane, checkpointing to a
+temporary local directory. For a multi-host
 TPU slice it is as many processes as the slice has hosts, each with the worker
 environment the local cloud gives a slice's workers (nodes.py), so the shape of
 the computation (processes x devices) is the job's. Its final `params_sha256` is
 cached under `.respawn/reference/<key>.json`, keyed by the args, the env, the
-slice shape and the trainer's source, so it is computed once per change.
+slice shape and the trainer's source (with an entrypoint: the command and the
+files it names), so it is computed once per change.
+
+A program that never sends `params_sha256` (one that does not use the
+respawn_trainer library) completes by its exit code alone: its reference has no
+hash, and `exact` is unknown rather than false.
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from respawn.local.emulators import free_port, start_group, stop_group
+from respawn.local.nodes import TRAINER, lifecycle_entry, slice_worker_env
+
+JOB_ID = "reference"
 
 
 def trainer_digest() -> str:
@@ -36,10 +44,33 @@ def trainer_digest() -> str:
     return h.hexdigest()
 
 
-def reference_key(args: Sequence[str], env: Mapping[str, str], hosts: int = 1, chips_per_host: int = 1) -> str:
+class ReferenceFailed(RuntimeError):
+    """The uninterrupted run did not complete: there is nothing to compare with."""
+
+
+def named_files(entrypoint: Sequence[str]) -> dict[str, str]:
+    """word -> sha256 of the file, for every word of the command that names a file (the script it runs)."""
+    found = {}
+    for word in entrypoint:
+        path = Path(word)
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                found[word] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def reference_key(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    hosts: int = 1,
+    chips_per_host: int = 1,
+    entrypoint: Sequence[str] | None = None,
+) -> str:
     key: dict[str, Any] = {"args": list(args), "env": dict(sorted(env.items())), "trainer": trainer_digest()}
     if hosts > 1:  # a one-host run keeps the key it always had
         key.update(hosts=hosts, chips_per_host=chips_per_host)
+    if entrypoint:
+        key.update(entrypoint=list(entrypoint), files=named_files(entrypoint))
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
 
 
@@ -53,10 +84,13 @@ def reference_run(
     timeout_s: float = 1800,
     hosts: int = 1,
     chips_per_host: int = 1,
+    entrypoint: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """{"params_sha256", "final_step", "final_loss", "wall_s", "cached"} of the uninterrupted run
-    (`hosts` processes with `chips_per_host` devices each for a multi-host slice)."""
-    path = cache_dir / f"{reference_key(args, env, hosts, chips_per_host)}.json"
+    (`hosts` processes with `chips_per_host` devices each for a multi-host slice) of `python -m trainer`, or of
+    `entrypoint`, with `args`. params_sha256 is None when the program completed without sending it. Raises
+    ReferenceFailed when it did not complete."""
+    path = cache_dir / f"{reference_key(args, env, hosts, chips_per_host, entrypoint)}.json"
     if path.exists():
         return {**json.loads(path.read_text()), "cached": True}
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -64,18 +98,16 @@ def reference_run(
         run_env = {
             **base_env,
             **env,
-            "RESPAWN_JOB_ID": "reference",
+            "RESPAWN_JOB_ID": JOB_ID,
             "RESPAWN_ATTEMPT": "1",
             "RESPAWN_CHECKPOINT_URI": ckpt,
             "RESPAWN_LOG_SINK": "stdout",
         }
-        argv = [sys.executable, "-m", "trainer", *args]
+        argv = [*(entrypoint or TRAINER), *args]
         t = time.monotonic()
         if hosts == 1:
             procs = [start_group(argv, env=run_env, stdout=subprocess.PIPE, stderr=log)]
         else:
-            from respawn.local.nodes import slice_worker_env
-
             port = free_port()
             procs = [
                 start_group(
@@ -97,17 +129,18 @@ def reference_run(
             for p in procs:
                 stop_group(p, grace=2)
         wall = time.monotonic() - t
-    completed = None
-    for line in out.decode(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("event") == "completed":
-            completed = entry
+        completed = None
+        for line in out.splitlines(keepends=True):
+            entry = lifecycle_entry(line, JOB_ID, 1)
+            if entry is None:
+                log.write(line)  # what the program printed
+            elif entry["event"] == "completed":
+                completed = entry
+    if completed is None and proc.returncode == 0:  # completed by its exit code (the startup script's `completed`)
+        completed = {}
     if completed is None:
         codes = ", ".join(str(p.returncode) for p in procs)
-        raise RuntimeError(f"the reference run did not complete (exit code {codes}); see {log_path}")
+        raise ReferenceFailed(f"the reference run did not complete (exit code {codes}); see {log_path}")
     result = {
         "params_sha256": completed.get("params_sha256"),
         "final_step": completed.get("step"),

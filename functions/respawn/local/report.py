@@ -8,7 +8,8 @@ Definitions:
                   boot_s (node created -> its trainer process starts) and start_s (process start -> first step:
                   imports, compile, restore)
   lost_steps      steps trained twice: for every attempt that started after another had trained, the furthest
-                  step reached before it started minus the step it restored
+                  step reached before it started minus the step it restored (its `started` entry's, or for a
+                  program that sends none, the step before its first progress line)
   goodput         productive training seconds / wall seconds from submit to the end; the badput categories are
                   the trainers' own splits (startup, restore, checkpoint, wasted) plus `idle_s`, the wall time no
                   trainer accounted for (no machine yet, machine booting, recovery gaps)
@@ -19,6 +20,8 @@ Definitions:
   failures        the job record's failure counter (trainer failures, at most one per attempt)
   chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
   max_live_machines  the most machines live (CREATING/READY) at once: a slice counts once, whatever its hosts
+  exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
+                  reference hash, `exact_reason` saying why (no reference run, it failed, the program sends no hash)
 """
 
 from __future__ import annotations
@@ -73,16 +76,24 @@ def _attempt_of(e: dict[str, Any]) -> int:
 
 
 def lost_steps(events: list[dict[str, Any]]) -> int:
+    """Steps trained twice. Where an attempt starts comes from its `started` entry, or for a program that sends
+    none, from its first progress line (step k: it began after step k - 1)."""
     furthest = -1
     lost = 0
+    begun: set[int] = set()  # attempts whose starting step was counted
     for e in events:
         if e["kind"] == "step":
+            if _attempt_of(e) not in begun and furthest >= 0:
+                lost += max(0, furthest - (int(e["step"]) - 1))
+            begun.add(_attempt_of(e))
             furthest = max(furthest, int(e["step"]))
         elif e["kind"] == "entry":
             p = e["payload"]
-            if p.get("event") == "started" and furthest >= 0:
+            if p.get("event") == "started" and _attempt_of(e) not in begun and furthest >= 0:
                 restored = int(p.get("restored_step") or 0)
                 lost += max(0, furthest - restored)
+            if p.get("event") == "started":
+                begun.add(_attempt_of(e))
             if isinstance(p.get("step"), int) and p.get("event") in ("checkpoint", "stopped", "completed"):
                 furthest = max(furthest, int(p["step"]))
     return lost
@@ -189,7 +200,9 @@ def build(
     price: MachinePrice | None,
     timed_out: bool,
     hosts: int = 1,
+    reference_note: str = "no reference run",
 ) -> dict[str, Any]:
+    """The report; `reference_note` says why there is no `reference_sha` (exact is then unknown)."""
     events = sorted(events, key=lambda e: e["t"])
     t0 = next((e["t"] for e in events if e["kind"] == "submitted"), events[0]["t"] if events else 0.0)
     completed = [e for e in events if e["kind"] == "entry" and e["payload"].get("event") == "completed"]
@@ -265,6 +278,7 @@ def build(
         "params_sha256": sha,
         "reference_sha256": reference_sha,
         "exact": None if reference_sha is None else bool(sha) and sha == reference_sha,
+        "exact_reason": reference_note if reference_sha is None else None,
         "max_live_machines": max_live_machines(events),
         "machines_left": machines_left,
         "processes_left": leftover_processes,
@@ -329,7 +343,8 @@ def render(r: dict[str, Any]) -> str:
                 f"{t['machine_hours'] * 3600:.0f} machine-seconds, {cost}"
             )
     if r["reference_sha256"] is None:
-        lines.append(f"  exact    not checked: params {str(r['params_sha256'])[:16]} (no reference run)")
+        params = f" (params {r['params_sha256'][:16]})" if r["params_sha256"] else ""
+        lines.append(f"  exact    unknown: {r['exact_reason']}{params}")
     else:
         lines.append(
             f"  exact    {'yes' if r['exact'] else 'NO'}: params {str(r['params_sha256'])[:16]} vs uninterrupted "
