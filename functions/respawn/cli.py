@@ -18,10 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from respawn.accounting import CATEGORIES, job_accounting
 from respawn.config import VARIABLES, Settings, SettingsError
 from respawn.model import Attempt, Job, TpuMachine
-
-SPOT = ("spot", "preemptible")
 
 PROG = "respawn"
 
@@ -105,7 +104,8 @@ def describe(job: Job, now: float | None = None) -> str:
                    "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
         if spec is not None:
-            lines += ["", "machine time by tier", _tier_costs(job, time.time() if now is None else now)]
+            books = job_accounting(job, time.time() if now is None else now)
+            lines += ["", *_goodput_lines(books), "", "machine time by tier", _tier_costs(books)]
     if job.result:
         lines += ["", "result"]
         lines += [
@@ -121,23 +121,46 @@ def _waited(a: Attempt) -> str:
     return f"{max(0.0, a.started_at - (a.startup_s or 0.0) - a.requested_at):.0f}s"
 
 
-def _tier_costs(job: Job, now: float) -> str:
-    """Hours each tier's machines ran (from the trainer's process start to the attempt's end), priced at the
-    tier's rate (Spot for spot/preemptible, on-demand otherwise; respawn/local/prices.py, dated list prices)."""
-    from respawn.local.prices import machine_price
-    from respawn.spec import spec_to_message
+def span(seconds: float) -> str:
+    """12s, 4m05s, 3h12m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
-    assert job.spec is not None
-    price = machine_price(spec_to_message(job.spec)["machine"])
-    rows = []
-    for i, tier in enumerate(job.spec.all_tiers):
-        hours = sum(
-            ((a.ended_at or now) - a.started_at + (a.startup_s or 0.0)) / 3600
-            for a in job.attempts
-            if a.tier == i and a.started_at is not None
+
+def _goodput_lines(books: dict[str, Any]) -> list[str]:
+    """Goodput, badput by category and cost at Spot vs on-demand (respawn/accounting.py, respawn/prices.py)."""
+    sec = books["seconds"]
+    badput = ", ".join(f"{k.removesuffix('_s')} {span(sec[k])}" for k in CATEGORIES if k != "productive_s")
+    wall, productive = span(books["wall_s"]), span(sec["productive_s"])
+    lines = [f"goodput      {100 * books['goodput']:.1f}% of {wall}: productive {productive}", f"badput       {badput}"]
+    c = books["cost"]
+    if c is None:
+        lines.append("cost         - (no price for this machine type in respawn/prices.py)")
+    else:
+        less = f" ({100 * (1 - c['spot_usd'] / c['on_demand_usd']):.0f}% less)" if c["on_demand_usd"] else ""
+        lines.append(
+            f"cost         ${c['spot_usd']:.2f} at Spot vs ${c['on_demand_usd']:.2f} on-demand{less} for "
+            f"{books['machine_hours']:.2f} machine hours; {c['priced_as']} [{c['prices_as_of']}]"
         )
-        rate = None if price is None else price.spot_per_h if tier.provisioning in SPOT else price.on_demand_per_h
-        rows.append((i, tier.provisioning, f"{hours:.2f}", "" if rate is None else f"${hours * rate:.2f}"))
+    return lines
+
+
+def _tier_costs(books: dict[str, Any]) -> str:
+    """Hours each tier's machines ran (from the trainer's process start to the attempt's end), priced at the
+    tier's rate (Spot for spot/preemptible, on-demand otherwise; respawn/prices.py, dated list prices)."""
+    rows = [
+        (
+            t["tier"],
+            t["provisioning"],
+            f"{t['machine_hours']:.2f}",
+            "" if t["cost_usd"] is None else f"${t['cost_usd']:.2f}",
+        )
+        for t in books["tiers"]
+    ]
     return table(("tier", "provisioning", "machine hours", "cost"), rows)
 
 
@@ -220,7 +243,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     job, _ = job_store(s).load(args.job)
     if job is None:
         raise UserError(f"no job {args.job!r} in gs://{s.state_bucket}/respawn/jobs/")
-    emit(args, job.to_dict(), describe(job))
+    now = time.time()
+    emit(args, {**job.to_dict(), "accounting": job_accounting(job, now)}, describe(job, now))
     return 0
 
 

@@ -239,8 +239,8 @@ def leftover_processes() -> int:
 def run(ns: argparse.Namespace) -> int:
     from respawn.local import report
     from respawn.local.cloud import LocalCloud, signals_as_interrupt
-    from respawn.local.prices import machine_price
     from respawn.local.reference import reference_run
+    from respawn.prices import machine_price
 
     message = load_message(ns.job, ns.trainer_arg)
     opts = options(ns)
