@@ -1,4 +1,4 @@
-"""The `respawn` command: submit, status, list, cancel, parse-event, and `local` (the local cloud).
+"""The `respawn` command: submit, status, list, cancel, logs, parse-event, and `local` (the local cloud).
 
 Readable tables by default, `--json` everywhere. Project, topic and bucket come
 from flags or the environment (RESPAWN_PROJECT, RESPAWN_JOBS_TOPIC,
@@ -188,6 +188,12 @@ def job_store(s: Settings) -> Any:
     return GcsJobStore(s.state_bucket, storage.Client(project=s.project or None))
 
 
+def log_reader(s: Settings) -> Any:
+    from respawn.adapters.cloud_logging import CloudLoggingReader
+
+    return CloudLoggingReader(s.project)
+
+
 def publish(s: Settings, message: dict[str, Any]) -> str:
     from google.cloud import pubsub_v1
 
@@ -277,6 +283,84 @@ def cmd_parse_event(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    """The job's trainer output and lifecycle entries: from Cloud Logging when a state bucket is configured (as
+    `status` reads the job there), else (or with --local) from the local cloud's newest run of the job."""
+    validated({"action": "cancel", "job_id": args.job}, "logs")  # the job id, checked as every message's is
+    if args.attempt is not None and args.attempt < 1:
+        raise UserError(f"--attempt: {args.attempt} is not an attempt; allowed: 1 or more")
+    cloud = not args.local and bool(args.state_bucket or Settings.from_env().state_bucket)
+    try:
+        return _cloud_logs(args) if cloud else _local_logs(args)
+    except KeyboardInterrupt:
+        if args.follow:
+            return 0  # Ctrl-C is how a follow ends
+        raise
+
+
+def _printer(args: argparse.Namespace, workers: bool) -> Callable[[Any], None]:
+    def write(line: Any) -> None:
+        text = json.dumps(line.to_json(), sort_keys=True, default=str) if args.json else line.render(workers)
+        print(text, flush=args.follow)
+
+    return write
+
+
+def _cloud_logs(args: argparse.Namespace) -> int:
+    from respawn.joblogs import entry_line, job_filter, stream
+
+    s = settings(args, "state_bucket", "project")
+    store = job_store(s)
+    job, _ = store.load(args.job)
+    if job is None:
+        raise UserError(f"no job {args.job!r} in gs://{s.state_bucket}/respawn/jobs/")
+    since = job.submitted_at
+    if args.attempt is not None:
+        attempt = next((a for a in job.attempts if a.n == args.attempt), None)
+        if attempt is None:
+            raise UserError(f"--attempt: job {args.job} has no attempt {args.attempt}; it has {_numbers(job)}")
+        since = attempt.requested_at
+    hosts = job.spec.machine.hosts if job.spec else 1
+    write = _printer(args, workers=hosts > 1)
+
+    def out(entry: Any) -> None:
+        line = entry_line(entry)
+        if line is not None:
+            write(line)
+
+    def finished() -> bool:
+        current, _ = store.load(args.job)
+        return current is None or current.status.terminal
+
+    selection = job_filter(s.project, args.job, args.attempt)
+    stream(log_reader(s), selection, since, out, follow=args.follow, finished=finished, sleep=time.sleep)
+    return 0
+
+
+def _numbers(job: Job) -> str:
+    return f"attempts 1-{len(job.attempts)}" if job.attempts else "no attempts"
+
+
+def _local_logs(args: argparse.Namespace) -> int:
+    from respawn.local import joblogs
+
+    workdir = Path(args.workdir)
+    run = joblogs.find_run(workdir, args.job)
+    if run is None:
+        raise UserError(
+            f"no local run of job {args.job!r} in {workdir}/runs/ (for a job in Google Cloud, set "
+            f"{VARIABLES['state_bucket'][0]} or pass --bucket)"
+        )
+    if args.attempt is not None and args.attempt not in joblogs.attempts(run, args.job) and joblogs.run_over(run):
+        known = joblogs.attempts(run, args.job)
+        have = f"attempts {', '.join(map(str, known))}" if known else "no attempts"
+        raise UserError(f"--attempt: job {args.job} has no attempt {args.attempt} in {run}; it has {have}")
+    print(f"{PROG}: {args.job} in {run}", file=sys.stderr)
+    write = _printer(args, workers=True)  # a one-host machine's lines name no worker
+    joblogs.read(run, args.job, write, attempt=args.attempt, follow=args.follow, sleep=time.sleep)
+    return 0
+
+
 def run_local(argv: list[str]) -> int:
     try:
         local_cli = importlib.import_module("respawn.local.cli")
@@ -321,6 +405,19 @@ def parser() -> argparse.ArgumentParser:
     add("parse-event", cmd_parse_event, "show how respawn reads a LogEntry / Pub/Sub message file").add_argument(
         "file", help="a LogEntry, Pub/Sub message, push body or CloudEvent (JSON)"
     )
+    logs = add(
+        "logs",
+        cmd_logs,
+        "print a job's trainer output and lifecycle entries, attempt by attempt (Cloud Logging when a state "
+        "bucket is configured, else the local cloud's newest run of the job)",
+        project,
+        bucket,
+    )
+    logs.add_argument("job")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+    logs.add_argument("--attempt", type=int, metavar="N", help="only attempt N")
+    logs.add_argument("--local", action="store_true", help="read the local cloud's runs even with a bucket set")
+    logs.add_argument("--workdir", default=".respawn", help="the local cloud's workdir (default .respawn)")
     sub.add_parser("local", help="run jobs on the local cloud (respawn local --help)", add_help=False)
     return p
 

@@ -146,6 +146,7 @@ IGNORED: dict[str, str] = {
     "logentry_unrelated_vm.json": 'instance "gke-batch-spot-pool-5b909138-nr65" is not a respawn machine',
     "logentry_other_method.json": 'method "compute.instances.migrateOnHostMaintenance" is not a preemption or host',
     "logentry_activity_insert.json": 'log "cloudaudit.googleapis.com%2Factivity" is neither',
+    "logentry_container_line.json": 'log "gcplogs-docker-driver" is neither',  # `respawn logs` reads it, not on_event
 }
 
 

@@ -11,8 +11,9 @@ multi-controller runtime expects; every other machine is one process. Every
 stdout line of a trainer is a lifecycle entry (only process 0 of a slice writes
 them); it is wrapped into the LogEntry google-cloud-logging would write and
 handed to the log router. Stderr goes to the worker's log file
-(`NODE.log`, or `NODE-w-I.log` per worker of a slice); worker 0's is read for
-live progress (step, loss).
+(`NODE.log`, or `NODE-w-I.log` per worker of a slice, where the `failed` entry
+its startup script writes for it lands too); worker 0's is read for live
+progress (step, loss).
 
 Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM to
 every worker (the ACPI soft-off), SIGKILL after the grace period to those still
@@ -401,7 +402,6 @@ class Nodes:
         code = worker.proc.wait()
         for reader in worker.readers:
             reader.join(timeout=10)
-        worker.log.close()
         m = node.machine
         self.timeline.add("trainer_exit", machine=m.name, attempt=node.attempt, code=code, **node.tagged(worker))
         quiet = worker.last_word or worker.host_error or node.preempting or node.deleted or self._closed
@@ -414,7 +414,9 @@ class Nodes:
                 "error": f"the trainer exited with code {code}",
             }
             payload.update(node.tagged(worker))
+            worker.log.write((json.dumps(payload, separators=(",", ":")) + "\n").encode())  # `respawn logs` reads it
             self._emit(node, payload)
+        worker.log.close()
 
     def alive(self) -> list[str]:
         """Machines with a live trainer process."""
