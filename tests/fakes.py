@@ -217,3 +217,25 @@ class CrashingProvider:
 
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
         return self.provider.list(zone, job_id)
+
+
+class FakeLogReader:
+    """Cloud Logging's entries.list over a list of LogEntry dicts: the query's selection is evaluated with
+    respawn.logfilter and its `timestamp>=` bound (respawn.joblogs.since_filter) compared, oldest first.
+    `filters` records every query; tests append to `stored` between reads, as Cloud Logging ingests."""
+
+    def __init__(self, entries: list[dict[str, Any]] | None = None) -> None:
+        self.stored = list(entries or [])
+        self.filters: list[str] = []
+
+    def entries(self, filter_: str) -> list[dict[str, Any]]:
+        from respawn.logfilter import LogFilter
+        from respawn.parsing import rfc3339
+
+        self.filters.append(filter_)
+        selection, _, bound = filter_.rpartition('\nAND timestamp>="')
+        since = rfc3339(bound.rstrip('"'))
+        assert selection.startswith("(") and since is not None, f"not a since_filter: {filter_}"
+        query = LogFilter.parse(selection)
+        found = [e for e in self.stored if query.matches(e) and (rfc3339(e.get("timestamp")) or 0.0) >= since]
+        return sorted(found, key=lambda e: rfc3339(e.get("timestamp")) or 0.0)

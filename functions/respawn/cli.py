@@ -1,4 +1,4 @@
-"""The `respawn` command: submit, status, list, cancel, parse-event, and `local` (the local cloud).
+"""The `respawn` command: submit, status, list, cancel, logs, parse-event, and `local` (the local cloud).
 
 Readable tables by default, `--json` everywhere. Project, topic and bucket come
 from flags or the environment (RESPAWN_PROJECT, RESPAWN_JOBS_TOPIC,
@@ -18,10 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from respawn.accounting import CATEGORIES, job_accounting
 from respawn.config import VARIABLES, Settings, SettingsError
 from respawn.model import Attempt, Job, TpuMachine
-
-SPOT = ("spot", "preemptible")
 
 PROG = "respawn"
 
@@ -105,7 +104,8 @@ def describe(job: Job, now: float | None = None) -> str:
                    "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
         if spec is not None:
-            lines += ["", "machine time by tier", _tier_costs(job, time.time() if now is None else now)]
+            books = job_accounting(job, time.time() if now is None else now)
+            lines += ["", *_goodput_lines(books), "", "machine time by tier", _tier_costs(books)]
     if job.result:
         lines += ["", "result"]
         lines += [
@@ -121,23 +121,46 @@ def _waited(a: Attempt) -> str:
     return f"{max(0.0, a.started_at - (a.startup_s or 0.0) - a.requested_at):.0f}s"
 
 
-def _tier_costs(job: Job, now: float) -> str:
-    """Hours each tier's machines ran (from the trainer's process start to the attempt's end), priced at the
-    tier's rate (Spot for spot/preemptible, on-demand otherwise; respawn/local/prices.py, dated list prices)."""
-    from respawn.local.prices import machine_price
-    from respawn.spec import spec_to_message
+def span(seconds: float) -> str:
+    """12s, 4m05s, 3h12m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
-    assert job.spec is not None
-    price = machine_price(spec_to_message(job.spec)["machine"])
-    rows = []
-    for i, tier in enumerate(job.spec.all_tiers):
-        hours = sum(
-            ((a.ended_at or now) - a.started_at + (a.startup_s or 0.0)) / 3600
-            for a in job.attempts
-            if a.tier == i and a.started_at is not None
+
+def _goodput_lines(books: dict[str, Any]) -> list[str]:
+    """Goodput, badput by category and cost at Spot vs on-demand (respawn/accounting.py, respawn/prices.py)."""
+    sec = books["seconds"]
+    badput = ", ".join(f"{k.removesuffix('_s')} {span(sec[k])}" for k in CATEGORIES if k != "productive_s")
+    wall, productive = span(books["wall_s"]), span(sec["productive_s"])
+    lines = [f"goodput      {100 * books['goodput']:.1f}% of {wall}: productive {productive}", f"badput       {badput}"]
+    c = books["cost"]
+    if c is None:
+        lines.append("cost         - (no price for this machine type in respawn/prices.py)")
+    else:
+        less = f" ({100 * (1 - c['spot_usd'] / c['on_demand_usd']):.0f}% less)" if c["on_demand_usd"] else ""
+        lines.append(
+            f"cost         ${c['spot_usd']:.2f} at Spot vs ${c['on_demand_usd']:.2f} on-demand{less} for "
+            f"{books['machine_hours']:.2f} machine hours; {c['priced_as']} [{c['prices_as_of']}]"
         )
-        rate = None if price is None else price.spot_per_h if tier.provisioning in SPOT else price.on_demand_per_h
-        rows.append((i, tier.provisioning, f"{hours:.2f}", "" if rate is None else f"${hours * rate:.2f}"))
+    return lines
+
+
+def _tier_costs(books: dict[str, Any]) -> str:
+    """Hours each tier's machines ran (from the trainer's process start to the attempt's end), priced at the
+    tier's rate (Spot for spot/preemptible, on-demand otherwise; respawn/prices.py, dated list prices)."""
+    rows = [
+        (
+            t["tier"],
+            t["provisioning"],
+            f"{t['machine_hours']:.2f}",
+            "" if t["cost_usd"] is None else f"${t['cost_usd']:.2f}",
+        )
+        for t in books["tiers"]
+    ]
     return table(("tier", "provisioning", "machine hours", "cost"), rows)
 
 
@@ -163,6 +186,12 @@ def job_store(s: Settings) -> Any:
     from respawn.adapters.gcs_store import GcsJobStore
 
     return GcsJobStore(s.state_bucket, storage.Client(project=s.project or None))
+
+
+def log_reader(s: Settings) -> Any:
+    from respawn.adapters.cloud_logging import CloudLoggingReader
+
+    return CloudLoggingReader(s.project)
 
 
 def publish(s: Settings, message: dict[str, Any]) -> str:
@@ -220,7 +249,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     job, _ = job_store(s).load(args.job)
     if job is None:
         raise UserError(f"no job {args.job!r} in gs://{s.state_bucket}/respawn/jobs/")
-    emit(args, job.to_dict(), describe(job))
+    now = time.time()
+    emit(args, {**job.to_dict(), "accounting": job_accounting(job, now)}, describe(job, now))
     return 0
 
 
@@ -250,6 +280,84 @@ def cmd_parse_event(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(f"{args.file}: {e}") from e
     print(json.dumps(parsing.event_to_json(event), sort_keys=True))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """The job's trainer output and lifecycle entries: from Cloud Logging when a state bucket is configured (as
+    `status` reads the job there), else (or with --local) from the local cloud's newest run of the job."""
+    validated({"action": "cancel", "job_id": args.job}, "logs")  # the job id, checked as every message's is
+    if args.attempt is not None and args.attempt < 1:
+        raise UserError(f"--attempt: {args.attempt} is not an attempt; allowed: 1 or more")
+    cloud = not args.local and bool(args.state_bucket or Settings.from_env().state_bucket)
+    try:
+        return _cloud_logs(args) if cloud else _local_logs(args)
+    except KeyboardInterrupt:
+        if args.follow:
+            return 0  # Ctrl-C is how a follow ends
+        raise
+
+
+def _printer(args: argparse.Namespace, workers: bool) -> Callable[[Any], None]:
+    def write(line: Any) -> None:
+        text = json.dumps(line.to_json(), sort_keys=True, default=str) if args.json else line.render(workers)
+        print(text, flush=args.follow)
+
+    return write
+
+
+def _cloud_logs(args: argparse.Namespace) -> int:
+    from respawn.joblogs import entry_line, job_filter, stream
+
+    s = settings(args, "state_bucket", "project")
+    store = job_store(s)
+    job, _ = store.load(args.job)
+    if job is None:
+        raise UserError(f"no job {args.job!r} in gs://{s.state_bucket}/respawn/jobs/")
+    since = job.submitted_at
+    if args.attempt is not None:
+        attempt = next((a for a in job.attempts if a.n == args.attempt), None)
+        if attempt is None:
+            raise UserError(f"--attempt: job {args.job} has no attempt {args.attempt}; it has {_numbers(job)}")
+        since = attempt.requested_at
+    hosts = job.spec.machine.hosts if job.spec else 1
+    write = _printer(args, workers=hosts > 1)
+
+    def out(entry: Any) -> None:
+        line = entry_line(entry)
+        if line is not None:
+            write(line)
+
+    def finished() -> bool:
+        current, _ = store.load(args.job)
+        return current is None or current.status.terminal
+
+    selection = job_filter(s.project, args.job, args.attempt)
+    stream(log_reader(s), selection, since, out, follow=args.follow, finished=finished, sleep=time.sleep)
+    return 0
+
+
+def _numbers(job: Job) -> str:
+    return f"attempts 1-{len(job.attempts)}" if job.attempts else "no attempts"
+
+
+def _local_logs(args: argparse.Namespace) -> int:
+    from respawn.local import joblogs
+
+    workdir = Path(args.workdir)
+    run = joblogs.find_run(workdir, args.job)
+    if run is None:
+        raise UserError(
+            f"no local run of job {args.job!r} in {workdir}/runs/ (for a job in Google Cloud, set "
+            f"{VARIABLES['state_bucket'][0]} or pass --bucket)"
+        )
+    if args.attempt is not None and args.attempt not in joblogs.attempts(run, args.job) and joblogs.run_over(run):
+        known = joblogs.attempts(run, args.job)
+        have = f"attempts {', '.join(map(str, known))}" if known else "no attempts"
+        raise UserError(f"--attempt: job {args.job} has no attempt {args.attempt} in {run}; it has {have}")
+    print(f"{PROG}: {args.job} in {run}", file=sys.stderr)
+    write = _printer(args, workers=True)  # a one-host machine's lines name no worker
+    joblogs.read(run, args.job, write, attempt=args.attempt, follow=args.follow, sleep=time.sleep)
     return 0
 
 
@@ -297,6 +405,19 @@ def parser() -> argparse.ArgumentParser:
     add("parse-event", cmd_parse_event, "show how respawn reads a LogEntry / Pub/Sub message file").add_argument(
         "file", help="a LogEntry, Pub/Sub message, push body or CloudEvent (JSON)"
     )
+    logs = add(
+        "logs",
+        cmd_logs,
+        "print a job's trainer output and lifecycle entries, attempt by attempt (Cloud Logging when a state "
+        "bucket is configured, else the local cloud's newest run of the job)",
+        project,
+        bucket,
+    )
+    logs.add_argument("job")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+    logs.add_argument("--attempt", type=int, metavar="N", help="only attempt N")
+    logs.add_argument("--local", action="store_true", help="read the local cloud's runs even with a bucket set")
+    logs.add_argument("--workdir", default=".respawn", help="the local cloud's workdir (default .respawn)")
     sub.add_parser("local", help="run jobs on the local cloud (respawn local --help)", add_help=False)
     return p
 

@@ -7,8 +7,9 @@ Order of the checks on every event: an already-seen event id changes nothing;
 then the TTL (a live job past its deadline is EXPIRED and its machine deleted);
 then events naming an older attempt are stale and change nothing; then the
 event itself (on a SUCCEEDED job only the trainer's own `completed` entry does anything: it fills in the result
-of one its startup script sent on exit code 0). A decision that changes nothing returns the same record and no
-actions, and the event id is not recorded.
+of one its startup script sent on exit code 0). Last, a trainer's goodput split is kept on the attempt its entry
+names, stale or not (the only thing a stale event may change: that older attempt's split). A decision that
+changes nothing returns the same record and no actions, and the event id is not recorded.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
+from respawn.accounting import later_split
 from respawn.actions import Action, CreateMachine, DeleteMachine
 from respawn.events import (
     EXIT_CODE,
@@ -69,9 +71,10 @@ def decide(job: Job | None, event: JobEvent, now: float, policy: Policy) -> tupl
     if not job.status.terminal and now >= job.deadline:
         new, actions = _finish(job, now, Status.EXPIRED, "expired", f"the ttl of {_ttl(job)}s ran out")
     elif is_stale(job, event):
-        return job, []
+        new, actions = job, []
     else:
         new, actions = _step(job, event, now, policy)
+    new = _with_goodput(new, event)
     if new == job and not actions:
         return job, []
     seen = (*new.seen_events, event.event_id)[-policy.seen_events_max :]
@@ -82,6 +85,21 @@ def is_stale(job: Job, event: JobEvent) -> bool:
     """The event names an attempt older than the job's current one."""
     attempt = getattr(event, "attempt", None)
     return attempt is not None and job.current is not None and attempt < job.current.n
+
+
+def _with_goodput(job: Job, event: JobEvent) -> Job:
+    """The trainer's goodput split, kept on the attempt the entry names, whatever the job or that attempt became
+    since: a `stopped` entry may arrive after the preemption that replaced its attempt. It changes nothing else,
+    so even a stale entry never touches a newer attempt; per attempt the split covering more time wins
+    (accounting.later_split), so duplicates and any order leave the same record."""
+    split = getattr(event, "goodput", None)
+    n = getattr(event, "attempt", None)
+    if not split or n is None:
+        return job
+    attempt = next((a for a in job.attempts if a.n == n), None)
+    if attempt is None or not later_split(split, attempt.goodput):
+        return job
+    return job.with_attempt(replace(attempt, goodput=dict(split)))
 
 
 # -- a job's first event ---------------------------------------------------------------------------------------------
@@ -131,6 +149,8 @@ def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, l
         current = job.current
         if current is None or event.attempt != current.n:
             return job, []
+        if isinstance(event, CheckpointSaved) and (current.checkpoint_at or 0.0) < event.time:
+            current = replace(current, checkpoint_at=event.time)  # lost work is counted from here (accounting.py)
         return _with_step(job, _progressed(current, event.time), event.step), []
     live = _live(job)
     if live is None or getattr(event, "attempt", None) != live.n:

@@ -76,11 +76,15 @@ class TrainerStarted:
 
 @dataclass(frozen=True)
 class CheckpointSaved:
+    """A save completed: the trainer's `checkpoint` entry, or its `stopped` entry (saved on the notice), which
+    carries the trainer's goodput split of the attempt (accounting.py)."""
+
     event_id: str
     time: float
     job_id: str
     attempt: int
     step: int
+    goodput: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class TrainerCompleted:
     attempt: int
     step: int | None = None
     result: dict[str, Any] = field(default_factory=dict)  # final_loss, params_sha256, ...
+    goodput: dict[str, float] | None = None
     source: str = "trainer"  # trainer | exit-code
 
 
@@ -127,6 +132,7 @@ class TrainerFailed:
     error: str = ""
     worker: int | None = None
     machine_state: MachineState | None = None
+    goodput: dict[str, float] | None = None  # the trainer's own entry has its split; its startup script's has none
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,8 @@ class Attempt:
     last_step: int | None = None  # newest step reported by a checkpoint/started/completed entry
     progress_at: float | None = None  # time of the newest trainer entry proving progress (hang detection)
     machine_deleted: bool = False
+    checkpoint_at: float | None = None  # time of the newest `checkpoint` / `stopped` entry: a save completed
+    goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
 
     @property
     def ended(self) -> bool:

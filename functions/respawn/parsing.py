@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from respawn.accounting import parse_split
 from respawn.events import (
     EXIT_CODE,
     CancelRequested,
@@ -261,6 +262,7 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
     step = _whole(p.get("step"))
     if p.get("step") is not None and (step is None or step < 0):
         return Ignored(f"trainer entry step {show(p.get('step'))} is not a non-negative integer")
+    split = parse_split(p.get("goodput"))
     if kind == "started":
         restored = _whole(p.get("restored_step"))
         startup = p.get("startup_s")
@@ -269,7 +271,7 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
     if kind in ("checkpoint", "stopped"):
         if step is None:
             return Ignored(f"trainer {kind} entry has no step")
-        return CheckpointSaved(event_id, when, job_id, attempt, step)
+        return CheckpointSaved(event_id, when, job_id, attempt, step, split)
     if kind == "progress":
         if step is None:
             return Ignored("trainer progress entry has no step")
@@ -278,11 +280,12 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
         if p.get("source") == EXIT_CODE:  # the startup script's: it knows only the exit code
             return TrainerCompleted(event_id, when, job_id, attempt, step, source=EXIT_CODE)
         result = {k: p[k] for k in ("final_loss", "params_sha256", "goodput") if k in p}
-        return TrainerCompleted(event_id, when, job_id, attempt, step, result)
+        return TrainerCompleted(event_id, when, job_id, attempt, step, result, split)
     error = p.get("error")
     worker = _whole(p.get("worker"))
     text = error if isinstance(error, str) else show(error, 500)
-    return TrainerFailed(event_id, when, job_id, attempt, text, worker if worker is not None and worker >= 0 else None)
+    worker = worker if worker is not None and worker >= 0 else None
+    return TrainerFailed(event_id, when, job_id, attempt, text, worker, goodput=split)
 
 
 def _whole(value: Any) -> int | None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
 from respawn.model import Job, JobSpec, MachineState
@@ -75,3 +76,10 @@ class JobStore(Protocol):
 
 class Clock(Protocol):
     def now(self) -> float: ...
+
+
+class LogReader(Protocol):
+    """Reads log entries (`respawn logs`)."""
+
+    def entries(self, filter_: str) -> Iterable[Mapping[str, Any]]:
+        """Every entry matching the Cloud Logging query `filter_`, oldest first, as LogEntry JSON."""

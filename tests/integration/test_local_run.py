@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -106,18 +107,79 @@ def check(report: dict[str, Any], stderr: str, stockout: bool = False) -> None:
     assert len(report["recovery_create_s"]) == 2, detail
 
 
+def logs(workdir: Path, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`respawn logs local-it` on the local cloud's runs under `workdir`."""
+    argv = [*RESPAWN, "logs", "local-it", "--workdir", str(workdir), *extra]
+    env = {k: v for k, v in os.environ.items() if k != "RESPAWN_STATE_BUCKET"}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def check_logs(text: str, report: dict[str, Any]) -> None:
+    """Every attempt that ran, in order, each from its `started`; the preempted ones stopped, the last completed."""
+    lines = text.splitlines()
+    attempts = [int(line[2 : line.index("]")]) for line in lines]
+    assert attempts == sorted(attempts) and lines, text[-2000:]
+    ran = [z["attempt"] for z in report["zones"] if z["end"] != "queued"]
+    assert sorted(set(attempts)) == ran, (ran, text[-2000:])
+    words = [[*line.split(), ""][1] for line in lines]  # `[a2] started {...}`; a trainer line starts with its time
+    lifecycle = [(n, w) for n, w in zip(attempts, words, strict=True) if w in ("started", "stopped", "completed")]
+    assert [n for n, e in lifecycle if e == "started"] == ran, lifecycle
+    assert sum(e == "stopped" for _, e in lifecycle) == report["preemptions_injected"], lifecycle
+    assert lifecycle[-1] == (ran[-1], "completed"), lifecycle
+    assert sum("loss" in line for line in lines) >= STEPS  # the progress lines of every step (--log-every=1)
+
+
+class FollowedLogs(threading.Thread):
+    """`respawn logs local-it -f`, started as soon as a new run (not in `before`) has submitted the job."""
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(daemon=True)
+        self.workdir, self.before = workdir, set(runs(workdir))
+        self.result: subprocess.CompletedProcess[str] | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            new = [r for r in runs(self.workdir) if r not in self.before and '"local-it"' in timeline(r)]
+            if new:
+                self.result = logs(self.workdir, "-f", timeout=400)
+                return
+            time.sleep(0.2)
+
+
+def runs(workdir: Path) -> list[Path]:
+    return sorted((workdir / "runs").glob("*")) if (workdir / "runs").is_dir() else []
+
+
+def timeline(run: Path) -> str:
+    path = run / "timeline.jsonl"
+    return path.read_text() if path.exists() else ""
+
+
 def test_quickstart_survives_preemptions_and_a_stockout(job_file: Path, workdir: Path) -> None:
     need(FakeGcs.missing() or PubSubEmulator.missing())
     report, stderr = run_local(job_file, workdir, *STOCKOUT, "--plot", str(workdir / "timeline.png"))
     check(report, stderr, stockout=True)
     assert report["bus"] == "pubsub-emulator"
     assert (workdir / "timeline.png").stat().st_size > 10_000
+    printed = logs(workdir)
+    assert printed.returncode == 0 and report["run_dir"] in printed.stderr, printed.stderr
+    check_logs(printed.stdout, report)
+    queued = logs(workdir, "--attempt", "1")  # waited in the stocked-out queue: created, never ran
+    assert (queued.returncode, queued.stdout) == (0, ""), queued.stderr
 
 
 def test_duplicate_deliveries_change_nothing(job_file: Path, workdir: Path) -> None:
     need(FakeGcs.missing() or PubSubEmulator.missing())
+    follower = FollowedLogs(workdir)  # `logs -f` follows the job while it runs, and ends when the run does
+    follower.start()
     report, stderr = run_local(job_file, workdir, "--duplicate-deliveries", "3")
     check(report, stderr)
+    follower.join(timeout=60)
+    followed = follower.result
+    assert followed is not None and followed.returncode == 0, followed and followed.stderr
+    check_logs(followed.stdout, report)
+    assert followed.stdout == logs(workdir).stdout  # followed as it ran: the same lines as read afterwards
 
 
 def test_without_the_emulator_the_in_process_bus_is_used(job_file: Path, workdir: Path) -> None:

@@ -21,6 +21,7 @@ import yaml
 
 from respawn import parsing
 from respawn.events import TrainerFailed, ZoneWokeUp
+from respawn.joblogs import lifecycle_payload
 from respawn.local import cli
 from respawn.local.chaos import (
     HANG_WORKER,
@@ -323,6 +324,8 @@ def test_a_killed_worker_is_reported_failed_by_its_startup_script(tmp_path: Path
     assert LogFilter.parse(load_sink_filter()).matches(entry)
     exits = [e for e in cloud.timeline.events("trainer_exit") if e["code"] == -9]
     assert [e["worker"] for e in exits] == [2]
+    last = (tmp_path / "slice-a3-w-2.log").read_text().splitlines()[-1]  # where `respawn logs` finds it
+    assert lifecycle_payload(last) == entry["jsonPayload"]
 
 
 def test_a_preempted_slice_stops_every_worker_and_each_worker_vm_logs_the_event(tmp_path: Path) -> None:

@@ -209,3 +209,112 @@ def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
     costs = text.split("machine time by tier")[1]
     assert "spot" in costs and "1.00" in costs and "$3.84" in costs  # 1 h of v5litepod-8 at 8 x $0.48 Spot
     assert "standard" in costs and "0.50" in costs and "$4.80" in costs  # 0.5 h at 8 x $1.20 on-demand
+
+
+# -- respawn logs -----------------------------------------------------------------------------------------------------
+
+
+def local_run(workdir: Path, over: bool = True) -> Path:
+    """A local run of `qs`: a1 preempted, a2 completed (the files the local cloud writes)."""
+    run = workdir / "runs" / "20260101-000000-1"
+    (run / "machines").mkdir(parents=True)
+    (run / "timeline.jsonl").write_text(json.dumps({"t": 1.0, "kind": "submitted", "job_id": "qs"}) + "\n")
+    (run / "machines" / "qs-a1.log").write_text('{"event":"started","job_id":"qs","attempt":1,"step":0}\nstep 1/2\n')
+    (run / "machines" / "qs-a2.log").write_text('step 2/2\n{"event":"completed","job_id":"qs","attempt":2}\n')
+    if over:
+        (run / "report.json").write_text("{}")
+    return run
+
+
+def test_logs_of_a_local_run_print_every_attempt_in_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    made = local_run(tmp_path)
+    code, out, err = run(capsys, "logs", "qs", "--workdir", str(tmp_path))
+    assert code == 0 and str(made) in err
+    assert out.splitlines() == ['[a1] started {"step": 0}', "[a1] step 1/2", "[a2] step 2/2", "[a2] completed {}"]
+    code, out, _ = run(capsys, "logs", "qs", "--workdir", str(tmp_path), "--attempt", "2", "--json")
+    assert [json.loads(x) for x in out.splitlines()] == [
+        {"attempt": 2, "worker": None, "line": "step 2/2"},
+        {"attempt": 2, "worker": None, "entry": {"event": "completed", "job_id": "qs", "attempt": 2}},
+    ]
+
+
+def test_logs_follow_ends_at_ctrl_c_with_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    local_run(tmp_path, over=False)  # named after process 1, which never ends: the run looks live
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", interrupted)
+    code, out, _ = run(capsys, "logs", "qs", "-f", "--workdir", str(tmp_path))
+    assert code == 0 and out.count("\n") == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["logs", "nope"], "no local run of job 'nope' in"),
+        (["logs", "Not_A_Job"], 'logs: job message: field "job_id"'),
+        (["logs", "qs", "--attempt", "0"], "--attempt: 0 is not an attempt; allowed: 1 or more"),
+        (["logs", "qs", "--attempt", "3"], "--attempt: job qs has no attempt 3 in"),
+    ],
+)
+def test_logs_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    local_run(tmp_path)
+    code, out, err = run(capsys, *argv, "--workdir", str(tmp_path))
+    assert (code, out) == (2, "") and err.count("\n") == 1 and says in err
+
+
+def test_logs_with_a_state_bucket_read_cloud_logging(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes import FakeLogReader, InMemoryJobStore
+
+    from respawn import cli
+    from respawn.decide import Policy, decide
+    from respawn.events import JobSubmitted, TrainerCompleted, TrainerStarted
+    from respawn.spec import load_job_file, parse_job_message
+
+    names = ["logentry_trainer_started.json", "logentry_container_line.json", "logentry_trainer_completed.json",
+             "logentry_trainer_failed.json"]  # fmt: skip
+    entries = [json.loads((DATA / name).read_text()) for name in names]
+    submitted = 1741944000.0  # before the entries
+    job = None
+    for event in (
+        JobSubmitted("m", submitted, parse_job_message(load_job_file(DATA / "job_tpu.yaml"))),  # type: ignore[arg-type]
+        TrainerStarted("s", submitted + 1, "llm-small-001", 1),
+    ):
+        job, _ = decide(job, event, event.time, Policy())
+    store, reader = InMemoryJobStore(), FakeLogReader(entries)
+    assert job is not None
+    store.save(job, 0)
+    monkeypatch.setattr(cli, "job_store", lambda s: store)
+    monkeypatch.setattr(cli, "log_reader", lambda s: reader)
+    monkeypatch.setenv("RESPAWN_STATE_BUCKET", "state")
+    monkeypatch.setenv("RESPAWN_PROJECT", "ml-research-4821")
+
+    code, out, err = run(capsys, "logs", "llm-small-001")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert [line.split()[:2] for line in lines] == [["[a3]", "started"], ["[a3]", "09:41:13"], ["[a3]", "completed"]]
+    assert 'timestamp>="2025-03-14T09:19:00.000000Z"' in reader.filters[-1]  # from the submit, less the lag
+
+    code, _, err = run(capsys, "logs", "llm-small-001", "--attempt", "2")
+    assert code == 2 and "has no attempt 2; it has attempts 1-1" in err
+    code, _, err = run(capsys, "logs", "other-job")
+    assert code == 2 and "no job 'other-job' in gs://state/respawn/jobs/" in err
+
+    done, _ = decide(job, TrainerCompleted("c", submitted + 2, "llm-small-001", 1, 5), submitted + 2, Policy())
+    assert done is not None
+    store.save(done, 1)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    code, out, _ = run(capsys, "logs", "llm-small-001", "-f")  # the job is over: one more read, then it ends
+    assert code == 0 and len(out.splitlines()) == 3 and len(reader.filters) == 1 + 2
+    monkeypatch.delenv("RESPAWN_PROJECT")
+    code, _, err = run(capsys, "logs", "llm-small-001")
+    assert code == 2 and "RESPAWN_PROJECT is not set" in err and "--project" in err

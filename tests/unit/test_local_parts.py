@@ -14,8 +14,8 @@ from respawn.local.chaos import Chaos, ChaosError, parse_duration, parse_steps, 
 from respawn.local.cli import UsageError, parse_entrypoint, total_steps, with_trainer_args
 from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
 from respawn.local.nodes import exit_word, lifecycle_entry, progress
-from respawn.local.prices import machine_price, tpu_units
 from respawn.logfilter import LogFilter, load_sink_filter
+from respawn.prices import machine_price, tpu_units
 
 
 def test_durations_and_schedules() -> None:

@@ -68,6 +68,8 @@ def push(data: Any, message_id: str = "42", **message: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- captured LogEntries
 
+COMPLETED_SPLIT = {"startup_s": 41.7, "restore_s": 6.2, "productive_s": 3318.4, "checkpoint_s": 4.9, "wasted_s": 12.6,
+                   "total_s": 3383.8}  # fmt: skip
 EXPECTED: dict[str, Event] = {
     "logentry_gce_preempted.json": MachinePreempted(
         "log:-x3q9v1e2k4fb", T_PREEMPT, "llm-small-001", 2, "llm-small-001-a2", "us-central1-a", P, "preempted"
@@ -103,20 +105,40 @@ EXPECTED: dict[str, Event] = {
         {
             "final_loss": 2.1432,
             "params_sha256": "9f2c4e71d0b8a35e6c1f27d94b0e8a6c3d5f1b29e7a04c86f3b2d19e5a7c0f48",
-            "goodput": {
-                "startup_s": 41.7,
-                "restore_s": 6.2,
-                "productive_s": 3318.4,
-                "checkpoint_s": 4.9,
-                "wasted_s": 12.6,
-                "total_s": 3383.8,
-            },
+            "goodput": COMPLETED_SPLIT,
         },
+        goodput=COMPLETED_SPLIT,
     ),
     "logentry_trainer_failed.json": TrainerFailed(
-        "log:0x7hw4kf2m1p3s", 1742074803.118462, "bert-ft-7", 1, "FloatingPointError: loss is nan at step 350"
+        "log:0x7hw4kf2m1p3s",
+        1742074803.118462,
+        "bert-ft-7",
+        1,
+        "FloatingPointError: loss is nan at step 350",
+        goodput={
+            "startup_s": 38.2,
+            "restore_s": 0.0,
+            "productive_s": 611.5,
+            "checkpoint_s": 1.7,
+            "wasted_s": 40.1,
+            "total_s": 691.5,
+        },
     ),
-    "logentry_trainer_stopped.json": CheckpointSaved("log:1m5ftq2e7c0k1", 1741950159.904117, "gemma-tune-2", 4, 8812),
+    "logentry_trainer_stopped.json": CheckpointSaved(
+        "log:1m5ftq2e7c0k1",
+        1741950159.904117,
+        "gemma-tune-2",
+        4,
+        8812,
+        {
+            "startup_s": 35.0,
+            "restore_s": 4.4,
+            "productive_s": 1290.7,
+            "checkpoint_s": 6.1,
+            "wasted_s": 0.0,
+            "total_s": 1336.2,
+        },
+    ),
     "logentry_trainer_progress.json": TrainerProgressed(
         "log:1c8xk2vf3n9r2e", 1741945332.041877, "llm-small-001", 3, 1460
     ),
@@ -125,6 +147,7 @@ IGNORED: dict[str, str] = {
     "logentry_unrelated_vm.json": 'instance "gke-batch-spot-pool-5b909138-nr65" is not a respawn machine',
     "logentry_other_method.json": 'method "compute.instances.migrateOnHostMaintenance" is not a preemption or host',
     "logentry_activity_insert.json": 'log "cloudaudit.googleapis.com%2Factivity" is neither',
+    "logentry_container_line.json": 'log "gcplogs-docker-driver" is neither',  # `respawn logs` reads it, not on_event
 }
 
 

@@ -27,7 +27,8 @@ trainer `failed` entry, no acknowledged progress entry within the hang timeout).
 After every step: at most one live machine per job,
 no machine without a record that asked for it, and a record without intent in
 flight owns every live machine of its job. After every acknowledged delivery:
-the same event again changes nothing, an older attempt's event changes nothing,
+the same event again changes nothing, an older attempt's event changes nothing
+but that attempt's goodput split (which only grows),
 a preemption or failure of the live attempt is counted exactly once (and never
 as the other), completion, cancel and TTL expiry end the job with its machine
 deleted, and a trainer's own result is never replaced (it fills in an exit code's).
@@ -143,6 +144,18 @@ def live_attempt(job: Job | None) -> int | None:
     if job is None or job.status.terminal or job.current is None or job.current.ended:
         return None
     return job.current.n
+
+
+def split(pick: int) -> dict[str, float]:
+    """A trainer's goodput split (respawn/accounting.py), varied by `pick`."""
+    productive, other = float(pick % 97), float(pick % 13)
+    return {"startup_s": other, "productive_s": productive, "total_s": productive + other}
+
+
+def without_split(job: Job, n: int) -> Job:
+    """The record less attempt n's goodput split and the bookkeeping every applied event changes."""
+    attempts = tuple(replace(a, goodput=None) if a.n == n else a for a in job.attempts)
+    return replace(job, attempts=attempts, updated_at=0.0, seen_events=())
 
 
 def event_job(event: Event) -> str | None:
@@ -290,10 +303,13 @@ class ServiceUnderChaos(RuleBasedStateMachine):
 
     @precondition(lambda self: self.running)
     @rule(
-        pick=PICK, kind=st.sampled_from(["started", "checkpoint", "progress", "completed", "failed"]), old=st.booleans()
+        pick=PICK,
+        kind=st.sampled_from(["started", "checkpoint", "progress", "stopped", "completed", "failed"]),
+        old=st.booleans(),
     )
     def trainer(self, pick: int, kind: str, old: bool) -> None:
-        """A trainer entry from a running machine, or (old) from any machine that ever ran: a late entry."""
+        """A trainer entry from a running machine, or (old) from any machine that ever ran: a late entry. The last
+        words (stopped, completed, the trainer's own failed) carry its goodput split."""
         running = [parse_machine_name(m.name) for _, m in self.machines() if m.state is MachineState.READY]
         pool = self.ran() if old and kind != "failed" else [p for p in running if p is not None]
         if not pool:
@@ -307,17 +323,21 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             self.publish(CheckpointSaved(event_id, now, job, n, pick % 1000))
         elif kind == "progress":
             self.publish(TrainerProgressed(event_id, now, job, n, pick % 1000))
-        elif kind == "completed":  # the trainer's own entry, its startup script's on exit 0, or both
+        elif kind == "stopped":  # saved on the notice; the machine is about to go
+            self.publish(CheckpointSaved(event_id, now, job, n, pick % 1000, split(pick)))
+        elif kind == "completed":  # the trainer's own entry (with its split), its startup script's on exit 0, or both
             if pick % 3:
                 self.publish(TrainerCompleted(self.eid("exit-0"), now, job, n, source=EXIT_CODE))
             if pick % 3 != 1:
-                self.publish(TrainerCompleted(event_id, now, job, n, 1000, {"final_loss": 2.0}))
-        else:  # on a slice, the first worker to die, and maybe others, report it
+                self.publish(TrainerCompleted(event_id, now, job, n, 1000, {"final_loss": 2.0}, split(pick)))
+        else:  # on a slice, the first worker to die, and maybe others, report it (the trainer's own entry: a split)
             self.failed.add((job, n))
             hosts = SPECS[job].machine.hosts
             for worker in sorted({pick % hosts, (pick >> 4) % hosts}):
                 error = "FloatingPointError: loss is nan"
-                self.publish(TrainerFailed(self.eid(kind), now, job, n, error, worker if hosts > 1 else None))
+                said = split(pick + worker) if worker == 0 else None
+                event = TrainerFailed(self.eid(kind), now, job, n, error, worker if hosts > 1 else None, goodput=said)
+                self.publish(event)
 
     @rule()
     def sweep(self) -> None:
@@ -462,7 +482,14 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             return
         attempt = getattr(event, "attempt", None)
         if attempt is not None and old.current is not None and attempt < old.current.n:
-            assert unchanged and outcome.result == "stale", f"{event} for an older attempt changed {job_id}"
+            if unchanged:
+                assert outcome.result == "stale", f"{event} for an older attempt: {outcome.result}"
+                return
+            # the one thing it may change: the trainer's goodput split of its own attempt
+            assert not touched and outcome.result == "applied", f"{event} for an older attempt acted on {job_id}"
+            assert new.attempts[attempt - 1].goodput == getattr(event, "goodput", None), f"{event} changed {job_id}"
+            assert without_split(new, attempt) == without_split(old, attempt), f"{event} changed more of {job_id}"
+            tally("an older attempt's goodput split kept")
             return
         before, after = old.counters, new.counters
         ended = {a.n: a.end_reason for a in new.attempts}
@@ -569,6 +596,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             assert new.result == old.result, f"{new.job_id}: the trainer's result {old.result} became {new.result}"
         elif old.status is Status.SUCCEEDED and new.result != old.result:
             tally("the trainer's completed filled in the exit code's")
+        for a in old.attempts:  # a split is replaced only by one covering more time: any order keeps the same
+            b = now_by_n[a.n]
+            assert a.goodput is None or (b.goodput is not None and b.goodput["total_s"] >= a.goodput["total_s"])
 
     def live_machines(self, job_id: str) -> list[str]:
         return [m.name for _, m in self.machines() if m.state in LIVE and m.name.startswith(f"{job_id}-a")]

@@ -267,6 +267,23 @@ def test_an_event_for_an_older_attempt_after_the_next_started_changes_nothing() 
     assert w.provider.calls == [] and w.status() is Status.RUNNING
 
 
+def test_a_late_stopped_entry_keeps_its_split_on_its_own_attempt_and_acts_on_nothing() -> None:
+    w = running()
+    w.handle(preemption(w))
+    w.handle(TrainerStarted("started-2", w.clock.now(), "llm", 2))
+    before = w.store.job("llm")
+    w.provider.calls.clear()
+    split = {"startup_s": 4.0, "productive_s": 90.0, "total_s": 95.0}
+    stopped = CheckpointSaved("late-stopped", w.clock.now(), "llm", 1, 500, split)
+
+    assert w.handle(stopped).result == "applied"
+    assert w.handle(stopped).result == "duplicate"
+    after = w.store.job("llm")
+    assert after.attempts[0].goodput == split and after.attempts[1] == before.attempts[1]
+    assert (after.status, after.counters, after.attempts[0].last_step) == (before.status, before.counters, None)
+    assert w.provider.calls == []
+
+
 def test_no_capacity_in_the_first_zone_creates_in_the_second() -> None:
     w = world(capacity={A: 0})
     job = w.store.job("llm")

@@ -161,6 +161,16 @@ def test_gpu_vm_runs_with_all_gpus(tmp_path: Path, fakes: dict[str, str]) -> Non
     assert ["nvidia-smi"] in calls(fakes)  # waited for the driver
 
 
+def test_the_containers_output_goes_to_cloud_logging_tagged_with_its_job(tmp_path: Path, fakes: dict[str, str]) -> None:
+    from respawn.joblogs import ATTEMPT_ENV, CONTAINER_LOG, JOB_ENV
+
+    run_script(tmp_path, fakes, spec())
+    argv = docker_run(fakes)
+    assert CONTAINER_LOG == "gcplogs-docker-driver"  # the log docker's gcplogs driver writes to
+    assert "--log-driver=gcplogs" in argv and f"--log-opt=env={JOB_ENV},{ATTEMPT_ENV}" in argv
+    assert f"{JOB_ENV}=job-1" in argv and f"{ATTEMPT_ENV}=3" in argv  # the values the driver copies
+
+
 def test_job_env_cannot_override_respawn_env(tmp_path: Path, fakes: dict[str, str]) -> None:
     s = spec(env=(("RESPAWN_ATTEMPT", "99"), ("RESPAWN_JOB_ID", "other")))
     run_script(tmp_path, fakes, s)
@@ -221,7 +231,7 @@ def test_the_exit_code_speaks_for_the_trainer(
     assert payload == {"event": event, **base, **error} and how == severity
     got = parsed(payload)
     if event == "completed":
-        assert got == TrainerCompleted("log:x1", got.time, "job-1", 3, None, {}, EXIT_CODE)  # type: ignore[union-attr]
+        assert got == TrainerCompleted("log:x1", got.time, "job-1", 3, None, {}, source=EXIT_CODE)  # type: ignore[union-attr]
     elif event == "failed":
         assert isinstance(got, TrainerFailed) and (got.error, got.worker) == (error["error"], int(worker or 0))
     else:  # a stopped entry without a step records nothing: the preemption's event recreates the machine

@@ -67,6 +67,9 @@ def docker_run_argv(spec: JobSpec, attempt: int) -> list[str]:
     gpu = isinstance(spec.machine, GpuMachine)
     argv = ["docker", "run", "--rm", "--name", CONTAINER, "--net=host"]
     argv += ["--gpus", "all"] if gpu else ["--privileged"]  # TPU VMs expose the chips as /dev/accel*
+    # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables
+    # in jsonPayload.container.metadata: `respawn logs` selects a job's lines by them (respawn/joblogs.py).
+    argv += ["--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTEMPT"]
     for key, value in trainer_env(spec, attempt):
         argv += ["-e", f"{key}={value}"]
     return [*argv, spec.image, *spec.args]

@@ -270,8 +270,8 @@ def leftover_processes() -> int:
 def run(ns: argparse.Namespace) -> int:
     from respawn.local import report
     from respawn.local.cloud import LocalCloud, signals_as_interrupt
-    from respawn.local.prices import machine_price
     from respawn.local.reference import ReferenceFailed, reference_run
+    from respawn.prices import machine_price
 
     opts = options(ns)
     message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)

@@ -13,7 +13,8 @@ line that is a JSON object naming a lifecycle event of the machine's job and
 attempt is a lifecycle entry (only process 0 of a slice writes them); it is
 wrapped into the LogEntry google-cloud-logging would write and handed to the log
 router. Every other line, on stdout or stderr, is a plain log line for the
-worker's log file (`NODE.log`, or `NODE-w-I.log` per worker of a slice);
+worker's log file (`NODE.log`, or `NODE-w-I.log` per worker of a slice, where the
+entry its startup script writes for it on exit lands too);
 worker 0's are read for live progress (step, loss).
 
 Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM to
@@ -442,7 +443,6 @@ class Nodes:
         code = worker.proc.wait()
         for reader in worker.readers:
             reader.join(timeout=10)
-        worker.log.close()
         m = node.machine
         self.timeline.add("trainer_exit", machine=m.name, attempt=node.attempt, code=code, **node.tagged(worker))
         quiet = worker.last_word or worker.host_error or self._closed
@@ -453,7 +453,9 @@ class Nodes:
             payload.update(source=EXIT_CODE, exit_code=code)
             if word == "failed":
                 payload["error"] = f"the trainer exited with code {code}"
+            worker.log.write((json.dumps(payload, separators=(",", ":")) + "\n").encode())  # `respawn logs` reads it
             self._emit(node, payload)
+        worker.log.close()
 
     def alive(self) -> list[str]:
         """Machines with a live trainer process."""

@@ -29,10 +29,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from respawn.local.prices import PRICES_AS_OF, MachinePrice
+from respawn.accounting import later_split, parse_split, sum_splits
+from respawn.prices import MachinePrice, cost, rate_per_h
 
 LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})
-GOODPUT_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "wasted_s", "total_s")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -141,15 +141,17 @@ def _gap(start: float | None, end: float | None) -> float | None:
 
 
 def goodput_split(events: list[dict[str, Any]], wall_s: float) -> dict[str, float]:
-    """Seconds per category: the sum of every attempt's final split, plus idle_s (wall time no trainer covered)."""
-    total = dict.fromkeys(GOODPUT_KEYS, 0.0)
-    final: dict[int, dict[str, Any]] = {}
+    """Seconds per category: the sum of every attempt's final split (one per attempt, as the job record keeps them:
+    respawn/accounting.py), plus idle_s (wall time no trainer covered)."""
+    final: dict[int, dict[str, float]] = {}
     for e in events:
-        if e["kind"] == "entry" and isinstance(e["payload"].get("goodput"), dict):
-            final[_attempt_of(e) or int(e["payload"].get("attempt") or 0)] = e["payload"]["goodput"]
-    for split in final.values():
-        for key in GOODPUT_KEYS:
-            total[key] += float(split.get(key) or 0.0)
+        split = parse_split(e["payload"].get("goodput")) if e["kind"] == "entry" else None
+        if split is None:
+            continue
+        n = _attempt_of(e) or int(e["payload"].get("attempt") or 0)
+        if later_split(split, final.get(n)):
+            final[n] = split
+    total = sum_splits(final.values())
     total["idle_s"] = max(0.0, wall_s - total["total_s"])
     return total
 
@@ -176,8 +178,7 @@ def tier_costs(job: dict[str, Any], used: dict[str, float], price: MachinePrice 
     rows = []
     for i, tier in enumerate(tiers):
         seconds = sum(used.get(a.get("machine", ""), 0.0) for a in job.get("attempts") or () if a.get("tier", 0) == i)
-        spot = tier["provisioning"] in ("spot", "preemptible")
-        rate = None if price is None else price.spot_per_h if spot else price.on_demand_per_h
+        rate = rate_per_h(tier["provisioning"], price)
         rows.append(
             {
                 "tier": i,
@@ -263,18 +264,7 @@ def build(
             for k in ("create_s", "queue_s", "boot_s", "start_s")
         },
         "machine_hours": round(hours, 5),
-        "cost": (
-            {
-                "spot_usd": round(hours * price.spot_per_h, 4),
-                "on_demand_usd": round(hours * price.on_demand_per_h, 4),
-                "spot_per_h": price.spot_per_h,
-                "on_demand_per_h": price.on_demand_per_h,
-                "priced_as": price.label,
-                "prices_as_of": PRICES_AS_OF,
-            }
-            if price
-            else None
-        ),
+        "cost": cost(hours, price),
         "params_sha256": sha,
         "reference_sha256": reference_sha,
         "exact": None if reference_sha is None else bool(sha) and sha == reference_sha,
@@ -334,7 +324,7 @@ def render(r: dict[str, Any]) -> str:
             f"for {r['machine_hours'] * 3600:.0f} machine-seconds; {c['priced_as']} [{c['prices_as_of']}]"
         )
     else:
-        lines.append("  cost     - (no price for this machine type in respawn/local/prices.py)")
+        lines.append("  cost     - (no price for this machine type in respawn/prices.py)")
     if len(r["tiers"]) > 1:
         for t in r["tiers"]:
             cost = "-" if t["cost_usd"] is None else f"${t['cost_usd']:.4f}"

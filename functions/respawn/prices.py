@@ -1,4 +1,7 @@
-"""Hourly prices of the machine types respawn runs, to price a run at Spot vs on-demand.
+"""Hourly prices of the machine types respawn runs, to price a job at Spot vs on-demand.
+
+Used by `respawn status` (a job's machine time from its record) and the local cloud's report (a run's machine
+time from its timeline).
 
 List prices in USD for us-central1, read from the public pricing pages
 (https://cloud.google.com/tpu/pricing, https://cloud.google.com/compute/gpus-pricing and
@@ -12,6 +15,7 @@ the figures as indicative: the report prints which row it used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from respawn.topology import UnknownTpuType, tpu_topology
 
@@ -82,3 +86,27 @@ def machine_price(machine: dict[str, object]) -> MachinePrice | None:
     label = f"{count} x {accelerator}: ${gpu.on_demand:.2f} on-demand / ${gpu.spot:.2f} Spot per GPU-hour"
     label += " (host VM not included)"
     return MachinePrice(label, count * gpu.on_demand, count * gpu.spot)
+
+
+SPOT_MODELS = ("spot", "preemptible")
+
+
+def rate_per_h(provisioning: str, price: MachinePrice | None) -> float | None:
+    """What one machine-hour of a tier costs: the Spot price for spot/preemptible, on-demand otherwise."""
+    if price is None:
+        return None
+    return price.spot_per_h if provisioning in SPOT_MODELS else price.on_demand_per_h
+
+
+def cost(hours: float, price: MachinePrice | None) -> dict[str, Any] | None:
+    """`hours` of machine time at the Spot and at the on-demand price, and which row priced them; None unpriced."""
+    if price is None:
+        return None
+    return {
+        "spot_usd": round(hours * price.spot_per_h, 4),
+        "on_demand_usd": round(hours * price.on_demand_per_h, 4),
+        "spot_per_h": price.spot_per_h,
+        "on_demand_per_h": price.on_demand_per_h,
+        "priced_as": price.label,
+        "prices_as_of": PRICES_AS_OF,
+    }
