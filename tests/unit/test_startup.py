@@ -41,6 +41,8 @@ stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
+    workers = {{k: os.environ.get(k) for k in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES")}}
+    pathlib.Path(log + ".env").write_text(json.dumps(workers))
     if os.environ.get("FAKE_BLOCK"):
         pathlib.Path(log + ".running").touch()
         while not stopped.exists():
@@ -49,12 +51,14 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
 """
 
 
-# The metadata server: the value of FAKE_AGENT_WORKER_NUMBER / FAKE_PREEMPTED, else HTTP 404 (curl -f exits 22).
+# The metadata server: the value of FAKE_AGENT_WORKER_NUMBER / FAKE_PREEMPTED / FAKE_ENDPOINTS, else HTTP 404
+# (curl -f exits 22).
 FAKE_CURL = """#!/bin/sh
 for url; do :; done
 case "${url##*/}" in
   agent-worker-number) answer=${FAKE_AGENT_WORKER_NUMBER-} ;;
   preempted) answer=${FAKE_PREEMPTED-} ;;
+  worker-network-endpoints) answer=${FAKE_ENDPOINTS-} ;;
   *) answer= ;;
 esac
 [ -n "$answer" ] || exit 22
@@ -134,6 +138,8 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         "RESPAWN_LOG_SINK=cloud",
         "RESPAWN_GRACE_S=8",  # a TPU VM's notice is about 10 s
         "RESPAWN_PROGRESS_S=60",  # the default hang_timeout (30m) / 4, at most once a minute
+        "TPU_WORKER_ID",  # this worker of the slice, exported by the script from the metadata server
+        "TPU_WORKER_HOSTNAMES",
     ]
     assert ["docker", "pull", image] in calls(fakes)
     assert not [c for c in calls(fakes) if c[:2] == ["gcloud", "auth"]]  # not an Artifact Registry image
@@ -324,3 +330,21 @@ def test_metadata_and_labels() -> None:
 def test_image_that_looks_like_an_option_is_refused() -> None:
     with pytest.raises(ValueError, match="image"):
         startup_script(spec(image="--privileged"), 1)
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "hosts"),
+    [
+        ("unknown:unknown:10.130.0.25,unknown:unknown:10.130.0.26", "10.130.0.25,10.130.0.26"),  # NAME:ID:IP
+        ("t1v-n-1-w-0,t1v-n-1-w-1,t1v-n-1-w-2", "t1v-n-1-w-0,t1v-n-1-w-1,t1v-n-1-w-2"),  # host names
+    ],
+)
+def test_each_tpu_worker_tells_its_trainer_which_host_of_the_slice_it_is(
+    tmp_path: Path, fakes: dict[str, str], endpoints: str, hosts: str
+) -> None:
+    """docker passes only the variables it is given: the worker index and the slice's hosts go in explicitly."""
+    assert run_script(tmp_path, fakes, spec(), FAKE_AGENT_WORKER_NUMBER="1", FAKE_ENDPOINTS=endpoints).returncode == 0
+    workers = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
+    assert workers == {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": hosts}
+    (run,) = [c for c in calls(fakes) if c[:2] == ["docker", "run"]]
+    assert ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"] == run[run.index("TPU_WORKER_ID") - 1 :][:4]

@@ -72,6 +72,8 @@ def docker_run_argv(spec: JobSpec, attempt: int) -> list[str]:
     argv += ["--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTEMPT"]
     for key, value in trainer_env(spec, attempt):
         argv += ["-e", f"{key}={value}"]
+    if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
+        argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
     return [*argv, spec.image, *spec.args]
 
 
@@ -127,6 +129,20 @@ fi
 _AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
 """
 
+_METADATA = """md() { curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"; }
+# every worker VM of a slice runs this script; the metadata server says which one this is
+worker=$(md attributes/agent-worker-number || echo 0)
+case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
+"""
+
+# What JAX's own TPU cluster detection reads (jax/_src/clusters/cloud_tpu_cluster.py): worker-network-endpoints is
+# host names, or NAME:ID:IP triples. The trainer gets them as TPU_WORKER_ID / TPU_WORKER_HOSTNAMES.
+_TPU_WORKERS = """TPU_WORKER_ID=$worker
+TPU_WORKER_HOSTNAMES=$(md attributes/worker-network-endpoints | tr ',' '\\n' \\
+  | awk -F: 'NF == 3 { print $3 } NF == 1 { print $1 }' | paste -sd, -)
+export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
+"""
+
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
 docker rm -f {container} >/dev/null 2>&1 || true
 notice={notice}
@@ -147,10 +163,6 @@ while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wai
   rc=$?
 done
 log "trainer exited with code $rc"
-md() {{ curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"; }}
-# every worker VM of a slice runs this script; the metadata server says which one this is
-worker=$(md attributes/agent-worker-number || echo 0)
-case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
 say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
   entry=$(printf '{{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "exit-code", '\\
 '"exit_code": %d%s}}' "$1" {job_id} {attempt} "$worker" "$rc" "$3")
@@ -170,8 +182,8 @@ exit "$rc"
 def startup_script(spec: JobSpec, attempt: int) -> str:
     q = shlex.quote
     parts = [_HEADER.format(attempt=int(attempt))]
-    if isinstance(spec.machine, GpuMachine):
-        parts.append(_GPU)
+    parts.append(_METADATA)
+    parts.append(_GPU if isinstance(spec.machine, GpuMachine) else _TPU_WORKERS)
     host = _registry_host(spec.image)
     if host:
         parts.append(_AUTH.format(host=q(host)))
