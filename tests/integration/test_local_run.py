@@ -249,3 +249,34 @@ def test_a_program_that_exits_3_fails_the_job_after_max_failures_with_the_code_i
     assert report["reason"].endswith("the trainer exited with code 3 (failure 2 of 2)"), detail
     assert "the reference run did not complete (exit code 3)" in report["exact_reason"], detail
     assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
+
+
+def test_a_users_own_loop_on_respawn_trainer_resumes_exactly_through_preemptions(workdir: Path) -> None:
+    """examples/byo: the user's script, a few lines changed to use respawn_trainer, run as is (--entrypoint); the
+    reference is the same command run uninterrupted."""
+    need(FakeGcs.missing())
+    job = ROOT / "examples" / "byo" / "job.yaml"
+    chaos = ["--preempt-at-step", "1000,2000", "--creation-delay", "0.2s", "--sweep-every", "2s"]
+    report, stderr = run_local(job, workdir, "--entrypoint", "python examples/byo/train.py", chaos=chaos, timeout=300)
+    detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "SUCCEEDED" and report["final_step"] == 3000, detail
+    assert report["exact"] is True and report["params_sha256"] == report["reference_sha256"], detail
+    assert (report["preemptions"], report["lost_steps"], report["failures"]) == (2, 0, 0), detail
+    assert [z["restored_step"] > 0 for z in report["zones"]] == [False, True, True], detail
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
+
+
+def test_the_users_script_changes_in_a_few_lines_to_use_respawn_trainer() -> None:
+    """examples/byo/train.py is train_plain.py plus at most 10 changed lines of code (docstrings aside)."""
+    import ast
+    import difflib
+
+    def code(name: str) -> list[str]:
+        text = (ROOT / "examples" / "byo" / name).read_text()
+        doc = ast.get_docstring(ast.parse(text), clean=False) or ""
+        return [line for line in text.replace(doc, "").splitlines() if line.strip()]
+
+    plain, with_library = code("train_plain.py"), code("train.py")
+    changed = [d for d in difflib.unified_diff(plain, with_library, lineterm="", n=0) if d[:1] in "+-"]
+    added = [d for d in changed if d.startswith("+") and not d.startswith("+++")]
+    assert 0 < len(added) <= 10 and "import respawn_trainer" in "\n".join(added), changed

@@ -347,4 +347,4 @@ def test_each_tpu_worker_tells_its_trainer_which_host_of_the_slice_it_is(
     workers = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
     assert workers == {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": hosts}
     (run,) = [c for c in calls(fakes) if c[:2] == ["docker", "run"]]
-    assert ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"] == run[run.index("TPU_WORKER_ID") - 1 :][:4]
+    assert run[run.index("TPU_WORKER_ID") - 1 :][:4] == ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
