@@ -8,10 +8,13 @@ the state is not donated: an async save may still be reading the previous step's
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -40,12 +43,11 @@ class LanguageModel:
         self.abstract = jax.tree.map(
             lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), shapes, shardings
         )
-        init = jax.jit(
+        self._init = jax.jit(
             lambda params: train.new_state(params, optimizer),
             in_shardings=(self.param_shardings,),
             out_shardings=shardings,
-        )
-        self._init = respawn_trainer.compile(init, self.abstract["params"])
+        )  # compiled only when there is no checkpoint to restore
         tokens = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len + 1), jnp.int32, sharding=self.sharded)
         donate = (0,) if jax.default_backend() != "cpu" else ()
         step_fn = jax.jit(
@@ -54,7 +56,7 @@ class LanguageModel:
             out_shardings=shardings,
             donate_argnums=donate,
         )
-        self._step = respawn_trainer.compile(step_fn, self.abstract, tokens)
+        self._step = respawn_trainer.compile(step_fn, self.abstract, tokens, key=program_key(cfg))
         runtime.barrier("compiled")  # every host has its programs before the first collective
 
     def fresh(self) -> Any:
@@ -66,3 +68,13 @@ class LanguageModel:
         """Train step `step` (1-based) on its batch, a pure function of (seed, step)."""
         host = data.batch(self.cfg.seed, step, self.cfg.batch_size, self.cfg.seq_len)
         return self._step(state, sharding.global_batch(host, self.sharded))
+
+
+def program_key(cfg: Config) -> str:
+    """What the train step's program is a function of: the code that builds it, the flags it closes over, optax.
+    respawn_trainer.compile() finds a restart's program by it without tracing the step again."""
+    digest = hashlib.sha256(optax.__version__.encode())
+    for name in ("engine.py", "model.py", "step.py", "sharding.py"):
+        digest.update(Path(__file__).with_name(name).read_bytes())
+    flags = (cfg.model, cfg.seed, cfg.batch_size, cfg.seq_len, cfg.learning_rate, cfg.steps)
+    return f"train_step:{flags}:{digest.hexdigest()}"

@@ -126,45 +126,68 @@ def _probe(path: str) -> str | None:
     return result[0] if result else f"no answer within {CACHE_PROBE_TIMEOUT_S:.0f}s"
 
 
-def compile(jitted: Any, *args: Any) -> Any:
+def compile(jitted: Any, *args: Any, key: str | None = None) -> Any:
     """Ahead-of-time compile `jitted` for `args` (arrays or ShapeDtypeStructs with shardings).
 
-    Through JAX's persistent cache. One exception: JAX writes cache entries from process 0 only, and on CPU
-    each process's programs differ (its topology is part of the key), so the other processes of a
-    multi-process CPU run (a local slice) would compile on every start. There each process keeps its own
-    serialized executable next to JAX's entries."""
+    Through JAX's persistent cache, which traces and lowers the function to find its entry. With `key` (a
+    string naming the function's code and everything it closes over: a hash of its source and config, say),
+    the executable is looked up by that key, the arguments' shapes, dtypes and shardings, the devices and JAX
+    itself, before any tracing: a restart skips tracing and lowering too. A wrong key gives a wrong program,
+    so leave it out when unsure.
+
+    One more case keeps executables itself: JAX writes cache entries from process 0 only, and on CPU each
+    process's programs differ (its topology is part of the key), so the other processes of a multi-process
+    CPU run (a local slice) would compile on every start."""
     import jax
 
-    lowered = jitted.lower(*args)
     cache = jax.config.jax_compilation_cache_dir
+    if cache and key is not None:
+        return _kept(cache, _program_key(key, args), lambda: jitted.lower(*args).compile())
+    lowered = jitted.lower(*args)
     if not cache or jax.process_count() == 1 or jax.default_backend() != "cpu":
         return lowered.compile()
+    return _kept(cache, _program_key(lowered.as_text(), args), lowered.compile)
+
+
+def _program_key(text: str, args: Any) -> str:
+    import jax
+
+    device = jax.devices()[0]
+    parts = [
+        text,
+        str(jax.tree.map(lambda a: (a.shape, a.dtype, getattr(a, "sharding", None)), args)),
+        jax.__version__,
+        device.client.platform_version,
+        f"{device.device_kind} x{jax.device_count()} p{jax.process_index()}/{jax.process_count()}",
+        os.environ.get("XLA_FLAGS", ""),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _kept(cache: str, key: str, build: Any) -> Any:
+    """The executable kept under `key` in this process's part of the cache, else `build()` kept there."""
     import pickle
 
     import fsspec
+    import jax
     from jax.experimental import serialize_executable
 
-    key = hashlib.sha256(
-        "|".join(
-            [lowered.as_text(), jax.__version__, os.environ.get("XLA_FLAGS", ""), str(jax.process_index())]
-        ).encode()
-    ).hexdigest()
-    fs, root = fsspec.core.url_to_fs(f"{cache}/respawn-process-{jax.process_index()}")
+    fs, root = fsspec.core.url_to_fs(f"{cache}/respawn-programs/p{jax.process_index()}")
     path = f"{root}/{key}"
     try:
         return serialize_executable.deserialize_and_load(*pickle.loads(fs.cat_file(path)))
     except FileNotFoundError:
         pass
     except Exception as e:  # a damaged entry is a compile, not a failure
-        log.warning("cached program %s unreadable (%s): compiling", path, type(e).__name__)
-    compiled = lowered.compile()
+        log.warning("kept program %s unreadable (%s): compiling", path, type(e).__name__)
+    compiled = build()
     try:
         fs.makedirs(root, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         fs.pipe_file(tmp, pickle.dumps(serialize_executable.serialize(compiled)))
         fs.mv(tmp, path)
     except Exception as e:
-        log.warning("could not cache the compiled program (%s)", type(e).__name__)
+        log.warning("could not keep the compiled program (%s)", type(e).__name__)
     return compiled
 
 
