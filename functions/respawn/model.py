@@ -154,6 +154,8 @@ class JobSpec:
     provisioning: str = "spot"  # spot | preemptible | standard
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+    # sorted (variable name, Secret Manager version reference) pairs: references only, resolved on the machine
+    secrets: tuple[tuple[str, str], ...] = ()
     ttl_s: int = 48 * 3600
     max_preemptions: int | None = None
     max_failures: int = 3
@@ -176,6 +178,7 @@ class JobSpec:
         d["zones"] = list(self.zones)
         d["args"] = list(self.args)
         d["env"] = dict(self.env)
+        d["secrets"] = dict(self.secrets)
         d["labels"] = dict(self.labels)
         d["tiers"] = [t.to_dict() for t in self.tiers]
         return d
@@ -194,6 +197,7 @@ class JobSpec:
             provisioning=d["provisioning"],
             args=tuple(d["args"]),
             env=tuple(sorted(d["env"].items())),
+            secrets=tuple(sorted(d.get("secrets", {}).items())),
             ttl_s=d["ttl_s"],
             max_preemptions=d["max_preemptions"],
             max_failures=d["max_failures"],
