@@ -254,7 +254,8 @@ class Counters:
 
 @dataclass(frozen=True)
 class Job:
-    """The job record. `pending` holds intent persisted before its side effects."""
+    """The job record. `pending` (machine actions) and `outbox` (status notices) hold intent persisted before its
+    side effects, owned by the handler whose lease (`pending_lease_until`) is live."""
 
     job_id: str
     spec: JobSpec | None  # None only for REJECTED records
@@ -270,6 +271,7 @@ class Job:
     next_attempt_at: float | None = None  # capacity backoff: create no sooner than this
     pending: tuple[dict[str, Any], ...] = ()  # serialized actions not yet confirmed done
     pending_lease_until: float | None = None
+    outbox: tuple[dict[str, Any], ...] = ()  # status notices not yet published (respawn.notices), under the lease
     seen_events: tuple[str, ...] = ()  # bounded, newest last
     result: dict[str, Any] = field(default_factory=dict)  # completed: final_step, final_loss, params_sha256
 
@@ -295,6 +297,7 @@ class Job:
         d["attempts"] = [dict(a.__dict__) for a in self.attempts]
         d["counters"] = dict(self.counters.__dict__)
         d["pending"] = [dict(p) for p in self.pending]
+        d["outbox"] = [dict(n) for n in self.outbox]
         d["seen_events"] = list(self.seen_events)
         d["result"] = dict(self.result)
         d["hosts"] = self.spec.machine.hosts if self.spec else None  # shown, not read back: the spec decides
@@ -317,6 +320,7 @@ class Job:
             next_attempt_at=d.get("next_attempt_at"),
             pending=tuple(d.get("pending", ())),
             pending_lease_until=d.get("pending_lease_until"),
+            outbox=tuple(d.get("outbox", ())),
             seen_events=tuple(d.get("seen_events", ())),
             result=d.get("result", {}),
         )
