@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 import pytest
+from conftest import assert_status_chain
 from fakes import (
     Crash,
     CrashingNotifier,
@@ -32,7 +33,7 @@ from respawn.events import (
     TrainerCompleted,
     TrainerStarted,
 )
-from respawn.model import LEGAL_TRANSITIONS, JobSpec, MachineState, Status, TpuMachine
+from respawn.model import JobSpec, MachineState, Status, TpuMachine
 from respawn.notices import notice_attributes
 from respawn.ports import PermanentError, TransientError
 from respawn.service import Retryable, Service
@@ -79,15 +80,6 @@ def preempted(w: World, attempt: int) -> MachinePreempted:
     name = f"llm-a{attempt}"
     w.provider.set_state(name, MachineState.PREEMPTED)
     return MachinePreempted(f"preempted-{attempt}", w.clock.now(), "llm", attempt, name, A, "p")
-
-
-def assert_chain(changes: list[tuple[str | None, str]]) -> None:
-    """Each notice starts where the one before ended, with a legal transition: no repeat, no gap."""
-    before: str | None = None
-    for old, new in changes:
-        assert old == before, changes
-        assert Status(new) in LEGAL_TRANSITIONS[Status(old) if old else None], changes
-        before = new
 
 
 def test_a_job_through_two_preemptions_notifies_each_change_once_under_duplicates() -> None:
@@ -219,7 +211,7 @@ def test_a_crash_at_any_step_loses_no_notice(name: str, at: int, before: bool, r
     # Only a crash between the publish and the clear publishes again, with the same id.
     assert list(counts.values()) == [2 if published_not_cleared else 1], (plan.log, new)
     assert w.store.job("llm").outbox == ()
-    assert_chain(list(dict.fromkeys(w.notifier.changes())))
+    assert_status_chain(list(dict.fromkeys(w.notifier.changes())))
 
 
 # -- publish failures ------------------------------------------------------------------------------------------------
