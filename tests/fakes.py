@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from respawn.actions import CreateMachine
+from respawn.events import Event
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
 from respawn.ports import CapacityError, ConflictError, JobStore, Machine, MachineProvider, StatusNotifier
+from respawn.service import Outcome, Retryable
 
 
 class FakeClock:
@@ -167,6 +170,29 @@ class RecordingNotifier:
 
     def changes(self, job_id: str | None = None) -> list[tuple[str | None, str]]:
         return [(n["old_status"], n["new_status"]) for n in self.notices if job_id in (None, n["job_id"])]
+
+
+def deliver_concurrently(handlers: list[Callable[[Event], Outcome]], event: Event, tries: int = 50) -> list[str]:
+    """The same event delivered once per handler, all at once; each delivery that raises Retryable is delivered
+    again, as Pub/Sub does. Returns the results."""
+    barrier = threading.Barrier(len(handlers))
+    results: list[str] = []
+
+    def deliver(handle: Callable[[Event], Outcome]) -> None:
+        barrier.wait()
+        for _ in range(tries):
+            try:
+                results.append(handle(event).result)
+                return
+            except Retryable:
+                continue
+
+    threads = [threading.Thread(target=deliver, args=(handle,)) for handle in handlers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 class Crash(BaseException):

@@ -6,7 +6,6 @@ against the in-memory fakes.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -22,6 +21,7 @@ from fakes import (
     FakeProvider,
     InMemoryJobStore,
     RecordingNotifier,
+    deliver_concurrently,
 )
 
 from respawn.decide import Policy
@@ -127,23 +127,7 @@ def test_the_same_preemption_delivered_five_times_at_once_notifies_once(round_: 
     w.handle(JobSubmitted("submit-1", T0, SPEC))
     w.handle(TrainerStarted("started-1", T0, "llm", 1))
     event = preempted(w, 1)
-    barrier = threading.Barrier(5)
-
-    def deliver() -> None:
-        service = w.service()  # each delivery on its own function instance
-        barrier.wait()
-        for _ in range(50):  # what Pub/Sub does with a Retryable
-            try:
-                service.handle(event)
-                return
-            except Retryable:
-                continue
-
-    threads = [threading.Thread(target=deliver) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    deliver_concurrently([w.service().handle for _ in range(5)], event)  # each on its own function instance
     assert w.notifier.changes() == [(None, "PROVISIONING"), ("PROVISIONING", "RUNNING"), ("RUNNING", "RECOVERING")]
 
 
