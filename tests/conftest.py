@@ -9,10 +9,27 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
+
+if TYPE_CHECKING:
+    from google.cloud.pubsub_v1.types import PubsubMessage
+
+
+def assert_status_chain(changes: list[tuple[str | None, str]]) -> None:
+    """Status changes as notices tell them: each starts where the one before ended, by a legal transition, so a
+    notice sent twice or never breaks the chain."""
+    from respawn.model import LEGAL_TRANSITIONS, Status
+
+    before: str | None = None
+    for old, new in changes:
+        assert old == before, changes
+        assert Status(new) in LEGAL_TRANSITIONS[Status(old) if old else None], changes
+        before = new
+
 
 REQUIRE = os.environ.get("RESPAWN_REQUIRE_EMULATORS") == "1"
 
@@ -45,3 +62,25 @@ def pubsub_emulator() -> Iterator[PubSubEmulator]:
     need(PubSubEmulator.missing())
     with PubSubEmulator() as emulator, patched_env(emulator.env()):
         yield emulator
+
+
+def topic_with_subscription(project: str, prefix: str) -> tuple[str, str]:
+    """A fresh topic on the emulator and a pull subscription on it: (topic id, subscription path)."""
+    from google.cloud import pubsub_v1
+
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    topic_path = publisher.create_topic(name=publisher.topic_path(project, topic)).name
+    sub = subscriber.create_subscription(name=subscriber.subscription_path(project, topic + "-pull"), topic=topic_path)
+    return topic, sub.name
+
+
+def pull(subscription: str) -> list[PubsubMessage]:
+    """The messages waiting on a pull subscription (acknowledged)."""
+    from google.cloud import pubsub_v1
+
+    subscriber = pubsub_v1.SubscriberClient()
+    response = subscriber.pull(subscription=subscription, max_messages=100, timeout=30)
+    if response.received_messages:
+        subscriber.acknowledge(subscription=subscription, ack_ids=[r.ack_id for r in response.received_messages])
+    return [r.message for r in response.received_messages]

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from respawn.actions import CreateMachine
+from respawn.events import Event
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
-from respawn.ports import CapacityError, ConflictError, JobStore, Machine, MachineProvider
+from respawn.ports import CapacityError, ConflictError, JobStore, Machine, MachineProvider, StatusNotifier
+from respawn.service import Outcome, Retryable
 
 
 class FakeClock:
@@ -151,6 +154,47 @@ class FakeProvider:
         )
 
 
+class RecordingNotifier:
+    """Status notices in the order they were published. `errors` are raised by the next notify calls."""
+
+    def __init__(self) -> None:
+        self.notices: list[dict[str, Any]] = []
+        self.errors: list[Exception] = []
+        self._lock = threading.Lock()
+
+    def notify(self, notice: dict[str, Any]) -> None:
+        with self._lock:
+            if self.errors:
+                raise self.errors.pop(0)
+            self.notices.append(json.loads(json.dumps(notice)))  # what a subscriber gets
+
+    def changes(self, job_id: str | None = None) -> list[tuple[str | None, str]]:
+        return [(n["old_status"], n["new_status"]) for n in self.notices if job_id in (None, n["job_id"])]
+
+
+def deliver_concurrently(handlers: list[Callable[[Event], Outcome]], event: Event, tries: int = 50) -> list[str]:
+    """The same event delivered once per handler, all at once; each delivery that raises Retryable is delivered
+    again, as Pub/Sub does. Returns the results."""
+    barrier = threading.Barrier(len(handlers))
+    results: list[str] = []
+
+    def deliver(handle: Callable[[Event], Outcome]) -> None:
+        barrier.wait()
+        for _ in range(tries):
+            try:
+                results.append(handle(event).result)
+                return
+            except Retryable:
+                continue
+
+    threads = [threading.Thread(target=deliver, args=(handle,)) for handle in handlers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 class Crash(BaseException):
     """The process died (not an Exception: nothing in the service may catch it)."""
 
@@ -239,3 +283,11 @@ class FakeLogReader:
         query = LogFilter.parse(selection)
         found = [e for e in self.stored if query.matches(e) and (rfc3339(e.get("timestamp")) or 0.0) >= since]
         return sorted(found, key=lambda e: rfc3339(e.get("timestamp")) or 0.0)
+
+
+class CrashingNotifier:
+    def __init__(self, notifier: StatusNotifier, plan: CrashPlan) -> None:
+        self.notifier, self.plan = notifier, plan
+
+    def notify(self, notice: dict[str, Any]) -> None:
+        self.plan.step(f"notify {notice['id']}", lambda: self.notifier.notify(notice))

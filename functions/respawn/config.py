@@ -29,6 +29,10 @@ VARIABLES = {
         "RESPAWN_EVENTS_TOPIC",
         "the Pub/Sub topic of log entries and sweep ticks (default respawn-events)",
     ),
+    "status_topic": (
+        "RESPAWN_STATUS_TOPIC",
+        "the Pub/Sub topic of status notices, respawn-status as deployed (unset: no notices are published)",
+    ),
 }
 
 
@@ -38,6 +42,7 @@ class Settings:
     state_bucket: str = ""
     jobs_topic: str = "respawn-jobs"
     events_topic: str = "respawn-events"
+    status_topic: str | None = None  # None: publish no status notices
     machine_service_account: str | None = None
     tpu_endpoint: str | None = None  # local cloud only: http://127.0.0.1:PORT
     compute_endpoint: str | None = None  # local cloud only
@@ -55,6 +60,7 @@ class Settings:
             state_bucket=(get("RESPAWN_STATE_BUCKET") or "").removeprefix("gs://").rstrip("/"),
             jobs_topic=get("RESPAWN_JOBS_TOPIC") or "respawn-jobs",
             events_topic=get("RESPAWN_EVENTS_TOPIC") or "respawn-events",
+            status_topic=get("RESPAWN_STATUS_TOPIC"),
             machine_service_account=get("RESPAWN_MACHINE_SERVICE_ACCOUNT"),
             tpu_endpoint=get("RESPAWN_TPU_ENDPOINT"),
             compute_endpoint=get("RESPAWN_COMPUTE_ENDPOINT"),
@@ -79,6 +85,7 @@ def _service(settings: Settings) -> Service:
     from respawn.adapters.clock import SystemClock
     from respawn.adapters.compute import GcpComputeProvider
     from respawn.adapters.gcs_store import GcsJobStore, function_client
+    from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
     from respawn.adapters.tpu import GcpTpuProvider
     from respawn.service import Service
 
@@ -90,4 +97,5 @@ def _service(settings: Settings) -> Service:
             "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, service_account=sa),
         },
         clock=SystemClock(),
+        notifier=PubSubStatusNotifier(settings.project, settings.status_topic) if settings.status_topic else None,
     )

@@ -154,6 +154,8 @@ class JobSpec:
     provisioning: str = "spot"  # spot | preemptible | standard
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+    # sorted (variable name, Secret Manager version reference) pairs: references only, resolved on the machine
+    secrets: tuple[tuple[str, str], ...] = ()
     ttl_s: int = 48 * 3600
     max_preemptions: int | None = None
     max_failures: int = 3
@@ -176,6 +178,7 @@ class JobSpec:
         d["zones"] = list(self.zones)
         d["args"] = list(self.args)
         d["env"] = dict(self.env)
+        d["secrets"] = dict(self.secrets)
         d["labels"] = dict(self.labels)
         d["tiers"] = [t.to_dict() for t in self.tiers]
         return d
@@ -194,6 +197,7 @@ class JobSpec:
             provisioning=d["provisioning"],
             args=tuple(d["args"]),
             env=tuple(sorted(d["env"].items())),
+            secrets=tuple(sorted(d.get("secrets", {}).items())),
             ttl_s=d["ttl_s"],
             max_preemptions=d["max_preemptions"],
             max_failures=d["max_failures"],
@@ -250,7 +254,8 @@ class Counters:
 
 @dataclass(frozen=True)
 class Job:
-    """The job record. `pending` holds intent persisted before its side effects."""
+    """The job record. `pending` (machine actions) and `outbox` (status notices) hold intent persisted before its
+    side effects, owned by the handler whose lease (`pending_lease_until`) is live."""
 
     job_id: str
     spec: JobSpec | None  # None only for REJECTED records
@@ -266,6 +271,7 @@ class Job:
     next_attempt_at: float | None = None  # capacity backoff: create no sooner than this
     pending: tuple[dict[str, Any], ...] = ()  # serialized actions not yet confirmed done
     pending_lease_until: float | None = None
+    outbox: tuple[dict[str, Any], ...] = ()  # status notices not yet published (respawn.notices), under the lease
     seen_events: tuple[str, ...] = ()  # bounded, newest last
     result: dict[str, Any] = field(default_factory=dict)  # completed: final_step, final_loss, params_sha256
 
@@ -291,6 +297,7 @@ class Job:
         d["attempts"] = [dict(a.__dict__) for a in self.attempts]
         d["counters"] = dict(self.counters.__dict__)
         d["pending"] = [dict(p) for p in self.pending]
+        d["outbox"] = [dict(n) for n in self.outbox]
         d["seen_events"] = list(self.seen_events)
         d["result"] = dict(self.result)
         d["hosts"] = self.spec.machine.hosts if self.spec else None  # shown, not read back: the spec decides
@@ -313,6 +320,7 @@ class Job:
             next_attempt_at=d.get("next_attempt_at"),
             pending=tuple(d.get("pending", ())),
             pending_lease_until=d.get("pending_lease_until"),
+            outbox=tuple(d.get("outbox", ())),
             seen_events=tuple(d.get("seen_events", ())),
             result=d.get("result", {}),
         )

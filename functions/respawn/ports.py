@@ -11,7 +11,7 @@ from respawn.model import Job, JobSpec, MachineState
 
 
 class ProviderError(Exception):
-    """Base of the errors a MachineProvider raises (the message is safe to show a user)."""
+    """Base of the errors a MachineProvider or StatusNotifier raises (the message is safe to show a user)."""
 
 
 class CapacityError(ProviderError):
@@ -83,3 +83,11 @@ class LogReader(Protocol):
 
     def entries(self, filter_: str) -> Iterable[Mapping[str, Any]]:
         """Every entry matching the Cloud Logging query `filter_`, oldest first, as LogEntry JSON."""
+
+
+class StatusNotifier(Protocol):
+    """Publishes the status changes of jobs (topic respawn-status)."""
+
+    def notify(self, notice: dict[str, Any]) -> None:
+        """Publish one notice (respawn.notices). Raises TransientError when a later try may succeed,
+        PermanentError when it cannot (no such topic, no permission)."""

@@ -1,7 +1,8 @@
 """The one path every event takes: load, decide, persist intent, act, clear intent.
 
-A handler persists the new record with its actions in `Job.pending` and a lease
-before it touches a machine, then acts, then clears `pending`. A handler that
+A handler persists the new record with its actions in `Job.pending`, the notice
+of a status change in `Job.outbox` and a lease before it touches a machine or
+publishes, then acts, publishes, and clears both. A handler that
 loads a record whose lease ran out (its writer crashed) takes the lease over,
 executes the pending actions (all idempotent) and then handles its own event.
 A live lease means another delivery is acting: a duplicate of an event already
@@ -44,6 +45,7 @@ from respawn.events import (
     ZoneWokeUp,
 )
 from respawn.model import Job, MachineState, parse_machine_name
+from respawn.notices import status_notice
 from respawn.ports import (
     CapacityError,
     Clock,
@@ -53,6 +55,7 @@ from respawn.ports import (
     MachineProvider,
     PermanentError,
     ProviderError,
+    StatusNotifier,
     TransientError,
 )
 
@@ -82,11 +85,14 @@ class Service:
         providers: Mapping[str, MachineProvider],
         clock: Clock,
         policy: Policy = DEFAULT_POLICY,
+        notifier: StatusNotifier | None = None,
     ) -> None:
+        """Without a `notifier` no status notice is kept or published."""
         self.store = store
         self.providers = providers
         self.clock = clock
         self.policy = policy
+        self.notifier = notifier
         self._cache: OrderedDict[str, tuple[Job, int]] = OrderedDict()  # job id -> (record, generation)
         self._cache_lock = threading.Lock()
         _ensure_log_handler()
@@ -156,7 +162,7 @@ class Service:
             try:
                 if job is not None and event_id in job.seen_events and not _lease_expired(job, now):
                     return Outcome("duplicate", (job_id,), tuple(done))
-                if job is not None and job.pending:
+                if job is not None and _intent(job):
                     if not _lease_expired(job, now):
                         if cached:
                             fresh = True
@@ -173,16 +179,17 @@ class Service:
                         fresh = True
                         continue
                     return Outcome(_quiet(job, event), (job_id,), tuple(done))
+                new = self._noted(job, new, now)
                 intent = replace(
                     new,
                     pending=tuple(action_to_dict(a) for a in actions),
-                    pending_lease_until=now + self.policy.lease_s if actions else None,
+                    pending_lease_until=now + self.policy.lease_s if actions or new.outbox else None,
                 )
                 gen = self._save(intent, gen)
             except ConflictError:
                 fresh = True
                 continue
-            if actions:
+            if actions or intent.outbox:
                 _, _, acted = self._act(intent, gen, actions, now)
                 done += acted
             return Outcome("applied", (job_id,), tuple(done))
@@ -222,6 +229,12 @@ class Service:
                 if len(self._cache) > self.policy.cached_records:
                     self._cache.popitem(last=False)
 
+    def _noted(self, old: Job | None, new: Job, now: float) -> Job:
+        """`new` with the notice of its status change in the outbox (when it changed and notices are published)."""
+        if self.notifier is None or (old is not None and old.status is new.status):
+            return new
+        return replace(new, outbox=(*new.outbox, status_notice(old, new, now)))
+
     def _settle(self, job: Job, gen: int, now: float) -> tuple[Job, int, list[Action]]:
         """Take over intent whose lease ran out and carry it out."""
         job = replace(job, pending_lease_until=now + self.policy.lease_s)
@@ -229,7 +242,8 @@ class Service:
         return self._act(job, gen, [action_from_dict(d) for d in job.pending], now)
 
     def _act(self, job: Job, gen: int, actions: list[Action], now: float) -> tuple[Job, int, list[Action]]:
-        """Execute the actions; feed create failures back into decide; clear the intent. We hold the lease."""
+        """Execute the actions; feed create failures back into decide; publish the notices; clear the intent.
+        We hold the lease."""
         queue, done = list(actions), []
         feedback_left = len(job.spec.every_zone) + len(job.spec.all_tiers) if job.spec else 0
         while queue:
@@ -249,13 +263,29 @@ class Service:
                 failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(e))
                 decided, more = decide(job, failed, now, self.policy)
                 assert decided is not None
+                decided = self._noted(job, decided, now)
                 queue += more
                 job = replace(decided, pending=_dicts(queue), pending_lease_until=now + self.policy.lease_s)
                 gen = self._save_held(job, gen)
                 continue
             done.append(queue.pop(0))
-        job = replace(job, pending=(), pending_lease_until=None)
+        job = self._publish(job, gen, now)
+        job = replace(job, pending=(), outbox=(), pending_lease_until=None)
         return job, self._save_held(job, gen), done
+
+    def _publish(self, job: Job, gen: int, now: float) -> Job:
+        """Publish the outbox, in order. A notice that cannot be published (no topic, no permission) is logged and
+        dropped: notices never hold up a job. A transient failure keeps the rest for the next handler."""
+        for i, notice in enumerate(job.outbox if self.notifier is not None else ()):
+            assert self.notifier is not None
+            try:
+                self.notifier.notify(notice)
+            except TransientError as e:
+                self._save_held(replace(job, pending=(), outbox=job.outbox[i:], pending_lease_until=now), gen)
+                raise Retryable(f"publishing the status notice {notice.get('id')}: {e}") from e
+            except ProviderError as e:
+                _log_error(job.job_id, f"status notice {notice.get('id')} dropped: {e}")
+        return job
 
     def _save_held(self, job: Job, gen: int) -> int:
         """Save a record whose lease we hold; losing it means another handler took over."""
@@ -292,7 +322,7 @@ class Service:
             for job_id, (job, _) in records.items()
             if job is not None
             and job.spec is not None
-            and (not job.status.terminal or job.pending or any(not a.machine_deleted for a in job.attempts))
+            and (not job.status.terminal or _intent(job) or any(not a.machine_deleted for a in job.attempts))
         }
         return self._observe_all(tick.event_id, records, wanted | listing.keys(), listing, _spec_zones)
 
@@ -386,8 +416,13 @@ def _spec_zones(job: Job) -> tuple[str, ...]:
     return job.spec.every_zone if job.spec else ()
 
 
+def _intent(job: Job) -> bool:
+    """The record holds intent not yet carried out: machine actions or status notices."""
+    return bool(job.pending or job.outbox)
+
+
 def _lease_expired(job: Job, now: float) -> bool:
-    return bool(job.pending) and (job.pending_lease_until is None or job.pending_lease_until <= now)
+    return _intent(job) and (job.pending_lease_until is None or job.pending_lease_until <= now)
 
 
 def _dicts(actions: list[Action]) -> tuple[dict[str, object], ...]:

@@ -32,6 +32,11 @@ RUNTIME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
 GPU_TYPE_RE = re.compile(r"^nvidia-[a-z0-9-]+$")
 ENV_KEY_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+# A Secret Manager secret version: projects/PROJECT (id or number)/secrets/SECRET_ID/versions/(N | latest).
+SECRET_REF_RE = re.compile(
+    r"^projects/(?:[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,20})/secrets/[A-Za-z0-9_-]{1,255}/versions/(?:[1-9][0-9]{0,9}|latest)$"
+)
+SECRET_REF_ALLOWED = "projects/PROJECT/secrets/SECRET_ID/versions/VERSION, VERSION a number or latest"
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 TTL_RE = re.compile(r"^([0-9]{1,8})([smhd])$")
@@ -58,6 +63,7 @@ MAX_ZONES = 20
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 MAX_ENV_BYTES = 32 * 1024
+MAX_SECRETS = 64
 MAX_LABELS = 60
 MAX_IMAGE_CHARS = 512
 MAX_URI_CHARS = 1024
@@ -76,6 +82,7 @@ SUBMIT_FIELDS = (
     "image",
     "args",
     "env",
+    "secrets",
     "checkpoint_uri",
     "ttl",
     "max_preemptions",
@@ -365,25 +372,38 @@ def _args(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _variable_name(field: str, name: Any) -> None:
+    """A name of the trainer's environment (the keys of `env` and `secrets`)."""
+    if not isinstance(name, str) or not ENV_KEY_RE.fullmatch(name):
+        _fail(field, "not a valid variable name", "names of uppercase letters, digits and _, not starting with a digit")
+    if name.startswith(RESERVED_ENV_PREFIX):
+        _fail(field, f"names starting with {RESERVED_ENV_PREFIX} are reserved", "any other name")
+
+
 def _env(value: Any) -> tuple[tuple[str, str], ...]:
     _expect_type("env", value, dict, "an object")
     total = 0
     for k, v in value.items():
         field = f"env.{_key(k)}"
-        if not isinstance(k, str) or not ENV_KEY_RE.fullmatch(k):
-            _fail(
-                field,
-                "not a valid variable name",
-                "names of uppercase letters, digits and _, not starting with a digit",
-            )
-        if k.startswith(RESERVED_ENV_PREFIX):
-            _fail(field, f"names starting with {RESERVED_ENV_PREFIX} are reserved", "any other name")
+        _variable_name(field, k)
         _expect_type(field, v, str, "a string")  # a type name only: values are never echoed
         if "\x00" in v:
             _fail(field, "the value contains a NUL character", "any text without NUL")
         total += len(k.encode()) + len(v.encode("utf-8", "surrogatepass"))
     if total > MAX_ENV_BYTES:
         _fail("env", f"{total} bytes of names and values", f"at most {MAX_ENV_BYTES} bytes")
+    return tuple(sorted(value.items()))
+
+
+def _secrets(value: Any) -> tuple[tuple[str, str], ...]:
+    """{VARIABLE: Secret Manager version reference}: references only, resolved on the machine by its account."""
+    _expect_type("secrets", value, dict, "an object")
+    if len(value) > MAX_SECRETS:
+        _fail("secrets", f"{len(value)} secrets", f"at most {MAX_SECRETS} secrets")
+    for k, v in value.items():
+        field = f"secrets.{_key(k)}"
+        _variable_name(field, k)
+        _string(field, v, SECRET_REF_RE, SECRET_REF_ALLOWED, "a Secret Manager secret version")
     return tuple(sorted(value.items()))
 
 
@@ -583,6 +603,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         "image": _image,
         "args": _args,
         "env": _env,
+        "secrets": _secrets,
         "checkpoint_uri": _checkpoint_uri,
         "ttl": parse_ttl,
         "max_preemptions": _max_preemptions,
@@ -595,6 +616,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         "provisioning": "spot",
         "args": [],
         "env": {},
+        "secrets": {},
         "ttl": DEFAULT_TTL,
         "max_preemptions": None,
         "max_failures": 3,
@@ -604,6 +626,8 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
     if tiers:  # tier 0 is also the job's zones and provisioning (what the first attempt uses)
         obj = {**obj, "zones": list(tiers[0].zones)}
     v = {name: check(obj.get(name, defaults.get(name))) for name, check in fields.items()}
+    for name in sorted(dict(v["secrets"]).keys() & dict(v["env"]).keys()):
+        _fail(f"secrets.{name}", "the variable is also set in env", "each variable in env or in secrets, not both")
     return JobSpec(
         job_id=v["job_id"],
         machine=v["machine"],
@@ -613,6 +637,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         provisioning=tiers[0].provisioning if tiers else v["provisioning"],
         args=v["args"],
         env=v["env"],
+        secrets=v["secrets"],
         ttl_s=v["ttl"],
         max_preemptions=v["max_preemptions"],
         max_failures=v["max_failures"],
@@ -655,6 +680,7 @@ def spec_to_message(spec: JobSpec) -> dict[str, Any]:
         "image": spec.image,
         "args": list(spec.args),
         "env": dict(spec.env),
+        **({"secrets": dict(spec.secrets)} if spec.secrets else {}),
         "checkpoint_uri": spec.checkpoint_uri,
         "ttl": format_ttl(spec.ttl_s),
         "max_preemptions": spec.max_preemptions,

@@ -10,7 +10,8 @@ locals {
     "iam.googleapis.com",
     "logging.googleapis.com", # the sink
     "pubsub.googleapis.com",
-    "run.googleapis.com", # 2nd gen functions run on Cloud Run
+    "run.googleapis.com",           # 2nd gen functions run on Cloud Run
+    "secretmanager.googleapis.com", # jobs' secrets, read on the machines
     "storage.googleapis.com",
     "tpu.googleapis.com",
   ]

@@ -32,6 +32,7 @@ locals {
     RESPAWN_STATE_BUCKET            = google_storage_bucket.state.name
     RESPAWN_JOBS_TOPIC              = google_pubsub_topic.jobs.name
     RESPAWN_EVENTS_TOPIC            = google_pubsub_topic.events.name
+    RESPAWN_STATUS_TOPIC            = google_pubsub_topic.status.name
     RESPAWN_MACHINE_SERVICE_ACCOUNT = google_service_account.machine.email
   }
 }

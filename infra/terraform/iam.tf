@@ -82,6 +82,13 @@ resource "google_storage_bucket_iam_member" "orchestrator_state" {
   member = google_service_account.orchestrator.member
 }
 
+# Status notices: publish to that one topic.
+resource "google_pubsub_topic_iam_member" "orchestrator_publishes_status" {
+  topic  = google_pubsub_topic.status.id
+  role   = "roles/pubsub.publisher"
+  member = google_service_account.orchestrator.member
+}
+
 # Creating a machine that runs as the machines' account needs actAs on that one account, not on the project.
 resource "google_service_account_iam_member" "orchestrator_acts_as_machine" {
   service_account_id = google_service_account.machine.name
@@ -101,6 +108,16 @@ resource "google_project_iam_member" "machine_logs" {
   project = var.project
   role    = "roles/logging.logWriter"
   member  = google_service_account.machine.member
+}
+
+# Jobs' `secrets`: the startup script reads them as the machines' account. Only the secrets listed, one grant each;
+# nothing project-wide, so a job cannot name a secret nobody listed.
+resource "google_secret_manager_secret_iam_member" "machine_reads_secret" {
+  for_each  = toset(var.machine_secret_ids)
+  project   = var.project
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = google_service_account.machine.member
 }
 
 resource "google_artifact_registry_repository_iam_member" "machine_pulls_trainer" {

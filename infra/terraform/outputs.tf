@@ -28,6 +28,11 @@ output "orchestrator_service_account" {
   value       = google_service_account.orchestrator.email
 }
 
+output "status_topic" {
+  description = "One message per status change of a job: subscribe to it to route notices (docs/operations.md)."
+  value       = google_pubsub_topic.status.id
+}
+
 output "dead_letter_subscription" {
   description = "Pull from here to see messages that failed every delivery attempt."
   value       = google_pubsub_subscription.dead_letter.name

@@ -15,6 +15,15 @@ resource "google_pubsub_topic" "events" {
   depends_on = [google_project_service.apis]
 }
 
+# One message per status change of a job (respawn/notices.py), published by the functions. Subscribe to route it:
+# docs/operations.md, Status notices.
+resource "google_pubsub_topic" "status" {
+  #checkov:skip=CKV_GCP_83:Google-managed encryption at rest; status notices carry job ids, statuses, reasons and counters, never credentials, so a customer-managed key would add a key ring, rotation and service-agent grants without protecting anything more.
+  name                       = "respawn-status"
+  message_retention_duration = "604800s" # a subscription created later can seek back a week
+  depends_on                 = [google_project_service.apis]
+}
+
 # Messages that failed max_delivery_attempts deliveries land here, kept for a week for inspection and replay.
 resource "google_pubsub_topic" "dead_letter" {
   #checkov:skip=CKV_GCP_83:Google-managed encryption at rest; these messages carry job specs, log entries and ticks, never credentials (job messages are validated to hold none), so a customer-managed key would add a key ring, rotation and service-agent grants without protecting anything more.

@@ -111,6 +111,16 @@ variable "sweep_every_minutes" {
   }
 }
 
+variable "machine_secret_ids" {
+  description = "Secret Manager secret ids (in this project) that jobs may name in `secrets`: the machines' account may read these, and only these (roles/secretmanager.secretAccessor on each)."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for id in var.machine_secret_ids : can(regex("^[A-Za-z0-9_-]{1,255}$", id))])
+    error_message = "machine_secret_ids must be secret ids (letters, digits, _ and -), like hf-token; not full resource names."
+  }
+}
+
 variable "labels" {
   description = "Extra labels on every resource that takes labels."
   type        = map(string)

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
+from conftest import pull, topic_with_subscription
 from functions_framework import create_app
 
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.local.cloudapi import CloudApiServer
+from respawn.local.emulators import PubSubEmulator
 from respawn.model import Status
 
 pytestmark = pytest.mark.emulator
@@ -62,6 +64,14 @@ def cloud(bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CloudApiServ
         }.items():
             monkeypatch.setenv(name, value)
         yield server
+
+
+@pytest.fixture
+def status_subscription(pubsub_emulator: PubSubEmulator, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The functions publish status notices to a fresh topic on the emulator; returns a pull subscription on it."""
+    topic, subscription = topic_with_subscription(PROJECT, "respawn-status")
+    monkeypatch.setenv("RESPAWN_STATUS_TOPIC", topic)
+    return subscription
 
 
 def pubsub_event(data: bytes, message_id: str, topic: str = "respawn-jobs") -> CloudEvent:
@@ -155,7 +165,7 @@ def test_a_message_without_a_usable_job_id_is_acknowledged_and_records_nothing(
 
 
 def test_a_preemption_log_entry_deletes_the_machine_and_creates_the_next_attempt(
-    cloud: CloudApiServer, bucket: str
+    cloud: CloudApiServer, bucket: str, status_subscription: str
 ) -> None:
     assert post("on_job_message", pubsub_event(json.dumps(GPU_JOB).encode(), "1004")).status_code == 200
     cloud.preempt("llm-small-001-a1")
@@ -176,6 +186,11 @@ def test_a_preemption_log_entry_deletes_the_machine_and_creates_the_next_attempt
     assert job.status == Status.RECOVERING
     assert job.counters.preemptions == 1
     assert [a.end_reason for a in job.attempts] == ["preempted", None]
+    notices = [json.loads(m.data) for m in pull(status_subscription)]  # one per change, the duplicate none
+    assert [(n["old_status"], n["new_status"]) for n in notices] == [
+        (None, "PROVISIONING"),
+        ("PROVISIONING", "RECOVERING"),
+    ]
 
 
 def test_an_unrelated_log_entry_is_acknowledged_and_changes_nothing(cloud: CloudApiServer, bucket: str) -> None:

@@ -63,6 +63,7 @@ REQUIRED_RESOURCES = {
     ("google_pubsub_topic", "jobs"),
     ("google_pubsub_topic", "events"),
     ("google_pubsub_topic", "dead_letter"),
+    ("google_pubsub_topic", "status"),
     ("google_pubsub_subscription", "dead_letter"),
     ("google_pubsub_subscription", "push"),
     ("google_logging_project_sink", "events"),
@@ -85,6 +86,7 @@ def test_required_resources_exist(config: Config) -> None:
 def test_topic_names_are_the_contract(config: Config) -> None:
     assert config.resource("google_pubsub_topic", "jobs")["name"] == "respawn-jobs"
     assert config.resource("google_pubsub_topic", "events")["name"] == "respawn-events"
+    assert config.resource("google_pubsub_topic", "status")["name"] == "respawn-status"
     dead_letter = config.resource("google_pubsub_subscription", "dead_letter")
     assert dead_letter["topic"] == "${google_pubsub_topic.dead_letter.id}"
 
@@ -165,6 +167,31 @@ def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) ->
         "role": "${google_project_iam_custom_role.orchestrator.id}",
         "member": ORCHESTRATOR,
     }
+
+
+def test_only_the_orchestrator_publishes_status_notices(config: Config) -> None:
+    on_status = [
+        body for (type_, _), body in config.resources.items() if body.get("topic") == "${google_pubsub_topic.status.id}"
+    ]
+    assert on_status == [
+        {"topic": "${google_pubsub_topic.status.id}", "role": "roles/pubsub.publisher", "member": ORCHESTRATOR}
+    ]
+
+
+def test_machines_read_only_the_listed_secrets(config: Config) -> None:
+    grants = config.of_type("google_secret_manager_secret_iam_member")
+    assert grants == {
+        "machine_reads_secret": {
+            "for_each": "${toset(var.machine_secret_ids)}",
+            "project": "${var.project}",
+            "secret_id": "${each.value}",
+            "role": "roles/secretmanager.secretAccessor",
+            "member": MACHINE,
+        }
+    }
+    assert config.variables["machine_secret_ids"]["default"] == []  # nothing readable unless listed
+    everything = strings([config.resources, config.data, config.locals])
+    assert [s for s in everything if s.startswith("roles/secretmanager.")] == ["roles/secretmanager.secretAccessor"]
 
 
 def test_project_level_grants_are_exactly_these(config: Config) -> None:
@@ -266,6 +293,7 @@ def test_functions_are_2nd_gen_python_with_deliberate_limits(config: Config) -> 
         "RESPAWN_STATE_BUCKET",
         "RESPAWN_JOBS_TOPIC",
         "RESPAWN_EVENTS_TOPIC",
+        "RESPAWN_STATUS_TOPIC",
         "RESPAWN_MACHINE_SERVICE_ACCOUNT",
     }
     source = block(block(build, "source"), "storage_source")
@@ -354,6 +382,7 @@ def test_the_needed_apis_are_enabled(config: Config) -> None:
             "compute",
             "storage",
             "iam",
+            "secretmanager",
         )
     }
     assert needed <= set(config.locals["apis"])

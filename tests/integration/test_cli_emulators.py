@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import pull, topic_with_subscription
 from google.cloud import pubsub_v1
 
 from respawn.adapters.gcs_store import GcsJobStore
@@ -38,23 +38,16 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 @pytest.fixture
 def jobs_topic(pubsub_emulator: PubSubEmulator, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     """A fresh topic with a pull subscription; the CLI finds both through the environment."""
-    project = pubsub_emulator.project
-    topic = f"respawn-jobs-{uuid.uuid4().hex[:8]}"
-    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-    topic_path = publisher.create_topic(name=publisher.topic_path(project, topic)).name
-    sub = subscriber.create_subscription(name=subscriber.subscription_path(project, topic + "-pull"), topic=topic_path)
-    monkeypatch.setenv("RESPAWN_PROJECT", project)
+    topic, subscription = topic_with_subscription(pubsub_emulator.project, "respawn-jobs")
+    monkeypatch.setenv("RESPAWN_PROJECT", pubsub_emulator.project)
     monkeypatch.setenv("RESPAWN_JOBS_TOPIC", topic)
-    return topic, sub.name
+    return topic, subscription
 
 
 def pull_one(subscription: str) -> pubsub_v1.types.PubsubMessage:
-    subscriber = pubsub_v1.SubscriberClient()
-    response = subscriber.pull(subscription=subscription, max_messages=10, timeout=30)
-    assert len(response.received_messages) == 1
-    received = response.received_messages[0]
-    subscriber.acknowledge(subscription=subscription, ack_ids=[received.ack_id])
-    return received.message
+    messages = pull(subscription)
+    assert len(messages) == 1
+    return messages[0]
 
 
 def test_submit_publishes_the_job_message(

@@ -94,3 +94,21 @@ def test_a_deleted_machine_is_no_failure(tmp_path: Path) -> None:
         time.sleep(0.5)  # the reaper has run
     assert not n.alive()
     assert "failed" not in [e["jsonPayload"].get("event") for e in routed]
+
+
+def test_a_secret_without_a_value_is_the_attempts_failure_and_no_trainer_starts(tmp_path: Path) -> None:
+    routed: list[dict[str, Any]] = []
+    got = threading.Event()
+    n = nodes(tmp_path, routed, got)
+    ref = "projects/respawn-local/secrets/hf-token/versions/1"
+    m = machine(tmp_path)
+    m.metadata["respawn-secrets"] = json.dumps({"HF_TOKEN": ref})
+    try:
+        n.on_ready(m)
+        entry = wait_for(routed, got, "failed")
+        assert n.pids("crashy-a2") == [] and not n.alive()
+    finally:
+        n.stop()
+    event = parsing.log_entry_event(entry)
+    assert isinstance(event, TrainerFailed) and (event.job_id, event.attempt) == ("crashy", 2)
+    assert event.error == f"could not read secret HF_TOKEN from {ref}"

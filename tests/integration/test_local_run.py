@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import need
+from conftest import assert_status_chain, need
 
 from respawn.local.emulators import FakeGcs, PubSubEmulator
 
@@ -169,17 +169,41 @@ def test_quickstart_survives_preemptions_and_a_stockout(job_file: Path, workdir:
     assert (queued.returncode, queued.stdout) == (0, ""), queued.stderr
 
 
-def test_duplicate_deliveries_change_nothing(job_file: Path, workdir: Path) -> None:
+def test_duplicate_deliveries_change_nothing_and_a_secret_reaches_the_trainers_only(
+    job_file: Path, workdir: Path, tmp_path: Path
+) -> None:
+    """Every message pushed three times: each status change is still one notice; `logs -f` follows the run. The job
+    reads a secret, given in a file outside the workdir: every trainer holds it, and no file of the run, no object
+    on GCS and no line of `logs` holds it."""
     need(FakeGcs.missing() or PubSubEmulator.missing())
+    job = yaml.safe_load(job_file.read_text())
+    job["secrets"] = {"HF_TOKEN": "projects/respawn-local/secrets/hf-token/versions/1"}
+    secret_job = workdir / "job-with-secret.yaml"
+    secret_job.write_text(yaml.safe_dump(job))
+    value = f"hf_{uuid.uuid4().hex}"
+    (tmp_path / "secrets.env").write_text(f"HF_TOKEN={value}\n")
+
     follower = FollowedLogs(workdir)  # `logs -f` follows the job while it runs, and ends when the run does
     follower.start()
-    report, stderr = run_local(job_file, workdir, "--duplicate-deliveries", "3")
+    report, stderr = run_local(
+        secret_job, workdir, "--duplicate-deliveries", "3", "--secrets-file", str(tmp_path / "secrets.env")
+    )
     check(report, stderr)
     follower.join(timeout=60)
     followed = follower.result
     assert followed is not None and followed.returncode == 0, followed and followed.stderr
     check_logs(followed.stdout, report)
     assert followed.stdout == logs(workdir).stdout  # followed as it ran: the same lines as read afterwards
+
+    secrets = report["secrets"]
+    assert secrets["leaks"] == [] and secrets["delivered"] == secrets["trainers"] >= 3, secrets
+    assert [p for p in workdir.rglob("*") if p.is_file() and value.encode() in p.read_bytes()] == []
+    assert value not in stderr and value not in followed.stdout
+    notices = [json.loads(line) for line in (Path(report["run_dir"]) / "status.jsonl").read_text().splitlines()]
+    changes = [(n["old_status"], n["new_status"]) for n in notices]
+    assert_status_chain(changes)  # none twice, none missing
+    assert changes[0][0] is None and changes[-1][1] == "SUCCEEDED" and len({n["id"] for n in notices}) == len(notices)
+    assert report["notifications"] == len(notices) == 1 + 2 * report["attempts"], changes
 
 
 def test_without_the_emulator_the_in_process_bus_is_used(job_file: Path, workdir: Path) -> None:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, FakeProvider
+from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, FakeProvider, deliver_concurrently
 
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.decide import Policy
 from respawn.events import JobSubmitted, MachinePreempted, SweepTicked, TrainerStarted
 from respawn.model import JobSpec, MachineState, Status, TpuMachine
-from respawn.service import Retryable, Service
+from respawn.service import Service
 
 pytestmark = pytest.mark.emulator
 
@@ -41,23 +39,7 @@ def running(bucket: str) -> tuple[Service, GcsJobStore, FakeProvider, FakeClock]
 def test_the_same_preemption_delivered_five_times_concurrently_acts_once(bucket: str) -> None:
     service, store, provider, clock = running(bucket)
     event = MachinePreempted("preempted-1", clock.now(), "llm", 1, "llm-a1", A, "p")
-    barrier = threading.Barrier(5)
-    results: list[str] = []
-
-    def deliver() -> None:
-        barrier.wait()
-        for _ in range(20):  # Pub/Sub redelivers a Retryable
-            try:
-                results.append(service.handle(event).result)
-                return
-            except Retryable:
-                continue
-
-    threads = [threading.Thread(target=deliver) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = deliver_concurrently([service.handle] * 5, event)
     assert sorted(results) == ["applied"] + ["duplicate"] * 4
     assert provider.calls == [("delete", "llm-a1", A), ("create", "llm-a2", A)]
     job, _ = store.load("llm")

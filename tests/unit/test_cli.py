@@ -42,11 +42,13 @@ def no_cloud_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_submit_dry_run_prints_the_message_it_would_publish(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = tmp_path / "job.yaml"
-    job.write_text(JOB_YAML)
+    ref = "projects/ml-research-4821/secrets/hf-token/versions/3"
+    job.write_text(JOB_YAML + f"secrets: {{HF_TOKEN: {ref}}}\n")
     code, out, err = run(capsys, "submit", str(job), "--dry-run")
     assert (code, err) == (0, "")
     message = json.loads(out)
     assert message["job_id"] == "llm-small-001"
+    assert message["secrets"] == {"HF_TOKEN": ref}  # the reference: the value never passes through respawn
     assert message["args"] == ["--steps=20000", "--name=it's; rm -rf /"]
     assert message["machine"]["accelerator_type"] == "v5litepod-8"
 

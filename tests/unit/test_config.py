@@ -48,6 +48,11 @@ def test_service_is_built_once_per_process_and_environment(monkeypatch: pytest.M
     first = service_from_env()
     assert service_from_env() is first
     assert sorted(first.providers) == ["gpu", "tpu"]
+    assert first.notifier is None  # no status topic, no notices
+    monkeypatch.setenv("RESPAWN_STATUS_TOPIC", "respawn-status")
+    notifying = service_from_env()
+    assert getattr(notifying.notifier, "topic", None) == "projects/p/topics/respawn-status"
+    monkeypatch.delenv("RESPAWN_STATUS_TOPIC")
     monkeypatch.setenv("RESPAWN_STATE_BUCKET", "state-b")
     assert service_from_env() is not first
     monkeypatch.delenv("RESPAWN_STATE_BUCKET")

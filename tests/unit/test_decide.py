@@ -480,13 +480,15 @@ def test_decide_is_pure() -> None:
 def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
     job, _ = step(build(Status.RUNNING), preempted(1))
     assert job is not None and job.pending == () and job.attempts
-    job = replace(job, pending=({"kind": "delete", "machine": "llm-a2"},), result={"final_loss": 1.5})
+    notice = {"id": "llm/1/RECOVERING", "job_id": "llm", "new_status": "RECOVERING"}
+    job = replace(job, pending=({"kind": "delete", "machine": "llm-a2"},), outbox=(notice,), result={"final_loss": 1.5})
     d = job.to_dict()
     assert d == json.loads(json.dumps(d))  # plain JSON types only
     assert d == dataclasses.asdict(job) | {  # the generic form, with enums and tuples as JSON has them
         "spec": job.spec.to_dict() if job.spec else None,
         "status": job.status.value,
         "pending": [dict(p) for p in job.pending],
+        "outbox": [dict(n) for n in job.outbox],
         "seen_events": list(job.seen_events),
         "attempts": [dataclasses.asdict(a) for a in job.attempts],
         "hosts": 1,  # shown for the reader; derived from the spec, not read back
@@ -494,11 +496,15 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
     assert Job.from_dict(d) == job
     assert job.spec is not None
     tiers = (Tier("spot", (A, B), after_preemptions=2, after_stockout_s=600), Tier("reservation", (A,), "r-1"))
-    spec = replace(job.spec, args=("--steps=9",), env=(("A", "1"),), labels=(("team", "nlp"),), tiers=tiers)
+    secrets = (("HF_TOKEN", "projects/p-123456/secrets/hf/versions/latest"),)
+    spec = replace(
+        job.spec, args=("--steps=9",), env=(("A", "1"),), secrets=secrets, labels=(("team", "nlp"),), tiers=tiers
+    )
     assert spec.to_dict() == dataclasses.asdict(spec) | {
         "zones": list(spec.zones),
         "args": list(spec.args),
         "env": dict(spec.env),
+        "secrets": dict(spec.secrets),
         "labels": dict(spec.labels),
         "tiers": [dataclasses.asdict(t) | {"zones": list(t.zones)} for t in tiers],
     }

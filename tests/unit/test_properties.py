@@ -33,7 +33,9 @@ a preemption or failure of the live attempt is counted exactly once (and never
 as the other), completion, cancel and TTL expiry end the job with its machine
 deleted, and a trainer's own result is never replaced (it fills in an exit code's).
 At the end of each history every job reaches a terminal status with no machine
-left once the clock passes the TTLs and one sweep runs.
+left once the clock passes the TTLs and one sweep runs, and the status notices
+published are the records' status changes, each once, in order (a notice
+repeated, with its id, only after a crash).
 
 Examples are seeded (the same histories on every run). Explore new ones with
 `RESPAWN_EXPLORE=2000 .venv/bin/pytest --timeout=0 tests/unit/test_properties.py`.
@@ -49,7 +51,17 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, FakeProvider, InMemoryJobStore
+from fakes import (
+    Crash,
+    CrashingNotifier,
+    CrashingProvider,
+    CrashingStore,
+    CrashPlan,
+    FakeClock,
+    FakeProvider,
+    InMemoryJobStore,
+    RecordingNotifier,
+)
 from hypothesis import event as tally
 from hypothesis import seed, settings
 from hypothesis import strategies as st
@@ -190,8 +202,11 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.store = InMemoryJobStore()
         self.checked = CheckedStore(self.store, self)
         self.providers = {"tpu": FakeProvider(), "gpu": FakeProvider()}
+        self.notifier = RecordingNotifier()
+        self.changes: dict[str, list[tuple[str | None, str]]] = {}  # job -> status changes written, in order
+        self.crashes = 0
         # Two function instances, each with its own cache of the records it last read or wrote.
-        self.instances = [Service(self.checked, self.providers, self.clock, POLICY) for _ in range(2)]
+        self.instances = [Service(self.checked, self.providers, self.clock, POLICY, self.notifier) for _ in range(2)]
         self.service = self.instances[0]
         self.ids = itertools.count(1)
         self.inbox: list[Event] = []  # published, not yet acknowledged
@@ -373,7 +388,10 @@ class ServiceUnderChaos(RuleBasedStateMachine):
 
     @rule(
         where=st.sampled_from(
-            ["store", "tpu.create", "tpu.delete", "tpu.list", "tpu.get", "gpu.create", "gpu.delete", "gpu.list", "403"]
+            [
+                *("store", "tpu.create", "tpu.delete", "tpu.list", "tpu.get", "gpu.create", "gpu.delete", "gpu.list"),
+                *("notify", "403"),
+            ]
         )
     )
     def api_error(self, where: str) -> None:
@@ -385,6 +403,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         error = TransientError(f"503 backend error ({where})")
         if where == "store":
             self.store.errors.append(error)
+        elif where == "notify":
+            self.notifier.errors.append(error)
         else:
             kind, method = where.split(".")
             self.providers[kind].fail_next(method, error)
@@ -406,9 +426,11 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         event = self.inbox.pop(pick % len(self.inbox))
         plan = CrashPlan(at=at, before=before)
         crashing = {kind: CrashingProvider(p, plan) for kind, p in self.providers.items()}
+        notifier = CrashingNotifier(self.notifier, plan)
         try:
-            self.handle(event, Service(CrashingStore(self.checked, plan), crashing, self.clock, POLICY))
+            self.handle(event, Service(CrashingStore(self.checked, plan), crashing, self.clock, POLICY, notifier))
         except Crash:
+            self.crashes += 1
             if not lost:
                 self.inbox.append(event)
 
@@ -455,7 +477,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         """What one acknowledged delivery did to one job whose record had no intent in flight."""
         new, new_generation = peek(self.store, job_id)
         unchanged = new_generation == generation and not touched
-        if old is None or old.pending:
+        if old is None or old.pending or old.outbox:
             return
         assert new is not None
         now, live = self.clock.now(), live_attempt(old)
@@ -524,6 +546,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         """One record write: legal, consistent with the record it replaces, and every count caused by the world."""
         was = old.status if old is not None else None
         assert new.status == was or new.status in LEGAL_TRANSITIONS[was], f"{new.job_id}: {was} -> {new.status}"
+        if new.status != was:
+            self.changes.setdefault(new.job_id, []).append((was.value if was else None, new.status.value))
         n = [a.n for a in new.attempts]
         assert n == list(range(1, len(n) + 1)), f"{new.job_id}: attempts {n}"
         assert all(a.ended for a in new.attempts[:-1]), f"{new.job_id}: an attempt before the last is not over"
@@ -627,7 +651,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         """Calm weather, every pending message delivered, the clock past every TTL, one sweep: all settled."""
         if sys.exc_info()[0] is not None:  # a step already failed: report that, not this
             return
-        self.store.conflicts, self.store.errors = 0, []
+        self.store.conflicts, self.store.errors, self.notifier.errors = 0, [], []
         for p in self.providers.values():
             p.errors.clear()
         for _ in range(3):
@@ -654,6 +678,12 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             if job.status is Status.SUCCEEDED and job.current and (job_id, job.current.n) in self.completed:
                 # its trainer's own entry was acknowledged: the record holds its result, whichever came first
                 assert job.result == {"final_loss": 2.0, "final_step": 1000}, f"{job_id}: {job.result}"
+            assert job.outbox == (), f"{job_id}: notices never published: {job.outbox}"
+            notices = [n for n in self.notifier.notices if n["job_id"] == job_id]
+            once = list({n["id"]: (n["old_status"], n["new_status"]) for n in notices}.values())
+            assert once == self.changes.get(job_id, []), f"{job_id}: notices {once}"
+        repeats = len(self.notifier.notices) - len({n["id"] for n in self.notifier.notices})
+        assert repeats <= self.crashes, f"{repeats} notices published twice after {self.crashes} crashes"
         assert self.machines() == [], f"machines left after the ttl: {self.machines()}"
 
 

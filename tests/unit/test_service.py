@@ -9,7 +9,16 @@ import threading
 from dataclasses import dataclass, replace
 
 import pytest
-from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, FakeProvider, InMemoryJobStore
+from fakes import (
+    Crash,
+    CrashingProvider,
+    CrashingStore,
+    CrashPlan,
+    FakeClock,
+    FakeProvider,
+    InMemoryJobStore,
+    deliver_concurrently,
+)
 
 from respawn.actions import CreateMachine, DeleteMachine
 from respawn.decide import Policy, backoff_s
@@ -107,23 +116,7 @@ def test_the_same_preemption_five_times_gives_one_delete_and_one_create() -> Non
 def test_the_same_preemption_five_times_concurrently_gives_one_delete_and_one_create(round_: int) -> None:
     w = running()
     event = preemption(w)
-    barrier = threading.Barrier(5)
-    results: list[str] = []
-
-    def deliver() -> None:
-        barrier.wait()
-        for _ in range(20):  # what Pub/Sub does with a Retryable
-            try:
-                results.append(w.handle(event).result)
-                return
-            except Retryable:
-                continue
-
-    threads = [threading.Thread(target=deliver) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = deliver_concurrently([w.handle] * 5, event)
     assert sorted(results) == ["applied"] + ["duplicate"] * 4
     assert w.provider.count("delete", "llm-a1") == 1 and w.provider.count("create", "llm-a2") == 1
     assert w.provider.live("llm") == ["llm-a2"]

@@ -195,8 +195,25 @@ def test_hostile_strings_in_args_and_env_values_are_kept_verbatim() -> None:
     assert spec.args == tuple(hostile) and spec.env == (("CMD", "$(reboot)'\"\n;|&"),)
 
 
+HF = "projects/ml-research-4821/secrets/hf-token/versions/3"
+
+
+def test_secrets_are_references_by_variable_name() -> None:
+    secrets = {"HF_TOKEN": HF, "WANDB_API_KEY": "projects/123456789012/secrets/wandb_key/versions/latest"}
+    spec = parse_job_message(with_change("secrets", secrets))
+    assert isinstance(spec, JobSpec)
+    assert spec.secrets == tuple(sorted(secrets.items())) and spec.env == (("KEY", "value"),)
+    assert spec_to_message(spec)["secrets"] == secrets
+    assert "secrets" not in spec_to_message(parse_job_message(tpu_message()))  # unchanged without secrets
+
+
 def test_round_trip_through_spec_to_message() -> None:
-    for msg in (tpu_message(), with_change("machine", gpu_machine()), with_change("ttl", 5400)):
+    for msg in (
+        tpu_message(),
+        with_change("machine", gpu_machine()),
+        with_change("ttl", 5400),
+        with_change("secrets", {"HF_TOKEN": HF}),
+    ):
         spec = parse_job_message(msg)
         assert isinstance(spec, JobSpec)
         again = json.loads(json.dumps(spec_to_message(spec)))
@@ -266,6 +283,19 @@ CASES: list[tuple[str, Any, str, str]] = [
     ("env", {"KEY": 1}, "env.KEY", "expected a string, got an integer"),
     ("env", {"KEY": "a\x00b"}, "env.KEY", "NUL"),
     ("env", {f"K{i}": "v" * 1000 for i in range(40)}, "env", "bytes of names and values"),
+    ("secrets", ["HF_TOKEN"], "secrets", "expected an object, got a list"),
+    ("secrets", {"hf_token": HF}, "secrets.hf_token", "not a valid variable name"),
+    ("secrets", {"RESPAWN_TOKEN": HF}, "secrets.RESPAWN_TOKEN", "reserved"),
+    ("secrets", {"KEY": HF}, "secrets.KEY", "also set in env"),
+    ("secrets", {"T": 3}, "secrets.T", "expected a string, got an integer"),
+    ("secrets", {"T": "hf-token"}, "secrets.T", "is not a Secret Manager secret version"),
+    ("secrets", {"T": "projects/p1/secrets/hf/versions/3"}, "secrets.T", "is not a Secret Manager secret version"),
+    ("secrets", {"T": HF.replace("/3", "/0")}, "secrets.T", "is not a Secret Manager secret version"),
+    ("secrets", {"T": HF + "/"}, "secrets.T", "is not a Secret Manager secret version"),
+    ("secrets", {"T": HF.replace("/3", "")}, "secrets.T", "is not a Secret Manager secret version"),
+    ("secrets", {"T": HF.replace("hf-token", "hf token")}, "secrets.T", "is not a Secret Manager secret version"),
+    ("secrets", {"T": HF + "\n"}, "secrets.T", "is not a Secret Manager secret version"),
+    ("secrets", {f"T{i}": HF for i in range(65)}, "secrets", "65 secrets"),
     ("checkpoint_uri", DELETE, "checkpoint_uri", "missing"),
     ("checkpoint_uri", "s3://bucket/x", "checkpoint_uri", "is not a gs:// URI with a path"),
     ("checkpoint_uri", "/local/path", "checkpoint_uri", "is not a gs:// URI with a path"),
@@ -365,7 +395,7 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     err = error_of(with_change("priority", "high"))
     assert str(err) == (
         'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
-        "image, args, env, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers"
+        "image, args, env, secrets, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers"
     )
     err = error_of(with_change("machine.topology", "2x4"))
     assert (

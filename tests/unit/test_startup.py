@@ -37,12 +37,18 @@ log = os.environ["FAKE_LOG"]
 with open(log, "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
 cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+if os.path.basename(sys.argv[0]) == "gcloud" and sys.argv[1:4] == ["secrets", "versions", "access"]:
+    values = json.loads(os.environ.get("FAKE_SECRETS", "{{}}"))
+    if sys.argv[4] not in values:
+        sys.exit("ERROR: (gcloud.secrets.versions.access) NOT_FOUND: " + sys.argv[4])
+    sys.stdout.write(values[sys.argv[4]])
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # what `-e NAME` (no value) passes on
+    names = [a for flag, a in zip(sys.argv, sys.argv[1:]) if flag == "-e" and "=" not in a]
+    pathlib.Path(log + ".env").write_text(json.dumps({{n: os.environ.get(n) for n in names}}))
 stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
-    workers = {{k: os.environ.get(k) for k in ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES")}}
-    pathlib.Path(log + ".env").write_text(json.dumps(workers))
     if os.environ.get("FAKE_BLOCK"):
         pathlib.Path(log + ".running").touch()
         while not stopped.exists():
@@ -296,6 +302,61 @@ def test_a_notice_left_by_an_earlier_boot_is_cleared(tmp_path: Path, fakes: dict
     Path(startup.NOTICE_FILE).touch()  # a Spot VM stopped and started again runs the startup script anew
     run_script(tmp_path, fakes, spec())
     assert [p["event"] for p, _ in said(fakes)] == ["completed"]
+
+
+SECRETS = (("HF_TOKEN", "projects/proj/secrets/hf/versions/3"), ("WANDB_KEY", "projects/42/secrets/wb/versions/latest"))
+VALUES = {
+    "projects/proj/secrets/hf/versions/3": "hf_TOKEN7f3a $(touch CANARY)'\"\n",
+    "projects/42/secrets/wb/versions/latest": "wb_TOKEN9c1e",
+}
+
+
+def no_sleep(env: dict[str, str]) -> None:
+    """The script's pauses between tries, skipped."""
+    path = Path(env["PATH"].split(":")[0]) / "sleep"
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+
+
+def test_secrets_reach_the_container_by_name_only(tmp_path: Path, fakes: dict[str, str]) -> None:
+    s = spec(secrets=SECRETS)
+    result = run_script(tmp_path, fakes, s, FAKE_SECRETS=json.dumps(VALUES))
+
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "CANARY").exists()
+    reads = [c for c in calls(fakes) if c[:4] == ["gcloud", "secrets", "versions", "access"]]
+    assert reads == [["gcloud", "secrets", "versions", "access", ref, "--quiet"] for _, ref in SECRETS]
+    argv = docker_run(fakes)
+    assert [argv[i + 1] for i, o in enumerate(argv) if o == "-e"][-2:] == ["HF_TOKEN", "WANDB_KEY"]
+    passed = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
+    assert {name: passed[name] for name, _ in SECRETS} == {name: VALUES[ref] for name, ref in SECRETS}  # byte-exact
+    meta = machine_metadata(s, 3)
+    assert json.loads(meta["respawn-secrets"]) == dict(SECRETS)
+    for token in ("TOKEN7f3a", "TOKEN9c1e"):  # nowhere but the container's environment
+        assert token not in json.dumps(meta) and token not in json.dumps(calls(fakes)) and token not in result.stderr
+
+
+def test_an_unreadable_secret_is_a_failed_entry_naming_it(tmp_path: Path, fakes: dict[str, str]) -> None:
+    no_sleep(fakes)
+    readable = {SECRETS[0][1]: "hf"}
+    result = run_script(tmp_path, fakes, spec(secrets=SECRETS), FAKE_SECRETS=json.dumps(readable))
+
+    assert result.returncode == 1
+    assert not [c for c in calls(fakes) if c[0] == "docker"]  # no container without its secrets
+    reads = [c[4] for c in calls(fakes) if c[:4] == ["gcloud", "secrets", "versions", "access"]]
+    assert reads == [SECRETS[0][1]] + [SECRETS[1][1]] * 3  # tried three times
+    writes = [c for c in calls(fakes) if c[:3] == ["gcloud", "logging", "write"]]
+    assert len(writes) == 1
+    payload = json.loads(writes[0][4])
+    assert payload == {
+        "event": "failed",
+        "job_id": "job-1",
+        "attempt": 3,
+        "worker": 0,
+        "error": f"could not read secret WANDB_KEY from {SECRETS[1][1]}",
+    }
+    entry = {"logName": "projects/p/logs/respawn-trainer", "insertId": "x2", "jsonPayload": payload}
+    assert isinstance(log_entry_event({**entry, "timestamp": "2026-11-21T10:00:00Z"}), TrainerFailed)
 
 
 def test_metadata_and_labels() -> None:

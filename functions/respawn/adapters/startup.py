@@ -4,7 +4,10 @@ Every string that comes from a job message (image, args, env, checkpoint URI)
 reaches the script through shlex.quote only, so nothing in it can inject shell.
 The structured metadata keys let the local cloud start the same trainer without
 a shell; no credentials are ever put in metadata (the machine's service account
-authenticates the trainer and the image pull).
+authenticates the trainer and the image pull). The job's `secrets` are Secret
+Manager references: the script reads each with the machine's account into its
+own environment and names it to `docker run -e NAME`, so a value is never in
+the script, the metadata or a command line.
 
 When the container exits, the script speaks for a trainer that may have said
 nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
@@ -74,6 +77,8 @@ def docker_run_argv(spec: JobSpec, attempt: int) -> list[str]:
         argv += ["-e", f"{key}={value}"]
     if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
         argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
+    for key, _ in spec.secrets:  # the value comes from the script's environment (see _SECRETS)
+        argv += ["-e", key]
     return [*argv, spec.image, *spec.args]
 
 
@@ -89,6 +94,7 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
         "respawn-args": json.dumps(list(spec.args)),
         "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
         "respawn-progress-s": str(progress_s(spec)),
+        **({"respawn-secrets": json.dumps(dict(spec.secrets), sort_keys=True)} if spec.secrets else {}),  # references
     }
 
 
@@ -129,7 +135,9 @@ fi
 _AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
 """
 
-_METADATA = """md() { curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"; }
+_METADATA = """md() {
+  curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"
+}
 # every worker VM of a slice runs this script; the metadata server says which one this is
 worker=$(md attributes/agent-worker-number || echo 0)
 case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
@@ -141,6 +149,27 @@ _TPU_WORKERS = """TPU_WORKER_ID=$worker
 TPU_WORKER_HOSTNAMES=$(md attributes/worker-network-endpoints | tr ',' '\\n' \\
   | awk -F: 'NF == 3 { print $3 } NF == 1 { print $1 }' | paste -sd, -)
 export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
+"""
+
+# Each secret is read with the machine's service account (a few tries), exported into this script's environment
+# only and handed to the container by name. One that cannot be read is the attempt's `failed` entry, naming the
+# variable and the reference: a failure counted against max_failures, and no container is started.
+_SECRETS = """secret() {{
+  local value i
+  for i in 1 2 3; do
+    if value=$(gcloud secrets versions access "$2" --quiet && printf .); then
+      export "$1=${{value%.}}"
+      return 0
+    fi
+    [ "$i" -lt 3 ] && sleep $((i * 5))
+  done
+  log "could not read secret $1 from $2"
+  gcloud logging write respawn-trainer \\
+    "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \\
+      {job_id} {attempt} "$worker" "could not read secret $1 from $2")" \\
+    --payload-type=json --severity=ERROR || log "could not log the failure"
+  exit 1
+}}
 """
 
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
@@ -187,6 +216,9 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     host = _registry_host(spec.image)
     if host:
         parts.append(_AUTH.format(host=q(host)))
+    if spec.secrets:
+        parts.append(_SECRETS.format(job_id=q(spec.job_id), attempt=int(attempt)))
+        parts += [f"secret {q(name)} {q(ref)}\n" for name, ref in spec.secrets]
     run = shlex.join(docker_run_argv(spec, attempt))
     parts.append(
         _RUN.format(

@@ -27,6 +27,7 @@ from respawn.local.chaos import (
     parse_times,
     parse_worker_steps,
 )
+from respawn.local.secret_store import SecretError, secret_values
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption
@@ -43,6 +44,11 @@ Step actions fire in step order, each once, each on a node no earlier step actio
 `python -m trainer`, with the job's args after it, the same environment, signals and log routing; no image
 is pulled. A leading `python` or `python3` is the interpreter running respawn (with its JAX). A program that
 sends no lifecycle entries completes, stops and fails by its exit code (docs/trainer-protocol.md).
+secrets: a job's `secrets` are references; give each a value here with --secret NAME=VALUE,
+--secret NAME (the value of NAME in this environment: nothing on the command line) or
+--secrets-file FILE (NAME=VALUE lines), NAME being the job's variable. Values reach the trainers'
+environments only; the report's `secrets` says how many trainers held them and which files, under
+--workdir or on fake-gcs-server, hold one (none, or the run fails).
 examples:
   respawn local run examples/quickstart.yaml --preempt-at 40s,80s
   respawn local run examples/quickstart.yaml --preempt-at-step 250,550
@@ -142,6 +148,14 @@ def parser() -> argparse.ArgumentParser:
         help="run this command (shell-quoted; the job's args follow) on every machine instead of the image's "
         '`python -m trainer`; a leading python/python3 is this interpreter (e.g. "python train.py")',
     )
+    r.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="the value of the job's secret NAME; without =VALUE, from this environment's NAME; repeatable",
+    )
+    r.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
     r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
     r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
     r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
@@ -275,6 +289,7 @@ def run(ns: argparse.Namespace) -> int:
 
     opts = options(ns)
     message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
+    opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
     check_chaos_workers(opts, message)
     hosts, chips_per_host, _ = job_shape(message["machine"])
     out = sys.stderr if ns.json else sys.stdout
@@ -326,6 +341,9 @@ def run(ns: argparse.Namespace) -> int:
     )
     r["bus"] = outcome.bus
     r["run_dir"] = str(outcome.run_dir)
+    r["notifications"] = outcome.notifications
+    if outcome.secrets is not None:
+        r["secrets"] = outcome.secrets
     if ns.plot:
         from respawn.local.plot import plot_timeline
 
@@ -337,6 +355,8 @@ def run(ns: argparse.Namespace) -> int:
     else:
         print(report.render(r))
     ok = r["status"] == "SUCCEEDED" and r["exact"] is not False and r["machines_left"] == 0
+    if outcome.secrets is not None:  # every trainer held them, and no file holds one
+        ok = ok and not outcome.secrets["leaks"] and outcome.secrets["delivered"] == outcome.secrets["trainers"]
     return 0 if ok else 1
 
 
@@ -345,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     try:
         return run(ns)
-    except (UsageError, ChaosError) as e:
+    except (UsageError, ChaosError, SecretError) as e:
         print(f"respawn local: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:

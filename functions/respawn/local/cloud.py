@@ -2,8 +2,10 @@
 
   fake-gcs-server        state bucket + checkpoint bucket (Orbax via TENSORSTORE_GCS_HTTP_URL)
   CloudApiServer         Cloud TPU v2 + Compute REST; a READY machine is a trainer process (nodes.py)
-  Pub/Sub                the official emulator with push subscriptions, or the in-process bus (bus.py)
+  Pub/Sub                the official emulator with push subscriptions, or the in-process bus (bus.py); on the
+                         emulator the functions publish status notices to respawn-status, recorded (status.py)
   functions-framework    on_job_message and on_event from functions/main.py, unchanged
+  Secret Manager         the values given for the job's secret references, into trainer environments only
   log router             the sink filter applied to every LogEntry -> respawn-events (router.py)
   Cloud Scheduler        a sweep tick every few seconds (scheduler.py)
   chaos                  preemptions at fixed times, steps or a seeded MTBI; workers killed, hung or lost to a
@@ -35,6 +37,8 @@ from respawn.local.functions import FunctionServers
 from respawn.local.nodes import Nodes
 from respawn.local.router import LogRouter
 from respawn.local.scheduler import SweepTicker
+from respawn.local.secret_store import delivered, leaks
+from respawn.local.status import STATUS_TOPIC, StatusRecorder
 from respawn.local.timeline import Timeline
 from respawn.model import Job
 
@@ -65,6 +69,7 @@ class Options:
     progress_every_s: float = 5.0
     bus: str = "auto"  # auto (the emulator when it can run) | emulator | in-process
     entrypoint: list[str] | None = None  # run on every machine instead of `python -m trainer` (with the job's args)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)  # Secret Manager reference -> value
 
 
 def checkpoint_buckets(messages: Iterable[dict[str, Any]]) -> list[str]:
@@ -81,6 +86,8 @@ class Outcome:
     timed_out: bool
     run_dir: Path
     bus: str
+    notifications: int | None = None  # status notices recorded (None: the in-process bus carries none)
+    secrets: dict[str, Any] | None = None  # the job had secrets: where they reached, and where they leaked
 
 
 class LocalCloud:
@@ -115,7 +122,21 @@ class LocalCloud:
             self.say(f"submitted {job_id} to {JOBS_TOPIC}; logs in {self.run_dir}")
             job, timed_out = self._follow(self.store, job_id, t0, total_steps)
             machines_left = self.machines_left() if timed_out else self.settle()
-            return Outcome(job, self.timeline.events(), machines_left, timed_out, self.run_dir, self.bus_name)
+            notifications = None
+            if self.recorder is not None:
+                final = job["status"] if job is not None else None
+                self.recorder.wait_for(lambda notices: any(n["new_status"] == final for n in notices), 10.0)
+                notifications = len(self.recorder.notices())
+            return Outcome(
+                job,
+                self.timeline.events(),
+                machines_left,
+                timed_out,
+                self.run_dir,
+                self.bus_name,
+                notifications,
+                self.secrets_report() if self.o.secrets else None,
+            )
 
     def __enter__(self) -> LocalCloud:
         return self
@@ -156,6 +177,7 @@ class LocalCloud:
             set_state=lambda name, state: api[0].set_state(name, state),
             timeline=tl,
             entrypoint=o.entrypoint,
+            secrets=o.secrets,
         )
         capacity: dict[str, int | None] = {z: 0 for z, n in o.stockouts.items() if n is None}
         stockouts = {z: n for z, n in o.stockouts.items() if n is not None}
@@ -166,6 +188,7 @@ class LocalCloud:
         def on_ready(m: Any) -> None:
             tl.add("state", machine=m.name, zone=m.zone, state="READY")
             nodes.on_ready(m)
+            self._check_secrets(m)
 
         def on_deleted(m: Any) -> None:
             tl.add("deleted", machine=m.name, zone=m.zone)
@@ -194,13 +217,20 @@ class LocalCloud:
             "RESPAWN_EVENTS_TOPIC": EVENTS_TOPIC,
             **gcs.env(),
         }
+        emulator = self._emulator()
+        if emulator is not None:  # the functions publish status notices there, as deployed
+            functions_env.update(emulator.env(), RESPAWN_STATUS_TOPIC=STATUS_TOPIC)
         fns = FunctionServers(functions_env, self._dir("functions"))
         self._start("functions-framework (on_job_message, on_event)", fns.start, fns.stop)
         endpoints = {
             JOBS_TOPIC: push_endpoint(fns.urls["on_job_message"], PROJECT, JOBS_TOPIC),
             EVENTS_TOPIC: push_endpoint(fns.urls["on_event"], PROJECT, EVENTS_TOPIC),
         }
-        bus, self.bus_name = self._bus(endpoints)
+        bus, self.bus_name = self._bus(endpoints, emulator is not None)
+        self.recorder: StatusRecorder | None = None
+        if emulator is not None:
+            self.recorder = StatusRecorder(PROJECT, self.run_dir / "status.jsonl")
+            self._stack.callback(self.recorder.close)
         router.append(LogRouter(bus, EVENTS_TOPIC, tl))
         ticker = SweepTicker(bus, EVENTS_TOPIC, o.sweep_every_s).start()
         self._stack.callback(ticker.stop)
@@ -251,22 +281,54 @@ class LocalCloud:
         path.mkdir(exist_ok=True)
         return path
 
-    def _bus(self, endpoints: dict[str, str]) -> tuple[Bus, str]:
-        copies = max(1, self.o.duplicate_deliveries)
+    def _emulator(self) -> PubSubEmulator | None:
+        """The Pub/Sub emulator, started, when the options and this machine allow it; None for the in-process bus."""
         problem = PubSubEmulator.missing() if self.o.bus == "auto" else None
         if self.o.bus == "emulator" or (self.o.bus == "auto" and problem is None):
             emulator = PubSubEmulator(project=PROJECT)
             self._start("Pub/Sub emulator", emulator.start, emulator.stop)
             self._stack.enter_context(patched_env(emulator.env()))
+            return emulator
+        if problem:
+            self.say(f"notice: {problem}; using the in-process push bus instead (it carries no status notices)")
+        return None
+
+    def _bus(self, endpoints: dict[str, str], emulator: bool) -> tuple[Bus, str]:
+        copies = max(1, self.o.duplicate_deliveries)
+        if emulator:
             bus: Bus = EmulatorBus(PROJECT, endpoints, copies)
             name = "pubsub-emulator"
         else:
-            if problem:
-                self.say(f"notice: {problem}; using the in-process push bus instead")
             bus = InProcessBus(PROJECT, endpoints, copies, on_delivery=self.on_delivery)
             name = "in-process"
         self._stack.callback(bus.close)
         return bus, name
+
+    def _check_secrets(self, machine: Any) -> None:
+        """Each trainer process of a READY machine holds every secret of its metadata, as the OS shows its
+        environment (names and a yes or no in the timeline, never a value)."""
+        refs: dict[str, str] = json.loads(machine.metadata.get("respawn-secrets") or "{}")
+        if not refs:
+            return
+        import psutil
+
+        expected = {name: self.o.secrets.get(ref) for name, ref in refs.items()}
+        for pid in self.nodes.pids(machine.name):
+            try:
+                ok = delivered(psutil.Process(pid).environ(), expected)
+            except psutil.Error:
+                continue  # exited already
+            self.timeline.add("secrets", machine=machine.name, pid=pid, names=sorted(refs), delivered=ok)
+
+    def secrets_report(self) -> dict[str, Any]:
+        """Secrets: trainer processes that held them all, and the files holding a value: under the workdir (run
+        logs, timeline, compile and reference caches) and every object of fake-gcs-server (records, checkpoints)."""
+        checks = self.timeline.events("secrets")
+        return {
+            "trainers": len(checks),
+            "delivered": sum(bool(c["delivered"]) for c in checks),
+            "leaks": leaks(self.o.secrets.values(), [self.o.workdir, Path(self.gcs.root)]),
+        }
 
     def _watch_calls(self, server: CloudApiServer) -> None:
         """Copy the API's create calls, queued resources' states and new machines into the timeline as they happen."""

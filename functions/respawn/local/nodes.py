@@ -3,7 +3,9 @@
 A machine that becomes READY starts `python -m trainer` (or the command given
 with `respawn local run --entrypoint`) with the job's args, from its structured
 metadata (respawn-args, respawn-env, respawn-job-id, respawn-attempt,
-respawn-checkpoint-uri, respawn-progress-s; the image is not run), each process
+respawn-checkpoint-uri, respawn-progress-s; the image is not run) and the values
+of its respawn-secrets references (a reference without one is the attempt's
+`failed` entry, as the startup script writes it; no trainer starts), each process
 in its own process group. A TPU node whose accelerator type has several hosts
 (v5litepod-16: 4 hosts x 4 chips) is that many processes on loopback, each
 with the environment a TPU VM worker has (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES,
@@ -56,6 +58,7 @@ from respawn.events import EXIT_CODE
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, tpu_worker_name, trainer_entry
+from respawn.local.secret_store import SecretUnavailable, secret_env
 from respawn.local.timeline import Timeline
 from respawn.parsing import TRAINER_EVENTS
 
@@ -210,9 +213,12 @@ class Nodes:
         timeline: Timeline,
         set_state: Callable[[str, str], object] = lambda name, state: None,
         entrypoint: Sequence[str] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
         """`mark_preempted(name)` and `set_state(name, state)` change the machine in the cloud API; each returns
-        None when there is no such machine (deleted meanwhile). `entrypoint` replaces `python -m trainer`."""
+        None when there is no such machine (deleted meanwhile). `entrypoint` replaces `python -m trainer`.
+        `secrets`: {reference: value}."""
+        self.secrets = dict(secrets or {})
         self.project = project
         self.base_env = dict(base_env)
         self.log_dir = log_dir
@@ -241,7 +247,12 @@ class Nodes:
         hosts, chips = slice_shape(machine)
         # A fresh port per node: a slice being torn down and its replacement never share a coordinator.
         node = Node(machine, job_id, attempt, hosts, chips, free_port() if hosts > 1 else None)
-        env = trainer_env(meta, self.base_env)
+        try:
+            env = {**trainer_env(meta, self.base_env), **secret_env(meta, self.secrets)}
+        except SecretUnavailable as e:
+            self._nodes[machine.name] = node  # no trainer: the control plane deletes it and decides
+            self._emit(node, {"event": "failed", "job_id": job_id, "attempt": attempt, "error": str(e)})
+            return
         for i in range(hosts):
             worker_env = env if hosts == 1 else slice_worker_env(env, i, hosts, node.port or 0, chips)
             log_name = f"{machine.name}.log" if hosts == 1 else f"{machine.name}-w-{i}.log"

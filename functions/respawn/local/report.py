@@ -301,6 +301,14 @@ def render(r: dict[str, Any]) -> str:
         + ", "
         + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "wasted_s", "idle_s")),
     ]
+    if r.get("notifications") is not None:
+        lines.append(f"  notices  {r['notifications']} status notices on respawn-status (status.jsonl)")
+    if r.get("secrets"):
+        sec = r["secrets"]
+        lines.append(
+            f"  secrets  held by {sec['delivered']} of {sec['trainers']} trainer processes; "
+            + (f"LEAKED into {', '.join(sec['leaks'])}" if sec["leaks"] else "in no file under the workdir or on GCS")
+        )
     if r["hosts"] > 1:
         lines.append(f"  slice    {r['hosts']} hosts: {r['hosts']} trainer processes per attempt")
     for c in r["chaos"]:

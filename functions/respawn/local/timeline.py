@@ -14,6 +14,8 @@ Kinds recorded (each with `t`, seconds since the epoch, and `machine` where it a
   host_error                    `worker`'s VM (`instance`) had a host error: `machine` TERMINATED, its event emitted
   entry                         a lifecycle entry of `machine`'s trainer (`payload`)
   step                          a training step of `machine`'s trainer, worker 0 (`step`, `loss`)
+  secrets                       a trainer process (`pid`) of `machine` holds its secrets (`names`, `delivered`:
+                                whether its environment has every value; never a value)
 """
 
 from __future__ import annotations

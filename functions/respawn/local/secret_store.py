@@ -1,0 +1,109 @@
+"""The local cloud's Secret Manager: the values of a job's secret references, given on this machine.
+
+`respawn local run` takes them from `--secret NAME=VALUE`, `--secret NAME` (the
+value of NAME in this shell's environment, kept off the command line) or a
+`--secrets-file` of `NAME=VALUE` lines, NAME being the job's variable. They are
+held in memory, keyed by the reference, and reach a trainer's environment only
+(nodes.py), as the startup script does on a machine. `leaks` searches files
+for them: the run proves no record, log or timeline holds one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+MIN_SEARCHED_BYTES = 8  # shorter values would be found by chance in binary files
+
+
+class SecretError(ValueError):
+    """A secret option or file that cannot be used (the message never holds a value)."""
+
+
+class SecretUnavailable(Exception):
+    """A machine asked for a reference that has no local value: what Secret Manager's NOT_FOUND is on a machine."""
+
+
+def secret_values(
+    job_secrets: Mapping[str, str],
+    options: Iterable[str],
+    file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """{reference: value} for every secret of the job ({variable: reference}), from the options and the file."""
+    environ = os.environ if environ is None else environ
+    by_name: dict[str, str] = {}
+    if file is not None:
+        by_name.update((k, v) for k, v in _file_values(file).items() if k in job_secrets)  # a file may serve many jobs
+    for option in options:
+        name, eq, value = option.partition("=")
+        if name not in job_secrets:
+            known = ", ".join(sorted(job_secrets)) or "none"
+            raise SecretError(f"--secret {name}: the job has no secret {name}; its secrets: {known}")
+        if not eq:
+            if name not in environ:
+                raise SecretError(f"--secret {name}: {name} is not set in this environment (or give NAME=VALUE)")
+            value = environ[name]
+        by_name[name] = value
+    for name, value in by_name.items():
+        if "\x00" in value:
+            raise SecretError(f"secret {name}: the value contains a NUL character, which no environment can hold")
+    missing = sorted(set(job_secrets) - set(by_name))
+    if missing:
+        name = missing[0]
+        raise SecretError(
+            f"the job's secret {name} ({job_secrets[name]}) has no local value: give --secret {name}=VALUE, "
+            f"--secret {name} (its value from this environment) or a --secrets-file line {name}=VALUE"
+        )
+    return {job_secrets[name]: value for name, value in by_name.items()}
+
+
+def _file_values(path: str) -> dict[str, str]:
+    """NAME=VALUE lines; blank lines and lines starting with # are skipped; the value is everything after `=`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SecretError(f"--secrets-file: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    values = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        if not eq or not name.strip():
+            raise SecretError(f"--secrets-file {path}: line {number} is not NAME=VALUE")
+        values[name.strip()] = value
+    return values
+
+
+def secret_env(metadata: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
+    """{variable: value} for the machine's `respawn-secrets` references ({variable: reference})."""
+    refs: dict[str, str] = json.loads(metadata.get("respawn-secrets") or "{}")
+    for name, ref in sorted(refs.items()):
+        if ref not in values:
+            raise SecretUnavailable(f"could not read secret {name} from {ref}")
+    return {name: values[ref] for name, ref in refs.items()}
+
+
+def delivered(environ: Mapping[str, str], expected: Mapping[str, str]) -> bool:
+    """The process environment holds every expected variable with its value."""
+    return all(environ.get(name) == value for name, value in expected.items())
+
+
+def leaks(values: Iterable[str], roots: Iterable[Path]) -> list[str]:
+    """The files under `roots` that hold any of `values` (as written, or JSON-escaped), or a short one unsearched."""
+    needles = set()
+    for value in values:
+        if len(value.encode()) >= MIN_SEARCHED_BYTES:
+            needles |= {value.encode(), json.dumps(value)[1:-1].encode()}
+    found = []
+    for root in roots:
+        for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue  # gone meanwhile
+            if any(needle in data for needle in needles):
+                found.append(str(path))
+    return found

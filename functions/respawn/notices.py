@@ -1,0 +1,46 @@
+"""Status notices: one small JSON message per status change of a job, for topic `respawn-status`.
+
+A notice is built when a decision changes a job's status and is kept in the job
+record's outbox, written by the same compare-and-set as the change itself; the
+handler holding the record's lease publishes it, then clears the outbox. So a
+duplicate delivery of the event publishes nothing (the change is already
+recorded), and a crash between the write and the publish leaves the notice in
+the outbox for whichever handler settles the record after the lease (a
+redelivery or the sweep). A crash after the publish and before the clear
+publishes it again: every notice carries a deterministic `id` for that case.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from respawn.model import Job
+
+MAX_REASON_CHARS = 500
+
+
+def status_notice(old: Job | None, new: Job, now: float) -> dict[str, Any]:
+    """The notice of `old` -> `new` (a change of status) decided at `now`: JSON-ready, a few hundred bytes."""
+    old_status = old.status.value if old is not None else None
+    at = dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    current = new.current
+    reason = new.reason if len(new.reason) <= MAX_REASON_CHARS else new.reason[: MAX_REASON_CHARS - 3] + "..."
+    where = f" (attempt {current.n}, {current.zone})" if current is not None else ""
+    return {
+        "id": f"{new.job_id}/{round(now * 1000)}/{new.status.value}",
+        "job_id": new.job_id,
+        "old_status": old_status,
+        "new_status": new.status.value,
+        "reason": reason,
+        "attempt": current.n if current is not None else None,
+        "zone": current.zone if current is not None else None,
+        "counters": dict(new.counters.__dict__),
+        "time": at,
+        "text": f"respawn: job {new.job_id} {old_status or 'submitted'} -> {new.status.value}{where}: {reason}",
+    }
+
+
+def notice_attributes(notice: dict[str, Any]) -> dict[str, str]:
+    """Pub/Sub attributes of a notice: what a subscription filter can select on (`attributes.status = "FAILED"`)."""
+    return {"job_id": str(notice["job_id"]), "status": str(notice["new_status"]), "notice_id": str(notice["id"])}
