@@ -75,7 +75,8 @@ def status_subscription(pubsub_emulator: PubSubEmulator, monkeypatch: pytest.Mon
 
 
 def pubsub_event(data: bytes, message_id: str, topic: str = "respawn-jobs") -> CloudEvent:
-    """The CloudEvent Eventarc delivers for a Pub/Sub message (google.cloud.pubsub.topic.v1.messagePublished)."""
+    """A Pub/Sub message as a google.cloud.pubsub.topic.v1.messagePublished CloudEvent (Eventarc's shape; a push
+    body converted by functions-framework has the same type and data.message)."""
     attributes = {
         "id": message_id,
         "source": f"//pubsub.googleapis.com/projects/{PROJECT}/topics/{topic}",
@@ -120,7 +121,7 @@ def test_a_valid_submit_creates_the_machine_and_a_provisioning_record(
 
 
 def test_the_captured_structured_cloudevent_is_accepted(cloud: CloudApiServer, bucket: str) -> None:
-    """tests/data/cloudevent_job.json exactly as Eventarc posts it (a TPU job)."""
+    """tests/data/cloudevent_job.json, a TPU job in Eventarc's structured CloudEvent form, is accepted too."""
     client = create_app("on_job_message", MAIN, "cloudevent").test_client()
     body = (DATA / "cloudevent_job.json").read_bytes()
     response = client.post("/", data=body, headers={"Content-Type": "application/cloudevents+json"})
