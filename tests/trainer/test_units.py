@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -102,15 +100,23 @@ def test_file_sink_appends_one_json_line_per_entry(tmp_path: Path) -> None:
 
 def test_cloud_sink_writes_structured_entries_with_job_and_attempt_labels() -> None:
     """Cloud Logging's REST entries:write, authorized by the metadata server's token (both served locally)."""
-    api = CloudApi()
+    api = MetadataServer(
+        {
+            "instance/service-accounts/default/token": '{"access_token": "tok-1", "expires_in": 3599}',
+            "project/project-id": "proj-1",
+            "instance/id": "4242",
+            "instance/zone": "projects/123/zones/us-central2-b",
+        }
+    )
     try:
-        sink = CloudLoggingSink("job-a", 2, metadata_url=api.url + "/computeMetadata/v1", endpoint=api.url + "/write")
-        lifecycle = Lifecycle(sink, "job-a", 2)
+        lifecycle = Lifecycle(
+            CloudLoggingSink("job-a", 2, metadata_url=api.url, endpoint=api.root + "/write"), "job-a", 2
+        )
         lifecycle.emit("started", 0, restored_step=0, startup_s=1.0)
         lifecycle.emit("failed", 7, error="boom", goodput={})
     finally:
         api.server.shutdown()
-    (first,), (second,) = (body["entries"] for body in api.writes)
+    (first,), (second,) = (body["entries"] for _, _, body in api.posts)
     assert second["jsonPayload"] == {
         "event": "failed",
         "job_id": "job-a",
@@ -126,51 +132,9 @@ def test_cloud_sink_writes_structured_entries_with_job_and_attempt_labels() -> N
     }
     assert first["labels"] == {"respawn-job": "job-a", "respawn-attempt": "2"}
     assert (first["severity"], second["severity"]) == ("INFO", "ERROR")
-    assert api.authorizations == ["Bearer tok-1", "Bearer tok-1"]  # one token, reused until it nears expiry
-    assert [p for p in api.metadata_paths if p.endswith("/token")] == [
-        "/computeMetadata/v1/instance/service-accounts/default/token"
-    ]
-
-
-class CloudApi:
-    """The metadata server's token, project and instance, and Cloud Logging's entries:write, on loopback."""
-
-    METADATA = {
-        "/computeMetadata/v1/instance/service-accounts/default/token": '{"access_token": "tok-1", "expires_in": 3599}',
-        "/computeMetadata/v1/project/project-id": "proj-1",
-        "/computeMetadata/v1/instance/id": "4242",
-        "/computeMetadata/v1/instance/zone": "projects/123/zones/us-central2-b",
-    }
-
-    def __init__(self) -> None:
-        self.writes: list[dict] = []
-        self.authorizations: list[str] = []
-        self.metadata_paths: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.metadata_paths.append(self.path)
-                body = outer.METADATA.get(self.path) if self.headers.get("Metadata-Flavor") == "Google" else None
-                self._answer(404 if body is None else 200, (body or "").encode())
-
-            def do_POST(self) -> None:
-                outer.authorizations.append(self.headers.get("Authorization", ""))
-                outer.writes.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self._answer(200, b"{}")
-
-            def _answer(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    assert [(path, auth) for path, auth, _ in api.posts] == [("/write", "Bearer tok-1")] * 2  # one token, reused
+    tokens = [r for r in api.requests if r["path"].endswith("/token")]
+    assert len(tokens) == 1
 
 
 def test_a_failing_sink_does_not_stop_training() -> None:

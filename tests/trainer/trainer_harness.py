@@ -176,12 +176,16 @@ def kill_hard(run: Run) -> None:
 
 
 class MetadataServer:
-    """`GET /computeMetadata/v1/instance/preempted` answers FALSE until preempt(), then TRUE (like GCE)."""
+    """The GCE metadata server on loopback: `instance/preempted` answers FALSE until preempt(), then TRUE; any
+    other path under /computeMetadata/v1/ answers from `answers`, else 404. POSTs (any path) are recorded with
+    their Authorization header: a stand-in for a Google API the machine's token authorizes."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: dict[str, str] | None = None) -> None:
         self.preempted = False
         self.requests: list[dict[str, str]] = []
+        self.posts: list[tuple[str, str, dict]] = []  # path, Authorization, JSON body
         outer = self
+        prefix = "/computeMetadata/v1/"
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -189,10 +193,20 @@ class MetadataServer:
                 if self.headers.get("Metadata-Flavor") != "Google":
                     self.send_error(403, "Missing Metadata-Flavor:Google header")
                     return
-                if self.path != "/computeMetadata/v1/instance/preempted":
+                key = self.path.removeprefix(prefix)
+                if key == "instance/preempted":
+                    self._answer(b"TRUE" if outer.preempted else b"FALSE")
+                elif self.path.startswith(prefix) and key in (answers or {}):
+                    self._answer((answers or {})[key].encode())
+                else:
                     self.send_error(404)
-                    return
-                body = b"TRUE" if outer.preempted else b"FALSE"
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.posts.append((self.path, self.headers.get("Authorization", ""), body))
+                self._answer(b"{}")
+
+            def _answer(self, body: bytes) -> None:
                 self.send_response(200)
                 self.send_header("Metadata-Flavor", "Google")
                 self.send_header("Content-Length", str(len(body)))
@@ -203,7 +217,8 @@ class MetadataServer:
                 return None
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/computeMetadata/v1"
+        self.root = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{self.root}/computeMetadata/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
