@@ -19,18 +19,6 @@ if TYPE_CHECKING:
     from google.cloud.pubsub_v1.types import PubsubMessage
 
 
-def assert_status_chain(changes: list[tuple[str | None, str]]) -> None:
-    """Status changes as notices tell them: each starts where the one before ended, by a legal transition, so a
-    notice sent twice or never breaks the chain."""
-    from respawn.model import LEGAL_TRANSITIONS, Status
-
-    before: str | None = None
-    for old, new in changes:
-        assert old == before, changes
-        assert Status(new) in LEGAL_TRANSITIONS[Status(old) if old else None], changes
-        before = new
-
-
 REQUIRE = os.environ.get("RESPAWN_REQUIRE_EMULATORS") == "1"
 
 

@@ -291,3 +291,15 @@ class CrashingNotifier:
 
     def notify(self, notice: dict[str, Any]) -> None:
         self.plan.step(f"notify {notice['id']}", lambda: self.notifier.notify(notice))
+
+
+def assert_status_chain(changes: list[tuple[str | None, str]]) -> None:
+    """Status changes as notices tell them: each starts where the one before ended, by a legal transition, so a
+    notice sent twice or never breaks the chain."""
+    from respawn.model import LEGAL_TRANSITIONS, Status
+
+    before: str | None = None
+    for old, new in changes:
+        assert old == before, changes
+        assert Status(new) in LEGAL_TRANSITIONS[Status(old) if old else None], changes
+        before = new

@@ -20,7 +20,8 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import assert_status_chain, need
+from conftest import need
+from fakes import assert_status_chain
 
 from respawn.local.emulators import FakeGcs, PubSubEmulator
 

@@ -10,7 +10,6 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 import pytest
-from conftest import assert_status_chain
 from fakes import (
     Crash,
     CrashingNotifier,
@@ -21,6 +20,7 @@ from fakes import (
     FakeProvider,
     InMemoryJobStore,
     RecordingNotifier,
+    assert_status_chain,
     deliver_concurrently,
 )
 
