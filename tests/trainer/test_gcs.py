@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
-from trainer_harness import ARGS, Reference, last, run_to_end, start, trainer_env
+from trainer_harness import ARGS, REPO, Reference, last, run_to_end, start, trainer_env
 
 from respawn.local.emulators import FakeGcs
 
@@ -39,25 +41,48 @@ def test_gcs_checkpoints_survive_a_preemption_and_resume_exactly(
 
 @pytest.mark.emulator
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("program", "steps", "reused"),
+    [
+        # A user's loop, plain jax.jit: JAX's persistent cache, read back from gs://. A restored state carries its
+        # shardings, a fresh one none (another program), so the second machine, the first to restore, compiles
+        # and writes, and the third, restoring too, reads it.
+        (
+            ["examples/byo/train.py", "--steps"],
+            ("3", "6", "9"),
+            "Persistent compilation cache hit for 'jit_train_step'",
+        ),
+        # respawn's trainer: respawn_trainer.compile(key=...) finds the kept program without even tracing it.
+        (["-m", "trainer", "--model=nano", "--steps"], ("3", "3"), None),
+    ],
+    ids=["users-loop", "respawn-trainer"],
+)
 def test_the_compilation_cache_next_to_gcs_checkpoints_serves_a_fresh_machine(
-    fake_gcs: FakeGcs, bucket: str, tmp_path: Path
+    fake_gcs: FakeGcs, bucket: str, tmp_path: Path, program: list[str], steps: tuple[str, ...], reused: str | None
 ) -> None:
-    """A replacement VM has an empty disk: the programs the first machine compiled are read back from gs://."""
-    checkpoints = f"gs://{bucket}/runs/job-cache"
+    """A replacement VM has an empty disk: the programs an earlier machine compiled are read back from gs://."""
+    name = "byo" if reused else "demo"
+    checkpoints = f"gs://{bucket}/runs/cache-{name}"
     logs = []
-    for machine in ("first", "second"):
-        home = tmp_path / machine  # the machine's own (empty) disk: no local cache to fall back on
+    for machine, until in enumerate(steps):
+        home = tmp_path / f"machine-{machine}"  # the machine's own (empty) disk: no local cache to fall back on
         env = trainer_env(checkpoints, tmp_path / "entries.jsonl", home / "unused", HOME=str(home))
         del env["RESPAWN_COMPILE_CACHE"]  # the default: next to the checkpoints
         env["JAX_LOG_COMPILES"] = "1"
-        code, run = run_to_end(env, ["--model=nano", "--steps=3", "--log-every=1"])
-        assert code == 0, run.tail()
+        proc = subprocess.run(
+            [sys.executable, *program, until], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
         assert not (home / ".cache").exists()
-        logs.append("".join(run.stderr))
+        logs.append(proc.stderr)
 
     client = storage.Client(project="local", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
-    cached = [b.name for b in client.list_blobs(bucket, prefix="runs/job-cache-compile-cache/")]
-    assert any("/jit_train_step-" in name for name in cached), cached
-    first, second = logs
-    assert "Persistent compilation cache hit for 'jit_train_step'" not in first
-    assert "Persistent compilation cache hit for 'jit_train_step'" in second
+    cached = [b.name for b in client.list_blobs(bucket, prefix=f"runs/cache-{name}-compile-cache/")]
+    assert any("/jit_train_step-" in blob for blob in cached), cached  # JAX's own entry, written by process 0
+    first, last = logs[0], logs[-1]
+    assert "Compiling jit(train_step)" in first and "Persistent compilation cache hit" not in first
+    if reused:
+        assert reused in last
+    else:
+        assert any("/respawn-programs/p0/" in blob for blob in cached), cached
+        assert "train_step" not in last.split("started at step")[0]  # neither traced nor compiled
