@@ -56,6 +56,8 @@ class Run:
         self.goodput = Goodput(started=started if started is not None else process_started())
         environ = os.environ if env is None else env
         self.env: RunEnv = load_env(environ, on_gce=on_gce())
+        if environ.get("STORAGE_EMULATOR_HOST"):  # fake-gcs-server: gcsfs warns at every use that it has no credentials
+            logging.getLogger("gcsfs").setLevel(logging.ERROR)
         self.steps, self.step = steps, 0
         self.watch = PreemptionWatch(self.env.metadata_url).start()
         sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
