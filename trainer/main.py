@@ -44,16 +44,12 @@ def train(cfg: Config, run: Run) -> None:
         step += 1
         if step % cfg.log_every == 0:
             window = _log_progress(cfg, step, state, window)
-        run.step_done(step, state, loss=_loss(state))
+        run.step_done(step, state, loss=state.get("loss"))
     run.finish(step, state, params=state["params"] if cfg.model != "none" else None)
 
 
-def _loss(state: Any) -> Any:
-    return state.get("loss")
-
-
 def _log_progress(cfg: Config, step: int, state: Any, window: tuple[float, int]) -> tuple[float, int]:
-    loss = float(_loss(state) if _loss(state) is not None else 0.0)
+    loss = float(state.get("loss", 0.0))  # the sleeper's state has none
     if not math.isfinite(loss):
         raise FloatingPointError(f"the loss is {loss} at step {step}")
     now = time.monotonic()

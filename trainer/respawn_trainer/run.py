@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from respawn_trainer import runtime
 from respawn_trainer.env import ConfigError, RunEnv, load_env
@@ -30,6 +30,9 @@ from respawn_trainer.goodput import Goodput, process_started
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
 from respawn_trainer.notice import PreemptionWatch, on_gce
 from respawn_trainer.schedule import SaveDone, Schedule
+
+if TYPE_CHECKING:
+    from respawn_trainer.checkpoint import Checkpointer
 
 log = logging.getLogger("trainer")
 RESTORE_FAILED_WAIT_S = 60.0  # how long a host that could not read a step waits for the others to agree
@@ -42,7 +45,7 @@ class Run:
         *,
         checkpoint_every: int | None = None,
         keep: int = 3,
-        checkpointer: Any = None,
+        checkpointer: Checkpointer | None = None,
         env: Mapping[str, str] | None = None,
         distributed: str = "auto",
         use_jax: bool = True,
@@ -120,11 +123,6 @@ class Run:
     def keep_going(self, step: int) -> bool:
         """False once `steps` are done, or when any host has the preemption notice (every host agrees)."""
         return step < self.steps and not runtime.agree_any(self.watch.noticed)
-
-    @property
-    def noticed(self) -> bool:
-        """This host got the preemption notice (SIGTERM or the metadata flag)."""
-        return self.watch.noticed
 
     def step_done(self, step: int, state: Any, loss: Any = None) -> None:
         """After each step: a `progress` entry at most every RESPAWN_PROGRESS_S, a save when one is due."""
@@ -315,10 +313,3 @@ def _global_value(leaf: Any) -> Any:
 def one_line(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip().splitlines()
     return (text[0] if text else type(e).__name__)[:500]
-
-
-def exit_code(error: BaseException | None) -> int:
-    """0 for a run that completed or stopped; 2 for a configuration error; 1 for anything else."""
-    if error is None:
-        return 0
-    return 2 if isinstance(error, ConfigError) else 1

@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -215,15 +216,11 @@ def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
 
 def process_count() -> int:
     """1 unless JAX is in use with several processes (never imports JAX itself)."""
-    import sys
-
     jax = sys.modules.get("jax")
     return int(jax.process_count()) if jax is not None and jax.distributed.is_initialized() else 1
 
 
 def is_primary() -> bool:
-    import sys
-
     jax = sys.modules.get("jax")
     return jax is None or not jax.distributed.is_initialized() or jax.process_index() == 0
 
