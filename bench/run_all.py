@@ -87,7 +87,7 @@ TARGETS = [
     ),
     Target(
         "Goodput under local chaos, MTBI 60 s",
-        "bench_recovery.py --mtbi 60 --steps 2500",
+        "bench_recovery.py --mtbi 60 --steps 8000",
         "goodput",
         ">=",
         0.92,

@@ -196,3 +196,43 @@ def test_watch_notices_the_metadata_server_and_sigterm() -> None:
         assert sigterm.source == "SIGTERM"
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_stopped_run_leaves_old_step_deletions_to_the_next_attempt_a_completed_one_waits(tmp_path: Path) -> None:
+    from respawn_trainer import Run
+    from respawn_trainer.schedule import SaveDone
+
+    class Recorded:
+        """An in-memory checkpointer that records whether the run closed it (closing waits for deletions)."""
+
+        def __init__(self) -> None:
+            self.saved: list[int] = []
+            self.closed = False
+
+        def restore_newest(self, template: object, agree_any: object) -> None:
+            return None
+
+        def save(self, step: int, state: object) -> float:
+            self.saved.append(step)
+            return 0.0
+
+        def poll(self) -> list[SaveDone]:
+            return []
+
+        def wait(self) -> list[SaveDone]:
+            return [SaveDone(self.saved[-1], 0.0, 0.0)] if self.saved else []
+
+        def close(self) -> None:
+            self.closed = True
+
+    env = {"RESPAWN_JOB_ID": "j", "RESPAWN_CHECKPOINT_URI": str(tmp_path), "RESPAWN_LOG_SINK": str(tmp_path / "e")}
+    for steps, event in ((5, "stopped"), (3, "completed")):
+        checkpoints = Recorded()
+        run = Run(steps, checkpoint_every=100, checkpointer=checkpoints, env=env, use_jax=False)
+        state, step = run.restore({"step": 0})
+        for step in range(1, 4):
+            state = {"step": step}
+            run.step_done(step, state)
+        assert run.finish(step, state) == event
+        assert checkpoints.saved == [3]  # durable before the entry either way
+        assert checkpoints.closed == (event == "completed"), event

@@ -10,7 +10,7 @@ import pytest
 from respawn import parsing
 from respawn.events import MachinePreempted, TrainerStarted, ZoneWokeUp
 from respawn.local import report
-from respawn.local.chaos import Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
+from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
 from respawn.local.cli import UsageError, parse_entrypoint, total_steps, with_trainer_args
 from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
 from respawn.local.nodes import exit_word, lifecycle_entry, progress
@@ -89,6 +89,16 @@ def test_mtbi_schedule_is_seeded() -> None:
     assert all(t > 0 for t in lifetimes(7))
 
 
+def test_mtbi_lifetimes_come_in_rounds_that_last_the_mtbi_on_average() -> None:
+    ready = [(f"job-a{i}", 0.0) for i in range(1, 3 * MTBI_ROUND + 1)]
+    chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=0.0, mtbi=60.0, seed=7)
+    chaos.due(0.0)
+    lives = [chaos._deadlines[name] for name, _ in ready]
+    rounds = [lives[i : i + MTBI_ROUND] for i in range(0, len(lives), MTBI_ROUND)]
+    assert [sum(r) for r in rounds] == [pytest.approx(MTBI_ROUND * 60.0)] * 3
+    assert len(set(lives)) == len(lives) and min(lives) > 0
+
+
 def _ev(t: float, kind: str, **fields: object) -> dict[str, object]:
     return {"t": t, "kind": kind, **fields}
 
@@ -138,6 +148,7 @@ def test_report_from_a_timeline() -> None:
     assert r["recovery_first_step_s"] == [pytest.approx(5.0)]
     assert r["recovery"][0]["stop_s"] == pytest.approx(1.5)
     assert r["wall_s"] == pytest.approx(20.0)
+    assert r["mtbi_realized_s"] == pytest.approx(8.5 + 7.7)  # READY to the notice, READY to its deletion; one notice
     assert r["goodput_s"]["productive_s"] == pytest.approx(11.0)
     assert r["goodput_s"]["idle_s"] == pytest.approx(20.0 - 16.5)
     assert r["goodput"] == pytest.approx(11.0 / 20.0)

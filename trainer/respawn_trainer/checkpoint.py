@@ -2,8 +2,9 @@
 
 Saves are async: `save` blocks only while the arrays are copied off the device; the write and the
 atomic commit (rename on a file system, commit_success.txt on GCS) finish in the background, so a
-crash at any moment leaves either a complete step or none. `restore_newest` walks back from the
-newest step when one cannot be read.
+crash at any moment leaves either a complete step or none. Steps beyond the newest `keep` are deleted
+in the background too, off the save's path; a deletion cut short leaves an old step for a later save to
+delete. `restore_newest` walks back from the newest step when one cannot be read.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Checkpoints:
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
                 cleanup_tmp_directories=True,
+                enable_background_delete=True,
                 lightweight_initialize=True,
                 enable_async_checkpointing=True,
                 async_options=async_options,

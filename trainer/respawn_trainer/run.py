@@ -168,14 +168,18 @@ class Run:
                 level, "stopped at step %d, saved %.2fs after the notice (grace %.0fs)", step, took, self.env.grace_s
             )
             event = "stopped"
-        self.close()
+        self.close(prune=event == "completed")
         return event
 
-    def close(self) -> None:
-        """Release the checkpointer, the notice watch and the distributed runtime (finish() does it)."""
+    def close(self, *, prune: bool = True) -> None:
+        """Release the checkpointer, the notice watch and the distributed runtime (finish() does it).
+
+        prune False, for a machine about to be taken away once its last save is durable: the deletion of old
+        steps still under way in the background is not waited for (the next attempt's saves finish it)."""
         if not self._closed:
             self._closed = True
-            self.checkpoints.close()
+            if prune:
+                self.checkpoints.close()
             runtime.shutdown()
         self.watch.stop()
 

@@ -34,7 +34,7 @@ chaos times (--preempt-at) count from the moment the job message is published; a
 that falls when no machine is READY waits for the next machine to become READY.
 --preempt-at-step preempts the READY machine once its trainer reports the step: the same
 run on a fast or a slow machine.
---mtbi draws every machine's lifetime from a seeded exponential distribution, counted from READY.
+--mtbi gives every machine a random lifetime from READY (seeded; every 10 machines live 10 x MTBI in all).
 worker chaos (STEP:WORKER, comma-separated) hits one worker of a TPU slice once worker 0 of the READY
 node reports STEP: --kill-worker-at-step SIGKILLs it (its startup script logs `failed`),
 --hang-worker-at-step SIGSTOPs it (only hang detection, the job's hang_timeout, finds it),

@@ -19,6 +19,8 @@ Definitions:
   hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
   failures        the job record's failure counter (trainer failures, at most one per attempt)
   chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
+  mtbi_realized_s  READY machine seconds (each machine until its preemption notice) per preemption notice: the
+                  mean time between interruptions the run saw, beside the --mtbi it asked for; null without notices
   max_live_machines  the most machines live (CREATING/READY) at once: a slice counts once, whatever its hosts
   exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
                   reference hash, `exact_reason` saying why (no reference run, it failed, the program sends no hash)
@@ -156,15 +158,17 @@ def goodput_split(events: list[dict[str, Any]], wall_s: float) -> dict[str, floa
     return total
 
 
-def machine_seconds(events: list[dict[str, Any]], end: float) -> dict[str, float]:
-    """machine -> seconds it was READY (until preempted, deleted or another state)."""
+def machine_seconds(
+    events: list[dict[str, Any]], end: float, until: tuple[str, ...] = ("deleted", "preempted")
+) -> dict[str, float]:
+    """machine -> seconds it was READY (until an event of a kind in `until`, or another state)."""
     ready_since: dict[str, float] = {}
     used: dict[str, float] = {}
     for e in events:
         name = str(e.get("machine"))
         if e["kind"] == "state" and e["state"] == "READY":
             ready_since.setdefault(name, e["t"])
-        elif name in ready_since and (e["kind"] in ("deleted", "preempted") or e["kind"] == "state"):
+        elif name in ready_since and (e["kind"] in until or e["kind"] == "state"):
             used[name] = used.get(name, 0.0) + e["t"] - ready_since.pop(name)
     for name, t in ready_since.items():
         used[name] = used.get(name, 0.0) + end - t
@@ -221,6 +225,8 @@ def build(
     created = _first_times(events, "state", state="CREATING")
     calls = _first_times(events, "create_call")
     steps = [e["step"] for e in events if e["kind"] == "step"]
+    notices = sum(1 for e in events if e["kind"] == "notice")
+    lived = sum(machine_seconds(events, end, until=("deleted", "preempted", "notice")).values())
     return {
         "job_id": job.get("job_id"),
         "status": "TIMEOUT" if timed_out and not job.get("status") else job.get("status", "UNKNOWN"),
@@ -229,7 +235,8 @@ def build(
         "attempts": len(job.get("attempts") or ()),
         "hosts": hosts,
         "preemptions": (job.get("counters") or {}).get("preemptions", 0),
-        "preemptions_injected": sum(1 for e in events if e["kind"] == "notice"),
+        "preemptions_injected": notices,
+        "mtbi_realized_s": round(lived / notices, 3) if notices else None,
         "failures": (job.get("counters") or {}).get("failures", 0),
         "hangs_detected": sum(1 for a in job.get("attempts") or () if a.get("end_reason") == "hung"),
         "chaos": [{**row, "at_s": round(row["at_s"], 3)} for row in chaos_rows(events, t0)],
