@@ -154,7 +154,7 @@ def test_report_from_a_timeline() -> None:
     assert r["goodput"] == pytest.approx(11.0 / 20.0)
     assert r["max_live_machines"] == 1  # a1 was PREEMPTED (not live) before a2 was requested
     assert r["cost"]["spot_usd"] < r["cost"]["on_demand_usd"]
-    assert "SUCCEEDED" in report.render(r)
+    assert "SUCCEEDED" in report.render(r) and "(injected 1, one per 16s of machine time)" in report.render(r)
     assert report.build(events=TIMELINE, job=job, reference_sha="cd", machines_left=0, leftover_processes=0,
                         price=None, timed_out=False)["exact"] is False  # fmt: skip
     assert r["exact_reason"] is None

@@ -291,7 +291,9 @@ def render(r: dict[str, Any]) -> str:
     g = r["goodput_s"]
     lines = [
         f"job {r['job_id']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""),
-        f"  attempts {r['attempts']}, preemptions survived {r['preemptions']} (injected {r['preemptions_injected']}), "
+        f"  attempts {r['attempts']}, preemptions survived {r['preemptions']} (injected {r['preemptions_injected']}"
+        + (f", one per {r['mtbi_realized_s']:.0f}s of machine time" if r["mtbi_realized_s"] else "")
+        + "), "
         f"capacity errors {r['capacity_errors']}, failures {r['failures']}, hangs detected {r['hangs_detected']}",
         "  zones    "
         + " -> ".join(
