@@ -38,7 +38,9 @@ ocp = _import_orbax()
 
 
 class Checkpointer(Protocol):
-    """Where a run's state goes: `Checkpoints` (Orbax) for JAX pytrees, or anything that keeps these promises."""
+    """Where a run's state goes: `Checkpoints` (Orbax) for JAX pytrees, or anything that keeps these promises.
+
+    `wait` makes every save durable; `close` releases the rest and is skipped when a run stops for the notice."""
 
     def restore_newest(self, template: Any, agree_any: Callable[[bool], bool]) -> tuple[Any, int] | None: ...
     def save(self, step: int, state: Any) -> float: ...

@@ -19,7 +19,7 @@ Definitions:
   hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
   failures        the job record's failure counter (trainer failures, at most one per attempt)
   chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
-  mtbi_realized_s  READY machine seconds (each machine until its preemption notice) per preemption notice: the
+  mtbi_realized_s  READY machine seconds (each machine until its notice or deletion) per preemption notice: the
                   mean time between interruptions the run saw, beside the --mtbi it asked for; null without notices
   max_live_machines  the most machines live (CREATING/READY) at once: a slice counts once, whatever its hosts
   exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
