@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -22,8 +23,6 @@ FSDP_MIN_ELEMENTS = 1 << 12
 def fsdp_spec(shape: tuple[int, ...], devices: int) -> Any:
     """FSDP / ZeRO-3: a leaf of at least FSDP_MIN_ELEMENTS is split along its first axis whose size the device
     count divides; any other leaf is replicated."""
-    import math
-
     from jax.sharding import PartitionSpec as P
 
     if math.prod(shape) < FSDP_MIN_ELEMENTS:

@@ -234,5 +234,5 @@ def test_a_stopped_run_leaves_old_step_deletions_to_the_next_attempt_a_completed
             state = {"step": step}
             run.step_done(step, state)
         assert run.finish(step, state) == event
-        assert checkpoints.saved == [3]  # durable before the entry either way
+        assert checkpoints.saved == [3]  # the last save, either way
         assert checkpoints.closed == (event == "completed"), event

@@ -3,8 +3,9 @@
 Saves are async: `save` blocks only while the arrays are copied off the device; the write and the
 atomic commit (rename on a file system, commit_success.txt on GCS) finish in the background, so a
 crash at any moment leaves either a complete step or none. Steps beyond the newest `keep` are deleted
-in the background too, off the save's path; a deletion cut short leaves an old step for a later save to
-delete. `restore_newest` walks back from the newest step when one cannot be read.
+in the background too, off the save's path; a deletion cut short leaves an old step that the next
+attempt removes (at start when its commit marker is gone, else at a save beyond `keep`).
+`restore_newest` walks back from the newest step when one cannot be read.
 """
 
 from __future__ import annotations

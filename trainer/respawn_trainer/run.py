@@ -175,7 +175,7 @@ class Run:
         """Release the checkpointer, the notice watch and the distributed runtime (finish() does it).
 
         prune False, for a machine about to be taken away once its last save is durable: the deletion of old
-        steps still under way in the background is not waited for (the next attempt's saves finish it)."""
+        steps still under way in the background is not waited for (the next attempt removes what is left)."""
         if not self._closed:
             self._closed = True
             if prune:

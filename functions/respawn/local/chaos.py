@@ -215,15 +215,15 @@ class Chaos:
         if self._mtbi:
             for name, ready_at in live:
                 if name not in self._deadlines:
-                    self._deadlines[name] = ready_at + self._lifetime(self._mtbi)
+                    self._deadlines[name] = ready_at + self._lifetime()
                 if now >= self._deadlines[name]:
                     preempt(name)
         return chosen
 
-    def _lifetime(self, mtbi: float) -> float:
-        """The next machine's lifetime: the next gap of this round's interruptions, MTBI_ROUND in MTBI_ROUND x mtbi."""
+    def _lifetime(self) -> float:
+        """The next machine's lifetime: the next gap of this round's MTBI_ROUND interruptions in MTBI_ROUND x MTBI."""
         if not self._lifetimes:
-            span = MTBI_ROUND * mtbi
+            span = MTBI_ROUND * (self._mtbi or 0.0)
             cuts = [0.0, *sorted(self._rng.uniform(0.0, span) for _ in range(MTBI_ROUND - 1)), span]
             self._lifetimes = [b - a for a, b in itertools.pairwise(cuts)]
         return self._lifetimes.pop()
