@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -236,3 +238,32 @@ def test_a_stopped_run_leaves_old_step_deletions_to_the_next_attempt_a_completed
         assert run.finish(step, state) == event
         assert checkpoints.saved == [3]  # the last save, either way
         assert checkpoints.closed == (event == "completed"), event
+
+
+KEPT_AFTER_JAX_CACHE = """
+import sys, jax, jax.numpy as jnp
+from respawn_trainer import runtime
+runtime.use_compile_cache(sys.argv[1])
+f = jax.jit(lambda x, w: (jnp.tanh(x @ w) * 2 + jnp.where(x > 0, x, -x)).sum())
+args = (jax.ShapeDtypeStruct((8, 8), jnp.float32),) * 2
+x, w = jnp.ones((8, 8)), jnp.full((8, 8), 0.5)
+expected = float(f.lower(*args).compile()(x, w))  # JAX's cache now holds the program
+jax.clear_caches()
+runtime.compile(f, *args, key="edited")  # a new key for the same program: not kept yet, so built and kept
+kept = runtime.compile(f, *args, key="edited")  # read back from the kept copy, as a restart would
+print(float(kept(x, w)) == expected)
+"""
+
+
+def test_a_program_kept_under_a_new_key_runs_when_jax_cache_already_held_it(tmp_path: Path) -> None:
+    """An edit that changes compile()'s key but not the program: JAX's cache has it, the kept copy must still run
+    (an executable read from JAX's cache, serialized again, has lost its code on CPU)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", KEPT_AFTER_JAX_CACHE, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True"]
+    assert list((tmp_path / "cache").glob("*/respawn-programs/p0/*")), "nothing was kept"

@@ -21,6 +21,9 @@ log = logging.getLogger("trainer")
 
 # Single-threaded Eigen on the CPU backend: the same reductions in the same order on every machine size.
 CPU_DETERMINISM_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+# Kept programs (compile(key=...)) of an older format are never read: format 1 could keep an executable read
+# from JAX's cache, which does not run on CPU once serialized again.
+KEPT_FORMAT = "kept-2"
 CACHE_PROBE_TIMEOUT_S = 10.0  # an unreachable gs:// cache costs this long once, then the run compiles without it
 
 
@@ -138,7 +141,12 @@ def compile(jitted: Any, *args: Any, key: str | None = None) -> Any:
 
     One more case keeps executables itself: JAX writes cache entries from process 0 only, and on CPU each
     process's programs differ (its topology is part of the key), so the other processes of a multi-process
-    CPU run (a local slice) would compile on every start."""
+    CPU run (a local slice) would compile on every start.
+
+    A kept executable is always compiled afresh, once per key, never taken from JAX's cache: on CPU an
+    executable read from that cache serializes without its code, and the kept copy would fail at its first
+    run ("Function ... not found"). So the first start after an edit that changes the key but not the
+    program compiles once more."""
     import jax
 
     cache = jax.config.jax_compilation_cache_dir
@@ -155,6 +163,7 @@ def _program_key(text: str, args: Any) -> str:
 
     device = jax.devices()[0]
     parts = [
+        KEPT_FORMAT,
         text,
         str(jax.tree.map(lambda a: (a.shape, a.dtype, getattr(a, "sharding", None)), args)),
         jax.__version__,
@@ -181,7 +190,7 @@ def _kept(cache: str, key: str, build: Any) -> Any:
         pass
     except Exception as e:  # a damaged entry is a compile, not a failure
         log.warning("kept program %s unreadable (%s): compiling", path, type(e).__name__)
-    compiled = build()
+    compiled = _without_jax_cache(build)
     try:
         fs.makedirs(root, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -190,6 +199,21 @@ def _kept(cache: str, key: str, build: Any) -> Any:
     except Exception as e:
         log.warning("could not keep the compiled program (%s)", type(e).__name__)
     return compiled
+
+
+def _without_jax_cache(build: Any) -> Any:
+    """`build()` compiled by XLA with JAX's persistent cache neither read nor written."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    compilation_cache.reset_cache()  # JAX decides once whether its cache is in use: ask it again
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        return build()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
 
 
 BARRIER_TIMEOUT_S = 1800.0
