@@ -12,7 +12,9 @@ of a Poisson process with 10 interruptions in 10 x 60 s (uniform spacings,
 seeded). Each lifetime is near-exponential with mean 60 s, and every round of
 machines lives 600 s in all, so a short run sees the interruption rate it asked
 for rather than its seed's luck (10 independent exponential draws average under
-33 s or over 94 s one time in ten).
+33 s or over 94 s one time in ten). Each of these preemptions comes with its
+notice, which loses nothing, so the trainer's checkpoint interval does not
+follow --mtbi (`RESPAWN_MTBI_S` counts interruptions without a usable notice).
 
 Worker chaos hits one worker (one host) of a TPU slice, once worker 0 of the
 READY node reports STEP (`STEP:WORKER`, comma-separated lists allowed):

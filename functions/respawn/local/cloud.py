@@ -108,8 +108,6 @@ class LocalCloud:
         env.update(gcs.env())
         env["RESPAWN_GRACE_S"] = str(max(1, int(self.o.grace_s) - 5))  # the trainer's own deadline, inside ours
         env["RESPAWN_COMPILE_CACHE"] = str((self.o.workdir / "compile-cache").resolve())
-        if self.o.mtbi_s:
-            env["RESPAWN_MTBI_S"] = str(self.o.mtbi_s)
         return env
 
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
