@@ -12,9 +12,9 @@ With --mtbi SECONDS every machine lives a seeded random time instead (the local 
 machines live 10 x MTBI in all; SPEC 7: goodput under local chaos with MTBI 60 s >= 92%), and the job runs
 --steps however many preemptions that gives. `make bench` runs 9000 steps: 10 x 60 s of training at the
 tiny model's ~15 steps/s, one round of 10 machine lifetimes, so the run sees about the rate it asked for;
-"mtbi_realized_s" (READY seconds per preemption) says what it saw. The goodput run keeps the trainer's default checkpoint interval, as a user's
-job would (Young/Daly at the default MTBI: local preemptions come with their notice and lose nothing);
-the fixed schedule saves every 50 steps.
+"mtbi_realized_s" (READY seconds per preemption) says what it saw. The goodput run keeps the trainer's
+default checkpoint interval, as a user's job would (Young/Daly at the default MTBI: local preemptions come
+with their notice and lose nothing); the fixed schedule saves every 50 steps.
 
 With --hosts 4 the job is examples/slice.yaml's 4-host TPU slice (v5litepod-16: 4 trainer processes on
 loopback, 4 CPU devices each, the nano model): every preemption stops all 4 workers and the replacement slice
