@@ -317,12 +317,11 @@ class Service:
             (job.spec.machine.kind, z) for job, _ in records.values() if job and job.spec for z in job.spec.every_zone
         }
         listing = self._list(zones)
-        wanted = {
+        wanted = {  # a rejected record (no spec) is wanted only for its unpublished notice
             job_id
             for job_id, (job, _) in records.items()
             if job is not None
-            and job.spec is not None
-            and (not job.status.terminal or _intent(job) or any(not a.machine_deleted for a in job.attempts))
+            and (_intent(job) or (job.spec is not None and (not job.status.terminal or _holds_a_machine(job))))
         }
         return self._observe_all(tick.event_id, records, wanted | listing.keys(), listing, _spec_zones)
 
@@ -419,6 +418,10 @@ def _spec_zones(job: Job) -> tuple[str, ...]:
 def _intent(job: Job) -> bool:
     """The record holds intent not yet carried out: machine actions or status notices."""
     return bool(job.pending or job.outbox)
+
+
+def _holds_a_machine(job: Job) -> bool:
+    return any(not a.machine_deleted for a in job.attempts)
 
 
 def _lease_expired(job: Job, now: float) -> bool:

@@ -27,6 +27,7 @@ from fakes import (
 from respawn.decide import Policy
 from respawn.events import (
     Event,
+    JobRejected,
     JobSubmitted,
     MachinePreempted,
     SweepTicked,
@@ -233,3 +234,21 @@ def test_without_a_notifier_no_notice_is_kept() -> None:
     job = w.store.job("llm")
     assert job.status is Status.RUNNING and job.outbox == ()
     assert replace(job, outbox=()) == job
+
+
+def test_a_rejected_record_whose_handler_crashed_before_publishing_has_its_notice_published_by_the_sweep() -> None:
+    """The REJECTED record was written with its notice in the outbox, then the handler died and its delivery was
+    lost: nothing else ever touches a rejected record, so the sweep must drain its outbox."""
+    w = world()
+    plan = CrashPlan(at=1, before=False)  # the record is written, the notice not yet published
+    with pytest.raises(Crash):
+        w.service(plan).handle(JobRejected("reject-1", T0, "llm", 'field "zones": must not be empty'))
+    assert w.store.job("llm").status is Status.REJECTED and len(w.store.job("llm").outbox) == 1
+    w.handle(SweepTicked("tick-1", w.clock.now()))  # within the lease: the handler may still be at work
+    assert w.notifier.notices == []
+    w.clock.advance(POLICY.lease_s + 1)
+    w.handle(SweepTicked("tick-2", w.clock.now()))
+    assert w.notifier.changes() == [(None, "REJECTED")]
+    assert w.store.job("llm").outbox == ()
+    w.handle(SweepTicked("tick-3", w.clock.now()))
+    assert len(w.notifier.notices) == 1
