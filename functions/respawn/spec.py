@@ -7,6 +7,8 @@ never break the line) and cut short; env values are never echoed.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -23,27 +25,16 @@ MAX_MESSAGE_BYTES = 256 * 1024
 TTL_MIN_S = 60
 TTL_MAX_S = 14 * 24 * 3600
 HANG_TIMEOUT_MIN_S = 120
-DEFAULT_HANG_TIMEOUT = "30m"
 
 JOB_ID_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,37}[a-z0-9])?$")  # ^[a-z][a-z0-9-]{0,38}$, not ending in "-"
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-TPU_TYPE_RE = re.compile(r"^v[0-9]+[a-z]*(?:-[a-z]+)?-[1-9][0-9]{0,4}$")
-RUNTIME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
-GPU_TYPE_RE = re.compile(r"^nvidia-[a-z0-9-]+$")
 ENV_KEY_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 # A Secret Manager secret version: projects/PROJECT (id or number)/secrets/SECRET_ID/versions/(N | latest).
 SECRET_REF_RE = re.compile(
     r"^projects/(?:[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,20})/secrets/[A-Za-z0-9_-]{1,255}/versions/(?:[1-9][0-9]{0,9}|latest)$"
 )
 SECRET_REF_ALLOWED = "projects/PROJECT/secrets/SECRET_ID/versions/VERSION, VERSION a number or latest"
-LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 TTL_RE = re.compile(r"^([0-9]{1,8})([smhd])$")
-GS_URI_RE = re.compile(r"^gs://([^/]*)/(.*)$")
-OBJECT_PATH_RE = re.compile(r"^[A-Za-z0-9._~=+@,-]+(?:/[A-Za-z0-9._~=+@,-]+)*/?$")
-BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{1,220}[a-z0-9])$")
-IPV4_RE = re.compile(r"^[0-9]{1,3}(?:\.[0-9]{1,3}){3}$")
 # An OCI image reference: [host[:port]/]path[:tag][@digest]; lowercase path components.
 _HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?/)"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
@@ -55,9 +46,6 @@ PROVISIONING = ("spot", "preemptible", "standard")
 TIER_PROVISIONING = (*PROVISIONING, "reservation")
 REQUESTS = ("queued", "node")
 MAX_TIERS = 5
-RESERVATION_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-DEFAULT_QUEUE_TIMEOUT = "30m"
-DEFAULT_REQUEST = "queued"
 GPU_COUNTS = (1, 2, 4, 8, 16)
 MAX_ZONES = 20
 MAX_ARGS = 256
@@ -73,31 +61,7 @@ BOOT_DISK_GB = (10, 65536)
 RESERVED_ENV_PREFIX = "RESPAWN_"
 RESERVED_LABEL_PREFIX = "respawn-"
 
-SUBMIT_FIELDS = (
-    "action",
-    "job_id",
-    "machine",
-    "zones",
-    "provisioning",
-    "image",
-    "args",
-    "env",
-    "secrets",
-    "checkpoint_uri",
-    "ttl",
-    "max_preemptions",
-    "max_failures",
-    "labels",
-    "hang_timeout",
-    "tiers",
-)
-REQUIRED_FIELDS = ("job_id", "machine", "image", "checkpoint_uri")
-CANCEL_FIELDS = ("action", "job_id")
-TPU_FIELDS = ("kind", "accelerator_type", "runtime_version", "request", "queue_timeout")
-TIER_FIELDS = ("provisioning", "zones", "reservation", "move_on")
-MOVE_ON_FIELDS = ("after_preemptions", "after_stockout", "deadline_within")
-GPU_FIELDS = ("kind", "machine_type", "accelerator_type", "accelerator_count", "boot_disk_gb")
-DEFAULT_TTL = "48h"
+Parse = Callable[[Any, str], Any]  # (a field's value, its path in the message: `tiers[1].zones`) -> the model's value
 
 
 class SpecError(ValueError):
@@ -180,246 +144,185 @@ def _only(field: str, obj: dict[Any, Any], allowed: tuple[str, ...]) -> None:
             _fail(path, "unknown field", ", ".join(allowed))
 
 
-# ---------------------------------------------------------------------------- fields
+# ---------------------------------------------------------------------------- one field's value
+# Each parser takes the value and its path in the message (`tiers[1].zones`) and returns the model's value.
 
 
-def _job_id(value: Any) -> str:
-    return _string(
-        "job_id",
+def _matching(regex: re.Pattern[str], allowed: str, what: str) -> Parse:
+    """A parser of a string that must match regex: `"x" is not <what>; allowed: <allowed>`."""
+    return lambda value, path: _string(path, value, regex, allowed, what)
+
+
+def _within(lo: int, hi: int) -> Parse:
+    """A parser of an integer from lo to hi."""
+    return lambda value, path: _int(path, value, lo, hi)
+
+
+def _one_of(options: tuple[str, ...], what: str) -> Parse:
+    """A parser of a string that must be one of options."""
+
+    def parse(value: Any, path: str) -> str:
+        _expect_type(path, value, str, "a string")
+        if value not in options:
+            _fail(path, f"{show(value)} is not {what}", ", ".join(options))
+        return str(value)
+
+    return parse
+
+
+def _optional(parse: Parse) -> Parse:
+    """A parser that also takes null, as None."""
+    return lambda value, path: None if value is None else parse(value, path)
+
+
+_job_id = _matching(
+    JOB_ID_RE,
+    "1-39 characters: lowercase letters, digits and '-', starting with a letter, not ending with '-'",
+    "a valid job id",
+)
+
+
+def _tpu_type(value: Any, path: str) -> str:
+    """A TPU accelerator type of a size Cloud TPU has (topology.py's table)."""
+    accelerator_type = _string(
+        path,
         value,
-        JOB_ID_RE,
-        "1-39 characters: lowercase letters, digits and '-', starting with a letter, not ending with '-'",
-        "a valid job id",
+        re.compile(r"^v[0-9]+[a-z]*(?:-[a-z]+)?-[1-9][0-9]{0,4}$"),
+        "a Cloud TPU type like v5litepod-8, v4-8, v6e-8, v5p-16",
+        "a TPU accelerator type",
     )
+    try:
+        tpu_topology(accelerator_type)
+    except UnknownTpuType as e:
+        problem, _, allowed = str(e).partition("; allowed: ")
+        _fail(path, problem, allowed)
+    return accelerator_type
 
 
-def _machine(value: Any) -> MachineSpec:
-    _expect_type("machine", value, dict, "an object")
-    kind = value.get("kind")
-    if kind == "tpu":
-        _only("machine", value, TPU_FIELDS)
-        for f in TPU_FIELDS[1:3]:
-            if f not in value:
-                _fail(f"machine.{f}", "missing", "required for kind tpu")
-        accelerator_type = _string(
-            "machine.accelerator_type",
-            value["accelerator_type"],
-            TPU_TYPE_RE,
-            "a Cloud TPU type like v5litepod-8, v4-8, v6e-8, v5p-16",
-            "a TPU accelerator type",
-        )
-        try:
-            tpu_topology(accelerator_type)
-        except UnknownTpuType as e:
-            problem, _, allowed = str(e).partition("; allowed: ")
-            _fail("machine.accelerator_type", problem, allowed)
-        request = value.get("request", DEFAULT_REQUEST)
-        if request not in REQUESTS:
-            _fail("machine.request", f"{show(request)} is not a request mode", '"queued" (a queued resource) or "node"')
-        queue_timeout = value.get("queue_timeout", DEFAULT_QUEUE_TIMEOUT)
-        if request != "queued" and "queue_timeout" in value:
-            _fail("machine.queue_timeout", "only a queued request waits in a queue", 'request "queued"')
-        return TpuMachine(
-            request=str(request),
-            queue_timeout_s=parse_ttl(queue_timeout, "machine.queue_timeout"),
-            accelerator_type=accelerator_type,
-            runtime_version=_string(
-                "machine.runtime_version",
-                value["runtime_version"],
-                RUNTIME_RE,
-                "a TPU runtime version like v2-alpha-tpuv5-lite or tpu-ubuntu2204-base",
-                "a TPU runtime version",
-            ),
-        )
-    if kind == "gpu":
-        _only("machine", value, GPU_FIELDS)
-        for f in GPU_FIELDS[1:4]:
-            if f not in value:
-                _fail(f"machine.{f}", "missing", "required for kind gpu")
-        count = value["accelerator_count"]
-        _expect_type("machine.accelerator_count", count, int, "an integer")
-        if count not in GPU_COUNTS:
-            _fail("machine.accelerator_count", f"{show(count)} is not a GPU count", "one of 1, 2, 4, 8, 16")
-        return GpuMachine(
-            machine_type=_string(
-                "machine.machine_type",
-                value["machine_type"],
-                MACHINE_TYPE_RE,
-                "a Compute Engine machine type like g2-standard-8 or a2-highgpu-1g",
-                "a machine type",
-            ),
-            accelerator_type=_string(
-                "machine.accelerator_type",
-                value["accelerator_type"],
-                GPU_TYPE_RE,
-                "a GPU type like nvidia-l4, nvidia-tesla-a100, nvidia-h100-80gb",
-                "a GPU accelerator type",
-            ),
-            accelerator_count=count,
-            boot_disk_gb=_int("machine.boot_disk_gb", value.get("boot_disk_gb", 200), *BOOT_DISK_GB),
-        )
-    if "kind" not in value:
-        _fail("machine.kind", "missing", '"tpu" or "gpu"')
-    _fail("machine.kind", f"{show(kind)} is not a machine kind", '"tpu" or "gpu"')
+def _request(value: Any, path: str) -> str:
+    if value not in REQUESTS:
+        _fail(path, f"{show(value)} is not a request mode", '"queued" (a queued resource) or "node"')
+    return str(value)
 
 
-def _zones(value: Any, field: str = "zones") -> tuple[str, ...]:
-    _expect_type(field, value, list, "a list of zones")
+def _gpu_count(value: Any, path: str) -> int:
+    _expect_type(path, value, int, "an integer")
+    if value not in GPU_COUNTS:
+        _fail(path, f"{show(value)} is not a GPU count", "one of " + ", ".join(str(n) for n in GPU_COUNTS))
+    return int(value)
+
+
+def _zones(value: Any, path: str) -> tuple[str, ...]:
+    _expect_type(path, value, list, "a list of zones")
     if not value:
-        _fail(field, "the list is empty", "1 to 20 zone names like us-central1-a, in order of preference")
+        _fail(path, "the list is empty", "1 to 20 zone names like us-central1-a, in order of preference")
     if len(value) > MAX_ZONES:
-        _fail(field, f"{len(value)} zones", f"at most {MAX_ZONES} zones")
+        _fail(path, f"{len(value)} zones", f"at most {MAX_ZONES} zones")
     zones: list[str] = []
     for i, z in enumerate(value):
-        zone = _string(f"{field}[{i}]", z, ZONE_RE, "a zone name like us-central1-a", "a zone")
+        zone = _string(f"{path}[{i}]", z, ZONE_RE, "a zone name like us-central1-a", "a zone")
         if zone in zones:
-            _fail(f"{field}[{i}]", f"{show(zone)} is listed twice", "each zone once")
+            _fail(f"{path}[{i}]", f"{show(zone)} is listed twice", "each zone once")
         zones.append(zone)
     return tuple(zones)
 
 
-def _tiers(value: Any) -> tuple[Tier, ...]:
-    """Ordered ways of getting machines: [{provisioning, zones, reservation?, move_on?}, ...]."""
-    _expect_type("tiers", value, list, "a list of tiers")
-    if not 1 <= len(value) <= MAX_TIERS:
-        _fail("tiers", f"{len(value)} tiers", f"1 to {MAX_TIERS} tiers, in the order to try them")
-    tiers = []
-    for i, t in enumerate(value):
-        field = f"tiers[{i}]"
-        _expect_type(field, t, dict, "an object")
-        _only(field, t, TIER_FIELDS)
-        for f in ("provisioning", "zones"):
-            if f not in t:
-                _fail(f"{field}.{f}", "missing", "required in every tier")
-        provisioning = t["provisioning"]
-        _expect_type(f"{field}.provisioning", provisioning, str, "a string")
-        if provisioning not in TIER_PROVISIONING:
-            _fail(
-                f"{field}.provisioning",
-                f"{show(provisioning)} is not a provisioning model",
-                ", ".join(TIER_PROVISIONING),
-            )
-        reservation = t.get("reservation")
-        if provisioning == "reservation":
-            if reservation is None:
-                _fail(f"{field}.reservation", "missing", "the name of a reservation in the tier's zones")
-            _string(
-                f"{field}.reservation",
-                reservation,
-                RESERVATION_RE,
-                "a reservation name like tpu-res-1",
-                "a reservation name",
-            )
-        elif reservation is not None:
-            _fail(f"{field}.reservation", "only a reservation tier names a reservation", 'provisioning "reservation"')
-        move_on = t.get("move_on", {})
-        _expect_type(f"{field}.move_on", move_on, dict, "an object")
-        _only(f"{field}.move_on", move_on, MOVE_ON_FIELDS)
-        if move_on and i == len(value) - 1:
-            _fail(f"{field}.move_on", "the last tier has no tier to move on to", "move_on on any tier but the last")
-        if i < len(value) - 1 and not move_on:
-            _fail(f"{field}.move_on", "missing: this tier would never move on", ", ".join(MOVE_ON_FIELDS))
-        after = move_on.get("after_preemptions")
-        tiers.append(
-            Tier(
-                provisioning=provisioning,
-                zones=_zones(t["zones"], f"{field}.zones"),
-                reservation=reservation,
-                after_preemptions=None
-                if after is None
-                else _int(f"{field}.move_on.after_preemptions", after, 1, 10_000),
-                after_stockout_s=_duration_or_none(move_on.get("after_stockout"), f"{field}.move_on.after_stockout"),
-                deadline_within_s=_duration_or_none(move_on.get("deadline_within"), f"{field}.move_on.deadline_within"),
-            )
-        )
-    return tuple(tiers)
-
-
-def _duration_or_none(value: Any, field: str) -> int | None:
-    return None if value is None else parse_ttl(value, field)
-
-
-def _provisioning(value: Any) -> str:
-    _expect_type("provisioning", value, str, "a string")
-    if value not in PROVISIONING:
-        _fail("provisioning", f"{show(value)} is not a provisioning model", "spot, preemptible, standard")
-    return str(value)
-
-
-def _image(value: Any) -> str:
-    _expect_type("image", value, str, "a string")
+def _image(value: Any, path: str) -> str:
+    _expect_type(path, value, str, "a string")
     if len(value) > MAX_IMAGE_CHARS:
-        _fail("image", f"{len(value)} characters", f"at most {MAX_IMAGE_CHARS} characters")
+        _fail(path, f"{len(value)} characters", f"at most {MAX_IMAGE_CHARS} characters")
     if not IMAGE_RE.fullmatch(value):
         _fail(
-            "image",
+            path,
             f"{show(value)} is not a container image reference",
             "HOST/PATH[:TAG][@sha256:DIGEST] like us-docker.pkg.dev/my-project/repo/trainer:v1",
         )
     return str(value)
 
 
-def _args(value: Any) -> tuple[str, ...]:
-    _expect_type("args", value, list, "a list of strings")
+def _args(value: Any, path: str) -> tuple[str, ...]:
+    _expect_type(path, value, list, "a list of strings")
     if len(value) > MAX_ARGS:
-        _fail("args", f"{len(value)} items", f"at most {MAX_ARGS} items")
+        _fail(path, f"{len(value)} items", f"at most {MAX_ARGS} items")
     for i, a in enumerate(value):
-        _expect_type(f"args[{i}]", a, str, "a string")
+        _expect_type(f"{path}[{i}]", a, str, "a string")
         if len(a) > MAX_ARG_CHARS:
-            _fail(f"args[{i}]", f"{len(a)} characters", f"at most {MAX_ARG_CHARS} characters")
+            _fail(f"{path}[{i}]", f"{len(a)} characters", f"at most {MAX_ARG_CHARS} characters")
         if "\x00" in a:
-            _fail(f"args[{i}]", "contains a NUL character", "any text without NUL")
+            _fail(f"{path}[{i}]", "contains a NUL character", "any text without NUL")
     return tuple(value)
 
 
-def _variable_name(field: str, name: Any) -> None:
+def _entries(value: Any, path: str, most: int | None = None, noun: str = "") -> list[tuple[Any, Any, str]]:
+    """The (key, value, path) of each entry of an object field, once it is an object of at most `most` nouns."""
+    _expect_type(path, value, dict, "an object")
+    if most is not None and len(value) > most:
+        _fail(path, f"{len(value)} {noun}", f"at most {most} {noun}")
+    return [(k, v, f"{path}.{_key(k)}") for k, v in value.items()]
+
+
+def _variable_name(path: str, name: Any) -> None:
     """A name of the trainer's environment (the keys of `env` and `secrets`)."""
     if not isinstance(name, str) or not ENV_KEY_RE.fullmatch(name):
-        _fail(field, "not a valid variable name", "names of uppercase letters, digits and _, not starting with a digit")
+        _fail(path, "not a valid variable name", "names of uppercase letters, digits and _, not starting with a digit")
     if name.startswith(RESERVED_ENV_PREFIX):
-        _fail(field, f"names starting with {RESERVED_ENV_PREFIX} are reserved", "any other name")
+        _fail(path, f"names starting with {RESERVED_ENV_PREFIX} are reserved", "any other name")
 
 
-def _env(value: Any) -> tuple[tuple[str, str], ...]:
-    _expect_type("env", value, dict, "an object")
+def _env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
     total = 0
-    for k, v in value.items():
-        field = f"env.{_key(k)}"
-        _variable_name(field, k)
-        _expect_type(field, v, str, "a string")  # a type name only: values are never echoed
+    for k, v, entry in _entries(value, path):
+        _variable_name(entry, k)
+        _expect_type(entry, v, str, "a string")  # a type name only: values are never echoed
         if "\x00" in v:
-            _fail(field, "the value contains a NUL character", "any text without NUL")
+            _fail(entry, "the value contains a NUL character", "any text without NUL")
         total += len(k.encode()) + len(v.encode("utf-8", "surrogatepass"))
     if total > MAX_ENV_BYTES:
-        _fail("env", f"{total} bytes of names and values", f"at most {MAX_ENV_BYTES} bytes")
+        _fail(path, f"{total} bytes of names and values", f"at most {MAX_ENV_BYTES} bytes")
     return tuple(sorted(value.items()))
 
 
-def _secrets(value: Any) -> tuple[tuple[str, str], ...]:
+def _secrets(value: Any, path: str) -> tuple[tuple[str, str], ...]:
     """{VARIABLE: Secret Manager version reference}: references only, resolved on the machine by its account."""
-    _expect_type("secrets", value, dict, "an object")
-    if len(value) > MAX_SECRETS:
-        _fail("secrets", f"{len(value)} secrets", f"at most {MAX_SECRETS} secrets")
-    for k, v in value.items():
-        field = f"secrets.{_key(k)}"
-        _variable_name(field, k)
-        _string(field, v, SECRET_REF_RE, SECRET_REF_ALLOWED, "a Secret Manager secret version")
+    for k, v, entry in _entries(value, path, MAX_SECRETS, "secrets"):
+        _variable_name(entry, k)
+        _string(entry, v, SECRET_REF_RE, SECRET_REF_ALLOWED, "a Secret Manager secret version")
     return tuple(sorted(value.items()))
 
 
-def _checkpoint_uri(value: Any) -> str:
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+def _labels(value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    for k, v, entry in _entries(value, path, MAX_LABELS, "labels"):
+        if not isinstance(k, str) or not LABEL_KEY_RE.fullmatch(k):
+            _fail(entry, "not a valid label key", "1-63 lowercase letters, digits, _ and -, starting with a letter")
+        if k.startswith(RESERVED_LABEL_PREFIX):
+            _fail(entry, f"keys starting with {RESERVED_LABEL_PREFIX} are reserved", "any other key")
+        _string(entry, v, LABEL_VALUE_RE, "0-63 lowercase letters, digits, _ and -", "a valid label value")
+    return tuple(sorted(value.items()))
+
+
+GS_URI_RE = re.compile(r"^gs://([^/]*)/(.*)$")
+OBJECT_PATH_RE = re.compile(r"^[A-Za-z0-9._~=+@,-]+(?:/[A-Za-z0-9._~=+@,-]+)*/?$")
+BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{1,220}[a-z0-9])$")
+IPV4_RE = re.compile(r"^[0-9]{1,3}(?:\.[0-9]{1,3}){3}$")
+
+
+def _checkpoint_uri(value: Any, path: str) -> str:
     allowed = "gs://BUCKET/PATH with a valid bucket name and a path of letters, digits and ._~=+@,-/"
-    _expect_type("checkpoint_uri", value, str, "a string")
+    _expect_type(path, value, str, "a string")
     if len(value) > MAX_URI_CHARS:
-        _fail("checkpoint_uri", f"{len(value)} characters", f"at most {MAX_URI_CHARS} characters")
+        _fail(path, f"{len(value)} characters", f"at most {MAX_URI_CHARS} characters")
     m = GS_URI_RE.fullmatch(value)
     if not m:
-        _fail("checkpoint_uri", f"{show(value)} is not a gs:// URI with a path", allowed)
-    bucket, path = m.group(1), m.group(2)
+        _fail(path, f"{show(value)} is not a gs:// URI with a path", allowed)
+    bucket, object_path = m.group(1), m.group(2)
     if not _valid_bucket(bucket):
-        _fail("checkpoint_uri", f"{show(bucket)} is not a valid bucket name", allowed)
-    if not OBJECT_PATH_RE.fullmatch(path) or any(part in (".", "..") for part in path.split("/")):
-        _fail("checkpoint_uri", f"{show(path)} is not a valid object path", allowed)
+        _fail(path, f"{show(bucket)} is not a valid bucket name", allowed)
+    if not OBJECT_PATH_RE.fullmatch(object_path) or any(part in (".", "..") for part in object_path.split("/")):
+        _fail(path, f"{show(object_path)} is not a valid object path", allowed)
     return str(value)
 
 
@@ -457,39 +360,378 @@ def format_ttl(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def _hang_timeout(value: Any) -> int | None:
+def _hang_timeout(value: Any, path: str) -> int | None:
     """`off` (or null) -> None (no hang detection); else a duration from 2m to 14d."""
     if value is None or value == "off":
         return None
     if isinstance(value, str) and not TTL_RE.fullmatch(value):
-        _fail("hang_timeout", f"{show(value)} is not a duration", "off, or a duration from 2m to 14d like 30m")
-    return parse_ttl(value, "hang_timeout", HANG_TIMEOUT_MIN_S)
+        _fail(path, f"{show(value)} is not a duration", "off, or a duration from 2m to 14d like 30m")
+    return parse_ttl(value, path, HANG_TIMEOUT_MIN_S)
 
 
-def _max_preemptions(value: Any) -> int | None:
+def _format_hang_timeout(seconds: int | None) -> str:
+    return "off" if seconds is None else format_ttl(seconds)
+
+
+def _max_preemptions(value: Any, path: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        _fail(
-            "max_preemptions", f"expected null or an integer, got {_type_name(value)}", "null (unlimited) or 0 or more"
-        )
+        _fail(path, f"expected null or an integer, got {_type_name(value)}", "null (unlimited) or 0 or more")
     if not 0 <= value <= MAX_PREEMPTIONS:
-        _fail("max_preemptions", f"{show(value)} is out of range", f"null (unlimited) or 0 to {MAX_PREEMPTIONS}")
+        _fail(path, f"{show(value)} is out of range", f"null (unlimited) or 0 to {MAX_PREEMPTIONS}")
     return value
 
 
-def _labels(value: Any) -> tuple[tuple[str, str], ...]:
-    _expect_type("labels", value, dict, "an object")
-    if len(value) > MAX_LABELS:
-        _fail("labels", f"{len(value)} labels", f"at most {MAX_LABELS} labels")
-    for k, v in value.items():
-        field = f"labels.{_key(k)}"
-        if not isinstance(k, str) or not LABEL_KEY_RE.fullmatch(k):
-            _fail(field, "not a valid label key", "1-63 lowercase letters, digits, _ and -, starting with a letter")
-        if k.startswith(RESERVED_LABEL_PREFIX):
-            _fail(field, f"keys starting with {RESERVED_LABEL_PREFIX} are reserved", "any other key")
-        _string(field, v, LABEL_VALUE_RE, "0-63 lowercase letters, digits, _ and -", "a valid label value")
-    return tuple(sorted(value.items()))
+# ---------------------------------------------------------------------------- the table of fields
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _shown_always(model: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a message object: how its value is read into the model and written back.
+
+    An absent field takes the model's default for its attribute (model.py), so each default is written once; the
+    message shows it as render(default).
+    """
+
+    name: str  # the key in the message
+    parse: Parse  # (value, path) -> the model's value, or SpecError naming the path
+    render: Callable[[Any], Any] = _as_is  # the model's value -> the message's value
+    attribute: str = ""  # the model's attribute, when it is not `name` (ttl -> ttl_s); "" for the name
+    required: bool = False
+    shown_if: Callable[[Any], bool] = _shown_always  # spec_to_message writes it when this holds for the model
+    omitted_when_default: bool = False  # ... and, when set, only while it differs from its default
+
+    @property
+    def model_name(self) -> str:
+        return self.attribute or self.name
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A message object: its fields in the order an unknown-field error lists them, and the model it becomes."""
+
+    model: type  # the frozen dataclass the fields fill in: its defaults are the fields' defaults
+    fields: tuple[Field, ...]
+    missing_allowed: str = ""  # the `allowed` of a missing required field: "required for kind tpu"
+    tag: tuple[str, str] | None = None  # the field saying which object this is, and its value: ("kind", "tpu")
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        """The fields this object may have, as an unknown-field error lists them."""
+        return (*(self.tag[:1] if self.tag else ()), *(f.name for f in self.fields))
+
+    @functools.cached_property
+    def model_fields(self) -> tuple[Field, ...]:
+        """The fields that are attributes of the model (a tier's move_on is not: its fields are)."""
+        attributes = {f.name for f in dataclasses.fields(self.model)}
+        return tuple(f for f in self.fields if f.model_name in attributes)
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, Field]:
+        return {f.name: f for f in self.fields}
+
+    @functools.cached_property
+    def defaults(self) -> dict[str, Any]:
+        """What an absent field means: the model's default for its attribute (required fields have none)."""
+        model_defaults = {f.name: f.default for f in dataclasses.fields(self.model)}
+        return {
+            f.name: model_defaults[f.model_name]
+            for f in self.model_fields
+            if model_defaults[f.model_name] is not dataclasses.MISSING
+        }
+
+
+class _Reading:
+    """One message object being read. Unknown and missing fields are rejected at once; then each field is parsed on
+    first use (an absent one is its default), so a reader may check first the fields that others depend on."""
+
+    def __init__(self, shape: Shape, message: Any, path: str) -> None:
+        _expect_type(path, message, dict, "an object")
+        _only(path, message, shape.names)
+        for f in shape.fields:
+            if f.required and f.name not in message:
+                _fail(_join(path, f.name), "missing", shape.missing_allowed)
+        self.shape, self.message, self.path = shape, message, path
+        self._values: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._values:
+            given = name in self.message
+            parse = self.shape.by_name[name].parse
+            self._values[name] = (
+                parse(self.message[name], _join(self.path, name)) if given else self.shape.defaults[name]
+            )
+        return self._values[name]
+
+    def set(self, name: str, value: Any) -> None:
+        """A field's value taken from elsewhere in the message (a tiered job's zones are its first tier's)."""
+        self._values[name] = value
+
+    def model_values(self) -> dict[str, Any]:
+        """The model's attributes, read in the table's order (after any the reader read first)."""
+        return {f.model_name: self[f.name] for f in self.shape.model_fields}
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _render(shape: Shape, model: Any) -> dict[str, Any]:
+    """The message object of a model value, the inverse of reading it: the tag first, then the fields shown."""
+    message: dict[str, Any] = dict([shape.tag]) if shape.tag else {}
+    for f in shape.model_fields:
+        value = getattr(model, f.model_name)
+        if f.shown_if(model) and not (f.omitted_when_default and value == shape.defaults[f.name]):
+            message[f.name] = f.render(value)
+    return message
+
+
+# ---------------------------------------------------------------------------- the objects of a message
+
+
+def _tpu_machine(fields: _Reading) -> TpuMachine:
+    fields["accelerator_type"]  # read before request, which decides whether queue_timeout may be given
+    if fields["request"] != "queued" and "queue_timeout" in fields.message:
+        _fail(_join(fields.path, "queue_timeout"), "only a queued request waits in a queue", 'request "queued"')
+    fields["queue_timeout"]
+    return TpuMachine(**fields.model_values())
+
+
+def _gpu_machine(fields: _Reading) -> GpuMachine:
+    fields["accelerator_count"]  # the count is checked before the types
+    return GpuMachine(**fields.model_values())
+
+
+TPU_MACHINE = Shape(
+    TpuMachine,
+    (
+        Field("accelerator_type", _tpu_type, required=True),
+        Field(
+            "runtime_version",
+            _matching(
+                re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$"),
+                "a TPU runtime version like v2-alpha-tpuv5-lite or tpu-ubuntu2204-base",
+                "a TPU runtime version",
+            ),
+            required=True,
+        ),
+        Field("request", _request),
+        # queued: how long one zone's queue may keep the request waiting before the next zone is tried
+        Field(
+            "queue_timeout",
+            parse_ttl,
+            format_ttl,
+            attribute="queue_timeout_s",
+            shown_if=lambda machine: machine.request == "queued",
+        ),
+    ),
+    "required for kind tpu",
+    tag=("kind", TpuMachine.kind),
+)
+GPU_MACHINE = Shape(
+    GpuMachine,
+    (
+        Field(
+            "machine_type",
+            _matching(
+                re.compile(r"^[a-z][a-z0-9-]{1,62}$"),
+                "a Compute Engine machine type like g2-standard-8 or a2-highgpu-1g",
+                "a machine type",
+            ),
+            required=True,
+        ),
+        Field(
+            "accelerator_type",
+            _matching(
+                re.compile(r"^nvidia-[a-z0-9-]+$"),
+                "a GPU type like nvidia-l4, nvidia-tesla-a100, nvidia-h100-80gb",
+                "a GPU accelerator type",
+            ),
+            required=True,
+        ),
+        Field("accelerator_count", _gpu_count, required=True),
+        Field("boot_disk_gb", _within(*BOOT_DISK_GB)),
+    ),
+    "required for kind gpu",
+    tag=("kind", GpuMachine.kind),
+)
+MACHINES: dict[str, tuple[Shape, Callable[[_Reading], MachineSpec]]] = {
+    TpuMachine.kind: (TPU_MACHINE, _tpu_machine),
+    GpuMachine.kind: (GPU_MACHINE, _gpu_machine),
+}
+MACHINE_KINDS = " or ".join(f'"{kind}"' for kind in MACHINES)
+
+
+def _machine(value: Any, path: str) -> MachineSpec:
+    _expect_type(path, value, dict, "an object")
+    kind = value.get("kind")
+    for name, (shape, read) in MACHINES.items():
+        if kind == name:
+            return read(_Reading(shape, value, path))
+    if "kind" not in value:
+        _fail(_join(path, "kind"), "missing", MACHINE_KINDS)
+    _fail(_join(path, "kind"), f"{show(kind)} is not a machine kind", MACHINE_KINDS)
+
+
+def _machine_message(machine: MachineSpec) -> dict[str, Any]:
+    return _render(MACHINES[machine.kind][0], machine)
+
+
+# When a tier gives way to the next; each is a Tier attribute, and absent (or null) is never.
+MOVE_ON = Shape(
+    Tier,
+    (
+        Field("after_preemptions", _optional(_within(1, 10_000)), omitted_when_default=True),
+        Field("after_stockout", _optional(parse_ttl), format_ttl, "after_stockout_s", omitted_when_default=True),
+        Field("deadline_within", _optional(parse_ttl), format_ttl, "deadline_within_s", omitted_when_default=True),
+    ),
+)
+TIER = Shape(
+    Tier,
+    (
+        Field("provisioning", _one_of(TIER_PROVISIONING, "a provisioning model"), required=True),
+        Field("zones", _zones, list, required=True),
+        Field(
+            "reservation",
+            _optional(
+                _matching(
+                    re.compile(r"^[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$"),
+                    "a reservation name like tpu-res-1",
+                    "a reservation name",
+                )
+            ),
+            omitted_when_default=True,
+        ),
+        Field("move_on", lambda value, path: value),  # read and written as MOVE_ON, whose fields are the tier's
+    ),
+    "required in every tier",
+)
+
+
+def _tier(value: Any, path: str, *, last: bool) -> Tier:
+    fields = _Reading(TIER, value, path)
+    provisioning = fields["provisioning"]
+    named = value.get("reservation") is not None
+    if provisioning == "reservation" and not named:
+        _fail(_join(path, "reservation"), "missing", "the name of a reservation in the tier's zones")
+    if provisioning != "reservation" and named:
+        _fail(_join(path, "reservation"), "only a reservation tier names a reservation", 'provisioning "reservation"')
+    fields["reservation"]
+    rules = value.get("move_on", {})
+    move_on = _Reading(MOVE_ON, rules, _join(path, "move_on"))
+    if rules and last:
+        _fail(move_on.path, "the last tier has no tier to move on to", "move_on on any tier but the last")
+    if not rules and not last:
+        _fail(move_on.path, "missing: this tier would never move on", ", ".join(MOVE_ON.names))
+    return Tier(**fields.model_values(), **move_on.model_values())
+
+
+def _tiers(value: Any, path: str) -> tuple[Tier, ...]:
+    """Ordered ways of getting machines: [{provisioning, zones, reservation?, move_on?}, ...]."""
+    _expect_type(path, value, list, "a list of tiers")
+    if not 1 <= len(value) <= MAX_TIERS:
+        _fail(path, f"{len(value)} tiers", f"1 to {MAX_TIERS} tiers, in the order to try them")
+    return tuple(_tier(tier, f"{path}[{i}]", last=i == len(value) - 1) for i, tier in enumerate(value))
+
+
+def _tier_message(tier: Tier) -> dict[str, Any]:
+    move_on = _render(MOVE_ON, tier)
+    return {**_render(TIER, tier), **({"move_on": move_on} if move_on else {})}
+
+
+def _untiered(spec: JobSpec) -> bool:
+    return not spec.tiers
+
+
+SUBMIT = Shape(
+    JobSpec,
+    (
+        Field("job_id", _job_id, required=True),
+        Field("machine", _machine, _machine_message, required=True),
+        Field("zones", _zones, list, shown_if=_untiered),  # required unless tiers are given
+        Field("provisioning", _one_of(PROVISIONING, "a provisioning model"), shown_if=_untiered),
+        Field("image", _image, required=True),
+        Field("args", _args, list),
+        Field("env", _env, dict),
+        Field("secrets", _secrets, dict, omitted_when_default=True),
+        Field("checkpoint_uri", _checkpoint_uri, required=True),
+        Field("ttl", parse_ttl, format_ttl, "ttl_s"),
+        Field("max_preemptions", _max_preemptions),
+        Field("max_failures", _within(0, MAX_FAILURES)),
+        Field("labels", _labels, dict),
+        Field("hang_timeout", _hang_timeout, _format_hang_timeout, "hang_timeout_s"),
+        Field("tiers", _tiers, lambda tiers: [_tier_message(t) for t in tiers], omitted_when_default=True),
+    ),
+    "required for action submit",
+    tag=("action", "submit"),
+)
+CANCEL = Shape(
+    CancelRequest, (Field("job_id", _job_id, required=True),), "the id of the job to cancel", ("action", "cancel")
+)
+
+
+def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelRequest:
+    """A job message (JSON bytes/str or a decoded object) -> JobSpec (submit) or CancelRequest (cancel).
+
+    Raises SpecError (one line: field, problem, what is allowed) on anything invalid, and nothing else.
+    """
+    message = _decode(data)
+    if "action" not in message:
+        _fail("action", "missing", '"submit" or "cancel"')
+    action = message["action"]
+    if action == "cancel":
+        return _cancel(message)
+    if action != "submit":
+        _fail("action", f"{show(action)} is not an action", '"submit" or "cancel"')
+    return _submit(message)
+
+
+def _cancel(message: dict[str, Any]) -> CancelRequest:
+    for name in message:
+        if name not in CANCEL.names:
+            problem = 'not allowed with action "cancel"' if name in SUBMIT.names else "unknown field"
+            _fail(_key(name), problem, ", ".join(CANCEL.names))
+    return CancelRequest(**_Reading(CANCEL, message, "").model_values())
+
+
+def _submit(message: dict[str, Any]) -> JobSpec:
+    fields = _Reading(SUBMIT, message, "")
+    tiers = fields["tiers"]  # first: whether zones and provisioning may be given depends on it
+    for name in ("zones", "provisioning"):
+        if tiers and name in message:
+            _fail(name, "not allowed with tiers", f"{name} inside each tier")
+    if not tiers and "zones" not in message:
+        _fail("zones", "missing", "required for action submit (or tiers, each with its zones)")
+    if tiers:  # tier 0 is also the job's zones and provisioning (what the first attempt uses)
+        fields.set("zones", tiers[0].zones)
+        fields.set("provisioning", tiers[0].provisioning)
+    values = fields.model_values()
+    for name in sorted(dict(values["secrets"]).keys() & dict(values["env"]).keys()):
+        _fail(f"secrets.{name}", "the variable is also set in env", "each variable in env or in secrets, not both")
+    return JobSpec(**values)
+
+
+def spec_to_message(spec: JobSpec) -> dict[str, Any]:
+    """The submit message for a JobSpec: parse_job_message(spec_to_message(s)) == s."""
+    message = _render(SUBMIT, spec)
+    if spec.tiers:  # a tiered job's tiers stand where an untiered job's zones and provisioning do
+        leading = ("action", "job_id", "machine", "tiers")
+        return {**{name: message[name] for name in leading}, **message}
+    return message
+
+
+def cancel_message(job_id: str) -> dict[str, Any]:
+    """The cancel message for a job (validated)."""
+    return _render(CANCEL, CancelRequest(_job_id(job_id, "job_id")))
 
 
 # ---------------------------------------------------------------------------- messages
@@ -564,150 +806,6 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelRequest:
-    """A job message (JSON bytes/str or a decoded object) -> JobSpec (submit) or CancelRequest (cancel).
-
-    Raises SpecError (one line: field, problem, what is allowed) on anything invalid, and nothing else.
-    """
-    obj = _decode(data)
-    if "action" not in obj:
-        _fail("action", "missing", '"submit" or "cancel"')
-    action = obj["action"]
-    if action == "cancel":
-        for k in obj:
-            if k not in CANCEL_FIELDS:
-                problem = 'not allowed with action "cancel"' if k in SUBMIT_FIELDS else "unknown field"
-                _fail(_key(k), problem, ", ".join(CANCEL_FIELDS))
-        if "job_id" not in obj:
-            _fail("job_id", "missing", "the id of the job to cancel")
-        return CancelRequest(job_id=_job_id(obj["job_id"]))
-    if action != "submit":
-        _fail("action", f"{show(action)} is not an action", '"submit" or "cancel"')
-    _only("", obj, SUBMIT_FIELDS)
-    for f in REQUIRED_FIELDS:
-        if f not in obj:
-            _fail(f, "missing", "required for action submit")
-    tiers = _tiers(obj["tiers"]) if "tiers" in obj else ()
-    for f in ("zones", "provisioning"):
-        if tiers and f in obj:
-            _fail(f, "not allowed with tiers", f"{f} inside each tier")
-    if not tiers and "zones" not in obj:
-        _fail("zones", "missing", "required for action submit (or tiers, each with its zones)")
-    fields: dict[str, Callable[[Any], Any]] = {
-        "job_id": _job_id,
-        "machine": _machine,
-        "zones": _zones,
-        "provisioning": _provisioning,
-        "image": _image,
-        "args": _args,
-        "env": _env,
-        "secrets": _secrets,
-        "checkpoint_uri": _checkpoint_uri,
-        "ttl": parse_ttl,
-        "max_preemptions": _max_preemptions,
-        "max_failures": lambda v: _int("max_failures", v, 0, MAX_FAILURES),
-        "labels": _labels,
-        "hang_timeout": _hang_timeout,
-        "tiers": lambda t: tiers,
-    }
-    defaults: dict[str, Any] = {
-        "provisioning": "spot",
-        "args": [],
-        "env": {},
-        "secrets": {},
-        "ttl": DEFAULT_TTL,
-        "max_preemptions": None,
-        "max_failures": 3,
-        "labels": {},
-        "hang_timeout": DEFAULT_HANG_TIMEOUT,
-    }
-    if tiers:  # tier 0 is also the job's zones and provisioning (what the first attempt uses)
-        obj = {**obj, "zones": list(tiers[0].zones)}
-    v = {name: check(obj.get(name, defaults.get(name))) for name, check in fields.items()}
-    for name in sorted(dict(v["secrets"]).keys() & dict(v["env"]).keys()):
-        _fail(f"secrets.{name}", "the variable is also set in env", "each variable in env or in secrets, not both")
-    return JobSpec(
-        job_id=v["job_id"],
-        machine=v["machine"],
-        zones=v["zones"],
-        image=v["image"],
-        checkpoint_uri=v["checkpoint_uri"],
-        provisioning=tiers[0].provisioning if tiers else v["provisioning"],
-        args=v["args"],
-        env=v["env"],
-        secrets=v["secrets"],
-        ttl_s=v["ttl"],
-        max_preemptions=v["max_preemptions"],
-        max_failures=v["max_failures"],
-        labels=v["labels"],
-        hang_timeout_s=v["hang_timeout"],
-        tiers=v["tiers"],
-    )
-
-
-def spec_to_message(spec: JobSpec) -> dict[str, Any]:
-    """The submit message for a JobSpec: parse_job_message(spec_to_message(s)) == s."""
-    m = spec.machine
-    machine: dict[str, Any] = (
-        {
-            "kind": "tpu",
-            "accelerator_type": m.accelerator_type,
-            "runtime_version": m.runtime_version,
-            "request": m.request,
-            **({"queue_timeout": format_ttl(m.queue_timeout_s)} if m.request == "queued" else {}),
-        }
-        if isinstance(m, TpuMachine)
-        else {
-            "kind": "gpu",
-            "machine_type": m.machine_type,
-            "accelerator_type": m.accelerator_type,
-            "accelerator_count": m.accelerator_count,
-            "boot_disk_gb": m.boot_disk_gb,
-        }
-    )
-    where: dict[str, Any] = (
-        {"tiers": [_tier_message(t) for t in spec.tiers]}
-        if spec.tiers
-        else {"zones": list(spec.zones), "provisioning": spec.provisioning}
-    )
-    return {
-        "action": "submit",
-        "job_id": spec.job_id,
-        "machine": machine,
-        **where,
-        "image": spec.image,
-        "args": list(spec.args),
-        "env": dict(spec.env),
-        **({"secrets": dict(spec.secrets)} if spec.secrets else {}),
-        "checkpoint_uri": spec.checkpoint_uri,
-        "ttl": format_ttl(spec.ttl_s),
-        "max_preemptions": spec.max_preemptions,
-        "max_failures": spec.max_failures,
-        "labels": dict(spec.labels),
-        "hang_timeout": "off" if spec.hang_timeout_s is None else format_ttl(spec.hang_timeout_s),
-    }
-
-
-def _tier_message(tier: Tier) -> dict[str, Any]:
-    rules = {
-        "after_preemptions": tier.after_preemptions,
-        "after_stockout": None if tier.after_stockout_s is None else format_ttl(tier.after_stockout_s),
-        "deadline_within": None if tier.deadline_within_s is None else format_ttl(tier.deadline_within_s),
-    }
-    move_on = {k: v for k, v in rules.items() if v is not None}
-    return {
-        "provisioning": tier.provisioning,
-        "zones": list(tier.zones),
-        **({"reservation": tier.reservation} if tier.reservation else {}),
-        **({"move_on": move_on} if move_on else {}),
-    }
-
-
-def cancel_message(job_id: str) -> dict[str, Any]:
-    """The cancel message for a job (validated)."""
-    return {"action": "cancel", "job_id": _job_id(job_id)}
 
 
 # ---------------------------------------------------------------------------- files
