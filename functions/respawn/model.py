@@ -20,16 +20,8 @@ LABEL_MANAGED = "respawn-managed"
 
 
 class Status(enum.StrEnum):
-    """Job status. Legal transitions (see docs/architecture.md for the diagram)::
-
-    (none)       -> PENDING | PROVISIONING | REJECTED
-    PENDING      -> PROVISIONING | CANCELLED | EXPIRED | FAILED
-    PROVISIONING -> RUNNING | RECOVERING | PENDING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
-    RUNNING      -> RECOVERING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
-    RECOVERING   -> RUNNING | PENDING | PROVISIONING | SUCCEEDED | FAILED | CANCELLED | EXPIRED
-    REJECTED     -> PROVISIONING (the same job id submitted again with a valid message replaces the record)
-    other terminal statuses -> (nothing)
-    """
+    """Job status. Which status may follow which, and why, is TRANSITIONS below: the one statement of the state
+    machine, which decide is tested against and docs/architecture.md shows (`python -m respawn.model`)."""
 
     PENDING = "PENDING"  # accepted; no machine requested yet (waiting out a capacity backoff)
     PROVISIONING = "PROVISIONING"  # first machine requested; trainer not started yet
@@ -48,35 +40,56 @@ class Status(enum.StrEnum):
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED, Status.REJECTED})
 
-LEGAL_TRANSITIONS: dict[Status | None, frozenset[Status]] = {
-    None: frozenset({Status.PENDING, Status.PROVISIONING, Status.REJECTED}),
-    Status.PENDING: frozenset({Status.PROVISIONING, Status.CANCELLED, Status.EXPIRED, Status.FAILED}),
-    Status.PROVISIONING: frozenset(
-        {
-            Status.RUNNING,
-            Status.RECOVERING,
-            Status.PENDING,
-            Status.SUCCEEDED,
-            Status.FAILED,
-            Status.CANCELLED,
-            Status.EXPIRED,
-        }
-    ),
-    Status.RUNNING: frozenset({Status.RECOVERING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED}),
-    Status.RECOVERING: frozenset(
-        {
-            Status.RUNNING,
-            Status.PENDING,
-            Status.PROVISIONING,
-            Status.SUCCEEDED,
-            Status.FAILED,
-            Status.CANCELLED,
-            Status.EXPIRED,
-        }
-    ),
-    **{s: frozenset() for s in TERMINAL},
-    Status.REJECTED: frozenset({Status.PROVISIONING}),
+_GAVE_UP = "max_failures or max_preemptions reached, or a permanent error"
+_CANCELLED = "the user cancelled"
+_EXPIRED = "the TTL ran out"
+
+# (from, to) -> when. None is a job without a record. A terminal status has no way out but one: a REJECTED job id
+# submitted again with a valid message.
+TRANSITIONS: dict[tuple[Status | None, Status], str] = {
+    (None, Status.PROVISIONING): "submitted: the first machine is requested",
+    (None, Status.PENDING): "submitted, to wait before its first machine is requested",
+    (None, Status.REJECTED): "the job message was invalid",
+    (Status.PENDING, Status.PROVISIONING): "the capacity backoff is over: a machine is requested",
+    (Status.PENDING, Status.FAILED): _GAVE_UP,
+    (Status.PENDING, Status.CANCELLED): _CANCELLED,
+    (Status.PENDING, Status.EXPIRED): _EXPIRED,
+    (Status.PROVISIONING, Status.RUNNING): "the trainer reported `started`",
+    (Status.PROVISIONING, Status.RECOVERING): "the machine was lost or stuck, or the trainer failed, before it started",
+    (Status.PROVISIONING, Status.PENDING): "no capacity in any zone of the last tier: a backoff",
+    (Status.PROVISIONING, Status.SUCCEEDED): "the trainer reported `completed` (its `started` never came)",
+    (Status.PROVISIONING, Status.FAILED): _GAVE_UP,
+    (Status.PROVISIONING, Status.CANCELLED): _CANCELLED,
+    (Status.PROVISIONING, Status.EXPIRED): _EXPIRED,
+    (Status.RUNNING, Status.RECOVERING): "preempted, lost, hung or crashed: a replacement is requested",
+    (Status.RUNNING, Status.SUCCEEDED): "the trainer reported `completed`",
+    (Status.RUNNING, Status.FAILED): _GAVE_UP,
+    (Status.RUNNING, Status.CANCELLED): _CANCELLED,
+    (Status.RUNNING, Status.EXPIRED): _EXPIRED,
+    (Status.RECOVERING, Status.RUNNING): "the replacement's trainer reported `started`",
+    (Status.RECOVERING, Status.PENDING): "no capacity in any zone of the last tier: a backoff",
+    (Status.RECOVERING, Status.PROVISIONING): "a machine is requested afresh",
+    (Status.RECOVERING, Status.SUCCEEDED): "the trainer reported `completed`",
+    (Status.RECOVERING, Status.FAILED): _GAVE_UP,
+    (Status.RECOVERING, Status.CANCELLED): _CANCELLED,
+    (Status.RECOVERING, Status.EXPIRED): _EXPIRED,
+    (Status.REJECTED, Status.PROVISIONING): "the same job id submitted again with a valid message",
 }
+
+# from -> every status that may follow it (none for a terminal status but REJECTED).
+LEGAL_TRANSITIONS: dict[Status | None, frozenset[Status]] = {
+    before: frozenset(after for (source, after) in TRANSITIONS if source == before) for before in (None, *Status)
+}
+
+
+def transitions_markdown() -> str:
+    """The state machine as docs/architecture.md embeds it: a mermaid diagram and a table of TRANSITIONS."""
+    name: dict[Status | None, str] = {None: "[*]", **{s: s.value for s in Status}}
+    diagram = [f"    {name[before]} --> {name[after]}" for before, after in TRANSITIONS]
+    rows = [f"| {before or '(none)'} | {after} | {when} |" for (before, after), when in TRANSITIONS.items()]
+    return "\n".join(
+        ["```mermaid", "stateDiagram-v2", *diagram, "```", "", "| from | to | when |", "|---|---|---|", *rows]
+    )
 
 
 class MachineState(enum.StrEnum):
@@ -324,3 +337,7 @@ class Job:
             seen_events=tuple(d.get("seen_events", ())),
             result=d.get("result", {}),
         )
+
+
+if __name__ == "__main__":
+    print(transitions_markdown())
