@@ -40,53 +40,56 @@ class Status(enum.StrEnum):
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED, Status.REJECTED})
 
-_GAVE_UP = "max_failures or max_preemptions reached, or a permanent error"
-_CANCELLED = "the user cancelled"
-_EXPIRED = "the TTL ran out"
+# How any job that is not over may end.
+_ENDINGS = {
+    Status.FAILED: "max_failures or max_preemptions reached, or a permanent error",
+    Status.CANCELLED: "the user cancelled",
+    Status.EXPIRED: "the TTL ran out",
+}
 
-# (from, to) -> when. None is a job without a record. A terminal status has no way out but one: a REJECTED job id
+# from -> {to: when}. None is a job without a record. A terminal status has no way out but one: a REJECTED job id
 # submitted again with a valid message.
-TRANSITIONS: dict[tuple[Status | None, Status], str] = {
-    (None, Status.PROVISIONING): "submitted: the first machine is requested",
-    (None, Status.PENDING): "submitted, to wait before its first machine is requested",
-    (None, Status.REJECTED): "the job message was invalid",
-    (Status.PENDING, Status.PROVISIONING): "the capacity backoff is over: a machine is requested",
-    (Status.PENDING, Status.FAILED): _GAVE_UP,
-    (Status.PENDING, Status.CANCELLED): _CANCELLED,
-    (Status.PENDING, Status.EXPIRED): _EXPIRED,
-    (Status.PROVISIONING, Status.RUNNING): "the trainer reported `started`",
-    (Status.PROVISIONING, Status.RECOVERING): "the machine was lost or stuck, or the trainer failed, before it started",
-    (Status.PROVISIONING, Status.PENDING): "no capacity in any zone of the last tier: a backoff",
-    (Status.PROVISIONING, Status.SUCCEEDED): "the trainer reported `completed` (its `started` never came)",
-    (Status.PROVISIONING, Status.FAILED): _GAVE_UP,
-    (Status.PROVISIONING, Status.CANCELLED): _CANCELLED,
-    (Status.PROVISIONING, Status.EXPIRED): _EXPIRED,
-    (Status.RUNNING, Status.RECOVERING): "preempted, lost, hung or crashed: a replacement is requested",
-    (Status.RUNNING, Status.SUCCEEDED): "the trainer reported `completed`",
-    (Status.RUNNING, Status.FAILED): _GAVE_UP,
-    (Status.RUNNING, Status.CANCELLED): _CANCELLED,
-    (Status.RUNNING, Status.EXPIRED): _EXPIRED,
-    (Status.RECOVERING, Status.RUNNING): "the replacement's trainer reported `started`",
-    (Status.RECOVERING, Status.PENDING): "no capacity in any zone of the last tier: a backoff",
-    (Status.RECOVERING, Status.PROVISIONING): "a machine is requested afresh",
-    (Status.RECOVERING, Status.SUCCEEDED): "the trainer reported `completed`",
-    (Status.RECOVERING, Status.FAILED): _GAVE_UP,
-    (Status.RECOVERING, Status.CANCELLED): _CANCELLED,
-    (Status.RECOVERING, Status.EXPIRED): _EXPIRED,
-    (Status.REJECTED, Status.PROVISIONING): "the same job id submitted again with a valid message",
+TRANSITIONS: dict[Status | None, dict[Status, str]] = {
+    None: {
+        Status.PROVISIONING: "submitted: the first machine is requested",
+        Status.PENDING: "submitted, to wait before its first machine is requested",
+        Status.REJECTED: "the job message was invalid",
+    },
+    Status.PENDING: {Status.PROVISIONING: "the capacity backoff is over: a machine is requested", **_ENDINGS},
+    Status.PROVISIONING: {
+        Status.RUNNING: "the trainer reported `started`",
+        Status.RECOVERING: "the machine was lost or stuck, or the trainer failed, before it started",
+        Status.PENDING: "no capacity in any zone of the last tier: a backoff",
+        Status.SUCCEEDED: "the trainer reported `completed` (its `started` never came)",
+        **_ENDINGS,
+    },
+    Status.RUNNING: {
+        Status.RECOVERING: "preempted, lost, hung or crashed: a replacement is requested",
+        Status.SUCCEEDED: "the trainer reported `completed`",
+        **_ENDINGS,
+    },
+    Status.RECOVERING: {
+        Status.RUNNING: "the replacement's trainer reported `started`",
+        Status.PENDING: "no capacity in any zone of the last tier: a backoff",
+        Status.PROVISIONING: "a machine is requested afresh",
+        Status.SUCCEEDED: "the trainer reported `completed`",
+        **_ENDINGS,
+    },
+    Status.REJECTED: {Status.PROVISIONING: "the same job id submitted again with a valid message"},
 }
 
 # from -> every status that may follow it (none for a terminal status but REJECTED).
 LEGAL_TRANSITIONS: dict[Status | None, frozenset[Status]] = {
-    before: frozenset(after for (source, after) in TRANSITIONS if source == before) for before in (None, *Status)
+    before: frozenset(TRANSITIONS.get(before, ())) for before in (None, *Status)
 }
 
 
 def transitions_markdown() -> str:
     """The state machine as docs/architecture.md embeds it: a mermaid diagram and a table of TRANSITIONS."""
     name: dict[Status | None, str] = {None: "[*]", **{s: s.value for s in Status}}
-    diagram = [f"    {name[before]} --> {name[after]}" for before, after in TRANSITIONS]
-    rows = [f"| {before or '(none)'} | {after} | {when} |" for (before, after), when in TRANSITIONS.items()]
+    pairs = [(before, after, when) for before, afters in TRANSITIONS.items() for after, when in afters.items()]
+    diagram = [f"    {name[before]} --> {name[after]}" for before, after, _ in pairs]
+    rows = [f"| {before or '(none)'} | {after} | {when} |" for before, after, when in pairs]
     return "\n".join(
         ["```mermaid", "stateDiagram-v2", *diagram, "```", "", "| from | to | when |", "|---|---|---|", *rows]
     )
