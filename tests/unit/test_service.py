@@ -39,11 +39,12 @@ from respawn.events import (
 )
 from respawn.model import GpuMachine, JobSpec, MachineState, Status, TpuMachine
 from respawn.ports import Machine, PermanentError, TransientError
-from respawn.service import Outcome, Retryable, Service
+from respawn.service import Outcome, Retryable, Service, ServiceSettings
 
 A, B = "us-central1-a", "us-west4-a"
 T0 = 1_000_000.0
 POLICY = Policy()
+SETTINGS = ServiceSettings()
 DEADLINE = T0 + 48 * 3600  # submitted at T0 with the default ttl
 
 
@@ -206,7 +207,7 @@ def test_a_crash_between_any_two_steps_is_repaired_without_a_duplicate_machine(
         w.crashing(plan).handle(event)
     assert len(w.provider.live("llm")) <= 1
 
-    w.clock.advance(POLICY.lease_s + 1)
+    w.clock.advance(SETTINGS.lease_s + 1)
     w.handle(event if repair == "redelivery" else SweepTicked("tick-1", w.clock.now()))
 
     job = w.store.job("llm")
@@ -231,7 +232,7 @@ def test_a_redelivery_while_the_intent_lease_is_live_waits_for_it() -> None:
     with pytest.raises(Retryable, match="another delivery"):
         w.handle(other)
     assert w.provider.calls == []
-    w.clock.advance(POLICY.lease_s)
+    w.clock.advance(SETTINGS.lease_s)
     outcome = w.handle(other)  # lease over: the crashed intent is carried out first
     assert outcome.actions == (
         DeleteMachine("llm", 1, "llm-a1", A),
