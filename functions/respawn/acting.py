@@ -12,7 +12,7 @@ out again is safe.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
@@ -36,16 +36,15 @@ def lease_expired(job: Job, now: float) -> bool:
     return has_intent(job) and (job.pending_lease_until is None or job.pending_lease_until <= now)
 
 
+@dataclass(frozen=True)
 class Acting:
-    def __init__(
-        self, records: Records, machines: Machines, notifier: StatusNotifier | None, policy: Policy, lease_s: float
-    ) -> None:
-        """Without a `notifier` no status notice is kept or published."""
-        self.records = records
-        self.machines = machines
-        self.notifier = notifier
-        self.policy = policy
-        self.lease_s = lease_s
+    """Persists and carries out intent. Without a `notifier` no status notice is kept or published."""
+
+    records: Records
+    machines: Machines
+    notifier: StatusNotifier | None
+    policy: Policy
+    lease_s: float
 
     def intent(self, old: Job | None, new: Job, actions: Sequence[Action], now: float) -> Job:
         """The record to persist for a decision: `new` with its actions pending and its status notice in the outbox,

@@ -8,6 +8,7 @@ actions, not of the service.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from respawn.actions import Action, CreateMachine
 from respawn.model import Job, parse_machine_name
@@ -15,9 +16,9 @@ from respawn.outcome import Retryable
 from respawn.ports import Machine, MachineProvider, PermanentError, TransientError
 
 
+@dataclass(frozen=True)
 class Machines:
-    def __init__(self, providers: Mapping[str, MachineProvider]) -> None:
-        self.providers = providers
+    providers: Mapping[str, MachineProvider]  # by machine kind: tpu, gpu
 
     def provider(self, kind: str) -> MachineProvider:
         provider = self.providers.get(kind)

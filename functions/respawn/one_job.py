@@ -1,5 +1,10 @@
 """One event on one job: read, take over crashed intent, decide, persist intent, act, clear.
 
+A record whose lease ran out holds the intent of a handler that crashed: it is
+taken over and carried out first (`Acting.take_over`). A live lease means
+another delivery is acting: a duplicate of an event already recorded is
+acknowledged, anything else raises `InFlight` so Pub/Sub delivers it later.
+
 Every write is a compare-and-set, so each try rests on one read of the record
 and a conflict takes the event again on a fresh read. The first read may come
 from the cache (`Records.hinted`): a decision on it that writes something is
@@ -38,16 +43,14 @@ class Sighting:
     zone: str | None = None
 
 
+@dataclass(frozen=True)
 class OneJob:
-    def __init__(
-        self, records: Records, machines: Machines, acting: Acting, clock: Clock, policy: Policy, max_conflicts: int
-    ) -> None:
-        self.records = records
-        self.machines = machines
-        self.acting = acting
-        self.clock = clock
-        self.policy = policy
-        self.max_conflicts = max_conflicts
+    records: Records
+    machines: Machines
+    acting: Acting
+    clock: Clock
+    policy: Policy
+    max_conflicts: int  # tries, each on a fresh read after the first, before the event is handed back for redelivery
 
     def apply(self, job_id: str, event: JobEvent | Sighting, *, new_job: bool = False) -> Outcome:
         """Handle `event` on the job's record. `new_job`: the event usually names a job id never seen (a submit)."""
@@ -87,7 +90,8 @@ class OneJob:
         intent = self.acting.intent(job, new, actions, now)
         generation = self.records.save(intent, read.generation)
         if actions or intent.outbox:
-            done += self.acting.carry_out(intent, generation, actions, now)[1]
+            _, acted = self.acting.carry_out(intent, generation, actions, now)
+            done += acted
         return Outcome(Result.APPLIED, (job_id,), tuple(done))
 
     def _as_judged(self, event: JobEvent | Sighting, read: Read) -> JobEvent:

@@ -2,12 +2,16 @@
 
 The rooms behind it, one concern each:
 
-  records.py     the cache of records and compare-and-set (the cache is only a hint)
-  one_job.py     one event on one job: read, take over crashed intent, decide, persist intent, act, clear
-  acting.py      intent before effect: leases, acting, create failures fed back into decide, status notices
-  sweep.py       many jobs: the sweep and zone wake-ups, fanned out over one job each
-  machines.py    the machine providers by kind, for acting and listing
-  service_log.py the structured log lines
+  one_job.py          one event on one job: read, take over crashed intent, decide, persist intent, act, clear
+  records.py          the cache of records and compare-and-set (the cache is only a hint)
+  acting.py           intent before effect: leases, acting, create failures fed back into decide, status notices
+  sweep.py            many jobs: the sweep and zone wake-ups, fanned out over one job each
+  machines.py         the machine providers by kind, for acting and listing
+  outcome.py          what an event came to (`Result`), and `Retryable`
+  service_settings.py the lease, the compare-and-set tries and the cache size (`ServiceSettings`)
+  service_log.py      the structured log lines
+
+bootstrap.py builds a Service, and every other store and client, from the deployed settings.
 
 A store or API hiccup raises `Retryable` to the entry point, and Pub/Sub
 delivers the event again; a crash between any two writes is repaired by that
@@ -49,12 +53,7 @@ class Service:
         settings: ServiceSettings = DEFAULT_SETTINGS,
     ) -> None:
         """Without a `notifier` no status notice is kept or published."""
-        self.store = store
-        self.providers = providers
-        self.clock = clock
-        self.policy = policy
-        self.notifier = notifier
-        self.settings = settings
+        self.providers, self.notifier = providers, notifier  # what it was wired with (bootstrap.py)
         records = Records(store, settings.cached_records)
         machines = Machines(providers)
         acting = Acting(records, machines, notifier, policy, settings.lease_s)

@@ -9,6 +9,7 @@ jobs whose machines there the API shows dead; the rest is the sweep's.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from respawn.acting import has_intent
 from respawn.decide import DEAD
@@ -21,12 +22,12 @@ from respawn.ports import Clock, Machine, TransientError
 from respawn.records import Read, Records
 
 
+@dataclass(frozen=True)
 class Sweep:
-    def __init__(self, records: Records, machines: Machines, one_job: OneJob, clock: Clock) -> None:
-        self.records = records
-        self.machines = machines
-        self.one_job = one_job
-        self.clock = clock
+    records: Records
+    machines: Machines
+    one_job: OneJob
+    clock: Clock
 
     def sweep(self, tick: SweepTicked) -> Outcome:
         """Every job that is live or may still hold a machine: observe its zones and let decide repair."""

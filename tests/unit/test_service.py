@@ -39,7 +39,7 @@ from respawn.events import (
 )
 from respawn.model import GpuMachine, JobSpec, MachineState, Status, TpuMachine
 from respawn.ports import Machine, PermanentError, TransientError
-from respawn.service import Outcome, Retryable, Service, ServiceSettings
+from respawn.service import Outcome, Result, Retryable, Service, ServiceSettings
 
 A, B = "us-central1-a", "us-west4-a"
 T0 = 1_000_000.0
@@ -358,6 +358,35 @@ def test_compare_and_set_conflicts_reload_and_decide_again() -> None:
     w.store.conflicts = 100
     with pytest.raises(Retryable, match="kept changing"):
         w.handle(CheckpointSaved("ckpt", w.clock.now(), "llm", 2, 5))
+
+
+def test_the_service_settings_bound_the_compare_and_set_tries_and_the_intent_lease() -> None:
+    w = running()
+    settings = ServiceSettings(lease_s=10.0, max_conflicts=2)
+    w.store.conflicts = 2
+    with pytest.raises(Retryable, match="kept changing under 2 tries"):
+        Service(w.store, {"tpu": w.provider}, w.clock, POLICY, settings=settings).handle(
+            CheckpointSaved("ckpt", w.clock.now(), "llm", 1, 5)
+        )
+    event, plan = preemption(w), CrashPlan(at=2)  # intent saved under a 10 s lease, then the handler died
+    crashing = CrashingStore(w.store, plan), {"tpu": CrashingProvider(w.provider, plan)}
+    with pytest.raises(Crash):
+        Service(*crashing, w.clock, POLICY, settings=settings).handle(event)
+    other = CheckpointSaved("ckpt-9", w.clock.now(), "llm", 1, 9)
+    with pytest.raises(Retryable, match="another delivery"):
+        w.handle(other)
+    w.clock.advance(settings.lease_s)
+    assert w.handle(other).actions == (
+        DeleteMachine("llm", 1, "llm-a1", A),
+        CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE),
+    )
+
+
+def test_results_are_named_and_compare_as_strings() -> None:
+    w = running()
+    outcome = w.handle(CheckpointSaved("ckpt", w.clock.now(), "llm", 1, 5))
+    assert outcome.result is Result.APPLIED and outcome.result == "applied" and f"{outcome.result}" == "applied"
+    assert {str(r) for r in Result} == {"applied", "duplicate", "stale", "ignored", "rejected", "retry"}
 
 
 def test_rejected_messages() -> None:
