@@ -49,11 +49,11 @@ class Acting:
     def intent(self, old: Job | None, new: Job, actions: Sequence[Action], now: float) -> Job:
         """The record to persist for a decision: `new` with its actions pending and its status notice in the outbox,
         leased to this handler while there is anything to carry out."""
-        new = self.with_status_notice(old, new, now)
+        new = self._with_status_notice(old, new, now)
         leased = bool(actions or new.outbox)
         return replace(new, pending=_dicts(actions), pending_lease_until=now + self.lease_s if leased else None)
 
-    def with_status_notice(self, old: Job | None, new: Job, now: float) -> Job:
+    def _with_status_notice(self, old: Job | None, new: Job, now: float) -> Job:
         """`new` with the notice of its status change in the outbox (when it changed and notices are published)."""
         if self.notifier is None or (old is not None and old.status is new.status):
             return new
@@ -105,7 +105,7 @@ class Acting:
         failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(error))
         decided, more = decide(job, failed, now, self.policy)
         assert decided is not None
-        return self.with_status_notice(job, decided, now), more
+        return self._with_status_notice(job, decided, now), more
 
     def _publish(self, job: Job, generation: int, now: float) -> None:
         """Publish the outbox, in order. A notice that cannot be published (no topic, no permission) is logged and
