@@ -37,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from respawn import parsing
+from respawn import bootstrap, parsing
 from respawn.actions import CreateMachine
 from respawn.adapters.clock import SystemClock
-from respawn.adapters.gcs_store import GcsJobStore, function_client
+from respawn.config import Settings
 from respawn.events import Event
 from respawn.local.emulators import FakeGcs, patched_env
 from respawn.model import LABEL_JOB, JobSpec, MachineState
@@ -251,7 +251,7 @@ def main() -> int:
         def fresh_service() -> Service:
             bucket = f"bench-{uuid.uuid4().hex[:10]}"
             gcs.create_bucket(bucket)
-            store = GcsJobStore(bucket, function_client())  # the client the deployed functions use
+            store = bootstrap.job_store(Settings(state_bucket=bucket), in_functions=True)  # as deployed
             return Service(store, {"gpu": InstantProvider()}, SystemClock())
 
         def mix(prefix: str) -> list[list[Delivery]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from respawn.accounting import CATEGORIES, job_accounting
+from respawn.bootstrap import job_store, jobs_publisher, log_reader
 from respawn.config import VARIABLES, Settings, SettingsError
 from respawn.model import Attempt, Job, TpuMachine
 
@@ -180,24 +181,8 @@ def settings(args: argparse.Namespace, *required: str) -> Settings:
         raise UserError(f"{e} (or pass {_FLAGS[missing]})") from e
 
 
-def job_store(s: Settings) -> Any:
-    from google.cloud import storage
-
-    from respawn.adapters.gcs_store import GcsJobStore
-
-    return GcsJobStore(s.state_bucket, storage.Client(project=s.project or None))
-
-
-def log_reader(s: Settings) -> Any:
-    from respawn.adapters.cloud_logging import CloudLoggingReader
-
-    return CloudLoggingReader(s.project)
-
-
 def publish(s: Settings, message: dict[str, Any]) -> str:
-    from google.cloud import pubsub_v1
-
-    publisher = pubsub_v1.PublisherClient()
+    publisher = jobs_publisher()
     topic = publisher.topic_path(s.project, s.jobs_topic)
     data = json.dumps(message, sort_keys=True).encode()
     return str(publisher.publish(topic, data, job_id=str(message.get("job_id", ""))).result(timeout=60))

@@ -1,4 +1,4 @@
-"""Deployed configuration: Settings from the environment, and the Service built from them.
+"""Deployed configuration: Settings from the environment, and the functions' Service built from them (bootstrap.py).
 
 The same variables configure the functions and the CLI (SPEC: deployed
 configuration). A missing setting is one clear error naming the variable.
@@ -82,20 +82,6 @@ def service_from_env() -> Service:
 
 @functools.lru_cache(maxsize=4)
 def _service(settings: Settings) -> Service:
-    from respawn.adapters.clock import SystemClock
-    from respawn.adapters.compute import GcpComputeProvider
-    from respawn.adapters.gcs_store import GcsJobStore, function_client
-    from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
-    from respawn.adapters.tpu import GcpTpuProvider
-    from respawn.service import Service
+    from respawn import bootstrap
 
-    sa = settings.machine_service_account
-    return Service(
-        store=GcsJobStore(settings.state_bucket, function_client(settings.project)),
-        providers={
-            "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, service_account=sa),
-            "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, service_account=sa),
-        },
-        clock=SystemClock(),
-        notifier=PubSubStatusNotifier(settings.project, settings.status_topic) if settings.status_topic else None,
-    )
+    return bootstrap.service(settings)

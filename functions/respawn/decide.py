@@ -47,12 +47,9 @@ class Policy:
     backoff_base_s: float = 30.0  # wait after the first full walk of the zones without capacity
     backoff_max_s: float = 600.0  # cap of the exponential backoff (before jitter)
     jitter: float = 0.2  # the wait is scaled by a factor in [1 - jitter, 1 + jitter]
-    lease_s: float = 300.0  # how long persisted intent belongs to the handler that wrote it
     stuck_creating_s: float = 900.0  # a machine CREATING this long is given up for the next zone
     lost_grace_s: float = 60.0  # a machine younger than this may not be listed yet: not lost
     seen_events_max: int = 256  # event ids remembered for de-duplication
-    max_conflicts: int = 8  # compare-and-set retries of one handler before it asks for redelivery
-    cached_records: int = 4096  # records a service keeps between events (a hint; every write is compare-and-set)
 
 
 def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:

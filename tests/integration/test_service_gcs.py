@@ -9,13 +9,14 @@ from respawn.adapters.gcs_store import GcsJobStore
 from respawn.decide import Policy
 from respawn.events import JobSubmitted, MachinePreempted, SweepTicked, TrainerStarted
 from respawn.model import JobSpec, MachineState, Status, TpuMachine
-from respawn.service import Service
+from respawn.service import Service, ServiceSettings
 
 pytestmark = pytest.mark.emulator
 
 A = "us-central1-a"
 T0 = 1_000_000.0
 POLICY = Policy()
+SETTINGS = ServiceSettings()
 
 
 def running(bucket: str) -> tuple[Service, GcsJobStore, FakeProvider, FakeClock]:
@@ -54,7 +55,7 @@ def test_a_crash_after_persisting_intent_is_repaired_by_the_sweep(bucket: str) -
     with pytest.raises(Crash):
         crashing.handle(event)
     assert provider.calls == []
-    clock.advance(POLICY.lease_s)
+    clock.advance(SETTINGS.lease_s)
     service.handle(SweepTicked("tick-1", clock.now()))
     assert provider.calls == [("delete", "llm-a1", A), ("create", "llm-a2", A)]
     assert service.handle(event).result == "duplicate"

@@ -33,7 +33,7 @@ from respawn.local.cloudapi import CloudApiServer
 from respawn.local.emulators import PubSubEmulator, free_port, start_group, stop_group, wait_http
 from respawn.local.functions import functions_framework_argv
 from respawn.model import Job, Status
-from respawn.service import Outcome, Retryable, Service
+from respawn.service import Outcome, Retryable, Service, ServiceSettings
 
 pytestmark = pytest.mark.emulator
 
@@ -299,7 +299,7 @@ def test_a_crash_at_every_step_is_repaired_without_a_duplicate_machine(
             plan.at, plan.before = seen + at, crash_before
             with pytest.raises(Crash):
                 service.handle(event)
-            clock.advance(Policy().lease_s + 1)  # the dead handler's lease runs out
+            clock.advance(ServiceSettings().lease_s + 1)  # the dead handler's lease runs out
             since = len(cloud.calls)
             sweep = SweepTicked(f"tick-{job_id}", clock.now())
             first, second = (sweep, event) if repair == "sweep" else (event, sweep)

@@ -96,7 +96,7 @@ from respawn.model import (
     parse_machine_name,
 )
 from respawn.ports import Machine, PermanentError, TransientError
-from respawn.service import Outcome, Retryable, Service
+from respawn.service import Outcome, Retryable, Service, ServiceSettings
 
 pytestmark = pytest.mark.slow  # ~12 s: 300 histories of up to 100 steps
 
@@ -655,7 +655,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         for p in self.providers.values():
             p.errors.clear()
         for _ in range(3):
-            self.clock.advance(POLICY.lease_s + 1)
+            self.clock.advance(ServiceSettings().lease_s + 1)
             inbox, self.inbox = self.inbox, []
             for event in inbox:
                 self.handle(event)

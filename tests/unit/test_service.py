@@ -39,11 +39,12 @@ from respawn.events import (
 )
 from respawn.model import GpuMachine, JobSpec, MachineState, Status, TpuMachine
 from respawn.ports import Machine, PermanentError, TransientError
-from respawn.service import Outcome, Retryable, Service
+from respawn.service import Outcome, Result, Retryable, Service, ServiceSettings
 
 A, B = "us-central1-a", "us-west4-a"
 T0 = 1_000_000.0
 POLICY = Policy()
+SETTINGS = ServiceSettings()
 DEADLINE = T0 + 48 * 3600  # submitted at T0 with the default ttl
 
 
@@ -206,7 +207,7 @@ def test_a_crash_between_any_two_steps_is_repaired_without_a_duplicate_machine(
         w.crashing(plan).handle(event)
     assert len(w.provider.live("llm")) <= 1
 
-    w.clock.advance(POLICY.lease_s + 1)
+    w.clock.advance(SETTINGS.lease_s + 1)
     w.handle(event if repair == "redelivery" else SweepTicked("tick-1", w.clock.now()))
 
     job = w.store.job("llm")
@@ -231,7 +232,7 @@ def test_a_redelivery_while_the_intent_lease_is_live_waits_for_it() -> None:
     with pytest.raises(Retryable, match="another delivery"):
         w.handle(other)
     assert w.provider.calls == []
-    w.clock.advance(POLICY.lease_s)
+    w.clock.advance(SETTINGS.lease_s)
     outcome = w.handle(other)  # lease over: the crashed intent is carried out first
     assert outcome.actions == (
         DeleteMachine("llm", 1, "llm-a1", A),
@@ -357,6 +358,35 @@ def test_compare_and_set_conflicts_reload_and_decide_again() -> None:
     w.store.conflicts = 100
     with pytest.raises(Retryable, match="kept changing"):
         w.handle(CheckpointSaved("ckpt", w.clock.now(), "llm", 2, 5))
+
+
+def test_the_service_settings_bound_the_compare_and_set_tries_and_the_intent_lease() -> None:
+    w = running()
+    settings = ServiceSettings(lease_s=10.0, max_conflicts=2)
+    w.store.conflicts = 2
+    with pytest.raises(Retryable, match="kept changing under 2 tries"):
+        Service(w.store, {"tpu": w.provider}, w.clock, POLICY, settings=settings).handle(
+            CheckpointSaved("ckpt", w.clock.now(), "llm", 1, 5)
+        )
+    event, plan = preemption(w), CrashPlan(at=2)  # intent saved under a 10 s lease, then the handler died
+    crashing = CrashingStore(w.store, plan), {"tpu": CrashingProvider(w.provider, plan)}
+    with pytest.raises(Crash):
+        Service(*crashing, w.clock, POLICY, settings=settings).handle(event)
+    other = CheckpointSaved("ckpt-9", w.clock.now(), "llm", 1, 9)
+    with pytest.raises(Retryable, match="another delivery"):
+        w.handle(other)
+    w.clock.advance(settings.lease_s)
+    assert w.handle(other).actions == (
+        DeleteMachine("llm", 1, "llm-a1", A),
+        CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE),
+    )
+
+
+def test_results_are_named_and_compare_as_strings() -> None:
+    w = running()
+    outcome = w.handle(CheckpointSaved("ckpt", w.clock.now(), "llm", 1, 5))
+    assert outcome.result is Result.APPLIED and outcome.result == "applied" and f"{outcome.result}" == "applied"
+    assert {str(r) for r in Result} == {"applied", "duplicate", "stale", "ignored", "rejected", "retry"}
 
 
 def test_rejected_messages() -> None:

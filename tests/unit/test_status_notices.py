@@ -37,11 +37,12 @@ from respawn.events import (
 from respawn.model import JobSpec, MachineState, Status, TpuMachine
 from respawn.notices import notice_attributes
 from respawn.ports import PermanentError, TransientError
-from respawn.service import Retryable, Service
+from respawn.service import Retryable, Service, ServiceSettings
 
 A, B = "us-central1-a", "us-west4-a"
 T0 = 1_000_000.0
 POLICY = Policy()
+SETTINGS = ServiceSettings()
 SPEC = JobSpec(
     job_id="llm",
     machine=TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"),
@@ -186,7 +187,7 @@ def test_a_crash_at_any_step_loses_no_notice(name: str, at: int, before: bool, r
     published_not_cleared = (at == calls - 1 and not before) or (at == calls and before)
 
     w.handle(event)  # a redelivery within the lease publishes nothing twice
-    w.clock.advance(POLICY.lease_s + 1)
+    w.clock.advance(SETTINGS.lease_s + 1)
     w.handle(event if repair == "redelivery" else SweepTicked("tick-1", w.clock.now()))
     w.handle(SweepTicked("tick-2", w.clock.now()))
 
@@ -246,7 +247,7 @@ def test_a_rejected_record_whose_handler_crashed_before_publishing_has_its_notic
     assert w.store.job("llm").status is Status.REJECTED and len(w.store.job("llm").outbox) == 1
     w.handle(SweepTicked("tick-1", w.clock.now()))  # within the lease: the handler may still be at work
     assert w.notifier.notices == []
-    w.clock.advance(POLICY.lease_s + 1)
+    w.clock.advance(SETTINGS.lease_s + 1)
     w.handle(SweepTicked("tick-2", w.clock.now()))
     assert w.notifier.changes() == [(None, "REJECTED")]
     assert w.store.job("llm").outbox == ()

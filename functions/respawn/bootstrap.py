@@ -1,0 +1,78 @@
+"""The one wiring point: every store, machine provider, notifier and cloud client respawn's entry points use.
+
+The functions (`config.service_from_env`), the CLI and the benchmarks build what
+they need here from `Settings`, so each client's options are chosen once: the
+functions' storage client ignores proxy settings while the CLI's honours them,
+and notices go out one per message. Cloud libraries are imported only when a
+piece is built, so the CLI starts without them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from respawn.config import Settings
+
+if TYPE_CHECKING:
+    from respawn.adapters.cloud_logging import CloudLoggingReader
+    from respawn.adapters.gcs_store import GcsJobStore
+    from respawn.ports import MachineProvider, StatusNotifier
+    from respawn.service import Service
+
+
+def service(settings: Settings) -> Service:
+    """The Service of the deployed functions: the records in the state bucket, TPUs and GPUs, status notices when
+    a status topic is set."""
+    from respawn.adapters.clock import SystemClock
+    from respawn.service import Service
+
+    return Service(
+        job_store(settings, in_functions=True),
+        machine_providers(settings),
+        SystemClock(),
+        notifier=status_notifier(settings),
+    )
+
+
+def job_store(settings: Settings, *, in_functions: bool = False) -> GcsJobStore:
+    """The job records in the state bucket. In the functions, through a storage client that reaches GCS directly
+    (`function_client`); elsewhere through the default one, which honours HTTPS_PROXY."""
+    from respawn.adapters.gcs_store import GcsJobStore, function_client
+
+    if in_functions:
+        return GcsJobStore(settings.state_bucket, function_client(settings.project or None))
+    from google.cloud import storage
+
+    return GcsJobStore(settings.state_bucket, storage.Client(project=settings.project or None))
+
+
+def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
+    """A provider per machine kind, at the local cloud's endpoints when they are set."""
+    from respawn.adapters.compute import GcpComputeProvider
+    from respawn.adapters.tpu import GcpTpuProvider
+
+    account = settings.machine_service_account
+    return {
+        "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, service_account=account),
+        "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, service_account=account),
+    }
+
+
+def status_notifier(settings: Settings) -> StatusNotifier | None:
+    """Status notices to the status topic; None (no notices kept or published) without one."""
+    from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
+
+    return PubSubStatusNotifier(settings.project, settings.status_topic) if settings.status_topic else None
+
+
+def log_reader(settings: Settings) -> CloudLoggingReader:
+    from respawn.adapters.cloud_logging import CloudLoggingReader
+
+    return CloudLoggingReader(settings.project)
+
+
+def jobs_publisher() -> Any:
+    """A Pub/Sub publisher for job messages (it follows PUBSUB_EMULATOR_HOST, like every Pub/Sub client)."""
+    from google.cloud import pubsub_v1
+
+    return pubsub_v1.PublisherClient()
