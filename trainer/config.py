@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from respawn_trainer.env import ConfigError, env_help, parse_float, parse_int
+from respawn_trainer.env import ConfigError as ConfigError  # re-exported: a bad flag fails as a bad variable does
+from respawn_trainer.env import env_help, parse_float, parse_int
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import functools
 import random
 
 import numpy as np
+import numpy.typing as npt
 
 VOCAB = 256
 CORPUS_SEED = 20240917
@@ -33,7 +34,7 @@ def _sentence(rng: random.Random) -> str:
 
 
 @functools.cache
-def corpus() -> np.ndarray:
+def corpus() -> npt.NDArray[np.uint8]:
     """CORPUS_BYTES bytes of text (uint8), identical on every run."""
     rng = random.Random(CORPUS_SEED)
     chunks: list[str] = []
@@ -45,7 +46,7 @@ def corpus() -> np.ndarray:
     return np.frombuffer("".join(chunks).encode()[:CORPUS_BYTES], dtype=np.uint8)
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def _splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     with np.errstate(over="ignore"):
         z = x + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -53,11 +54,12 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def batch(seed: int, step: int, batch_size: int, seq_len: int) -> np.ndarray:
+def batch(seed: int, step: int, batch_size: int, seq_len: int) -> npt.NDArray[np.int32]:
     """Tokens [batch_size, seq_len + 1] (int32) for `step`: inputs are [:, :-1], targets [:, 1:]."""
     text = corpus()
     with np.errstate(over="ignore"):
         key = _splitmix64(_splitmix64(np.array([seed], dtype=np.uint64)) ^ np.uint64(step))
-        mixed = _splitmix64(key + np.arange(batch_size, dtype=np.uint64))
+        mixed = _splitmix64(np.arange(batch_size, dtype=np.uint64) + key)
     starts = (mixed % np.uint64(len(text) - seq_len - 1)).astype(np.int64)
-    return text[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)
+    tokens: npt.NDArray[np.int32] = text[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)
+    return tokens

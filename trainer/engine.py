@@ -29,7 +29,7 @@ class LanguageModel:
     def __init__(self, cfg: Config) -> None:
         size = cfg.size
         assert size is not None
-        self.cfg = cfg
+        self.cfg, self.size = cfg, size
         mesh = sharding.mesh()
         if cfg.batch_size % mesh.size:
             raise ConfigError(
@@ -56,12 +56,12 @@ class LanguageModel:
             out_shardings=shardings,
             donate_argnums=donate,
         )
-        self._step = respawn_trainer.compile(step_fn, self.abstract, tokens, key=program_key(cfg))
+        self._step = respawn_trainer.compiled(step_fn, self.abstract, tokens, key=program_key(cfg))
         runtime.barrier("compiled")  # every host has its programs before the first collective
 
     def fresh(self) -> Any:
         """The state before step 1: the same numbers on every process, each holding its devices' shards."""
-        host = model.init_params(self.cfg.seed, self.cfg.size, self.cfg.seq_len)
+        host = model.init_params(self.cfg.seed, self.size, self.cfg.seq_len)
         return self._init(jax.tree.map(sharding.global_array, host, self.param_shardings))
 
     def step(self, state: Any, step: int) -> Any:
@@ -72,7 +72,7 @@ class LanguageModel:
 
 def program_key(cfg: Config) -> str:
     """What the train step's program is a function of: the code that builds it, the flags it closes over, optax.
-    respawn_trainer.compile() finds a restart's program by it without tracing the step again."""
+    respawn_trainer.compiled() finds a restart's program by it without tracing the step again."""
     digest = hashlib.sha256(optax.__version__.encode())
     for name in ("engine.py", "model.py", "step.py", "sharding.py"):
         digest.update(Path(__file__).with_name(name).read_bytes())

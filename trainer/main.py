@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from respawn_trainer import Run
@@ -26,10 +26,12 @@ log = logging.getLogger("trainer")
 
 def train(cfg: Config, run: Run) -> None:
     """The loop: restore, step, log, save on schedule, finish."""
+    step_fn: Callable[[Any, int], Any]
     if cfg.model == "none":
         from trainer.sleeper import sleep_step
 
-        step_fn, state, step = sleep_step(cfg.step_time), *run.restore({"step": 0})
+        step_fn = sleep_step(cfg.step_time)
+        state, step = run.restore({"step": 0})
     else:
         from trainer.engine import LanguageModel
 

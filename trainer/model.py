@@ -45,9 +45,10 @@ def _is_spec(node: Any) -> bool:
 
 
 def param_shapes(size: ModelSize, seq_len: int) -> Params:
-    return jax.tree.map(
+    shapes: Params = jax.tree.map(
         lambda spec: jax.ShapeDtypeStruct(spec[0], jnp.float32), _param_spec(size, seq_len), is_leaf=_is_spec
     )
+    return shapes
 
 
 def init_params(seed: int, size: ModelSize, seq_len: int) -> Params:
@@ -62,7 +63,8 @@ def init_params(seed: int, size: ModelSize, seq_len: int) -> Params:
             return np.zeros(shape, np.float32)
         return (float(init) * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
 
-    return jax.tree.map(draw, _param_spec(size, seq_len), is_leaf=_is_spec)
+    params: Params = jax.tree.map(draw, _param_spec(size, seq_len), is_leaf=_is_spec)
+    return params
 
 
 def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
@@ -100,7 +102,8 @@ def forward(params: Params, tokens: jax.Array, size: ModelSize, key: jax.Array |
 
     x, _ = jax.lax.scan(layer, x, (params["layers"], jnp.arange(size.n_layers)))
     x = _layer_norm(x, params["ln_f_scale"], params["ln_f_bias"])
-    return x @ params["embed"].T
+    embed: jax.Array = params["embed"]
+    return x @ embed.T
 
 
 def loss(params: Params, tokens: jax.Array, size: ModelSize, key: jax.Array | None = None) -> jax.Array:

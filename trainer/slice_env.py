@@ -1,7 +1,8 @@
 """The environment of one worker of a multi-host slice run on loopback: what a local launcher adds.
 
 A real TPU VM worker has TPU_WORKER_ID and TPU_WORKER_HOSTNAMES; locally every "host" is a process on
-127.0.0.1 with its own CPU devices, and process 0 serves JAX's coordinator on JAX_COORDINATOR_ADDRESS.
+127.0.0.1 with its own CPU devices, process 0 serves JAX's coordinator on JAX_COORDINATOR_ADDRESS, and the
+processes' collectives go over gloo.
 Pure and import-light (no JAX): the local cloud imports it to start the N processes of a slice.
 """
 
@@ -26,6 +27,7 @@ def worker_env(worker: int, hosts: int, coordinator_port: int, devices_per_host:
         "JAX_COORDINATOR_ADDRESS": f"{LOOPBACK}:{coordinator_port}",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_host}",
         "JAX_PLATFORMS": "cpu",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
     }
 
 

@@ -52,7 +52,7 @@ def test_gcs_checkpoints_survive_a_preemption_and_resume_exactly(
             ("3", "6", "9"),
             "Persistent compilation cache hit for 'jit_train_step'",
         ),
-        # respawn's trainer: respawn_trainer.compile(key=...) finds the kept program without even tracing it.
+        # respawn's trainer: respawn_trainer.compiled(key=...) finds the stored program without even tracing it.
         (["-m", "trainer", "--model=nano", "--steps"], ("3", "3"), None),
     ],
     ids=["users-loop", "respawn-trainer"],
@@ -83,6 +83,6 @@ def test_the_compilation_cache_next_to_gcs_checkpoints_serves_a_fresh_machine(
     if reused:
         assert any("/jit_train_step-" in blob for blob in cached), cached  # JAX's own entry, written by process 0
         assert reused in last
-    else:  # kept by respawn_trainer, compiled outside JAX's cache
+    else:  # stored by respawn_trainer, compiled outside JAX's cache
         assert any("/respawn-programs/p0/" in blob for blob in cached), cached
         assert "train_step" not in last.split("started at step")[0]  # neither traced nor compiled

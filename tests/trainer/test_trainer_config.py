@@ -88,6 +88,7 @@ def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
         "JAX_COORDINATOR_ADDRESS": "127.0.0.1:8476",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
         "JAX_PLATFORMS": "cpu",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
     }
     cfg = load_env(worker_env(3, 4, 8476, 2))
     assert (cfg.worker_id, len(cfg.worker_hostnames), cfg.coordinator_address) == (3, 4, "127.0.0.1:8476")
@@ -105,6 +106,19 @@ def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
             check=True,
         ).stdout
     )
+
+
+def test_jax_takes_its_cpu_collectives_from_the_environment_a_launcher_sets() -> None:
+    """A loopback slice's gloo comes from JAX_CPU_COLLECTIVES_IMPLEMENTATION (slice_env), not from the library:
+    JAX reads it (mpi here, since gloo is also JAX's default)."""
+    read = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.config.jax_cpu_collectives_implementation)"],
+        env={**os.environ, "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "mpi", "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert read.stdout.split() == ["mpi"]
 
 
 @pytest.mark.parametrize(

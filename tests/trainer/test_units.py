@@ -17,7 +17,7 @@ from trainer_harness import MetadataServer
 from respawn_trainer.goodput import Goodput
 from respawn_trainer.lifecycle import CloudLoggingSink, FileSink, Lifecycle
 from respawn_trainer.notice import PreemptionWatch
-from respawn_trainer.schedule import Schedule, interval_steps, young_daly_s
+from respawn_trainer.schedule import SaveSchedule, interval_steps, save_policy, young_daly_s
 from trainer import data
 
 # Pinned: a changed corpus or batch function would silently break resumption of runs already under way.
@@ -49,21 +49,34 @@ def test_young_daly_interval() -> None:
 
 
 def test_fixed_schedule_saves_on_multiples() -> None:
-    schedule = Schedule(fixed=10, last_saved=23)
-    assert [s for s in range(24, 52) if schedule.due(s)] == [30, 40, 50]
+    schedule = SaveSchedule(save_policy(10, mtbi_s=3600.0), final_step=1000, restored_step=23)
+    assert [s for s in range(24, 52) if schedule.should_save(s)] == [30, 40, 50]
+    assert not any(schedule.wants_step_time(s) for s in range(24, 52)) and schedule.interval() is None
 
 
 def test_auto_schedule_measures_then_saves_every_tau() -> None:
-    schedule = Schedule(fixed=None, last_saved=40, mtbi_s=100.0)
-    assert schedule.due(41)  # the attempt's first step measures the save cost
-    schedule.saved(41, blocking_s=0.5)
-    assert not schedule.due(42) and not schedule.measuring(42)
-    assert schedule.measuring(46)
-    schedule.measure(step_s=0.1)
-    assert schedule.every == 100 and schedule.tau_s() == pytest.approx(10.0)
-    assert not schedule.due(140) and schedule.due(141)
-    schedule.saved(141, blocking_s=1.5)  # a costlier save: mean cost 1.0 s, tau sqrt(200) s
-    assert schedule.every == round(200**0.5 / 0.1)
+    schedule = SaveSchedule(save_policy(None, mtbi_s=100.0), final_step=1000, restored_step=40)
+    assert schedule.should_save(41)  # the attempt's first step measures the save cost
+    schedule = schedule.saved(41, blocking_s=0.5)
+    assert not schedule.should_save(42) and not schedule.wants_step_time(42)
+    assert schedule.wants_step_time(46)
+    schedule = schedule.measured(step_s=0.1)
+    young_daly = schedule.young_daly
+    assert young_daly is not None and young_daly.tau_s(schedule.context()) == pytest.approx(10.0)
+    assert schedule.interval() == 100
+    assert not schedule.should_save(140) and schedule.should_save(141)
+    schedule = schedule.saved(141, blocking_s=1.5)  # a costlier save: mean cost 1.0 s, tau sqrt(200) s
+    assert schedule.interval() == round(200**0.5 / 0.1)
+
+
+def test_the_final_step_is_saved_once_when_the_loop_ends_never_on_schedule() -> None:
+    for every in (10, None):
+        schedule = SaveSchedule(save_policy(every, mtbi_s=100.0), final_step=30, restored_step=20)
+        assert not schedule.should_save(30)  # step_done of the last step: finish() saves it
+        assert schedule.should_save(30, loop_ended=True)
+        assert schedule.should_save(25, loop_ended=True)  # the notice, between two saves
+        assert not schedule.should_save(20, loop_ended=True)  # the restored step is durable already
+        assert not schedule.saved(25, 0.1).should_save(25, loop_ended=True)  # saved by step_done already
 
 
 def test_goodput_moves_unsaved_steps_to_wasted_only_when_lost() -> None:
@@ -240,7 +253,7 @@ def test_a_stopped_run_leaves_old_step_deletions_to_the_next_attempt_a_completed
         assert checkpoints.closed == (event == "completed"), event
 
 
-KEPT_AFTER_JAX_CACHE = """
+STORED_AFTER_JAX_CACHE = """
 import sys, jax, jax.numpy as jnp
 from respawn_trainer import runtime
 runtime.use_compile_cache(sys.argv[1])
@@ -249,21 +262,21 @@ args = (jax.ShapeDtypeStruct((8, 8), jnp.float32),) * 2
 x, w = jnp.ones((8, 8)), jnp.full((8, 8), 0.5)
 expected = float(f.lower(*args).compile()(x, w))  # JAX's cache now holds the program
 jax.clear_caches()
-runtime.compile(f, *args, key="edited")  # a new key for the same program: not kept yet, so built and kept
-kept = runtime.compile(f, *args, key="edited")  # read back from the kept copy, as a restart would
-print(float(kept(x, w)) == expected)
+runtime.compiled(f, *args, key="edited")  # a new key for the same program: not stored yet, so built and stored
+stored = runtime.compiled(f, *args, key="edited")  # read back from the stored copy, as a restart would
+print(float(stored(x, w)) == expected)
 """
 
 
-def test_a_program_kept_under_a_new_key_runs_when_jax_cache_already_held_it(tmp_path: Path) -> None:
-    """An edit that changes compile()'s key but not the program: JAX's cache has it, the kept copy must still run
+def test_a_program_stored_under_a_new_key_runs_when_jax_cache_already_held_it(tmp_path: Path) -> None:
+    """An edit that changes compiled()'s key but not the program: JAX's cache has it, the stored copy must run
     (an executable read from JAX's cache, serialized again, has lost its code on CPU)."""
     proc = subprocess.run(
-        [sys.executable, "-c", KEPT_AFTER_JAX_CACHE, str(tmp_path / "cache")],
+        [sys.executable, "-c", STORED_AFTER_JAX_CACHE, str(tmp_path / "cache")],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True"]
-    assert list((tmp_path / "cache").glob("*/respawn-programs/p0/*")), "nothing was kept"
+    assert list((tmp_path / "cache").glob("*/respawn-programs/p0/*")), "nothing was stored"

@@ -83,7 +83,7 @@ class Checkpoints:
             try:
                 state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
             except Exception as e:  # any reason a step cannot be read: fall back to the previous one
-                error = _short(e)
+                error = _error_line(e)
                 log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, error)
             if agree_any(error is not None):
                 if error is None:
@@ -142,6 +142,6 @@ def _sleeper(seconds: float) -> Callable[[], None]:
     return lambda: time.sleep(seconds)
 
 
-def _short(e: BaseException) -> str:
+def _error_line(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".splitlines()[0]
     return text[:300]

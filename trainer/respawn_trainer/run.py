@@ -29,7 +29,7 @@ from respawn_trainer.env import ConfigError, RunEnv, load_env
 from respawn_trainer.goodput import Goodput, process_started
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
 from respawn_trainer.notice import PreemptionWatch, on_gce
-from respawn_trainer.schedule import SaveDone, Schedule
+from respawn_trainer.schedule import SaveDone, SaveSchedule, save_policy
 
 if TYPE_CHECKING:
     from respawn_trainer.checkpoint import Checkpointer
@@ -59,18 +59,16 @@ class Run:
         self.goodput = Goodput(started=started if started is not None else process_started())
         environ = os.environ if env is None else env
         self.env: RunEnv = load_env(environ, on_gce=on_gce())
-        if environ.get("STORAGE_EMULATOR_HOST"):  # fake-gcs-server: gcsfs warns at every use that it has no credentials
-            logging.getLogger("gcsfs").setLevel(logging.ERROR)
         self.steps, self.step = steps, 0
         self.watch = PreemptionWatch(self.env.metadata_url).start()
         sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
-        self.lifecycle = Lifecycle(sink, *self._ids())
-        self._split = {"import_s": began - self.goodput.started}
+        self.lifecycle = Lifecycle(sink, *self._job_and_attempt())
+        self._startup_split = {"import_s": began - self.goodput.started}
         try:
             if use_jax:
-                runtime.configure(self.env, environ, distributed)
+                runtime.configure(self.env, distributed)
             if not runtime.is_primary():
-                self.lifecycle = Lifecycle(NullSink(), *self._ids())
+                self.lifecycle = Lifecycle(NullSink(), *self._job_and_attempt())
             if checkpointer is None:
                 from respawn_trainer.checkpoint import Checkpoints
 
@@ -80,11 +78,12 @@ class Run:
             raise
         self.checkpoints = checkpointer
         self._closed, self._loss = False, None
-        self.schedule = Schedule(fixed=checkpoint_every, last_saved=0, mtbi_s=self.env.mtbi_s)
+        self._first_save_at = 0.0
+        self.schedule = SaveSchedule(save_policy(checkpoint_every, self.env.mtbi_s), final_step=steps)
         self._ready_at = time.monotonic()
-        self._split["setup_s"] = self._ready_at - began
+        self._startup_split["setup_s"] = self._ready_at - began
 
-    def _ids(self) -> tuple[str, int]:
+    def _job_and_attempt(self) -> tuple[str, int]:
         return self.env.job_id, self.env.attempt
 
     # -- the loop's calls ---------------------------------------------------------------------------------------
@@ -104,9 +103,9 @@ class Run:
             state, step = restored
         now = time.monotonic()
         self.step = step
-        self.schedule = Schedule(fixed=self.schedule.fixed, last_saved=step, mtbi_s=self.env.mtbi_s)
+        self.schedule = SaveSchedule(self.schedule.policy, final_step=self.steps, restored_step=step)
         self.goodput.startup_s, self.goodput.restore_s = began - self.goodput.started, now - began
-        split = {**self._split, "compile_s": began - self._ready_at, "restore_s": now - began}
+        split = {**self._startup_split, "compile_s": began - self._ready_at, "restore_s": now - began}
         startup = now - self.goodput.started
         self.lifecycle.emit(
             "started",
@@ -116,7 +115,7 @@ class Run:
             **{k: round(v, 3) for k, v in split.items()},
         )
         log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", step, self.steps, startup, now - began)
-        self._mark = self._progress_at = now
+        self._last_step_at = self._progress_at = now
         self._first_save_at = 0.0
         return state, step
 
@@ -128,30 +127,25 @@ class Run:
         """After each step: a `progress` entry at most every RESPAWN_PROGRESS_S, a save when one is due."""
         self.step, self._loss = step, loss
         now = time.monotonic()
-        self.goodput.steps(now - self._mark)
+        self.goodput.steps(now - self._last_step_at)
         if now - self._progress_at >= self.env.progress_s:
             self.lifecycle.emit("progress", step, loss=_finite(loss), worker=self.env.worker_id or 0)
             self._progress_at = time.monotonic()
-        schedule = self.schedule
-        if step < self.steps and schedule.due(step):
-            _ready(state)  # the step itself finishes before the save's clock starts
-            blocking = self.checkpoints.save(step, state)
-            self._first_save_at = self._first_save_at or time.monotonic()
-            self._saved(blocking)
-            self.goodput.saved(blocking)
-        elif schedule.measuring(step):
-            _ready(state)  # wait for the timed steps
-            steps = step - schedule.last_saved
-            schedule.measure(runtime.agree_max((time.monotonic() - self._first_save_at) / steps))
+        if self.schedule.should_save(step):
+            self._save(state)
+        elif self.schedule.wants_step_time(step):
+            _wait_until_computed(state)  # the timed steps
+            seconds = (time.monotonic() - self._first_save_at) / (step - self.schedule.last_saved)
+            self.schedule = self.schedule.measured(runtime.agree_max(seconds))
             self._log_interval()
         self._report(self.checkpoints.poll())
-        self._mark = time.monotonic()
+        self._last_step_at = time.monotonic()
 
     def finish(self, step: int, state: Any, params: Any = None) -> str:
         """The last save, then `completed` (step >= steps, with `params_sha256` of `params`, by default of the
         whole state) or `stopped` (the notice). Returns the event sent."""
         self.step = step
-        self._save_now(state)
+        self._save_last(state)
         if step >= self.steps:
             digest = state_sha256(state if params is None else params)
             loss = _finite(state.get("loss") if isinstance(state, dict) and "loss" in state else self._loss)
@@ -211,31 +205,34 @@ class Run:
 
     # -- saves ----------------------------------------------------------------------------------------------------
 
-    def _save_now(self, state: Any) -> None:
-        if self.step > self.schedule.last_saved:
-            _ready(state)
-            blocking = self.checkpoints.save(self.step, state)
-            self._saved(blocking)
-            self.goodput.saved(blocking)
+    def _save_last(self, state: Any) -> None:
+        if self.schedule.should_save(self.step, loop_ended=True):
+            self._save(state)
         self._report(self.checkpoints.wait())
 
-    def _saved(self, blocking: float) -> None:
-        schedule, before = self.schedule, self.schedule.every
-        # Every host must pick the same interval: they agree on the slowest save.
-        schedule.saved(self.step, runtime.agree_max(blocking) if schedule.fixed is None else blocking)
-        if schedule.every != before:
+    def _save(self, state: Any) -> None:
+        _wait_until_computed(state)  # the step itself finishes before the save's clock starts
+        blocking = self.checkpoints.save(self.step, state)
+        self._first_save_at = self._first_save_at or time.monotonic()  # Young/Daly times the steps from here
+        before = self.schedule.interval()
+        # Every host must pick the same Young/Daly interval: they agree on the slowest save.
+        cost = runtime.agree_max(blocking) if self.schedule.young_daly is not None else blocking
+        self.schedule = self.schedule.saved(self.step, cost)
+        if self.schedule.interval() != before:
             self._log_interval()
+        self.goodput.saved(blocking)
 
     def _log_interval(self) -> None:
-        s = self.schedule
+        young_daly, context = self.schedule.young_daly, self.schedule.context()
+        assert young_daly is not None
         log.info(
             "checkpoint interval: auto -> every %s steps (Young/Daly tau %.1fs from save cost %.3fs, MTBI %.0fs, "
             "step %.4fs)",
-            s.every,
-            s.tau_s(),
-            s.save_cost_s,
-            s.mtbi_s,
-            s.step_s or 0.0,
+            young_daly.interval(context),
+            young_daly.tau_s(context),
+            context.save_cost_s,
+            young_daly.mtbi_s,
+            context.step_s or 0.0,
         )
 
     def _report(self, saves: list[SaveDone]) -> None:
@@ -267,7 +264,7 @@ def _template(init: Any) -> Any:
     return abstract(init)
 
 
-def _ready(state: Any) -> None:
+def _wait_until_computed(state: Any) -> None:
     if "jax" in sys.modules:
         import jax
 

@@ -12,8 +12,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from respawn_trainer.env import COORDINATOR_PORT, RunEnv
 
@@ -21,9 +21,8 @@ log = logging.getLogger("trainer")
 
 # Single-threaded Eigen on the CPU backend: the same reductions in the same order on every machine size.
 CPU_DETERMINISM_FLAGS = "--xla_cpu_multi_thread_eigen=false"
-# Kept programs (compile(key=...)) of an older format are never read: format 1 could keep an executable read
-# from JAX's cache, which does not run on CPU once serialized again.
-KEPT_FORMAT = "kept-2"
+# Part of every stored program's key: programs stored in an older format are never read.
+STORED_PROGRAM_FORMAT = "kept-2"
 CACHE_PROBE_TIMEOUT_S = 10.0  # an unreachable gs:// cache costs this long once, then the run compiles without it
 
 
@@ -46,25 +45,32 @@ def initialize_args(run: RunEnv) -> dict[str, Any]:
     return args
 
 
-def on_cpu(env: Mapping[str, str]) -> bool:
-    """JAX_PLATFORMS names cpu first (a local slice; slice_env sets it)."""
-    return env.get("JAX_PLATFORMS", "").split(",")[0].strip().lower() == "cpu"
+class JaxConfig(Protocol):
+    """The options of `jax.config` read here: JAX defines them at run time, so its class declares none."""
+
+    jax_compilation_cache_dir: str | None
+    jax_enable_compilation_cache: bool
+
+    def update(self, name: str, val: object) -> None: ...
 
 
-def configure(run: RunEnv, env: Mapping[str, str], distributed: str = "auto") -> None:
+def jax_config() -> JaxConfig:
+    import jax
+
+    return cast(JaxConfig, jax.config)
+
+
+def configure(run: RunEnv, distributed: str = "auto") -> None:
     """Call before the first JAX computation: flags, multi-host init, then the compilation cache."""
     if CPU_DETERMINISM_FLAGS not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_DETERMINISM_FLAGS}".strip()
     import jax
 
     if wants_distributed(run, distributed):
-        args = initialize_args(run)
-        if on_cpu(env) and args.get("num_processes", 2) > 1:
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives across CPU processes
         # JAX's preemption service installs its own SIGTERM handler, which would swallow the notice:
         # the trainer watches SIGTERM itself and agrees on it across processes (agree_any).
-        jax.config.update("jax_enable_preemption_service", False)
-        jax.distributed.initialize(**args)
+        jax_config().update("jax_enable_preemption_service", False)
+        jax.distributed.initialize(**initialize_args(run))
         log.info(
             "process %d of %d (%d local devices of %d), heartbeat timeout %ds",
             jax.process_index(),
@@ -91,16 +97,15 @@ def use_compile_cache(base: str) -> str | None:
 
     A gs:// cache is probed first with a deadline, so an unreachable bucket costs a warning and a compile,
     never a hang (JAX's own reads would retry for minutes)."""
-    import jax
-
     path = cache_dir(base)
     error = _probe(path)
     if error:
         log.warning("compilation cache %s unreachable (%s): compiling without it", path, error)
         return None
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    config = jax_config()
+    config.update("jax_compilation_cache_dir", path)
+    config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
 
 
@@ -130,32 +135,23 @@ def _probe(path: str) -> str | None:
     return result[0] if result else f"no answer within {CACHE_PROBE_TIMEOUT_S:.0f}s"
 
 
-def compile(jitted: Any, *args: Any, key: str | None = None) -> Any:
-    """Ahead-of-time compile `jitted` for `args` (arrays or ShapeDtypeStructs with shardings).
+def compiled(jitted: Any, *args: Any, key: str | None = None) -> Any:
+    """`jitted` compiled ahead of time for `args` (arrays, or ShapeDtypeStructs with shardings).
 
-    Through JAX's persistent cache, which traces and lowers the function to find its entry. With `key` (a
-    string naming the function's code and everything it closes over: a hash of its source and config, say),
-    the executable is looked up by that key, the arguments' shapes, dtypes and shardings, the devices and JAX
-    itself, before any tracing: a restart skips tracing and lowering too. A wrong key gives a wrong program,
-    so leave it out when unsure.
-
-    One more case keeps executables itself: JAX writes cache entries from process 0 only, and on CPU each
-    process's programs differ (its topology is part of the key), so the other processes of a multi-process
-    CPU run (a local slice) would compile on every start.
-
-    A kept executable is always compiled afresh, once per key, never taken from JAX's cache: on CPU an
-    executable read from that cache serializes without its code, and the kept copy would fail at its first
-    run ("Function ... not found"). So the first start after an edit that changes the key but not the
-    program compiles once more."""
+    Through JAX's persistent cache, which traces and lowers the function to find its entry. With `key` (naming
+    the function's code and all it closes over, e.g. a hash of its source and config) the executable is stored
+    under that key, so a restart skips tracing and lowering too; a wrong key gives a wrong program."""
     import jax
 
-    cache = jax.config.jax_compilation_cache_dir
+    cache = jax_config().jax_compilation_cache_dir
     if cache and key is not None:
-        return _kept(cache, _program_key(key, args), lambda: jitted.lower(*args).compile())
+        return _stored_executable(cache, _program_key(key, args), lambda: jitted.lower(*args).compile())
     lowered = jitted.lower(*args)
+    # Not a local-only case: JAX's cache is written by process 0 alone, and XLA:CPU keys each process's programs
+    # by its own topology, so every other process of any multi-process CPU run would compile at each start.
     if not cache or jax.process_count() == 1 or jax.default_backend() != "cpu":
         return lowered.compile()
-    return _kept(cache, _program_key(lowered.as_text(), args), lowered.compile)
+    return _stored_executable(cache, _program_key(lowered.as_text(), args), lowered.compile)
 
 
 def _program_key(text: str, args: Any) -> str:
@@ -163,7 +159,7 @@ def _program_key(text: str, args: Any) -> str:
 
     device = jax.devices()[0]
     parts = [
-        KEPT_FORMAT,
+        STORED_PROGRAM_FORMAT,
         text,
         str(jax.tree.map(lambda a: (a.shape, a.dtype, getattr(a, "sharding", None)), args)),
         jax.__version__,
@@ -174,8 +170,11 @@ def _program_key(text: str, args: Any) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _kept(cache: str, key: str, build: Any) -> Any:
-    """The executable kept under `key` in this process's part of the cache, else `build()` kept there."""
+def _stored_executable(cache: str, key: str, build: Callable[[], Any]) -> Any:
+    """The executable stored under `key` in this process's part of the cache, else `build()`, stored there.
+
+    Built outside JAX's cache: on CPU an executable read from that cache serializes without its code, and the
+    stored copy would fail at its first run ("Function ... not found")."""
     import pickle
 
     import fsspec
@@ -189,30 +188,30 @@ def _kept(cache: str, key: str, build: Any) -> Any:
     except FileNotFoundError:
         pass
     except Exception as e:  # a damaged entry is a compile, not a failure
-        log.warning("kept program %s unreadable (%s): compiling", path, type(e).__name__)
-    compiled = _without_jax_cache(build)
+        log.warning("stored program %s unreadable (%s): compiling", path, type(e).__name__)
+    executable = _without_jax_cache(build)
     try:
         fs.makedirs(root, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        fs.pipe_file(tmp, pickle.dumps(serialize_executable.serialize(compiled)))
+        fs.pipe_file(tmp, pickle.dumps(serialize_executable.serialize(executable)))
         fs.mv(tmp, path)
     except Exception as e:
-        log.warning("could not keep the compiled program (%s)", type(e).__name__)
-    return compiled
+        log.warning("could not store the compiled program (%s)", type(e).__name__)
+    return executable
 
 
-def _without_jax_cache(build: Any) -> Any:
+def _without_jax_cache(build: Callable[[], Any]) -> Any:
     """`build()` compiled by XLA with JAX's persistent cache neither read nor written."""
-    import jax
     from jax.experimental.compilation_cache import compilation_cache
 
-    enabled = jax.config.jax_enable_compilation_cache
+    config = jax_config()
+    enabled = config.jax_enable_compilation_cache
     compilation_cache.reset_cache()  # JAX decides once whether its cache is in use: ask it again
-    jax.config.update("jax_enable_compilation_cache", False)
+    config.update("jax_enable_compilation_cache", False)
     try:
         return build()
     finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
+        config.update("jax_enable_compilation_cache", enabled)
         compilation_cache.reset_cache()
 
 
@@ -279,7 +278,7 @@ def agree_max(value: float) -> float:
     per_process = NamedSharding(Mesh(devices, ("processes", "local")), P("processes"))
     if _max_over_processes is None:
         program = jax.jit(lambda x: x.max(), out_shardings=per_process.update(spec=P()))
-        _max_over_processes = compile(
+        _max_over_processes = compiled(
             program, jax.ShapeDtypeStruct((jax.process_count(),), np.float32, sharding=per_process)
         )
     values = jax.make_array_from_process_local_data(per_process, np.array([value], np.float32))
