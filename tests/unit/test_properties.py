@@ -123,6 +123,9 @@ DEAD = (MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED)
 COUNTED_AS_PREEMPTION = ("preempted", "lost")
 COUNTED_AS_FAILURE = ("failed", "hung")
 NO_CAPACITY = ("capacity", "stuck", "queued")
+# A delivery takes time: two status changes of a job never share a millisecond, which a notice's id
+# (job/ms/status) relies on. A clock that stood still would let a machine boot and be preempted in no time.
+DELIVERY_S = 0.001
 
 
 TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request="queued", queue_timeout_s=600)
@@ -157,10 +160,10 @@ def quiet_service_log() -> Iterator[None]:
     logger.setLevel(level)
 
 
-def label(history: str) -> None:
-    """Count a share for `--hypothesis-show-statistics` (a history replayed by a plain test has no statistics)."""
+def label(what: str) -> None:
+    """Count a share of histories for `--hypothesis-show-statistics` (a history replayed by a plain test has none)."""
     if currently_in_test_context():
-        tally(history)
+        tally(what)
 
 
 def peek(store: InMemoryJobStore, job_id: str) -> tuple[Job | None, int]:
@@ -449,7 +452,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     @rule(pick=PICK, instance=st.sampled_from([0, 1]), notify=st.booleans(), vanish=st.booleans())
     def preempt_running(self, pick: int, instance: int, notify: bool, vanish: bool) -> None:
         """The cloud takes back a machine that came up."""
-        kind, m = self.ready()[pick % len(self.ready())]
+        machines = self.ready()
+        kind, m = machines[pick % len(machines)]
         self.at_once(instance, lambda: self.take_back(kind, m, pick, notify=notify, vanish=vanish))
 
     @precondition(lambda self: self.ready())
@@ -546,6 +550,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
 
     def handle(self, event: Event, service: Service | None = None) -> None:
         """Deliver once: acknowledged, or back in the inbox on Retryable. Then check what the delivery did."""
+        self.clock.advance(DELIVERY_S)
         before = {job_id: peek(self.store, job_id) for job_id in SPECS}
         states = {m.name: (m.zone, m.state) for _, m in self.machines()}
         calls = {kind: len(p.calls) for kind, p in self.providers.items()}
@@ -772,7 +777,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     # -- the end of every history -------------------------------------------------------------------------------------
 
     def teardown(self) -> None:
-        """Calm weather, every pending message delivered, the clock past every TTL, one sweep: all settled."""
+        """Calm weather, the trainers still at work completing (if the history drew so), every pending message
+        delivered, the clock past every TTL, one sweep: all settled."""
         if sys.exc_info()[0] is not None:  # a step already failed: report that, not this
             return
         self.store.conflicts, self.store.errors, self.notifier.errors = 0, [], []
