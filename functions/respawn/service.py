@@ -34,6 +34,7 @@ from respawn.actions import Action, CreateMachine, action_from_dict, action_to_d
 from respawn.decide import DEAD, Policy, decide, is_stale
 from respawn.events import (
     CreateFailed,
+    CreateFailure,
     Event,
     Ignored,
     JobEvent,
@@ -259,7 +260,7 @@ class Service:
                     _log_error(job.job_id, f"{type(action).__name__} {action.machine} failed: {e}")
                     continue
                 feedback_left -= 1
-                kind = "capacity" if isinstance(e, CapacityError) else "permanent"
+                kind = CreateFailure.CAPACITY if isinstance(e, CapacityError) else CreateFailure.PERMANENT
                 failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(e))
                 decided, more = decide(job, failed, now, self.policy)
                 assert decided is not None
