@@ -23,7 +23,6 @@ from typing import Any
 from respawn.accounting import later_split
 from respawn.actions import Action, CreateMachine, DeleteMachine
 from respawn.events import (
-    EXIT_CODE,
     AboutAttempt,
     CancelRequested,
     CheckpointSaved,
@@ -34,6 +33,7 @@ from respawn.events import (
     JobSubmitted,
     MachinePreempted,
     MachinesObserved,
+    ResultSource,
     TrainerCompleted,
     TrainerFailed,
     TrainerProgressed,
@@ -254,8 +254,8 @@ def _with_result(job: Job, event: TrainerCompleted) -> Job:
     if event.step is not None:
         job = _with_step(job, job.attempts[-1], event.step)
     final = {**event.result, **({"final_step": event.step} if event.step is not None else {})}
-    if event.source == EXIT_CODE:
-        return replace(job, result={**final, "source": EXIT_CODE}, reason="the trainer exited with code 0")
+    if event.source == ResultSource.EXIT_CODE:
+        return replace(job, result={**final, "source": ResultSource.EXIT_CODE}, reason="the trainer exited with code 0")
     return replace(job, result=final, reason="the trainer completed")
 
 
@@ -264,8 +264,8 @@ def _filled_in(job: Job, event: TrainerCompleted) -> Job:
     in any order): its result, final step and reason replace the exit code's, as if it had come first. Anything
     else about a SUCCEEDED job changes nothing, so a trainer's result is never replaced."""
     current = job.current
-    by_exit_code = job.result.get("source") == EXIT_CODE
-    if event.source == EXIT_CODE or not by_exit_code or current is None or current.n != event.attempt:
+    by_exit_code = job.result.get("source") == ResultSource.EXIT_CODE
+    if event.source == ResultSource.EXIT_CODE or not by_exit_code or current is None or current.n != event.attempt:
         return job
     return _with_result(job, event)
 
