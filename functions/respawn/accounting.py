@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from respawn.model import Attempt, Job
+from respawn.model import Attempt, EndReason, Job
 from respawn.prices import cost, machine_price, rate_per_h
 
 TRAINER_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "wasted_s", "total_s")
@@ -95,7 +95,7 @@ def attempt_seconds(a: Attempt, now: float) -> dict[str, float]:
     elif a.started_at is not None and start is not None:
         out["startup_s"] = max(0.0, min(a.started_at, end) - start)
         ran = max(0.0, end - a.started_at)
-        if a.ended_at is None or a.end_reason == "completed":
+        if a.ended_at is None or a.end_reason is EndReason.COMPLETED:
             out["productive_s"] = ran  # as the trainer counts it: unsaved steps are kept unless the attempt is lost
         else:
             kept = min(ran, max(0.0, (a.checkpoint_at or a.started_at) - a.started_at))

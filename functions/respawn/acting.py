@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
 from respawn.decide import Policy, decide
-from respawn.events import CreateFailed
+from respawn.events import CreateFailed, CreateFailure
 from respawn.machines import Machines
 from respawn.model import Job
 from respawn.notices import status_notice
@@ -101,7 +101,7 @@ class Acting:
         self, job: Job, action: CreateMachine, error: ProviderError, now: float
     ) -> tuple[Job, list[Action]]:
         """What `decide` makes of a create that failed: the record (with its status notice) and the next actions."""
-        kind = "capacity" if isinstance(error, CapacityError) else "permanent"
+        kind = CreateFailure.CAPACITY if isinstance(error, CapacityError) else CreateFailure.PERMANENT
         failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(error))
         decided, more = decide(job, failed, now, self.policy)
         assert decided is not None

@@ -66,16 +66,16 @@ def describe(job: Job, now: float | None = None) -> str:
         f"status       {job.status.value}" + (f"  ({job.reason})" if job.reason else ""),
     ]
     if spec is not None:
-        m = spec.machine
-        machine = (
-            m.accelerator_type
-            if isinstance(m, TpuMachine)
-            else f"{m.machine_type} {m.accelerator_count}x{m.accelerator_type}"
+        machine = spec.machine
+        model = (
+            machine.accelerator_type
+            if isinstance(machine, TpuMachine)
+            else f"{machine.machine_type} {machine.accelerator_count}x{machine.accelerator_type}"
         )
-        hosts = f", {m.hosts} hosts per slice" if m.hosts > 1 else ""
+        hosts = f", {machine.hosts} hosts per slice" if machine.hosts > 1 else ""
         hang = "off" if spec.hang_timeout_s is None else f"{spec.hang_timeout_s}s without progress"
         lines += [
-            f"machine      {m.kind} {machine} ({spec.provisioning}{hosts})",
+            f"machine      {machine.kind} {model} ({spec.provisioning}{hosts})",
             f"hang after   {hang}",
             f"zones        {', '.join(spec.zones)}"
             if not spec.tiers
@@ -88,9 +88,10 @@ def describe(job: Job, now: float | None = None) -> str:
         lines.append(f"deadline     {when(job.deadline)}")
     if job.next_attempt_at:
         lines.append(f"next try     {when(job.next_attempt_at)} (capacity backoff, round {job.capacity_round})")
-    c = job.counters
+    counters = job.counters
     lines.append(
-        f"counters     preemptions {c.preemptions}, failures {c.failures}, capacity errors {c.capacity_errors}"
+        f"counters     preemptions {counters.preemptions}, failures {counters.failures}, "
+        f"capacity errors {counters.capacity_errors}"
     )
     if job.pending:
         actions = ", ".join(f"{a.get('kind')} {a.get('machine')}" for a in job.pending)
@@ -105,8 +106,8 @@ def describe(job: Job, now: float | None = None) -> str:
                    "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
         if spec is not None:
-            books = job_accounting(job, time.time() if now is None else now)
-            lines += ["", *_goodput_lines(books), "", "machine time by tier", _tier_costs(books)]
+            accounting = job_accounting(job, time.time() if now is None else now)
+            lines += ["", *_goodput_lines(accounting), "", "machine time by tier", _tier_costs(accounting)]
     if job.result:
         lines += ["", "result"]
         lines += [
@@ -132,25 +133,28 @@ def span(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _goodput_lines(books: dict[str, Any]) -> list[str]:
+def _goodput_lines(accounting: dict[str, Any]) -> list[str]:
     """Goodput, badput by category and cost at Spot vs on-demand (respawn/accounting.py, respawn/prices.py)."""
-    sec = books["seconds"]
-    badput = ", ".join(f"{k.removesuffix('_s')} {span(sec[k])}" for k in CATEGORIES if k != "productive_s")
-    wall, productive = span(books["wall_s"]), span(sec["productive_s"])
-    lines = [f"goodput      {100 * books['goodput']:.1f}% of {wall}: productive {productive}", f"badput       {badput}"]
-    c = books["cost"]
-    if c is None:
+    seconds = accounting["seconds"]
+    badput = ", ".join(f"{k.removesuffix('_s')} {span(seconds[k])}" for k in CATEGORIES if k != "productive_s")
+    wall, productive = span(accounting["wall_s"]), span(seconds["productive_s"])
+    lines = [
+        f"goodput      {100 * accounting['goodput']:.1f}% of {wall}: productive {productive}",
+        f"badput       {badput}",
+    ]
+    cost = accounting["cost"]
+    if cost is None:
         lines.append("cost         - (no price for this machine type in respawn/prices.py)")
     else:
-        less = f" ({100 * (1 - c['spot_usd'] / c['on_demand_usd']):.0f}% less)" if c["on_demand_usd"] else ""
+        less = f" ({100 * (1 - cost['spot_usd'] / cost['on_demand_usd']):.0f}% less)" if cost["on_demand_usd"] else ""
         lines.append(
-            f"cost         ${c['spot_usd']:.2f} at Spot vs ${c['on_demand_usd']:.2f} on-demand{less} for "
-            f"{books['machine_hours']:.2f} machine hours; {c['priced_as']} [{c['prices_as_of']}]"
+            f"cost         ${cost['spot_usd']:.2f} at Spot vs ${cost['on_demand_usd']:.2f} on-demand{less} for "
+            f"{accounting['machine_hours']:.2f} machine hours; {cost['priced_as']} [{cost['prices_as_of']}]"
         )
     return lines
 
 
-def _tier_costs(books: dict[str, Any]) -> str:
+def _tier_costs(accounting: dict[str, Any]) -> str:
     """Hours each tier's machines ran (from the trainer's process start to the attempt's end), priced at the
     tier's rate (Spot for spot/preemptible, on-demand otherwise; respawn/prices.py, dated list prices)."""
     rows = [
@@ -160,7 +164,7 @@ def _tier_costs(books: dict[str, Any]) -> str:
             f"{t['machine_hours']:.2f}",
             "" if t["cost_usd"] is None else f"${t['cost_usd']:.2f}",
         )
-        for t in books["tiers"]
+        for t in accounting["tiers"]
     ]
     return table(("tier", "provisioning", "machine hours", "cost"), rows)
 
@@ -303,7 +307,7 @@ def _cloud_logs(args: argparse.Namespace) -> int:
     if args.attempt is not None:
         attempt = next((a for a in job.attempts if a.n == args.attempt), None)
         if attempt is None:
-            raise UserError(f"--attempt: job {args.job} has no attempt {args.attempt}; it has {_numbers(job)}")
+            raise UserError(f"--attempt: job {args.job} has no attempt {args.attempt}; it has {_attempt_range(job)}")
         since = attempt.requested_at
     hosts = job.spec.machine.hosts if job.spec else 1
     write = _printer(args, workers=hosts > 1)
@@ -322,7 +326,7 @@ def _cloud_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _numbers(job: Job) -> str:
+def _attempt_range(job: Job) -> str:
     return f"attempts 1-{len(job.attempts)}" if job.attempts else "no attempts"
 
 

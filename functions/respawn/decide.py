@@ -6,8 +6,9 @@ calls decide, persists the result with the actions as intent, then acts.
 Order of the checks on every event: an already-seen event id changes nothing;
 then the TTL (a live job past its deadline is EXPIRED and its machine deleted);
 then events naming an older attempt are stale and change nothing; then the
-event itself (on a SUCCEEDED job only the trainer's own `completed` entry does anything: it fills in the result
-of one its startup script sent on exit code 0). Last, a trainer's goodput split is kept on the attempt its entry
+event itself, by the rule for its type (RULES; what a listing says of the live machine by LIVE_MACHINE_RULES).
+On a SUCCEEDED job only the trainer's own `completed` entry does anything: it fills in the result
+of one its startup script sent on exit code 0. Last, a trainer's goodput split is kept on the attempt its entry
 names, stale or not (the only thing a stale event may change: that older attempt's split). A decision that
 changes nothing returns the same record and no actions, and the event id is not recorded.
 """
@@ -15,31 +16,48 @@ changes nothing returns the same record and no actions, and the event id is not 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from respawn.accounting import later_split
 from respawn.actions import Action, CreateMachine, DeleteMachine
 from respawn.events import (
-    EXIT_CODE,
+    AboutAttempt,
     CancelRequested,
     CheckpointSaved,
     CreateFailed,
+    CreateFailure,
     JobEvent,
     JobRejected,
     JobSubmitted,
     MachinePreempted,
     MachinesObserved,
+    ResultSource,
     TrainerCompleted,
     TrainerFailed,
     TrainerProgressed,
     TrainerStarted,
 )
-from respawn.model import Attempt, Job, MachineState, Status, Tier, TpuMachine, machine_name, parse_machine_name
+from respawn.model import (
+    COUNTED_AS_PREEMPTION,
+    NO_CAPACITY,
+    Attempt,
+    EndReason,
+    Job,
+    JobSpec,
+    MachineState,
+    Status,
+    Tier,
+    TpuMachine,
+    machine_name,
+    parse_machine_name,
+)
 
-# Attempt end reasons that mean "this zone had no machine for us": they drive the zone walk.
-NO_CAPACITY = frozenset({"capacity", "stuck", "queued"})
 # What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
 DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
+
+Decision = tuple[Job, list[Action]]
 
 
 @dataclass(frozen=True)
@@ -66,7 +84,7 @@ def decide(job: Job | None, event: JobEvent, now: float, policy: Policy) -> tupl
     if event.event_id in job.seen_events:
         return job, []
     if not job.status.terminal and now >= job.deadline:
-        new, actions = _finish(job, now, Status.EXPIRED, "expired", f"the ttl of {_ttl(job)}s ran out")
+        new, actions = _finish(job, now, Status.EXPIRED, EndReason.EXPIRED, f"the ttl of {_ttl(job)}s ran out")
     elif is_stale(job, event):
         new, actions = job, []
     else:
@@ -80,8 +98,7 @@ def decide(job: Job | None, event: JobEvent, now: float, policy: Policy) -> tupl
 
 def is_stale(job: Job, event: JobEvent) -> bool:
     """The event names an attempt older than the job's current one."""
-    attempt = getattr(event, "attempt", None)
-    return attempt is not None and job.current is not None and attempt < job.current.n
+    return isinstance(event, AboutAttempt) and job.current is not None and event.attempt < job.current.n
 
 
 def _with_goodput(job: Job, event: JobEvent) -> Job:
@@ -90,10 +107,9 @@ def _with_goodput(job: Job, event: JobEvent) -> Job:
     so even a stale entry never touches a newer attempt; per attempt the split covering more time wins
     (accounting.later_split), so duplicates and any order leave the same record."""
     split = getattr(event, "goodput", None)
-    n = getattr(event, "attempt", None)
-    if not split or n is None:
+    if not split or not isinstance(event, AboutAttempt):
         return job
-    attempt = next((a for a in job.attempts if a.n == n), None)
+    attempt = next((a for a in job.attempts if a.n == event.attempt), None)
     if attempt is None or not later_split(split, attempt.goodput):
         return job
     return job.with_attempt(replace(attempt, goodput=dict(split)))
@@ -103,79 +119,86 @@ def _with_goodput(job: Job, event: JobEvent) -> Job:
 
 
 def _first(event: JobEvent, now: float) -> tuple[Job | None, list[Action]]:
+    """A submit makes the record and requests its first machine; a rejection with a usable job id makes a REJECTED
+    record (so the sender can see why); anything else about an unknown job is dropped."""
     if isinstance(event, JobSubmitted):
         spec = event.spec
-        job = Job(
-            job_id=spec.job_id,
-            spec=spec,
-            status=Status.PROVISIONING,
-            submitted_at=now,
-            updated_at=now,
-            reason=f"machine requested in {spec.zones[0]}",
-            seen_events=(event.event_id,),
-        )
+        reason = f"machine requested in {spec.zones[0]}"
+        job = _new_record(event, now, spec.job_id, spec, Status.PROVISIONING, reason)
         job, attempt = _with_new_attempt(job, 0, now)
         return job, [_create(job, attempt)]
     if isinstance(event, JobRejected) and event.job_id:
-        rejected = Job(
-            job_id=event.job_id,
-            spec=None,
-            status=Status.REJECTED,
-            submitted_at=now,
-            updated_at=now,
-            reason=event.error,
-            seen_events=(event.event_id,),
-        )
-        return rejected, []
+        return _new_record(event, now, event.job_id, None, Status.REJECTED, event.error), []
     return None, []
 
 
-# -- one event on an existing record ---------------------------------------------------------------------------------
+def _new_record(event: JobEvent, now: float, job_id: str, spec: JobSpec | None, status: Status, reason: str) -> Job:
+    return Job(
+        job_id=job_id,
+        spec=spec,
+        status=status,
+        submitted_at=now,
+        updated_at=now,
+        reason=reason,
+        seen_events=(event.event_id,),
+    )
 
 
-def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> tuple[Job, list[Action]]:
-    if isinstance(event, MachinesObserved):
-        return _observed(job, event, now, policy)
-    if isinstance(event, TrainerCompleted) and job.status is Status.SUCCEEDED:
-        return _filled_in(job, event), []
-    if job.status.terminal:
-        return job, []
-    if isinstance(event, CancelRequested):
-        return _finish(job, now, Status.CANCELLED, "cancelled", "cancelled by the user")
-    if isinstance(event, (CheckpointSaved, TrainerProgressed)):
-        current = job.current
-        if current is None or event.attempt != current.n:
+# -- one event on an existing record: a rule per event type ----------------------------------------------------------
+
+# A rule takes (job, event, now, policy) for the events of its type. Rules of the same shape make the table below
+# one lookup; an event type without a rule (a submit or rejection naming an existing job) changes nothing.
+Rule = Callable[[Job, Any, float, Policy], Decision]
+# A rule about the live attempt also takes that attempt: (job, live, event, now, policy).
+LiveRule = Callable[[Job, Attempt, Any, float, Policy], Decision]
+
+
+def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> Decision:
+    rule = RULES.get(type(event))
+    return rule(job, event, now, policy) if rule is not None else (job, [])
+
+
+def _while_open(rule: Rule) -> Rule:
+    """The rule, while the job is not over: a terminal job changes no more."""
+
+    def guarded(job: Job, event: Any, now: float, policy: Policy) -> Decision:
+        return (job, []) if job.status.terminal else rule(job, event, now, policy)
+
+    return guarded
+
+
+def _on_live_attempt(rule: LiveRule) -> Rule:
+    """The rule, for an event about the live attempt; about an attempt that is over (or a job without a live one),
+    an event changes nothing."""
+
+    def guarded(job: Job, event: Any, now: float, policy: Policy) -> Decision:
+        live = _live(job)
+        if live is None or event.attempt != live.n:
             return job, []
-        if isinstance(event, CheckpointSaved) and (current.checkpoint_at or 0.0) < event.time:
-            current = replace(current, checkpoint_at=event.time)  # lost work is counted from here (accounting.py)
-        return _with_step(job, _progressed(current, event.time), event.step), []
-    live = _live(job)
-    if live is None or getattr(event, "attempt", None) != live.n:
-        return job, []  # submit/reject of an existing job, or an event for an attempt that is over
-    if isinstance(event, MachinePreempted):
-        return _lost(job, now, "preempted", policy)
-    if isinstance(event, TrainerStarted):
-        return _started(job, live, event), []
-    if isinstance(event, TrainerCompleted):
-        done, actions = _finish(job, now, Status.SUCCEEDED, "completed", "")
-        return _with_result(done, event), actions
-    if isinstance(event, TrainerFailed):
-        if event.machine_state in DEAD:  # the machine went first (a host error on one worker kills its peers)
-            return _lost(job, now, "preempted", policy)
-        on = f"{live.machine}" + ("" if event.worker is None else f" worker {event.worker}")
-        return _crashed(job, now, f"trainer failed on {on}" + (f": {event.error}" if event.error else ""), policy)
-    if isinstance(event, CreateFailed) and live.started_at is None:  # a started trainer proves the create worked
-        if event.kind == "capacity":
-            return _no_capacity(job, now, "capacity", f"no capacity in {live.zone}: {event.error}", False, policy)
-        # An earlier try of this create may have made the machine after all (a crash before the intent was
-        # cleared, then a 403 on redelivery): delete it now rather than leave it to the sweep.
-        ended = _end(job, now, "error", deleted=True)
-        failed = replace(ended, status=Status.FAILED, reason=f"creating {live.machine} failed: {event.error}")
-        return failed, [DeleteMachine(job.job_id, live.n, live.machine, live.zone)]
-    return job, []
+        return rule(job, live, event, now, policy)
+
+    return guarded
 
 
-def _started(job: Job, live: Attempt, event: TrainerStarted) -> Job:
+def _cancelled(job: Job, event: CancelRequested, now: float, policy: Policy) -> Decision:
+    return _finish(job, now, Status.CANCELLED, EndReason.CANCELLED, "cancelled by the user")
+
+
+def _trained(job: Job, event: CheckpointSaved | TrainerProgressed, now: float, policy: Policy) -> Decision:
+    """The current attempt trained on: its newest step and sign of progress, and for a save, its newest save."""
+    current = job.current
+    if current is None or event.attempt != current.n:
+        return job, []
+    if isinstance(event, CheckpointSaved) and (current.checkpoint_at or 0.0) < event.time:
+        current = replace(current, checkpoint_at=event.time)  # lost work is counted from here (accounting.py)
+    return _with_step(job, _progressed(current, event.time), event.step), []
+
+
+def _preempted(job: Job, live: Attempt, event: MachinePreempted, now: float, policy: Policy) -> Decision:
+    return _lost(job, now, EndReason.PREEMPTED)
+
+
+def _started(job: Job, live: Attempt, event: TrainerStarted, now: float, policy: Policy) -> Decision:
     restored = event.restored_step
     started = replace(
         _progressed(live, event.time),
@@ -186,7 +209,40 @@ def _started(job: Job, live: Attempt, event: TrainerStarted) -> Job:
     if restored is not None:
         started = replace(started, last_step=max(restored, live.last_step or 0))
     reason = "trainer running" + ("" if restored is None else f" (resumed from step {restored})")
-    return replace(job.with_attempt(started), status=Status.RUNNING, reason=reason, capacity_round=0)
+    return replace(job.with_attempt(started), status=Status.RUNNING, reason=reason, capacity_round=0), []
+
+
+def _completed(job: Job, event: TrainerCompleted, now: float, policy: Policy) -> Decision:
+    """The live attempt's trainer completed: the job SUCCEEDED. On a job that already SUCCEEDED, the trainer's own
+    entry may still fill in the result (_filled_in)."""
+    if job.status is Status.SUCCEEDED:
+        return _filled_in(job, event), []
+    return _on_live_attempt(_succeeded)(job, event, now, policy)
+
+
+def _succeeded(job: Job, live: Attempt, event: TrainerCompleted, now: float, policy: Policy) -> Decision:
+    done, actions = _finish(job, now, Status.SUCCEEDED, EndReason.COMPLETED, "")
+    return _with_result(done, event), actions
+
+
+def _trainer_failed(job: Job, live: Attempt, event: TrainerFailed, now: float, policy: Policy) -> Decision:
+    if event.machine_state in DEAD:  # the machine went first (a host error on one worker kills its peers)
+        return _lost(job, now, EndReason.PREEMPTED)
+    on = f"{live.machine}" + ("" if event.worker is None else f" worker {event.worker}")
+    return _crashed(job, now, EndReason.FAILED, f"trainer failed on {on}" + (f": {event.error}" if event.error else ""))
+
+
+def _create_failed(job: Job, live: Attempt, event: CreateFailed, now: float, policy: Policy) -> Decision:
+    if live.started_at is not None:  # a started trainer proves the create worked
+        return job, []
+    if event.kind == CreateFailure.CAPACITY:
+        reason = f"no capacity in {live.zone}: {event.error}"
+        return _no_capacity(job, now, EndReason.CAPACITY, reason, policy, delete=False)
+    # An earlier try of this create may have made the machine after all (a crash before the intent was
+    # cleared, then a 403 on redelivery): delete it now rather than leave it to the sweep.
+    ended = _end(job, now, EndReason.ERROR)
+    failed = replace(ended, status=Status.FAILED, reason=f"creating {live.machine} failed: {event.error}")
+    return failed, [DeleteMachine(job.job_id, live.n, live.machine, live.zone)]
 
 
 def _with_result(job: Job, event: TrainerCompleted) -> Job:
@@ -195,8 +251,8 @@ def _with_result(job: Job, event: TrainerCompleted) -> Job:
     if event.step is not None:
         job = _with_step(job, job.attempts[-1], event.step)
     final = {**event.result, **({"final_step": event.step} if event.step is not None else {})}
-    if event.source == EXIT_CODE:
-        return replace(job, result={**final, "source": EXIT_CODE}, reason="the trainer exited with code 0")
+    if event.source == ResultSource.EXIT_CODE:
+        return replace(job, result={**final, "source": ResultSource.EXIT_CODE}, reason="the trainer exited with code 0")
     return replace(job, result=final, reason="the trainer completed")
 
 
@@ -205,63 +261,102 @@ def _filled_in(job: Job, event: TrainerCompleted) -> Job:
     in any order): its result, final step and reason replace the exit code's, as if it had come first. Anything
     else about a SUCCEEDED job changes nothing, so a trainer's result is never replaced."""
     current = job.current
-    by_exit_code = job.result.get("source") == EXIT_CODE
-    if event.source == EXIT_CODE or not by_exit_code or current is None or current.n != event.attempt:
+    by_exit_code = job.result.get("source") == ResultSource.EXIT_CODE
+    if event.source == ResultSource.EXIT_CODE or not by_exit_code or current is None or current.n != event.attempt:
         return job
     return _with_result(job, event)
 
 
-def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> tuple[Job, list[Action]]:
-    """Act on what the API says: orphans, dead or stuck current machine, backoff due."""
+def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> Decision:
+    """What the API lists: every machine of an older attempt still there is deleted (even for a job that is over);
+    then a job waiting out a capacity backoff requests its machine once it is due, and for a live attempt the
+    first rule about its machine that holds (LIVE_MACHINE_RULES) decides."""
     live = _live(job)
+    job, deletes = _orphans_deleted(job, event, live)
+    if job.status.terminal:
+        return job, deletes
+    if live is None:
+        job, more = _backoff_over(job, now)
+    else:
+        job, more = _live_machine_rules(_Sighting(job, live, _state_of(job, live, event), event, now, policy))
+    return job, deletes + more
+
+
+def _orphans_deleted(job: Job, event: MachinesObserved, live: Attempt | None) -> tuple[Job, list[Action]]:
+    """Deletes for the listed machines of this job's attempts other than the live one (not of later attempts: a
+    listing may be older than the record), each marked deleted."""
     current_n = job.current.n if job.current else 0
-    actions: list[Action] = []
-    state_of_live: MachineState | None = None
+    deletes: list[Action] = []
     for name, zone, state in sorted(event.machines):
         parsed = parse_machine_name(name)
         if parsed is None or parsed[0] != job.job_id or parsed[1] > current_n:
             continue
         n = parsed[1]
-        if live is not None and n == live.n:
-            state_of_live = state
-        elif state is not MachineState.DELETING:
-            actions.append(DeleteMachine(job.job_id, n, name, zone))
+        if (live is None or n != live.n) and state is not MachineState.DELETING:
+            deletes.append(DeleteMachine(job.job_id, n, name, zone))
             job = _mark_deleted(job, n)
-    if job.status.terminal:
-        return job, actions
-    if live is None:
-        due = job.status is Status.PENDING and job.next_attempt_at is not None and job.next_attempt_at <= now
-        if not due or job.spec is None:
-            return job, actions
-        job, attempt = _with_new_attempt(job, job.zone_index, now)
-        return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {_where(job, attempt)}"), [
-            *actions,
-            _create(job, attempt),
-        ]
-    age = now - live.requested_at
-    more: list[Action] = []
-    if state_of_live is None:
-        if live.zone in event.zones and not job.pending and age >= policy.lost_grace_s:
-            job, more = _lost(job, now, "lost", policy)
-    elif state_of_live in (MachineState.PREEMPTED, MachineState.TERMINATED) or (
-        state_of_live is MachineState.FAILED and live.started_at is not None
-    ):
-        job, more = _lost(job, now, "preempted", policy)
-    elif state_of_live is MachineState.FAILED:
-        said = dict(event.details).get(live.machine)
-        reason = f"{live.machine} failed to come up in {live.zone}" + (f": {said}" if said else "")
-        job, more = _no_capacity(job, now, "capacity", reason, True, policy)
-    elif state_of_live is MachineState.QUEUED and age > _queue_timeout(job):
-        reason = f"{live.machine} waited {age:.0f}s in the queue of {live.zone}"
-        job, more = _no_capacity(job, now, "queued", reason, True, policy)
-    elif state_of_live is MachineState.CREATING and live.started_at is None and age > policy.stuck_creating_s:
-        reason = f"{live.machine} was still creating after {age:.0f}s in {live.zone}"
-        job, more = _no_capacity(job, now, "stuck", reason, True, policy)
-    elif state_of_live is MachineState.READY and (silent := _hung_for(job, live, now)) is not None:
-        job, more = _crashed(
-            job, now, f"hung: no training progress for {silent:.0f}s on {live.machine}", policy, "hung"
-        )
-    return job, actions + more
+    return job, deletes
+
+
+def _state_of(job: Job, live: Attempt, event: MachinesObserved) -> MachineState | None:
+    """The listed state of the live attempt's machine (the last in name order, should two zones list it); None
+    when the listing does not show it."""
+    states = [state for name, _, state in sorted(event.machines) if parse_machine_name(name) == (job.job_id, live.n)]
+    return states[-1] if states else None
+
+
+def _backoff_over(job: Job, now: float) -> Decision:
+    """A PENDING job whose capacity backoff is over requests its next machine."""
+    due = job.status is Status.PENDING and job.next_attempt_at is not None and job.next_attempt_at <= now
+    if not due or job.spec is None:
+        return job, []
+    job, attempt = _with_new_attempt(job, job.zone_index, now)
+    return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {_where(job, attempt)}"), [
+        _create(job, attempt)
+    ]
+
+
+# The rule for each type of event; the guard around a rule says when its events count at all.
+RULES: dict[type, Rule] = {
+    MachinesObserved: _observed,
+    TrainerCompleted: _completed,
+    CancelRequested: _while_open(_cancelled),
+    CheckpointSaved: _while_open(_trained),
+    TrainerProgressed: _while_open(_trained),
+    MachinePreempted: _on_live_attempt(_preempted),
+    TrainerStarted: _on_live_attempt(_started),
+    TrainerFailed: _on_live_attempt(_trainer_failed),
+    CreateFailed: _on_live_attempt(_create_failed),
+}
+
+
+# -- the live attempt's machine, as a listing shows it: a rule per state ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sighting:
+    """The live attempt's machine as one listing showed it, with what the rules about it read."""
+
+    job: Job
+    live: Attempt
+    state: MachineState | None  # None: the listing does not show the machine
+    event: MachinesObserved
+    now: float
+    policy: Policy
+
+    @property
+    def age(self) -> float:
+        """Seconds since the live attempt's machine was requested."""
+        return self.now - self.live.requested_at
+
+
+@dataclass(frozen=True)
+class _MachineRule:
+    """When the live machine is in `state` (None: not listed) and `holds`, `then` decides."""
+
+    state: MachineState | None
+    holds: Callable[[_Sighting], bool]
+    then: Callable[[_Sighting], Decision]
 
 
 def _queue_timeout(job: Job) -> float:
@@ -278,51 +373,128 @@ def _hung_for(job: Job, live: Attempt, now: float) -> float | None:
     return silent if silent > timeout else None
 
 
+def _always(seen: _Sighting) -> bool:
+    return True
+
+
+def _missing_for_good(seen: _Sighting) -> bool:
+    """Its zone was listed completely, no create of ours is in flight, and it is old enough to be listed."""
+    return seen.live.zone in seen.event.zones and not seen.job.pending and seen.age >= seen.policy.lost_grace_s
+
+
+def _trainer_ran(seen: _Sighting) -> bool:
+    return seen.live.started_at is not None
+
+
+def _queued_too_long(seen: _Sighting) -> bool:
+    return seen.age > _queue_timeout(seen.job)
+
+
+def _stuck_creating(seen: _Sighting) -> bool:
+    return seen.live.started_at is None and seen.age > seen.policy.stuck_creating_s
+
+
+def _silent_too_long(seen: _Sighting) -> bool:
+    return _hung_for(seen.job, seen.live, seen.now) is not None
+
+
+def _vanished(seen: _Sighting) -> Decision:
+    return _lost(seen.job, seen.now, EndReason.LOST)
+
+
+def _taken(seen: _Sighting) -> Decision:
+    return _lost(seen.job, seen.now, EndReason.PREEMPTED)
+
+
+def _failed_to_come_up(seen: _Sighting) -> Decision:
+    live = seen.live
+    api_says = dict(seen.event.details).get(live.machine)
+    reason = f"{live.machine} failed to come up in {live.zone}" + (f": {api_says}" if api_says else "")
+    return _no_capacity(seen.job, seen.now, EndReason.CAPACITY, reason, seen.policy, delete=True)
+
+
+def _queue_given_up(seen: _Sighting) -> Decision:
+    reason = f"{seen.live.machine} waited {seen.age:.0f}s in the queue of {seen.live.zone}"
+    return _no_capacity(seen.job, seen.now, EndReason.QUEUED, reason, seen.policy, delete=True)
+
+
+def _creating_given_up(seen: _Sighting) -> Decision:
+    reason = f"{seen.live.machine} was still creating after {seen.age:.0f}s in {seen.live.zone}"
+    return _no_capacity(seen.job, seen.now, EndReason.STUCK, reason, seen.policy, delete=True)
+
+
+def _hung(seen: _Sighting) -> Decision:
+    silent = _hung_for(seen.job, seen.live, seen.now)
+    assert silent is not None
+    reason = f"hung: no training progress for {silent:.0f}s on {seen.live.machine}"
+    return _crashed(seen.job, seen.now, EndReason.HUNG, reason)
+
+
+# The first rule whose state is the machine's and whose guard holds decides; when none does, nothing is due yet.
+LIVE_MACHINE_RULES: tuple[_MachineRule, ...] = (
+    _MachineRule(None, _missing_for_good, _vanished),
+    _MachineRule(MachineState.PREEMPTED, _always, _taken),
+    _MachineRule(MachineState.TERMINATED, _always, _taken),
+    _MachineRule(MachineState.FAILED, _trainer_ran, _taken),  # it ran, so the machine died under it
+    _MachineRule(MachineState.FAILED, _always, _failed_to_come_up),
+    _MachineRule(MachineState.QUEUED, _queued_too_long, _queue_given_up),
+    _MachineRule(MachineState.CREATING, _stuck_creating, _creating_given_up),
+    _MachineRule(MachineState.READY, _silent_too_long, _hung),
+)
+
+
+def _live_machine_rules(seen: _Sighting) -> Decision:
+    rule = next((r for r in LIVE_MACHINE_RULES if r.state == seen.state and r.holds(seen)), None)
+    return rule.then(seen) if rule is not None else (seen.job, [])
+
+
 # -- transitions -----------------------------------------------------------------------------------------------------
 
 
-def _lost(job: Job, now: float, why: str, policy: Policy) -> tuple[Job, list[Action]]:
-    """The live machine was preempted or vanished: delete it, replace it in the same zone."""
+def _lost(job: Job, now: float, end_reason: EndReason) -> Decision:
+    """The live machine was preempted or vanished: delete it, replace it in the same zone. Counts against
+    max_preemptions, never against max_failures: the cloud took it, the trainer did nothing wrong."""
     live, spec = _live(job), job.spec
     assert live is not None and spec is not None
-    job = _end(job, now, why, deleted=True)
+    job = _end(job, now, end_reason)
     job = replace(job, counters=replace(job.counters, preemptions=job.counters.preemptions + 1))
     delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
     limit = spec.max_preemptions
     if limit is not None and job.counters.preemptions > limit:
-        reason = f"{live.machine} {why}; {job.counters.preemptions} preemptions exceed max_preemptions={limit}"
+        reason = f"{live.machine} {end_reason}; {job.counters.preemptions} preemptions exceed max_preemptions={limit}"
         return replace(job, status=Status.FAILED, reason=reason), [delete]
     job, attempt = _with_new_attempt(job, _zone_index(job, live.zone), now)
     where = "" if attempt.tier == live.tier else f" in {_where(job, attempt)}"
-    return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {why}; replacing it{where}"), [
+    return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {end_reason}; replacing it{where}"), [
         delete,
         _create(job, attempt),
     ]
 
 
-def _crashed(job: Job, now: float, said: str, policy: Policy, why: str = "failed") -> tuple[Job, list[Action]]:
-    """The trainer failed or hung (not a preemption): counts against max_failures. `said` becomes the reason."""
+def _crashed(job: Job, now: float, end_reason: EndReason, reason: str) -> Decision:
+    """The trainer failed or hung (not a preemption): counts against max_failures. `reason` says what happened;
+    the job's reason adds whether it is retried."""
     live, spec = _live(job), job.spec
     assert live is not None and spec is not None
-    job = _end(job, now, why, deleted=True)
+    job = _end(job, now, end_reason)
     failures = job.counters.failures + 1
     job = replace(job, counters=replace(job.counters, failures=failures))
     delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
     if failures >= spec.max_failures:
-        return replace(job, status=Status.FAILED, reason=f"{said} (failure {failures} of {spec.max_failures})"), [
+        return replace(job, status=Status.FAILED, reason=f"{reason} (failure {failures} of {spec.max_failures})"), [
             delete
         ]
     job, attempt = _with_new_attempt(job, _zone_index(job, live.zone), now)
-    return replace(job, status=Status.RECOVERING, reason=f"{said}; retrying"), [delete, _create(job, attempt)]
+    return replace(job, status=Status.RECOVERING, reason=f"{reason}; retrying"), [delete, _create(job, attempt)]
 
 
-def _no_capacity(job: Job, now: float, why: str, reason: str, delete: bool, policy: Policy) -> tuple[Job, list[Action]]:
+def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, policy: Policy, *, delete: bool) -> Decision:
     """No machine in the live attempt's zone: try the next zone (or the next tier) now, or after a full walk of the
-    tier's zones wait in PENDING."""
+    tier's zones wait in PENDING. `delete`: a machine was made (it failed or waited too long) and must go."""
     live = _live(job)
     assert live is not None and job.spec is not None
     zones = _tier(job).zones
-    job = _end(job, now, why, deleted=True)
+    job = _end(job, now, end_reason)
     job = replace(job, counters=replace(job.counters, capacity_errors=job.counters.capacity_errors + 1))
     actions: list[Action] = [DeleteMachine(job.job_id, live.n, live.machine, live.zone)] if delete else []
     following = (_zone_index(job, live.zone) + 1) % len(zones)
@@ -340,12 +512,12 @@ def _no_capacity(job: Job, now: float, why: str, reason: str, delete: bool, poli
     return replace(job, reason=f"{reason}; trying {_where(job, attempt)}"), [*actions, _create(job, attempt)]
 
 
-def _finish(job: Job, now: float, status: Status, why: str, reason: str) -> tuple[Job, list[Action]]:
+def _finish(job: Job, now: float, status: Status, end_reason: EndReason, reason: str) -> Decision:
     """End the job: end the live attempt and delete its machine."""
     live = _live(job)
     actions: list[Action] = []
     if live is not None:
-        job = _end(job, now, why, deleted=True)
+        job = _end(job, now, end_reason)
         actions.append(DeleteMachine(job.job_id, live.n, live.machine, live.zone))
     return replace(job, status=status, reason=reason, next_attempt_at=None), actions
 
@@ -359,10 +531,12 @@ def _live(job: Job) -> Attempt | None:
     return current if current is not None and not current.ended and not job.status.terminal else None
 
 
-def _end(job: Job, now: float, why: str, *, deleted: bool) -> Job:
+def _end(job: Job, now: float, end_reason: EndReason) -> Job:
+    """The current attempt ended; its machine is deleted with it (the delete is among the decision's actions, or
+    there never was a machine)."""
     current = job.current
     assert current is not None
-    return job.with_attempt(replace(current, ended_at=now, end_reason=why, machine_deleted=deleted))
+    return job.with_attempt(replace(current, ended_at=now, end_reason=end_reason, machine_deleted=True))
 
 
 def _mark_deleted(job: Job, n: int) -> Job:
@@ -424,7 +598,7 @@ def _next_tier(job: Job, now: float) -> int | None:
 def _moves_on(job: Job, tier: Tier, index: int, now: float) -> bool:
     mine = [a for a in job.attempts if a.tier == index]
     if tier.after_preemptions is not None:
-        preempted = sum(a.end_reason in ("preempted", "lost") for a in mine)
+        preempted = sum(a.end_reason in COUNTED_AS_PREEMPTION for a in mine)
         if preempted >= tier.after_preemptions:
             return True
     if tier.after_stockout_s is not None and index == job.tier_index:

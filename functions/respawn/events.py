@@ -8,6 +8,7 @@ attempt N arriving after attempt N+1 started is recognisably stale.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,37 +16,51 @@ from respawn.model import JobSpec, MachineState
 
 
 @dataclass(frozen=True)
-class JobSubmitted:
+class Stamped:
+    """What every event carries: the id that de-duplicates its deliveries, and when it happened."""
+
     event_id: str
     time: float
+
+
+@dataclass(frozen=True)
+class AboutJob(Stamped):
+    """An event about one job; a job's events are handled one at a time, on its record."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class AboutAttempt(AboutJob):
+    """An event about one attempt of the job: one naming an attempt older than the current one is stale."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class JobSubmitted(Stamped):
+    """A valid job message: run this job (its id is the spec's)."""
+
     spec: JobSpec
 
 
 @dataclass(frozen=True)
-class JobRejected:
+class JobRejected(Stamped):
     """A job message that failed validation. job_id is set when it was usable."""
 
-    event_id: str
-    time: float
     job_id: str | None
     error: str
 
 
 @dataclass(frozen=True)
-class CancelRequested:
-    event_id: str
-    time: float
-    job_id: str
+class CancelRequested(AboutJob):
+    """The user asked to stop the job: its machine is deleted and it ends CANCELLED."""
 
 
 @dataclass(frozen=True)
-class MachinePreempted:
+class MachinePreempted(AboutAttempt):
     """A GCE system event naming one of respawn's machines (preempted, host error, host maintenance)."""
 
-    event_id: str
-    time: float
-    job_id: str
-    attempt: int
     machine: str
     zone: str
     project: str
@@ -53,11 +68,9 @@ class MachinePreempted:
 
 
 @dataclass(frozen=True)
-class ZoneWokeUp:
+class ZoneWokeUp(Stamped):
     """A system event on a TPU worker VM (t1v-n-*) in `zone`: re-read the job machines there."""
 
-    event_id: str
-    time: float
     zone: str
     project: str
     instance: str
@@ -65,70 +78,57 @@ class ZoneWokeUp:
 
 
 @dataclass(frozen=True)
-class TrainerStarted:
-    event_id: str
-    time: float
-    job_id: str
-    attempt: int
+class TrainerStarted(AboutAttempt):
     restored_step: int | None = None
     startup_s: float | None = None
 
 
 @dataclass(frozen=True)
-class CheckpointSaved:
+class CheckpointSaved(AboutAttempt):
     """A save completed: the trainer's `checkpoint` entry, or its `stopped` entry (saved on the notice), which
     carries the trainer's goodput split of the attempt (accounting.py)."""
 
-    event_id: str
-    time: float
-    job_id: str
-    attempt: int
     step: int
     goodput: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
-class TrainerProgressed:
+class TrainerProgressed(AboutAttempt):
     """Process 0 of the trainer is still training (a `progress` entry, at most about once a minute)."""
 
-    event_id: str
-    time: float
-    job_id: str
-    attempt: int
     step: int
 
 
-EXIT_CODE = "exit-code"  # the `source` of an entry a startup script sends for a trainer that exited without one
+class ResultSource(enum.StrEnum):
+    """Who sent a `completed` entry: the trainer itself, or its startup script, which knows only the exit code."""
+
+    TRAINER = "trainer"
+    EXIT_CODE = "exit-code"
+
+
+EXIT_CODE = ResultSource.EXIT_CODE  # the name the startup script's entries are known by elsewhere
 
 
 @dataclass(frozen=True)
-class TrainerCompleted:
+class TrainerCompleted(AboutAttempt):
     """The trainer's `completed` entry, or (source `exit-code`) its startup script's for a trainer that exited 0
     without the notice: a program that knows nothing of respawn completes too. Only the trainer's own entry carries
     a result (final_loss, params_sha256, goodput)."""
 
-    event_id: str
-    time: float
-    job_id: str
-    attempt: int
     step: int | None = None
     result: dict[str, Any] = field(default_factory=dict)  # final_loss, params_sha256, ...
     goodput: dict[str, float] | None = None
-    source: str = "trainer"  # trainer | exit-code
+    source: ResultSource = ResultSource.TRAINER
 
 
 @dataclass(frozen=True)
-class TrainerFailed:
+class TrainerFailed(AboutAttempt):
     """A trainer process exited non-zero without the preemption notice (its own entry or its startup script's).
 
     `machine_state` is what the API said about the attempt's machine when the service handled the entry (None:
     not read): a machine the API shows dead was lost (a host error on one worker of a slice kills its peers'
     trainers too), which is not the trainer's failure."""
 
-    event_id: str
-    time: float
-    job_id: str
-    attempt: int
     error: str = ""
     worker: int | None = None
     machine_state: MachineState | None = None
@@ -136,35 +136,35 @@ class TrainerFailed:
 
 
 @dataclass(frozen=True)
-class SweepTicked:
-    event_id: str
-    time: float
+class SweepTicked(Stamped):
+    """The scheduler's periodic tick: every job that is live or may still hold a machine is checked against what
+    the API lists."""
+
+
+class CreateFailure(enum.StrEnum):
+    """How a create call failed: the zone had no machine (try the next one), or it never will work (fail)."""
+
+    CAPACITY = "capacity"
+    PERMANENT = "permanent"
 
 
 # Fed back by the service after acting; never parsed from outside.
 @dataclass(frozen=True)
-class CreateFailed:
-    """A create call for attempt N failed. kind: capacity | permanent."""
+class CreateFailed(AboutAttempt):
+    """A create call for attempt N failed."""
 
-    event_id: str
-    time: float
-    job_id: str
-    attempt: int
-    kind: str
+    kind: CreateFailure
     error: str
 
 
 @dataclass(frozen=True)
-class MachinesObserved:
+class MachinesObserved(AboutJob):
     """What the API said about the job's machines: name -> state; a missing name is not there.
 
     `zones` are the zones that were listed completely: only there does a missing
     live machine count as lost.
     """
 
-    event_id: str
-    time: float
-    job_id: str
     machines: tuple[tuple[str, str, MachineState], ...]  # (name, zone, state)
     zones: tuple[str, ...] = ()
     details: tuple[tuple[str, str], ...] = ()  # (name, what the API says went wrong) for FAILED machines

@@ -235,6 +235,31 @@ def parse_machine_name(name: str) -> tuple[str, int] | None:
     return job_id, int(n)
 
 
+class EndReason(enum.StrEnum):
+    """Why an attempt ended. The values are what job records hold, so records written before stay readable."""
+
+    PREEMPTED = "preempted"  # the cloud took the machine: a system event, or the API shows it dead
+    LOST = "lost"  # the machine vanished from a complete listing of its zone
+    TERMINATED = "terminated"  # never written by decide(); named so that any record holding it still reads
+    FAILED = "failed"  # the trainer exited non-zero without the preemption notice
+    HUNG = "hung"  # the trainer made no progress for the job's hang_timeout
+    CAPACITY = "capacity"  # the zone had no machine: the create failed for capacity, or the machine FAILED to come up
+    QUEUED = "queued"  # the request waited in the zone's queue longer than its queue_timeout
+    STUCK = "stuck"  # the machine was still CREATING after Policy.stuck_creating_s
+    COMPLETED = "completed"  # the trainer completed: the job SUCCEEDED
+    CANCELLED = "cancelled"  # the user cancelled the job
+    EXPIRED = "expired"  # the job's TTL ran out
+    ERROR = "error"  # the create call failed for good (a permanent API error): the job FAILED
+
+
+# The zone had no machine for us: these drive the walk to the next zone and count as capacity errors.
+NO_CAPACITY = frozenset({EndReason.CAPACITY, EndReason.QUEUED, EndReason.STUCK})
+# The machine was taken from us: these count against max_preemptions and a tier's after_preemptions.
+COUNTED_AS_PREEMPTION = frozenset({EndReason.PREEMPTED, EndReason.LOST})
+# The trainer itself went wrong: these count against max_failures.
+COUNTED_AS_FAILURE = frozenset({EndReason.FAILED, EndReason.HUNG})
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One create try: one machine, in one zone."""
@@ -245,8 +270,7 @@ class Attempt:
     requested_at: float
     started_at: float | None = None  # trainer `started`
     ended_at: float | None = None
-    # preempted | terminated | lost | failed | hung | capacity | stuck | completed | cancelled | expired | error
-    end_reason: str | None = None
+    end_reason: EndReason | None = None
     tier: int = 0  # index into spec.all_tiers: how this attempt's machine was requested
     restored_step: int | None = None
     startup_s: float | None = None  # the trainer's own start (imports, compile, restore), from its `started` entry
@@ -255,6 +279,10 @@ class Attempt:
     machine_deleted: bool = False
     checkpoint_at: float | None = None  # time of the newest `checkpoint` / `stopped` entry: a save completed
     goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
+
+    def __post_init__(self) -> None:
+        if self.end_reason is not None and not isinstance(self.end_reason, EndReason):  # as read back from JSON
+            object.__setattr__(self, "end_reason", EndReason(self.end_reason))
 
     @property
     def ended(self) -> bool:

@@ -23,7 +23,6 @@ from typing import Any
 
 from respawn.accounting import parse_split
 from respawn.events import (
-    EXIT_CODE,
     CancelRequested,
     CheckpointSaved,
     Event,
@@ -31,6 +30,7 @@ from respawn.events import (
     JobRejected,
     JobSubmitted,
     MachinePreempted,
+    ResultSource,
     SweepTicked,
     TrainerCompleted,
     TrainerFailed,
@@ -215,26 +215,27 @@ def _canonical(entry: dict[str, Any]) -> bytes:
     return json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
-def _obj(parent: dict[str, Any], key: str) -> dict[str, Any]:
+def _object_at(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """parent[key] when it is a JSON object, else an empty one: a missing or odd field reads as empty."""
     value = parent.get(key)
     return value if isinstance(value, dict) else {}
 
 
 def _system_event(entry: dict[str, Any], event_id: str, when: float) -> Event:
-    resource = _obj(entry, "resource")
+    resource = _object_at(entry, "resource")
     if resource.get("type") != "gce_instance":
         return Ignored(f"system event on resource type {show(resource.get('type'))}, not gce_instance")
-    payload = _obj(entry, "protoPayload")
+    payload = _object_at(entry, "protoPayload")
     method = payload.get("methodName")
     cause = HOST_EVENTS.get(method) if isinstance(method, str) else None
     if cause is None:
         return Ignored(f"method {show(method)} is not a preemption or host event")
-    m = RESOURCE_NAME_RE.fullmatch(str(payload.get("resourceName", "")))
-    if not m:
+    instance_name = RESOURCE_NAME_RE.fullmatch(str(payload.get("resourceName", "")))
+    if not instance_name:
         return Ignored(f"resourceName {show(payload.get('resourceName'))} does not name an instance")
-    project_id = _obj(resource, "labels").get("project_id")
-    project = project_id if isinstance(project_id, str) and project_id else m.group(1)
-    zone, instance = m.group(2), m.group(3)
+    project_id = _object_at(resource, "labels").get("project_id")
+    project = project_id if isinstance(project_id, str) and project_id else instance_name.group(1)
+    zone, instance = instance_name.group(2), instance_name.group(3)
     if not ZONE_RE.fullmatch(zone):
         return Ignored(f"zone {show(zone)} is not a zone")
     if TPU_WORKER_RE.fullmatch(instance):
@@ -247,25 +248,25 @@ def _system_event(entry: dict[str, Any], event_id: str, when: float) -> Event:
 
 
 def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
-    p = entry.get("jsonPayload")
-    if not isinstance(p, dict):
+    payload = entry.get("jsonPayload")
+    if not isinstance(payload, dict):
         return Ignored("respawn-trainer entry has no jsonPayload")
-    kind = p.get("event")
+    kind = payload.get("event")
     if kind not in TRAINER_EVENTS:
         return Ignored(f"trainer event {show(kind)} is not one of {', '.join(TRAINER_EVENTS)}")
-    job_id = p.get("job_id")
+    job_id = payload.get("job_id")
     if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
         return Ignored(f"trainer entry job_id {show(job_id)} is not a job id")
-    attempt = _whole(p.get("attempt"))
+    attempt = _as_int(payload.get("attempt"))
     if attempt is None or attempt < 1:
-        return Ignored(f"trainer entry attempt {show(p.get('attempt'))} is not a positive integer")
-    step = _whole(p.get("step"))
-    if p.get("step") is not None and (step is None or step < 0):
-        return Ignored(f"trainer entry step {show(p.get('step'))} is not a non-negative integer")
-    split = parse_split(p.get("goodput"))
+        return Ignored(f"trainer entry attempt {show(payload.get('attempt'))} is not a positive integer")
+    step = _as_int(payload.get("step"))
+    if payload.get("step") is not None and (step is None or step < 0):
+        return Ignored(f"trainer entry step {show(payload.get('step'))} is not a non-negative integer")
+    split = parse_split(payload.get("goodput"))
     if kind == "started":
-        restored = _whole(p.get("restored_step"))
-        startup = p.get("startup_s")
+        restored = _as_int(payload.get("restored_step"))
+        startup = payload.get("startup_s")
         startup_s = float(startup) if isinstance(startup, (int, float)) and not isinstance(startup, bool) else None
         return TrainerStarted(event_id, when, job_id, attempt, restored, startup_s)
     if kind in ("checkpoint", "stopped"):
@@ -277,19 +278,20 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
             return Ignored("trainer progress entry has no step")
         return TrainerProgressed(event_id, when, job_id, attempt, step)
     if kind == "completed":
-        if p.get("source") == EXIT_CODE:  # the startup script's: it knows only the exit code
-            return TrainerCompleted(event_id, when, job_id, attempt, step, source=EXIT_CODE)
-        result = {k: p[k] for k in ("final_loss", "params_sha256", "goodput") if k in p}
+        if payload.get("source") == ResultSource.EXIT_CODE:  # the startup script's: it knows only the exit code
+            return TrainerCompleted(event_id, when, job_id, attempt, step, source=ResultSource.EXIT_CODE)
+        result = {k: payload[k] for k in ("final_loss", "params_sha256", "goodput") if k in payload}
         return TrainerCompleted(event_id, when, job_id, attempt, step, result, split)
-    error = p.get("error")
-    worker = _whole(p.get("worker"))
+    error = payload.get("error")
+    worker = _as_int(payload.get("worker"))
     text = error if isinstance(error, str) else show(error, 500)
     worker = worker if worker is not None and worker >= 0 else None
     return TrainerFailed(event_id, when, job_id, attempt, text, worker, goodput=split)
 
 
-def _whole(value: Any) -> int | None:
-    """An integer, also from a JSON number like 5.0 (Cloud Logging stores jsonPayload numbers as doubles)."""
+def _as_int(value: Any) -> int | None:
+    """The value as an integer, also from a JSON number like 5.0 (Cloud Logging stores jsonPayload numbers as
+    doubles); None when it is not a whole number (a bool is not a number here)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):

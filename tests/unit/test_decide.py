@@ -16,6 +16,7 @@ from respawn.events import (
     CancelRequested,
     CheckpointSaved,
     CreateFailed,
+    CreateFailure,
     JobEvent,
     JobRejected,
     JobSubmitted,
@@ -26,7 +27,20 @@ from respawn.events import (
     TrainerProgressed,
     TrainerStarted,
 )
-from respawn.model import LEGAL_TRANSITIONS, TERMINAL, Job, JobSpec, MachineState, Status, Tier, TpuMachine
+from respawn.model import (
+    COUNTED_AS_FAILURE,
+    COUNTED_AS_PREEMPTION,
+    LEGAL_TRANSITIONS,
+    NO_CAPACITY,
+    TERMINAL,
+    EndReason,
+    Job,
+    JobSpec,
+    MachineState,
+    Status,
+    Tier,
+    TpuMachine,
+)
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
 T0 = 1_000_000.0
@@ -83,7 +97,7 @@ def preempted(n: int) -> MachinePreempted:
 
 
 def capacity(n: int) -> CreateFailed:
-    return CreateFailed(eid(), T0, "llm", n, "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED")
+    return CreateFailed(eid(), T0, "llm", n, CreateFailure.CAPACITY, "ZONE_RESOURCE_POOL_EXHAUSTED")
 
 
 def failed(n: int) -> TrainerFailed:
@@ -104,7 +118,9 @@ def build(status: Status) -> Job:
         Status.RECOVERING: lambda: run(running, preempted(1)),  # a1 ended, a2 requested in A
         Status.PENDING: lambda: run(provisioning, capacity(1), capacity(2), now=NOW - 5),  # backoff not due at NOW
         Status.SUCCEEDED: lambda: run(running, TrainerCompleted(eid(), T0, "llm", 1, 50)),
-        Status.FAILED: lambda: run(provisioning, CreateFailed(eid(), T0, "llm", 1, "permanent", "403 denied")),
+        Status.FAILED: lambda: run(
+            provisioning, CreateFailed(eid(), T0, "llm", 1, CreateFailure.PERMANENT, "403 denied")
+        ),
         Status.CANCELLED: lambda: run(running, CancelRequested(eid(), T0, "llm")),
         Status.EXPIRED: lambda: run(running, observed(), now=T0 + spec().ttl_s),
         Status.REJECTED: lambda: run(None, JobRejected(eid(), T0, "llm", "zones: must not be empty")),
@@ -135,7 +151,7 @@ KINDS: dict[str, Callable[[Job], tuple[JobEvent, float]]] = {
     "exit_0": lambda j: (TrainerCompleted(eid(), T0, "llm", current_n(j), source=EXIT_CODE), NOW),
     "failed": lambda j: (failed(current_n(j)), NOW),
     "capacity": lambda j: (capacity(current_n(j)), NOW),
-    "permanent": lambda j: (CreateFailed(eid(), T0, "llm", current_n(j), "permanent", "403"), NOW),
+    "permanent": lambda j: (CreateFailed(eid(), T0, "llm", current_n(j), CreateFailure.PERMANENT, "403"), NOW),
     "seen_ready": lambda j: (observed(current_machine(j, MachineState.READY)), NOW),
     "seen_preempted": lambda j: (observed(current_machine(j, MachineState.PREEMPTED)), NOW),
     "seen_terminated": lambda j: (observed(current_machine(j, MachineState.TERMINATED)), NOW),
@@ -559,6 +575,20 @@ def test_a_hang_is_a_failure_and_the_last_allowed_one_fails_the_job() -> None:
     assert new is not None and new.status is Status.FAILED
     assert new.reason == "hung: no training progress for 121s on llm-a1 (failure 1 of 1)"
     assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]
+
+
+def test_the_counters_count_the_end_reasons_of_their_group() -> None:
+    job = run(build(Status.RUNNING), preempted(1))  # a2 in A
+    job = run(job, started(2), failed(2))  # a3 in A
+    job = run(job, capacity(3))  # a4 in B
+    job = run(job, observed(), now=NOW)  # a4 not in a complete listing: lost; a5 in B
+    job = run(job, started(5), now=NOW)
+    job = run(job, observed(("llm-a5", B, MachineState.READY)), now=NOW + 1801)  # silent past the hang timeout
+    reasons = [a.end_reason for a in job.attempts if a.ended]
+    assert reasons == [EndReason.PREEMPTED, EndReason.FAILED, EndReason.CAPACITY, EndReason.LOST, EndReason.HUNG]
+    assert job.counters.preemptions == sum(r in COUNTED_AS_PREEMPTION for r in reasons) == 2
+    assert job.counters.failures == sum(r in COUNTED_AS_FAILURE for r in reasons) == 2
+    assert job.counters.capacity_errors == sum(r in NO_CAPACITY for r in reasons) == 1
 
 
 def test_only_a_running_attempt_can_hang() -> None:

@@ -30,35 +30,42 @@ from respawn.ports import Machine, PermanentError
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 _QR = tpu_v2.QueuedResourceState.State
-QUEUED_STATES: dict[int, MachineState] = {
-    _QR.CREATING: MachineState.QUEUED,
-    _QR.ACCEPTED: MachineState.QUEUED,
-    _QR.WAITING_FOR_RESOURCES: MachineState.QUEUED,
-    _QR.PROVISIONING: MachineState.CREATING,
-    _QR.ACTIVE: MachineState.READY,  # then the node's own state decides
-    _QR.SUSPENDING: MachineState.PREEMPTED,
-    _QR.SUSPENDED: MachineState.PREEMPTED,
-    _QR.FAILED: MachineState.FAILED,
-    _QR.DELETING: MachineState.DELETING,
-}
-_STATE = tpu_v2.Node.State
-STATES: dict[int, MachineState] = {
-    _STATE.CREATING: MachineState.CREATING,
-    _STATE.STARTING: MachineState.CREATING,
-    _STATE.RESTARTING: MachineState.CREATING,
-    _STATE.REIMAGING: MachineState.CREATING,
-    _STATE.READY: MachineState.READY,
-    _STATE.REPAIRING: MachineState.READY,  # still ours; Google is fixing it in place
-    _STATE.PREEMPTED: MachineState.PREEMPTED,
-    _STATE.TERMINATED: MachineState.TERMINATED,
-    _STATE.STOPPING: MachineState.TERMINATED,
-    _STATE.STOPPED: MachineState.TERMINATED,
-    _STATE.HIDING: MachineState.TERMINATED,
-    _STATE.HIDDEN: MachineState.TERMINATED,
-    _STATE.UNHIDING: MachineState.TERMINATED,
-    _STATE.DELETING: MachineState.DELETING,
-    _STATE.UNKNOWN: MachineState.TERMINATED,  # "unknown state after a failed repair": the trainer is gone
-}
+_NODE = tpu_v2.Node.State
+
+
+def _meaning(api_states: dict[MachineState, tuple[int, ...]]) -> dict[int, MachineState]:
+    """API state -> MachineState, from a table that lists under each MachineState the API states that mean it."""
+    return {api: ours for ours, apis in api_states.items() for api in apis}
+
+
+QUEUED_STATES = _meaning(
+    {
+        MachineState.QUEUED: (_QR.CREATING, _QR.ACCEPTED, _QR.WAITING_FOR_RESOURCES),
+        MachineState.CREATING: (_QR.PROVISIONING,),
+        MachineState.READY: (_QR.ACTIVE,),  # then the node's own state decides
+        MachineState.PREEMPTED: (_QR.SUSPENDING, _QR.SUSPENDED),
+        MachineState.FAILED: (_QR.FAILED,),
+        MachineState.DELETING: (_QR.DELETING,),
+    }
+)
+STATES = _meaning(
+    {
+        MachineState.CREATING: (_NODE.CREATING, _NODE.STARTING, _NODE.RESTARTING, _NODE.REIMAGING),
+        MachineState.READY: (_NODE.READY, _NODE.REPAIRING),  # REPAIRING: still ours; Google is fixing it in place
+        MachineState.PREEMPTED: (_NODE.PREEMPTED,),
+        # UNKNOWN is "unknown state after a failed repair": the trainer is gone
+        MachineState.TERMINATED: (
+            _NODE.TERMINATED,
+            _NODE.STOPPING,
+            _NODE.STOPPED,
+            _NODE.UNKNOWN,
+            _NODE.HIDING,
+            _NODE.HIDDEN,
+            _NODE.UNHIDING,
+        ),
+        MachineState.DELETING: (_NODE.DELETING,),
+    }
+)
 
 
 def scheduling_config(provisioning: str) -> tpu_v2.SchedulingConfig | None:

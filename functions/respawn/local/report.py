@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from respawn.accounting import later_split, parse_split, sum_splits
+from respawn.model import EndReason
 from respawn.prices import MachinePrice, cost, rate_per_h
 
 LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})
@@ -238,7 +239,7 @@ def build(
         "preemptions_injected": notices,
         "mtbi_realized_s": round(lived / notices, 3) if notices else None,
         "failures": (job.get("counters") or {}).get("failures", 0),
-        "hangs_detected": sum(1 for a in job.get("attempts") or () if a.get("end_reason") == "hung"),
+        "hangs_detected": sum(1 for a in job.get("attempts") or () if a.get("end_reason") == EndReason.HUNG),
         "chaos": [{**row, "at_s": round(row["at_s"], 3)} for row in chaos_rows(events, t0)],
         "capacity_errors": (job.get("counters") or {}).get("capacity_errors", 0),
         "zones": [
