@@ -49,12 +49,13 @@ def job_store(settings: Settings, *, in_functions: bool = False) -> GcsJobStore:
 def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
     """A provider per machine kind, at the local cloud's endpoints when they are set."""
     from respawn.adapters.compute import GcpComputeProvider
+    from respawn.adapters.settings import ProviderSettings
     from respawn.adapters.tpu import GcpTpuProvider
 
-    account = settings.machine_service_account
+    machines = ProviderSettings(service_account=settings.machine_service_account)
     return {
-        "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, service_account=account),
-        "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, service_account=account),
+        "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, settings=machines),
+        "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, settings=machines),
     }
 
 

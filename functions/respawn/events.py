@@ -24,20 +24,6 @@ class Stamped:
 
 
 @dataclass(frozen=True)
-class AboutJob(Stamped):
-    """An event about one job; a job's events are handled one at a time, on its record."""
-
-    job_id: str
-
-
-@dataclass(frozen=True)
-class AboutAttempt(AboutJob):
-    """An event about one attempt of the job: one naming an attempt older than the current one is stale."""
-
-    attempt: int
-
-
-@dataclass(frozen=True)
 class JobSubmitted(Stamped):
     """A valid job message: run this job (its id is the spec's)."""
 
@@ -53,8 +39,22 @@ class JobRejected(Stamped):
 
 
 @dataclass(frozen=True)
+class AboutJob(Stamped):
+    """An event about one job; a job's events are handled one at a time, on its record."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
 class CancelRequested(AboutJob):
     """The user asked to stop the job: its machine is deleted and it ends CANCELLED."""
+
+
+@dataclass(frozen=True)
+class AboutAttempt(AboutJob):
+    """An event about one attempt of the job: one naming an attempt older than the current one is stale."""
+
+    attempt: int
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 
 from respawn.actions import CreateMachine
 from respawn.adapters.compute import DLVM_IMAGE, GcpComputeProvider
+from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.local.cloudapi import CloudApiServer
 from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
@@ -53,7 +54,9 @@ def server() -> Iterator[CloudApiServer]:
 @pytest.fixture
 def tpu(server: CloudApiServer) -> GcpTpuProvider:
     return GcpTpuProvider(
-        PROJECT, endpoint=server.url, service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0
+        PROJECT,
+        endpoint=server.url,
+        settings=ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0),
     )
 
 
@@ -62,10 +65,8 @@ def gce(server: CloudApiServer) -> GcpComputeProvider:
     return GcpComputeProvider(
         PROJECT,
         endpoint=server.url,
-        service_account="m@proj.iam.gserviceaccount.com",
-        create_wait_s=10,
-        read_retry_s=0,
         clock=lambda: 1000.0,
+        settings=ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0),
     )
 
 
@@ -167,7 +168,7 @@ def test_tpu_preempted_node(server: CloudApiServer, tpu: GcpTpuProvider) -> None
 
 def test_tpu_create_returns_while_still_creating(server: CloudApiServer) -> None:
     server.create_delay_s = 30
-    provider = GcpTpuProvider(PROJECT, endpoint=server.url, create_wait_s=0.3)
+    provider = GcpTpuProvider(PROJECT, endpoint=server.url, settings=ProviderSettings(create_wait_s=0.3))
     spec = tpu_spec()
     provider.create(create(spec), spec)
     m = provider.get("llm-1-a1", ZONE)
@@ -261,14 +262,16 @@ def test_tpu_read_and_delete_errors(server: CloudApiServer, tpu: GcpTpuProvider)
 
 
 def test_tpu_read_retry(server: CloudApiServer) -> None:
-    provider = GcpTpuProvider(PROJECT, endpoint=server.url, read_retry_s=5)
+    provider = GcpTpuProvider(PROJECT, endpoint=server.url, settings=ProviderSettings(read_retry_s=5))
     server.fail_next("get", code=503, status="UNAVAILABLE", message="unavailable")
     assert provider.get("x-a1", ZONE, tpu_spec()) is None
     assert [c.verb for c in server.calls] == ["get", "get"]
 
 
 def test_unreachable_endpoint_is_transient() -> None:
-    provider = GcpTpuProvider(PROJECT, endpoint="http://127.0.0.1:9", read_retry_s=0, request_timeout_s=2)
+    provider = GcpTpuProvider(
+        PROJECT, endpoint="http://127.0.0.1:9", settings=ProviderSettings(read_retry_s=0, request_timeout_s=2)
+    )
     with pytest.raises(TransientError):
         provider.get("x-a1", ZONE)
 
@@ -414,7 +417,7 @@ def test_gce_stockout_is_a_capacity_error(server: CloudApiServer, gce: GcpComput
 
 def test_gce_create_returns_while_still_creating(server: CloudApiServer) -> None:
     server.create_delay_s = 30
-    provider = GcpComputeProvider(PROJECT, endpoint=server.url, create_wait_s=0.3)
+    provider = GcpComputeProvider(PROJECT, endpoint=server.url, settings=ProviderSettings(create_wait_s=0.3))
     spec = gpu_spec()
     t0 = time.monotonic()
     provider.create(create(spec), spec)
@@ -526,8 +529,8 @@ def test_server_callbacks_and_call_log() -> None:
     with CloudApiServer(
         create_delay_s=0.01, on_ready=lambda m: ready.append(m.name), on_deleted=lambda m: deleted.append(m.name)
     ) as server:
-        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, create_wait_s=10)
-        gce = GcpComputeProvider(PROJECT, endpoint=server.url, create_wait_s=10)
+        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=ProviderSettings(create_wait_s=10))
+        gce = GcpComputeProvider(PROJECT, endpoint=server.url, settings=ProviderSettings(create_wait_s=10))
         tpu.create(create(tpu_spec()), tpu_spec())
         gce.create(create(gpu_spec()), gpu_spec())
         tpu.delete("llm-1-a1", ZONE, tpu_spec())
@@ -589,7 +592,7 @@ def test_queued_resource_create_active_list_and_force_delete(server: CloudApiSer
 
 def test_a_queued_resource_waits_for_resources_then_becomes_active() -> None:
     with CloudApiServer(create_delay_s=0.05, queue_waits={ZONE: 0.5}) as server:
-        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, create_wait_s=10, read_retry_s=0)
+        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=ProviderSettings(create_wait_s=10, read_retry_s=0))
         spec = queued_spec()
         tpu.create(create(spec), spec)
         m = tpu.get("llm-1-a1", ZONE, spec)
@@ -600,7 +603,7 @@ def test_a_queued_resource_waits_for_resources_then_becomes_active() -> None:
 
 def test_a_queued_resource_waits_forever_in_a_stocked_out_zone_until_deleted() -> None:
     with CloudApiServer(create_delay_s=0.05, queue_waits={ZONE: None}) as server:
-        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, create_wait_s=10, read_retry_s=0)
+        tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=ProviderSettings(create_wait_s=10, read_retry_s=0))
         spec = queued_spec()
         tpu.create(create(spec), spec)  # capacity is not an error for a queued request
         time.sleep(0.2)

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import requests
 from google.api_core import exceptions as gexc
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from respawn.actions import CreateMachine
 from respawn.adapters.errors import classify, is_already_exists, read_retry
+from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
 from respawn.model import LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec, MachineState
 from respawn.ports import Machine, PermanentError
@@ -31,6 +30,7 @@ from respawn.ports import Machine, PermanentError
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 # Deep Learning VM image family with CUDA 12.8, the NVIDIA 570 driver and Docker.
 DLVM_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
+DEFAULT_NETWORK = "global/networks/default"
 MIN_RUN_S = 30  # Compute Engine's smallest maxRunDuration
 STATES: dict[str, MachineState] = {
     "PROVISIONING": MachineState.CREATING,
@@ -69,30 +69,19 @@ class GcpComputeProvider:
     def __init__(
         self,
         project: str,
-        client: compute_v1.InstancesClient | None = None,
-        endpoint: str | None = None,
-        service_account: str | None = None,
         *,
-        operations: compute_v1.ZoneOperationsClient | None = None,
-        create_wait_s: float = 120.0,
+        endpoint: str | None = None,
+        settings: ProviderSettings = DEFAULTS,
         image: str = DLVM_IMAGE,
-        network: str = "global/networks/default",
-        external_ips: bool = True,
-        request_timeout_s: float = 30.0,
-        read_retry_s: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.project = project
-        kwargs = _client_kwargs(endpoint)
-        self.client = client or compute_v1.InstancesClient(**kwargs)
-        self.operations = operations or compute_v1.ZoneOperationsClient(**kwargs)
-        self.service_account = service_account
-        self.create_wait_s = create_wait_s
+        self.client = compute_v1.InstancesClient(**client_options(endpoint))
+        self.operations = compute_v1.ZoneOperationsClient(**client_options(endpoint))
+        self.settings = settings
         self.image = image
-        self.network = network
-        self.external_ips = external_ips
-        self.timeout = request_timeout_s
-        self.retry = read_retry(read_retry_s)
+        self.timeout = settings.request_timeout_s
+        self.retry = read_retry(settings.read_retry_s)
         self.clock = clock
 
     def instance(self, action: CreateMachine, spec: JobSpec) -> compute_v1.Instance:
@@ -102,8 +91,8 @@ class GcpComputeProvider:
         zone, tier = action.zone, spec.all_tiers[action.tier]
         left = (action.deadline - self.clock()) if action.deadline is not None else spec.ttl_s
         metadata = {**machine_metadata(spec, action.attempt), "install-nvidia-driver": "True"}
-        nic = compute_v1.NetworkInterface(network=self.network)
-        if self.external_ips:
+        nic = compute_v1.NetworkInterface(network=self.settings.network or DEFAULT_NETWORK)
+        if self.settings.external_ips:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         disk = compute_v1.AttachedDisk(
             boot=True,
@@ -133,8 +122,9 @@ class GcpComputeProvider:
                 key="compute.googleapis.com/reservation-name",
                 values=[tier.reservation],
             )
-        if self.service_account:
-            instance.service_accounts = [compute_v1.ServiceAccount(email=self.service_account, scopes=[CLOUD_PLATFORM])]
+        if self.settings.service_account:
+            account = compute_v1.ServiceAccount(email=self.settings.service_account, scopes=[CLOUD_PLATFORM])
+            instance.service_accounts = [account]
         return instance
 
     def create(self, action: CreateMachine, spec: JobSpec) -> None:
@@ -150,7 +140,7 @@ class GcpComputeProvider:
             if is_already_exists(e):
                 return
             raise classify(e, what) from e
-        deadline = time.monotonic() + self.create_wait_s
+        deadline = time.monotonic() + self.settings.create_wait_s
         while op.status != _DONE:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -197,16 +187,6 @@ class GcpComputeProvider:
             for vm in vms
             if vm.labels.get(LABEL_MANAGED) == "true" and (job_id is None or vm.labels.get(LABEL_JOB) == job_id)
         ]
-
-
-def _client_kwargs(endpoint: str | None) -> dict[str, Any]:
-    if endpoint:
-        return {
-            "transport": "rest",
-            "credentials": AnonymousCredentials(),  # type: ignore[no-untyped-call]
-            "client_options": {"api_endpoint": endpoint},
-        }
-    return {"transport": "rest"}
 
 
 def _operation_error(op: compute_v1.Operation) -> gexc.GoogleAPICallError:

@@ -19,11 +19,11 @@ import datetime
 import time
 
 from google.api_core import exceptions as gexc
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
 
 from respawn.actions import CreateMachine
 from respawn.adapters.errors import classify, is_already_exists, read_retry
+from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
 from respawn.model import LABEL_JOB, LABEL_MANAGED, JobSpec, MachineState, TpuMachine
 from respawn.ports import Machine, PermanentError
@@ -79,27 +79,12 @@ def scheduling_config(provisioning: str) -> tpu_v2.SchedulingConfig | None:
 class GcpTpuProvider:
     """MachineProvider for TPU nodes named JOB_ID-aN in projects/PROJECT/locations/ZONE."""
 
-    def __init__(
-        self,
-        project: str,
-        client: tpu_v2.TpuClient | None = None,
-        endpoint: str | None = None,
-        service_account: str | None = None,
-        *,
-        create_wait_s: float = 120.0,
-        external_ips: bool = True,
-        network: str | None = None,
-        request_timeout_s: float = 30.0,
-        read_retry_s: float = 10.0,
-    ) -> None:
+    def __init__(self, project: str, *, endpoint: str | None = None, settings: ProviderSettings = DEFAULTS) -> None:
         self.project = project
-        self.client = client or tpu_client(endpoint)
-        self.service_account = service_account
-        self.create_wait_s = create_wait_s
-        self.external_ips = external_ips
-        self.network = network
-        self.timeout = request_timeout_s
-        self.retry = read_retry(read_retry_s)
+        self.client = tpu_v2.TpuClient(**client_options(endpoint))
+        self.settings = settings
+        self.timeout = settings.request_timeout_s
+        self.retry = read_retry(settings.read_retry_s)
 
     def node(self, action: CreateMachine, spec: JobSpec, queued: bool = False) -> tpu_v2.Node:
         """The node to create; inside a queued resource the queued resource carries the provisioning model."""
@@ -112,10 +97,12 @@ class GcpTpuProvider:
             scheduling_config=None if queued else scheduling_config(spec.all_tiers[action.tier].provisioning),
             labels=machine_labels(spec, action.attempt),
             metadata=machine_metadata(spec, action.attempt),
-            network_config=tpu_v2.NetworkConfig(enable_external_ips=self.external_ips, network=self.network or ""),
+            network_config=tpu_v2.NetworkConfig(
+                enable_external_ips=self.settings.external_ips, network=self.settings.network or ""
+            ),
         )
-        if self.service_account:
-            node.service_account = tpu_v2.ServiceAccount(email=self.service_account, scope=[CLOUD_PLATFORM])
+        if self.settings.service_account:
+            node.service_account = tpu_v2.ServiceAccount(email=self.settings.service_account, scope=[CLOUD_PLATFORM])
         return node
 
     def queued_resource(self, action: CreateMachine, spec: JobSpec) -> tpu_v2.QueuedResource:
@@ -164,7 +151,7 @@ class GcpTpuProvider:
             if is_already_exists(e):
                 return
             raise classify(e, what) from e
-        deadline = time.monotonic() + self.create_wait_s
+        deadline = time.monotonic() + self.settings.create_wait_s
         delay = 0.25
         while True:
             try:
@@ -257,17 +244,6 @@ class GcpTpuProvider:
 
     def _name(self, name: str, zone: str, collection: str = "nodes") -> str:
         return f"projects/{self.project}/locations/{zone}/{collection}/{name}"
-
-
-def tpu_client(endpoint: str | None = None) -> tpu_v2.TpuClient:
-    """The REST client; with `endpoint` (the local cloud), anonymous credentials at that address."""
-    if endpoint:
-        return tpu_v2.TpuClient(
-            transport="rest",
-            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-            client_options={"api_endpoint": endpoint},
-        )
-    return tpu_v2.TpuClient(transport="rest")
 
 
 def _queued(spec: JobSpec | None) -> bool | None:
