@@ -1,40 +1,15 @@
-"""The machines of the local cloud: the trainer processes of READY machines, one per worker of a TPU slice.
+"""The machines of the local cloud: a READY machine's trainer processes, doing what a VM and Compute Engine do.
 
-A machine that becomes READY starts `python -m trainer` (or the command given
-with `respawn local run --entrypoint`) with the job's args, from its structured
-metadata (respawn-args, respawn-env, respawn-job-id, respawn-attempt,
-respawn-checkpoint-uri, respawn-progress-s; the image is not run) and the values
-of its respawn-secrets references (a reference without one is the attempt's
-`failed` entry, as the startup script writes it; no trainer starts), each process
-in its own process group. A TPU node whose accelerator type has several hosts
-(v5litepod-16: 4 hosts x 4 chips) is that many processes on loopback, each
-with the environment a TPU VM worker has (slices.py); every other machine is a
-slice of one process. A stdout
-line that is a JSON object naming a lifecycle event of the machine's job and
-attempt is a lifecycle entry (only process 0 of a slice writes them); it is
-wrapped into the LogEntry google-cloud-logging would write and handed to the log
-router. Every other line, on stdout or stderr, is a plain log line for the
-worker's log file (`NODE.log`, or `NODE-w-I.log` per worker of a slice, where the
-entry its startup script writes for it on exit lands too);
-worker 0's are read for live progress (step, loss).
+A READY machine runs what its startup script would (`python -m trainer`, or `--entrypoint`) from its metadata
+and secrets, as its slice's processes (slices.py), each in its own process group. Lifecycle lines on stdout
+become the LogEntries google-cloud-logging writes, for the log router; every other line goes to the worker's log
+file (`NODE.log`, `NODE-w-I.log`), worker 0's read for live progress.
 
-Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM to
-every worker (the ACPI soft-off), SIGKILL after the grace period to those still
-alive, then the machine is PREEMPTED and one `compute.instances.preempted`
-system event is emitted per worker VM (`t1v-n-<hash>-w-<i>` for a TPU node, the
-instance itself for a GPU VM).
-
-A trainer that exits on its own (completed, or crashed after its `failed`
-entry) leaves its machine READY, as the startup script does on a real VM: the
-control plane decides what happens to it. A worker that exits without logging
-its own end gets the entry its startup script writes for it from the exit
-code (`startup_script_event`, marked `"source": "exit-code"`): exit 0 is `completed`
-without the notice and `stopped` after it (worker 0 speaks for a slice), and
-anything else without the notice `failed` (OOM, segfault, a peer's broken
-collective), naming the worker and the exit code. A worker whose VM suffers a
-host error says nothing: the node is TERMINATED first, the
-`compute.instances.hostError` event is routed, then the process is killed.
-Deleting a machine kills every worker, stopped (hung) ones included.
+Preempting sends SIGTERM to every worker, SIGKILL after the grace period, then marks the machine PREEMPTED and
+emits one `compute.instances.preempted` per worker VM. A trainer that exits on its own leaves its machine READY,
+as on a real VM: the control plane decides. A worker that exits without logging its end gets the
+entry its startup script writes from the exit code (`startup_script_event`); one whose VM has a host error says
+nothing (the node is TERMINATED and `compute.instances.hostError` routed first). Deleting kills every worker.
 """
 
 from __future__ import annotations
