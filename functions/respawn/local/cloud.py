@@ -108,6 +108,9 @@ class Started:
 
 
 class LocalCloud:
+    """The deployed system on loopback (see the module docstring): `start` brings it up, `submit` and `start_chaos`
+    drive it, leaving the `with` block stops every piece it started."""
+
     def __init__(
         self, options: Options, say: Callable[[str], None], on_delivery: Callable[[Delivery], None] | None = None
     ) -> None:
