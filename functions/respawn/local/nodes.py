@@ -288,19 +288,19 @@ class Nodes:
             if node is None or not node.machine_slice.has_worker(worker) or node.deleted:
                 self.timeline.add("chaos_skipped", machine=name, action=action, worker=worker)
                 return
-            w = node.workers[worker]
+            target = node.workers[worker]
             if action == "host-error":
                 self._ready.pop(name, None)  # its node is TERMINATED: not a target any more
-                w.host_error = True
+                target.host_error = True
         if action == "kill-worker":
-            self.timeline.add("kill_worker", machine=name, worker=worker, pid=w.proc.pid)
-            self._signal(w, signal.SIGKILL)
+            self.timeline.add("kill_worker", machine=name, worker=worker, pid=target.proc.pid)
+            self._signal(target, signal.SIGKILL)
         elif action == "hang-worker":
-            w.stopped = True
-            self.timeline.add("hang_worker", machine=name, worker=worker, pid=w.proc.pid)
-            self._signal(w, signal.SIGSTOP)
+            target.stopped = True
+            self.timeline.add("hang_worker", machine=name, worker=worker, pid=target.proc.pid)
+            self._signal(target, signal.SIGSTOP)
         elif action == "host-error":
-            self._spawn(self._host_error, node, w)
+            self._spawn(self._host_error, node, target)
         else:
             raise ValueError(f"{action!r} is not a worker action; allowed: kill-worker, hang-worker, host-error")
 
