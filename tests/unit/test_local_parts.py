@@ -328,4 +328,5 @@ def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Pa
         "HOME": "/h",
         "RESPAWN_COMPILE_CACHE": str((tmp_path / "compile-cache").resolve()),
         "FSSPEC_GCS_TOKEN": "anon",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
     }

@@ -23,9 +23,11 @@ from respawn.local.emulators import free_port, start_group
 HEARTBEAT_TIMEOUT_S = 3600
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
-# What every local trainer gets, beside what a machine's startup script sets: fsspec gives gcsfs this default
-# `token`, so it reads fake-gcs-server without looking for credentials (and warning at every use that it has none).
-LOCAL_TRAINER_ENV = {"FSSPEC_GCS_TOKEN": "anon"}
+# What every local trainer gets, beside what a machine's startup script sets. fsspec gives gcsfs the default `token`
+# anon, so it reads fake-gcs-server without looking for credentials (and warning at every use that it has none).
+# gcsfs's experimental zonal/HNS support asks the Storage Control gRPC API for each bucket's type, which the
+# emulator does not serve: without credentials the call fails at once, with anon it retries without end.
+LOCAL_TRAINER_ENV = {"FSSPEC_GCS_TOKEN": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 # What every worker of a local slice gets beside its TPU VM worker variables: JAX's collectives across CPU processes.
 LOCAL_SLICE_WORKER_ENV = {"JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
 
