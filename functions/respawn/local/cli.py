@@ -67,7 +67,7 @@ class UsageError(Exception):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="respawn local", description="Run jobs on the local cloud.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run_command = sub.add_parser(
+    r = sub.add_parser(
         "run",
         help="run one job to the end through real preemptions and print the report",
         description="Run one job on the local cloud (fake-gcs-server, Pub/Sub, functions-framework, the local "
@@ -75,34 +75,30 @@ def parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run_command.add_argument("job", help="job file (YAML or JSON, the job message of SPEC 3.1)")
-    run_command.add_argument(
-        "--preempt-at", metavar="T1,T2", help="preempt the live machine at these times (e.g. 40s,80s)"
-    )
-    run_command.add_argument(
+    r.add_argument("job", help="job file (YAML or JSON, the job message of SPEC 3.1)")
+    r.add_argument("--preempt-at", metavar="T1,T2", help="preempt the live machine at these times (e.g. 40s,80s)")
+    r.add_argument(
         "--preempt-at-step",
         metavar="S1,S2",
         help="preempt the live machine once its trainer reports these training steps (e.g. 250,550)",
     )
-    run_command.add_argument(
+    r.add_argument(
         "--kill-worker-at-step",
         metavar="STEP:WORKER",
         help="SIGKILL that worker of the slice once worker 0 reports STEP, without notice (e.g. 300:2)",
     )
-    run_command.add_argument(
+    r.add_argument(
         "--hang-worker-at-step",
         metavar="STEP:WORKER",
         help="SIGSTOP that worker once worker 0 reports STEP: alive, no progress (e.g. 450:1)",
     )
-    run_command.add_argument(
+    r.add_argument(
         "--host-error-at-step",
         metavar="STEP:WORKER",
         help="a host error on that worker's VM once worker 0 reports STEP: node TERMINATED, process gone (e.g. 600:3)",
     )
-    run_command.add_argument(
-        "--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)"
-    )
-    run_command.add_argument(
+    r.add_argument("--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)")
+    r.add_argument(
         "--stockout",
         metavar="ZONE[:N]",
         action="append",
@@ -110,70 +106,60 @@ def parser() -> argparse.ArgumentParser:
         help="no capacity in ZONE: a TPU queued request waits N seconds there WAITING_FOR_RESOURCES, a node or "
         "VM create fails the next N times (without N: forever, every time); repeatable",
     )
-    run_command.add_argument(
+    r.add_argument(
         "--spot-stockout",
         metavar="ZONE[:N]",
         action="append",
         default=[],
         help="the same for Spot and preemptible requests only (on-demand and reservations still get capacity)",
     )
-    run_command.add_argument(
+    r.add_argument(
         "--duplicate-deliveries",
         type=int,
         default=1,
         metavar="N",
         help="deliver every Pub/Sub message N times concurrently (default 1)",
     )
-    run_command.add_argument("--seed", type=int, default=0, help="seed of --mtbi (default 0)")
-    run_command.add_argument(
+    r.add_argument("--seed", type=int, default=0, help="seed of --mtbi (default 0)")
+    r.add_argument(
         "--creation-delay",
         default="1s",
         metavar="DURATION",
         help="time a machine spends CREATING before READY (default 1s)",
     )
-    run_command.add_argument(
+    r.add_argument(
         "--grace",
         default="30s",
         metavar="DURATION",
         help="preemption notice: SIGKILL this long after SIGTERM (default 30s, as on Compute Engine)",
     )
-    run_command.add_argument(
-        "--sweep-every", default="5s", metavar="DURATION", help="sweep tick period (default 5s; 0 = off)"
-    )
-    run_command.add_argument(
-        "--timeout", default="30m", metavar="DURATION", help="give up after this long (default 30m)"
-    )
-    run_command.add_argument(
+    r.add_argument("--sweep-every", default="5s", metavar="DURATION", help="sweep tick period (default 5s; 0 = off)")
+    r.add_argument("--timeout", default="30m", metavar="DURATION", help="give up after this long (default 30m)")
+    r.add_argument(
         "--trainer-arg",
         action="append",
         default=[],
         metavar="--FLAG=VALUE",
         help="set one trainer flag, replacing the job's own (e.g. --trainer-arg=--steps=60); repeatable",
     )
-    run_command.add_argument(
+    r.add_argument(
         "--entrypoint",
         metavar="CMD",
         help="run this command (shell-quoted; the job's args follow) on every machine instead of the image's "
         '`python -m trainer`; a leading python/python3 is this interpreter (e.g. "python train.py")',
     )
-    run_command.add_argument(
+    r.add_argument(
         "--secret",
         action="append",
         default=[],
         metavar="NAME[=VALUE]",
         help="the value of the job's secret NAME; without =VALUE, from this environment's NAME; repeatable",
     )
-    run_command.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
-    run_command.add_argument(
-        "--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)"
-    )
-    run_command.add_argument(
-        "--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)"
-    )
-    run_command.add_argument(
-        "--json", action="store_true", help="print the report as one JSON object (progress to stderr)"
-    )
-    run_command.add_argument("--plot", metavar="FILE.png", help="write a timeline PNG")
+    r.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
+    r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
+    r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
+    r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
+    r.add_argument("--plot", metavar="FILE.png", help="write a timeline PNG")
     return p  # fmt: skip
 
 
