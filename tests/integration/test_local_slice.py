@@ -37,7 +37,8 @@ from respawn.local.chaos import (
 )
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.logentries import tpu_worker_name
-from respawn.local.nodes import HEARTBEAT_TIMEOUT_S, Nodes, slice_shape
+from respawn.local.nodes import Nodes
+from respawn.local.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
 from respawn.local.timeline import Timeline
 from respawn.logfilter import LogFilter, load_sink_filter
 
@@ -70,11 +71,11 @@ def test_bad_worker_steps_name_the_option(text: str, message: str) -> None:
 
 
 def test_a_worker_must_exist_in_the_slice() -> None:
-    check_workers("--hang-worker-at-step", [(10, 3)], 4, "v5litepod-16")
+    check_workers("--hang-worker-at-step", [(10, 3)], LocalSlice(4, 4), "v5litepod-16")
     with pytest.raises(ChaosError, match=r"names worker 4, but v5litepod-16 has 4 hosts; allowed: workers 0\.\.3"):
-        check_workers("--hang-worker-at-step", [(10, 1), (20, 4)], 4, "v5litepod-16")
+        check_workers("--hang-worker-at-step", [(10, 1), (20, 4)], LocalSlice(4, 4), "v5litepod-16")
     with pytest.raises(ChaosError, match="v5litepod-8 has 1 host; allowed: worker 0 only"):
-        check_workers("--kill-worker-at-step", [(10, 1)], 1, "v5litepod-8")
+        check_workers("--kill-worker-at-step", [(10, 1)], LocalSlice(1, 8), "v5litepod-8")
 
 
 def test_step_actions_fire_in_step_order_each_on_a_fresh_machine() -> None:
@@ -151,9 +152,9 @@ def test_the_cli_checks_worker_chaos_against_the_job(
 
 
 def test_job_shapes() -> None:
-    assert cli.job_shape({"kind": "tpu", "accelerator_type": "v5litepod-16"})[:2] == (4, 4)
-    assert cli.job_shape({"kind": "tpu", "accelerator_type": "v5litepod-8"})[:2] == (1, 8)
-    assert cli.job_shape({"kind": "gpu", "machine_type": "g2-standard-8"})[:2] == (1, 1)
+    assert cli.job_slice({"kind": "tpu", "accelerator_type": "v5litepod-16"}) == LocalSlice(4, 4)
+    assert cli.job_slice({"kind": "tpu", "accelerator_type": "v5litepod-8"}) == LocalSlice(1, 8)
+    assert cli.job_slice({"kind": "gpu", "machine_type": "g2-standard-8"}) == LocalSlice(1, 1)
 
 
 # ---- node mechanics (real processes) ---------------------------------------------------------------------------------
@@ -253,10 +254,14 @@ def gone(pids: list[int], timeout: float = 15) -> bool:
 
 
 def test_shapes_of_machines(tmp_path: Path) -> None:
-    assert slice_shape(tpu_machine(tmp_path)) == (4, 4)
-    assert slice_shape(tpu_machine(tmp_path, accelerator="v5litepod-8")) == (1, 8)
+    def shape(machine: CloudMachine) -> LocalSlice:
+        return LocalSlice.of(machine.kind, machine.resource.get("acceleratorType"))
+
+    assert shape(tpu_machine(tmp_path)) == LocalSlice(4, 4)
+    assert shape(tpu_machine(tmp_path, accelerator="v5litepod-8")) == LocalSlice(1, 8)
+    assert shape(tpu_machine(tmp_path, accelerator="v9-7")) == LocalSlice(1, 1)  # a type the table does not know
     gpu = CloudMachine("gpu", "g-a1", "us-central1-a", "p", {}, {}, "RUNNING", 0.0)
-    assert slice_shape(gpu) == (1, 1)
+    assert shape(gpu) == LocalSlice(1, 1)
 
 
 def test_a_slice_is_one_process_per_worker_with_a_worker_environment(tmp_path: Path) -> None:
@@ -270,6 +275,7 @@ def test_a_slice_is_one_process_per_worker_with_a_worker_environment(tmp_path: P
             assert {e["TPU_WORKER_HOSTNAMES"] for e in envs} == {"127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1"}
             assert {e["XLA_FLAGS"] for e in envs} == {"--xla_force_host_platform_device_count=4"}
             assert {e["RESPAWN_HEARTBEAT_TIMEOUT_S"] for e in envs} == {str(HEARTBEAT_TIMEOUT_S)}
+            assert {e["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] for e in envs} == {"gloo"}
             assert {e["RESPAWN_PROGRESS_S"] for e in envs} == {"20"}
             assert {e["RESPAWN_ATTEMPT"] for e in envs} == {name[-1]}
             (address,) = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}

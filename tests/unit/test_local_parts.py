@@ -1,9 +1,10 @@
-"""The local cloud's pure parts: chaos options and schedule, the report, prices, LogEntries, progress lines."""
+"""The local cloud's pure parts: chaos options and schedule, the report, prices, LogEntries, progress lines, slices."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,8 @@ from respawn.local import report
 from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
 from respawn.local.cli import UsageError, parse_entrypoint, total_steps, with_trainer_args
 from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
-from respawn.local.nodes import exit_word, lifecycle_entry, progress
+from respawn.local.nodes import lifecycle_entry, progress, startup_script_event
+from respawn.local.slices import HEARTBEAT_TIMEOUT_S, SINGLE_HOST, LocalSlice, local_trainer_env, report_line
 from respawn.logfilter import LogFilter, load_sink_filter
 from respawn.prices import machine_price, tpu_units
 
@@ -267,7 +269,7 @@ EXIT_WORDS = [
 def test_the_exit_code_speaks_for_a_trainer_as_the_startup_script_does(
     code: int, noticed: bool, worker: int, word: str | None
 ) -> None:
-    assert exit_word(code, noticed, worker) == word
+    assert startup_script_event(code, worker, noticed=noticed) == word
 
 
 def test_entrypoints_split_like_a_shell_and_python_is_this_interpreter() -> None:
@@ -287,3 +289,44 @@ def test_progress_lines_and_trainer_args() -> None:
     assert with_trainer_args(["--steps=300", "--model=tiny"], ["--steps=40"]) == ["--model=tiny", "--steps=40"]
     assert total_steps(["--model=tiny", "--steps=40"]) == 40
     assert total_steps(["--steps", "9"]) == 9
+
+
+def test_a_single_host_is_a_slice_of_one_that_keeps_its_names_and_environment() -> None:
+    assert LocalSlice.of("gpu", None) == LocalSlice.of("tpu", "v9-7") == SINGLE_HOST == LocalSlice(1, 1)
+    assert LocalSlice.of("tpu", "v5litepod-8") == LocalSlice(1, 8)
+    one = LocalSlice(1, 8)
+    assert list(one.workers) == [0]
+    assert one.log_name("job-a1", 0) == "job-a1.log"
+    assert one.tag(0) == {}
+    assert one.worker_env({"A": "1", "XLA_FLAGS": "--x"}, 0, 0) == {"A": "1", "XLA_FLAGS": "--x"}
+    assert one.cache_key() == {}  # a one-host run keeps the reference key it always had
+    assert one.processes_phrase() == ""
+    assert (one.hosts_phrase(), one.workers_allowed()) == ("1 host", "worker 0 only")
+    assert report_line(1) is None
+
+
+def test_a_slice_names_tags_and_sets_up_each_worker() -> None:
+    four = LocalSlice.of("tpu", "v5litepod-16")
+    assert four == LocalSlice(4, 4)
+    assert list(four.workers) == [0, 1, 2, 3] and four.has_worker(3) and not four.has_worker(4)
+    assert four.log_name("job-a1", 2) == "job-a1-w-2.log"
+    assert four.tag(2) == {"worker": 2}
+    env = four.worker_env({"A": "1", "XLA_FLAGS": "--x --xla_force_host_platform_device_count=1"}, 2, 8476)
+    assert env["A"] == "1" and env["TPU_WORKER_ID"] == "2" and env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:8476"
+    assert env["XLA_FLAGS"] == "--x --xla_force_host_platform_device_count=4"
+    assert env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] == "gloo"
+    assert env["RESPAWN_HEARTBEAT_TIMEOUT_S"] == str(HEARTBEAT_TIMEOUT_S)
+    assert four.cache_key() == {"hosts": 4, "chips_per_host": 4}
+    assert four.processes_phrase() == " on 4 processes (4 hosts x 4 devices)"
+    assert (four.hosts_phrase(), four.workers_allowed()) == ("4 hosts", "workers 0..3")
+    assert report_line(4) == "  slice    4 hosts: 4 trainer processes per attempt"
+
+
+def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Path) -> None:
+    env = local_trainer_env(tmp_path, {"HOME": "/h", "RESPAWN_PROJECT": "p", "PUBSUB_EMULATOR_HOST": "x"})
+    assert env == {
+        "HOME": "/h",
+        "RESPAWN_COMPILE_CACHE": str((tmp_path / "compile-cache").resolve()),
+        "FSSPEC_GCS_TOKEN": "anon",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    }

@@ -35,6 +35,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from respawn.local.slices import LocalSlice
 
 MTBI_ROUND = 10  # machines per round of --mtbi lifetimes
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
@@ -91,14 +95,13 @@ def parse_worker_steps(text: str, option: str) -> list[tuple[int, int]]:
     return sorted(found)
 
 
-def check_workers(option: str, pairs: list[tuple[int, int]], hosts: int, machine: str) -> None:
+def check_workers(option: str, pairs: list[tuple[int, int]], machine_slice: LocalSlice, machine: str) -> None:
     """Every worker named must exist in the job's machine (`machine` describes it: v5litepod-16)."""
     for step, worker in pairs:
-        if worker >= hosts:
-            have = "worker 0 only" if hosts == 1 else f"workers 0..{hosts - 1}"
+        if not machine_slice.has_worker(worker):
             raise ChaosError(
-                f"{option}: '{step}:{worker}' names worker {worker}, but {machine} has {hosts} "
-                f"host{'s' if hosts != 1 else ''}; allowed: {have}"
+                f"{option}: '{step}:{worker}' names worker {worker}, but {machine} has {machine_slice.hosts_phrase()}; "
+                f"allowed: {machine_slice.workers_allowed()}"
             )
 
 

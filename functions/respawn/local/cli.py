@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from respawn.local.chaos import (
     parse_worker_steps,
 )
 from respawn.local.secret_store import SecretError, secret_values
+from respawn.local.slices import LocalSlice, local_trainer_env
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption
@@ -202,26 +202,27 @@ def worker_steps(text: str | None, option: str) -> list[tuple[int, int]]:
     return parse_worker_steps(text, option) if text is not None else []
 
 
-def job_shape(machine: dict[str, Any]) -> tuple[int, int, str]:
-    """(hosts, chips per host, what the machine is) of a job's validated `machine`: a TPU slice's from its
-    accelerator type; a GPU VM is one host."""
-    if machine.get("kind") == "tpu":
-        from respawn.topology import tpu_topology
+def job_slice(machine: dict[str, Any]) -> LocalSlice:
+    """The processes a job's validated `machine` runs as: a TPU slice's from its accelerator type."""
+    return LocalSlice.of(str(machine.get("kind")), machine.get("accelerator_type"))
 
-        topo = tpu_topology(str(machine["accelerator_type"]))
-        return topo.hosts, topo.chips_per_host, str(machine["accelerator_type"])
-    return 1, 1, f"{machine.get('machine_type', 'the GPU VM')}"
+
+def machine_words(machine: dict[str, Any]) -> str:
+    """What a job's validated `machine` is, as an error message names it: v5litepod-16, g2-standard-8."""
+    if machine.get("kind") == "tpu":
+        return str(machine["accelerator_type"])
+    return str(machine.get("machine_type", "the GPU VM"))
 
 
 def check_chaos_workers(opts: Any, message: dict[str, Any]) -> None:
     """Worker chaos must name workers the job's machine has."""
-    hosts, _, what = job_shape(message["machine"])
+    machine = message["machine"]
     for option, pairs in (
         ("--kill-worker-at-step", opts.kill_worker_at_steps),
         ("--hang-worker-at-step", opts.hang_worker_at_steps),
         ("--host-error-at-step", opts.host_error_at_steps),
     ):
-        check_workers(option, pairs, hosts, what)
+        check_workers(option, pairs, job_slice(machine), machine_words(machine))
 
 
 def options(ns: argparse.Namespace) -> Any:
@@ -266,7 +267,8 @@ def load_message(path: str, overrides: Sequence[str], own_program: bool = False)
         raise UsageError(f"{path}: action must be submit to run a job locally")
     if own_program:  # the args are the program's own
         return message
-    from trainer.config import ConfigError, parse_flags
+    from respawn_trainer.env import ConfigError
+    from trainer.config import parse_flags
 
     try:  # the local cloud runs the trainer itself (not the image): its flags must be the trainer's
         parse_flags(message.get("args") or [])
@@ -291,7 +293,7 @@ def run(ns: argparse.Namespace) -> int:
     message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
     opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
     check_chaos_workers(opts, message)
-    hosts, chips_per_host, _ = job_shape(message["machine"])
+    machine_slice = job_slice(message["machine"])
     out = sys.stderr if ns.json else sys.stdout
 
     def say(line: str) -> None:
@@ -300,20 +302,19 @@ def run(ns: argparse.Namespace) -> int:
     with signals_as_interrupt():
         reference_sha, note = None, "no reference run (--no-reference)"
         if not ns.no_reference:
-            cloud_env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
-            cloud_env["RESPAWN_COMPILE_CACHE"] = str((opts.workdir / "compile-cache").resolve())
-            shape = f" on {hosts} processes ({hosts} hosts x {chips_per_host} devices)" if hosts > 1 else ""
             what = "command and args" if opts.entrypoint else "trainer args"
-            say(f"reference: the uninterrupted run of the same {what}{shape} (computed once, then cached)")
+            say(
+                f"reference: the uninterrupted run of the same {what}{machine_slice.processes_phrase()} "
+                "(computed once, then cached)"
+            )
             try:
                 ref = reference_run(
                     message.get("args") or [],
                     message.get("env") or {},
                     cache_dir=opts.workdir / "reference",
-                    base_env=cloud_env,
+                    base_env=local_trainer_env(opts.workdir),
                     log_path=opts.workdir / "reference.log",
-                    hosts=hosts,
-                    chips_per_host=chips_per_host,
+                    machine_slice=machine_slice,
                     entrypoint=opts.entrypoint,
                 )
             except ReferenceFailed as e:
@@ -322,13 +323,13 @@ def run(ns: argparse.Namespace) -> int:
                 reference_sha = ref["params_sha256"]
                 how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
                 note = "the program sends no params_sha256 (the respawn_trainer library does)"
-                said = f"params {reference_sha[:16]} after step {ref['final_step']}" if reference_sha else "completed"
-                say(f"reference: {said} ({how})")
+                result = f"params {reference_sha[:16]} after step {ref['final_step']}" if reference_sha else "completed"
+                say(f"reference: {result} ({how})")
             if reference_sha is None:
                 say(f"reference: exact unknown: {note}")
         cloud = LocalCloud(opts, say)
         outcome = cloud.run(message, total_steps(message.get("args") or []))
-    r = report.build(
+    summary = report.build(
         events=outcome.events,
         job=outcome.job,
         reference_sha=reference_sha,
@@ -336,25 +337,25 @@ def run(ns: argparse.Namespace) -> int:
         leftover_processes=leftover_processes(),
         price=machine_price(message["machine"]),
         timed_out=outcome.timed_out,
-        hosts=hosts,
+        machine_slice=machine_slice,
         reference_note=note,
     )
-    r["bus"] = outcome.bus
-    r["run_dir"] = str(outcome.run_dir)
-    r["notifications"] = outcome.notifications
+    summary["bus"] = outcome.bus
+    summary["run_dir"] = str(outcome.run_dir)
+    summary["notifications"] = outcome.notifications
     if outcome.secrets is not None:
-        r["secrets"] = outcome.secrets
+        summary["secrets"] = outcome.secrets
     if ns.plot:
         from respawn.local.plot import plot_timeline
 
-        plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {r['status']}")
-        r["plot"] = ns.plot
-    (outcome.run_dir / "report.json").write_text(json.dumps(r, indent=2) + "\n")
+        plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {summary['status']}")
+        summary["plot"] = ns.plot
+    (outcome.run_dir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
     if ns.json:
-        print(json.dumps(r, sort_keys=True))
+        print(json.dumps(summary, sort_keys=True))
     else:
-        print(report.render(r))
-    ok = r["status"] == "SUCCEEDED" and r["exact"] is not False and r["machines_left"] == 0
+        print(report.render(summary))
+    ok = summary["status"] == "SUCCEEDED" and summary["exact"] is not False and summary["machines_left"] == 0
     if outcome.secrets is not None:  # every trainer held them, and no file holds one
         ok = ok and not outcome.secrets["leaks"] and outcome.secrets["delivered"] == outcome.secrets["trainers"]
     return 0 if ok else 1

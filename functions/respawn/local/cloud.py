@@ -27,20 +27,24 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
 from respawn.local.chaos import Chaos, StepAction, step_actions
-from respawn.local.cloudapi import CloudApiServer
+from respawn.local.cloudapi import CloudApiServer, CloudMachine
 from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
 from respawn.local.functions import FunctionServers
 from respawn.local.nodes import Nodes
 from respawn.local.router import LogRouter
 from respawn.local.scheduler import SweepTicker
 from respawn.local.secret_store import delivered, leaks
+from respawn.local.slices import local_trainer_env
 from respawn.local.status import STATUS_TOPIC, StatusRecorder
 from respawn.local.timeline import Timeline
 from respawn.model import Job
+
+if TYPE_CHECKING:
+    from respawn.adapters.gcs_store import GcsJobStore
 
 PROJECT = "respawn-local"
 STATE_BUCKET = "respawn-local-state"
@@ -90,24 +94,51 @@ class Outcome:
     secrets: dict[str, Any] | None = None  # the job had secrets: where they reached, and where they leaked
 
 
+@dataclass(frozen=True)
+class Started:
+    """What `LocalCloud.start` brought up and later calls use; the cloud's exit stack stops every piece."""
+
+    gcs: FakeGcs
+    server: CloudApiServer
+    nodes: Nodes
+    bus: Bus
+    bus_name: str  # pubsub-emulator | in-process
+    store: GcsJobStore
+    recorder: StatusRecorder | None  # the status notices (None: the in-process bus carries none)
+
+
 class LocalCloud:
+    """The deployed system on loopback (see the module docstring): `start` brings it up, `submit` and `start_chaos`
+    drive it, leaving the `with` block stops every piece it started."""
+
     def __init__(
         self, options: Options, say: Callable[[str], None], on_delivery: Callable[[Delivery], None] | None = None
     ) -> None:
         """`on_delivery` sees every push of the in-process bus (the emulator's pushes are not visible)."""
-        self.o = options
+        self.options = options
         self.say = say
         self.on_delivery = on_delivery
         self.run_dir = options.workdir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.timeline = Timeline(self.run_dir / "timeline.jsonl")
         self._stack = contextlib.ExitStack()
+        self._started: Started | None = None
+
+    @property
+    def started(self) -> Started:
+        """The pieces `start` brought up (bench/load_test.py reads the bus, store, API and nodes below)."""
+        if self._started is None:
+            raise RuntimeError("the local cloud is not started: call start() first")
+        return self._started
+
+    @property
+    def store(self) -> GcsJobStore:
+        return self.started.store
 
     def trainer_env(self, gcs: FakeGcs) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
-        env.update(gcs.env())
-        env["RESPAWN_GRACE_S"] = str(max(1, int(self.o.grace_s) - 5))  # the trainer's own deadline, inside ours
-        env["RESPAWN_COMPILE_CACHE"] = str((self.o.workdir / "compile-cache").resolve())
+        """What every trainer process of this cloud starts from, fake-gcs-server's address included."""
+        env = {**local_trainer_env(self.options.workdir), **gcs.env()}
+        env["RESPAWN_GRACE_S"] = str(max(1, int(self.options.grace_s) - 5))  # the trainer's own deadline, inside ours
         return env
 
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
@@ -121,19 +152,20 @@ class LocalCloud:
             job, timed_out = self._follow(self.store, job_id, t0, total_steps)
             machines_left = self.machines_left() if timed_out else self.settle()
             notifications = None
-            if self.recorder is not None:
+            recorder = self.started.recorder
+            if recorder is not None:
                 final = job["status"] if job is not None else None
-                self.recorder.wait_for(lambda notices: any(n["new_status"] == final for n in notices), 10.0)
-                notifications = len(self.recorder.notices())
+                recorder.wait_for(lambda notices: any(n["new_status"] == final for n in notices), 10.0)
+                notifications = len(recorder.notices())
             return Outcome(
                 job,
                 self.timeline.events(),
                 machines_left,
                 timed_out,
                 self.run_dir,
-                self.bus_name,
+                self.started.bus_name,
                 notifications,
-                self.secrets_report() if self.o.secrets else None,
+                self.secrets_report() if self.options.secrets else None,
             )
 
     def __enter__(self) -> LocalCloud:
@@ -155,57 +187,86 @@ class LocalCloud:
 
         Used as a context manager (`with LocalCloud(...) as cloud: cloud.start(); cloud.submit(...)`), everything
         started here is stopped on exit, trainers first."""
-        o, tl = self.o, self.timeline
-        self._stack.callback(tl.close)
+        self._started = self._bring_up(buckets)
+
+    def _bring_up(self, buckets: Iterable[str]) -> Started:
+        """Each piece in the order its neighbours need it: the API, whose URL the functions need, whose URLs the
+        bus needs, which the log router needs, which the nodes need; the API's machine hooks last (the nodes call
+        the API back)."""
+        timeline = self.timeline
+        self._stack.callback(timeline.close)
         gcs = FakeGcs()
         self._start("fake-gcs-server", gcs.start, gcs.stop)
         self._stack.enter_context(patched_env({**gcs.env(), "GOOGLE_CLOUD_PROJECT": PROJECT}))
         for bucket in (STATE_BUCKET, *buckets):
             gcs.create_bucket(bucket)
 
-        router: list[LogRouter] = []
-        api: list[CloudApiServer] = []
+        server = self._cloud_api()
+        emulator = self._emulator()
+        functions = self._functions(server, gcs, emulator)
+        endpoints = {
+            JOBS_TOPIC: push_endpoint(functions.urls["on_job_message"], PROJECT, JOBS_TOPIC),
+            EVENTS_TOPIC: push_endpoint(functions.urls["on_event"], PROJECT, EVENTS_TOPIC),
+        }
+        bus, bus_name = self._bus(endpoints, emulator is not None)
+        recorder: StatusRecorder | None = None
+        if emulator is not None:
+            recorder = StatusRecorder(PROJECT, self.run_dir / "status.jsonl")
+            self._stack.callback(recorder.close)
+        router = LogRouter(bus, EVENTS_TOPIC, timeline)
+        ticker = SweepTicker(bus, EVENTS_TOPIC, self.options.sweep_every_s).start()
+        self._stack.callback(ticker.stop)
         nodes = Nodes(
             project=PROJECT,
             base_env=self.trainer_env(gcs),
             log_dir=self._dir("machines"),
-            grace_s=o.grace_s,
-            route=lambda entry: router[0].route(entry),
-            mark_preempted=lambda name: api[0].preempt(name),
-            set_state=lambda name, state: api[0].set_state(name, state),
-            timeline=tl,
-            entrypoint=o.entrypoint,
-            secrets=o.secrets,
+            grace_s=self.options.grace_s,
+            route=router.route,
+            mark_preempted=server.preempt,
+            set_state=server.set_state,
+            timeline=timeline,
+            entrypoint=self.options.entrypoint,
+            secrets=self.options.secrets,
         )
-        capacity: dict[str, int | None] = {z: 0 for z, n in o.stockouts.items() if n is None}
-        stockouts = {z: n for z, n in o.stockouts.items() if n is not None}
+        self._stack.callback(nodes.stop)  # teardown kills the trainers first (after chaos, started later)
 
-        def waits(stocked: dict[str, int | None]) -> dict[str, float | None]:
-            return {z: None if n is None else float(n) for z, n in stocked.items()}
+        def on_ready(machine: CloudMachine) -> None:
+            timeline.add("state", machine=machine.name, zone=machine.zone, state="READY")
+            nodes.on_ready(machine)
+            self._check_secrets(nodes, machine)
 
-        def on_ready(m: Any) -> None:
-            tl.add("state", machine=m.name, zone=m.zone, state="READY")
-            nodes.on_ready(m)
-            self._check_secrets(m)
+        def on_deleted(machine: CloudMachine) -> None:
+            timeline.add("deleted", machine=machine.name, zone=machine.zone)
+            nodes.on_deleted(machine.name)
 
-        def on_deleted(m: Any) -> None:
-            tl.add("deleted", machine=m.name, zone=m.zone)
-            nodes.on_deleted(m.name)
+        server.connect(on_ready=on_ready, on_deleted=on_deleted)
+        from respawn.adapters.gcs_store import GcsJobStore
+
+        return Started(gcs, server, nodes, bus, bus_name, GcsJobStore(STATE_BUCKET), recorder)
+
+    def _cloud_api(self) -> CloudApiServer:
+        """The TPU/Compute API with the options' capacity and stockouts, started, its calls copied to the timeline."""
+        options = self.options
+        no_capacity: dict[str, int | None] = {zone: 0 for zone, n in options.stockouts.items() if n is None}
+
+        def queue_waits(stockouts: dict[str, int | None]) -> dict[str, float | None]:
+            return {zone: None if n is None else float(n) for zone, n in stockouts.items()}
 
         server = CloudApiServer(
-            create_delay_s=o.creation_delay_s,
-            capacity=capacity,
-            stockouts=stockouts,
-            on_ready=on_ready,
-            on_deleted=on_deleted,
-            queue_waits=waits(o.stockouts),
-            spot_stockouts=dict(o.spot_stockouts),
-            spot_queue_waits=waits(o.spot_stockouts),
+            create_delay_s=options.creation_delay_s,
+            capacity=no_capacity,
+            stockouts={zone: n for zone, n in options.stockouts.items() if n is not None},
+            queue_waits=queue_waits(options.stockouts),
+            spot_stockouts=dict(options.spot_stockouts),
+            spot_queue_waits=queue_waits(options.spot_stockouts),
         )
-        api.append(self._start(f"TPU/Compute API {server.url}", server.start, server.stop))
+        self._start(f"TPU/Compute API {server.url}", server.start, server.stop)
         self._watch_calls(server)
+        return server
 
-        functions_env = {
+    def _functions(self, server: CloudApiServer, gcs: FakeGcs, emulator: PubSubEmulator | None) -> FunctionServers:
+        """functions-framework serving on_job_message and on_event, configured as deployed against the local pieces."""
+        env = {
             "RESPAWN_PROJECT": PROJECT,
             "GOOGLE_CLOUD_PROJECT": PROJECT,
             "RESPAWN_STATE_BUCKET": STATE_BUCKET,
@@ -215,29 +276,15 @@ class LocalCloud:
             "RESPAWN_EVENTS_TOPIC": EVENTS_TOPIC,
             **gcs.env(),
         }
-        emulator = self._emulator()
         if emulator is not None:  # the functions publish status notices there, as deployed
-            functions_env.update(emulator.env(), RESPAWN_STATUS_TOPIC=STATUS_TOPIC)
-        fns = FunctionServers(functions_env, self._dir("functions"))
-        self._start("functions-framework (on_job_message, on_event)", fns.start, fns.stop)
-        endpoints = {
-            JOBS_TOPIC: push_endpoint(fns.urls["on_job_message"], PROJECT, JOBS_TOPIC),
-            EVENTS_TOPIC: push_endpoint(fns.urls["on_event"], PROJECT, EVENTS_TOPIC),
-        }
-        bus, self.bus_name = self._bus(endpoints, emulator is not None)
-        self.recorder: StatusRecorder | None = None
-        if emulator is not None:
-            self.recorder = StatusRecorder(PROJECT, self.run_dir / "status.jsonl")
-            self._stack.callback(self.recorder.close)
-        router.append(LogRouter(bus, EVENTS_TOPIC, tl))
-        ticker = SweepTicker(bus, EVENTS_TOPIC, o.sweep_every_s).start()
-        self._stack.callback(ticker.stop)
-        self._stack.callback(nodes.stop)  # teardown kills the trainers first (after chaos, started later)
+            env.update(emulator.env(), RESPAWN_STATUS_TOPIC=STATUS_TOPIC)
+        functions = FunctionServers(env, self._dir("functions"))
+        self._start("functions-framework (on_job_message, on_event)", functions.start, functions.stop)
+        return functions
 
-        from respawn.adapters.gcs_store import GcsJobStore
-
-        self.gcs, self.server, self.nodes, self.functions = gcs, server, nodes, fns
-        self.bus, self.router, self.store = bus, router[0], GcsJobStore(STATE_BUCKET)
+    @property
+    def bus(self) -> Bus:
+        return self.started.bus
 
     def submit(self, message: dict[str, Any]) -> float:
         """Publish one job message to the jobs topic; returns the time recorded as its submission."""
@@ -246,10 +293,14 @@ class LocalCloud:
         self.bus.publish(JOBS_TOPIC, json.dumps(message).encode(), {"job_id": job_id})
         return t
 
+    @property
+    def nodes(self) -> Nodes:
+        return self.started.nodes
+
     def start_chaos(self, t0: float) -> Chaos:
         """Preemptions and worker chaos per the options (`preempt_at` counts from t0); stopped on exit before the
         trainers."""
-        o = self.o
+        options = self.options
         nodes = self.nodes
 
         def act(name: str, action: StepAction) -> None:
@@ -259,15 +310,15 @@ class LocalCloud:
             ready=nodes.ready,
             preempt=nodes.preempt,
             t0=t0,
-            at=o.preempt_at,
-            at_steps=o.preempt_at_steps,
+            at=options.preempt_at,
+            at_steps=options.preempt_at_steps,
             step_of=nodes.step,
-            mtbi=o.mtbi_s,
-            seed=o.seed,
+            mtbi=options.mtbi_s,
+            seed=options.seed,
             actions=step_actions(
-                kill_worker=o.kill_worker_at_steps,
-                hang_worker=o.hang_worker_at_steps,
-                host_error=o.host_error_at_steps,
+                kill_worker=options.kill_worker_at_steps,
+                hang_worker=options.hang_worker_at_steps,
+                host_error=options.host_error_at_steps,
             ),
             act=act,
         )
@@ -281,8 +332,8 @@ class LocalCloud:
 
     def _emulator(self) -> PubSubEmulator | None:
         """The Pub/Sub emulator, started, when the options and this machine allow it; None for the in-process bus."""
-        problem = PubSubEmulator.missing() if self.o.bus == "auto" else None
-        if self.o.bus == "emulator" or (self.o.bus == "auto" and problem is None):
+        problem = PubSubEmulator.missing() if self.options.bus == "auto" else None
+        if self.options.bus == "emulator" or (self.options.bus == "auto" and problem is None):
             emulator = PubSubEmulator(project=PROJECT)
             self._start("Pub/Sub emulator", emulator.start, emulator.stop)
             self._stack.enter_context(patched_env(emulator.env()))
@@ -292,7 +343,7 @@ class LocalCloud:
         return None
 
     def _bus(self, endpoints: dict[str, str], emulator: bool) -> tuple[Bus, str]:
-        copies = max(1, self.o.duplicate_deliveries)
+        copies = max(1, self.options.duplicate_deliveries)
         if emulator:
             bus: Bus = EmulatorBus(PROJECT, endpoints, copies)
             name = "pubsub-emulator"
@@ -302,7 +353,7 @@ class LocalCloud:
         self._stack.callback(bus.close)
         return bus, name
 
-    def _check_secrets(self, machine: Any) -> None:
+    def _check_secrets(self, nodes: Nodes, machine: CloudMachine) -> None:
         """Each trainer process of a READY machine holds every secret of its metadata, as the OS shows its
         environment (names and a yes or no in the timeline, never a value)."""
         refs: dict[str, str] = json.loads(machine.metadata.get("respawn-secrets") or "{}")
@@ -310,8 +361,8 @@ class LocalCloud:
             return
         import psutil
 
-        expected = {name: self.o.secrets.get(ref) for name, ref in refs.items()}
-        for pid in self.nodes.pids(machine.name):
+        expected = {name: self.options.secrets.get(ref) for name, ref in refs.items()}
+        for pid in nodes.pids(machine.name):
             try:
                 ok = delivered(psutil.Process(pid).environ(), expected)
             except psutil.Error:
@@ -325,7 +376,7 @@ class LocalCloud:
         return {
             "trainers": len(checks),
             "delivered": sum(bool(c["delivered"]) for c in checks),
-            "leaks": leaks(self.o.secrets.values(), [self.o.workdir, Path(self.gcs.root)]),
+            "leaks": leaks(self.options.secrets.values(), [self.options.workdir, Path(self.started.gcs.root)]),
         }
 
     def _watch_calls(self, server: CloudApiServer) -> None:
@@ -370,7 +421,7 @@ class LocalCloud:
 
     def _follow(self, store: Any, job_id: str, t0: float, total: int | None) -> tuple[dict[str, Any] | None, bool]:
         """Print live progress until the job is terminal or the timeout; returns (final record, timed out)."""
-        deadline = time.time() + self.o.timeout_s
+        deadline = time.time() + self.options.timeout_s
         last_key, last_print, shown = None, 0.0, 0
         job: Job | None = None
         problem = ""
@@ -383,20 +434,20 @@ class LocalCloud:
                     self.say(f"cannot read the job record: {error}")
                     problem = error
             events = self.timeline.events()
-            for e in events[shown:]:
-                note = _note(e, t0)
+            for event in events[shown:]:
+                note = _note(event, t0)
                 if note:
                     self.say(note)
             shown = len(events)
             key = _progress_key(job)
             now = time.time()
-            if key != last_key or now - last_print >= self.o.progress_every_s:
+            if key != last_key or now - last_print >= self.options.progress_every_s:
                 self.say(f"[{now - t0:7.1f}s] {_progress_line(job, self.timeline.last('step'), total)}")
                 last_key, last_print = key, now
             if job is not None and job.status.terminal:
                 return job.to_dict(), False
             time.sleep(0.25)
-        self.say(f"timed out after {self.o.timeout_s:.0f}s")
+        self.say(f"timed out after {self.options.timeout_s:.0f}s")
         return (job.to_dict() if job else None), True
 
     def settle(self, wait_s: float = 20.0) -> int:
@@ -405,6 +456,10 @@ class LocalCloud:
         while time.monotonic() < deadline and (self.machines_left() or self.nodes.alive()):
             time.sleep(0.1)
         return self.machines_left()
+
+    @property
+    def server(self) -> CloudApiServer:
+        return self.started.server
 
     def machines_left(self) -> int:
         """Machines the cloud still holds: nodes and VMs, and queued resources (waiting ones have no node yet)."""

@@ -271,6 +271,17 @@ class CloudApiServer:
                 qr.state = "SUSPENDED"
             return self._set(m, _PREEMPTED[m.kind])
 
+    def connect(
+        self,
+        *,
+        on_ready: Callable[[CloudMachine], None] | None,
+        on_deleted: Callable[[CloudMachine], None] | None,
+    ) -> None:
+        """Set the machine hooks once whoever runs the machines exists: the local cloud's nodes call this API back
+        (preempt, set_state), so they are built after it."""
+        with self._lock:
+            self.on_ready, self.on_deleted = on_ready, on_deleted
+
     def set_state(self, name: str, state: str) -> CloudMachine | None:
         """Set the API state string (TPU `state` / Compute `status`). None when there is no such machine."""
         with self._lock:
@@ -685,6 +696,37 @@ _TPU_PATH = re.compile(r"^/v2/projects/([^/]+)/locations/([^/]+)/(nodes|queuedRe
 _GCE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)(?:/([^/]+))?(/wait)?$")
 
 
+@dataclass(frozen=True)
+class MachineCall:
+    """A request to a collection of machines (TPU nodes, Compute instances): create, get, list or delete alike in
+    both APIs but for how a new machine is named and how a listing is wrapped."""
+
+    kind: str
+    method: str
+    project: str
+    zone: str
+    name: str | None
+    body: dict[str, Any]
+
+    def answer(
+        self,
+        server: CloudApiServer,
+        new_name: Callable[[], Any],
+        listing: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    ) -> dict[str, Any] | None:
+        """The reply; None when the call is none of the four (the caller answers 404)."""
+        where = (self.kind, self.project, self.zone)
+        if self.method == "POST" and not self.name:
+            return server._create(*where, new_name(), self.body)
+        if self.method == "GET" and self.name:
+            return server._get(*where, self.name)
+        if self.method == "GET":
+            return listing(server._list(*where))
+        if self.method == "DELETE" and self.name:
+            return server._delete(*where, self.name)
+        return None
+
+
 def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -734,16 +776,15 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
                 if collection == "operations" and method == "GET" and name:
                     return server._operation(f"projects/{project}/locations/{zone}/operations/{name}")
                 if collection == "nodes":
-                    if method == "POST" and not name:
+
+                    def node_id() -> str:
                         if not query.get("nodeId"):
                             raise ApiError(400, "INVALID_ARGUMENT", "nodeId is required")
-                        return server._create(TPU, project, zone, query["nodeId"], body)
-                    if method == "GET" and name:
-                        return server._get(TPU, project, zone, name)
-                    if method == "GET":
-                        return {"nodes": server._list(TPU, project, zone)}
-                    if method == "DELETE" and name:
-                        return server._delete(TPU, project, zone, name)
+                        return query["nodeId"]
+
+                    call = MachineCall(TPU, method, project, zone, name, body)
+                    if (reply := call.answer(server, node_id, lambda nodes: {"nodes": nodes})) is not None:
+                        return reply
                 if collection == "queuedResources":
                     if method == "POST" and not name:
                         if not query.get("queuedResourceId"):
@@ -760,14 +801,13 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
                 if collection == "operations" and name and (method, bool(wait)) in (("GET", False), ("POST", True)):
                     return server._operation(name, wait=bool(wait))
                 if collection == "instances" and not wait:
-                    if method == "POST" and not name:
+
+                    def instance_name() -> Any:
                         if not body.get("name"):
                             raise ApiError(400, "INVALID_ARGUMENT", "Invalid value for field 'resource.name': ''")
-                        return server._create(GPU, project, zone, body["name"], body)
-                    if method == "GET" and name:
-                        return server._get(GPU, project, zone, name)
-                    if method == "GET":
-                        items = server._list(GPU, project, zone)
+                        return body["name"]
+
+                    def instance_list(items: list[dict[str, Any]]) -> dict[str, Any]:
                         if query.get("filter"):
                             items = [i for i in items if _compute_filter(query["filter"])(i)]
                         return {
@@ -775,8 +815,10 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
                             "id": f"projects/{project}/zones/{zone}/instances",
                             "items": items,
                         }
-                    if method == "DELETE" and name:
-                        return server._delete(GPU, project, zone, name)
+
+                    call = MachineCall(GPU, method, project, zone, name, body)
+                    if (reply := call.answer(server, instance_name, instance_list)) is not None:
+                        return reply
             raise ApiError(404, "NOT_FOUND", f"{method} {path} is not part of the local cloud API")
 
     return Handler

@@ -1,41 +1,15 @@
-"""The machines of the local cloud: the trainer processes of READY machines, one per worker of a TPU slice.
+"""The machines of the local cloud: a READY machine's trainer processes, doing what a VM and Compute Engine do.
 
-A machine that becomes READY starts `python -m trainer` (or the command given
-with `respawn local run --entrypoint`) with the job's args, from its structured
-metadata (respawn-args, respawn-env, respawn-job-id, respawn-attempt,
-respawn-checkpoint-uri, respawn-progress-s; the image is not run) and the values
-of its respawn-secrets references (a reference without one is the attempt's
-`failed` entry, as the startup script writes it; no trainer starts), each process
-in its own process group. A TPU node whose accelerator type has several hosts
-(v5litepod-16: 4 hosts x 4 chips) is that many processes on loopback, each
-with the environment a TPU VM worker has (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES,
-its chips as CPU devices, a coordinator port of its own node), as JAX's
-multi-controller runtime expects; every other machine is one process. A stdout
-line that is a JSON object naming a lifecycle event of the machine's job and
-attempt is a lifecycle entry (only process 0 of a slice writes them); it is
-wrapped into the LogEntry google-cloud-logging would write and handed to the log
-router. Every other line, on stdout or stderr, is a plain log line for the
-worker's log file (`NODE.log`, or `NODE-w-I.log` per worker of a slice, where the
-entry its startup script writes for it on exit lands too);
-worker 0's are read for live progress (step, loss).
+A READY machine runs what its startup script would (`python -m trainer`, or `--entrypoint`) from its metadata
+and secrets, as its slice's processes (slices.py), each in its own process group. Lifecycle lines on stdout
+become the LogEntries google-cloud-logging writes, for the log router; every other line goes to the worker's log
+file (`NODE.log`, `NODE-w-I.log`), worker 0's read for live progress.
 
-Preempting a machine does what Compute Engine does to a Spot VM: SIGTERM to
-every worker (the ACPI soft-off), SIGKILL after the grace period to those still
-alive, then the machine is PREEMPTED and one `compute.instances.preempted`
-system event is emitted per worker VM (`t1v-n-<hash>-w-<i>` for a TPU node, the
-instance itself for a GPU VM).
-
-A trainer that exits on its own (completed, or crashed after its `failed`
-entry) leaves its machine READY, as the startup script does on a real VM: the
-control plane decides what happens to it. A worker that exits without a last
-word of its own gets the entry its startup script writes for it from the exit
-code (`exit_word`, marked `"source": "exit-code"`): exit 0 is `completed`
-without the notice and `stopped` after it (worker 0 speaks for a slice), and
-anything else without the notice `failed` (OOM, segfault, a peer's broken
-collective), naming the worker and the exit code. A worker whose VM suffers a
-host error says nothing: the node is TERMINATED first, the
-`compute.instances.hostError` event is routed, then the process is killed.
-Deleting a machine kills every worker, stopped (hung) ones included.
+Preempting sends SIGTERM to every worker, SIGKILL after the grace period, then marks the machine PREEMPTED and
+emits one `compute.instances.preempted` per worker VM. A trainer that exits on its own leaves its machine READY,
+as on a real VM: the control plane decides. A worker that exits without logging its end gets the
+entry its startup script writes from the exit code (`startup_script_event`); one whose VM has a host error says
+nothing (the node is TERMINATED and `compute.instances.hostError` routed first). Deleting kills every worker.
 """
 
 from __future__ import annotations
@@ -56,19 +30,15 @@ from typing import IO, Any
 
 from respawn.events import EXIT_CODE
 from respawn.local.cloudapi import CloudMachine
-from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, tpu_worker_name, trainer_entry
 from respawn.local.secret_store import SecretUnavailable, secret_env
+from respawn.local.slices import LocalSlice
 from respawn.local.timeline import Timeline
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
-_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
-# JAX's heartbeat timeout for local slices: longer than any hang_timeout a local job has (the default is 30 m),
-# so that a stopped worker looks hung (alive, no progress) and only respawn's hang detection finds it.
-HEARTBEAT_TIMEOUT_S = 3600
 KILL_WAIT_S = 5.0  # how long SIGKILL may take to be reaped before it is given up on
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
 
@@ -103,8 +73,8 @@ def lifecycle_entry(line: bytes, job_id: str, attempt: int) -> dict[str, Any] | 
     return payload
 
 
-def exit_word(code: int, noticed: bool, worker: int) -> str | None:
-    """The entry a startup script writes from the exit code of a trainer that sent no last word of its own
+def startup_script_event(code: int, worker: int, *, noticed: bool) -> str | None:
+    """The event a startup script logs from the exit code of a trainer that logged no end of its own
     (adapters/startup.py): exit 0 is `stopped` after the notice and `completed` without it (worker 0 speaks for a
     slice); anything else is `failed` without the notice, and nothing after it (the preemption's system event
     speaks for it)."""
@@ -115,30 +85,6 @@ def exit_word(code: int, noticed: bool, worker: int) -> str | None:
     return "stopped" if noticed else "completed"
 
 
-def slice_shape(machine: CloudMachine) -> tuple[int, int]:
-    """(hosts, chips per host) of a machine: from a TPU node's accelerator type; (1, 1) for a GPU VM."""
-    if machine.kind != "tpu":
-        return 1, 1
-    from respawn.topology import UnknownTpuType, tpu_topology
-
-    try:
-        topo = tpu_topology(str(machine.resource.get("acceleratorType") or ""))
-    except UnknownTpuType:
-        return 1, 1
-    return topo.hosts, topo.chips_per_host
-
-
-def slice_worker_env(env: Mapping[str, str], worker: int, hosts: int, port: int, chips: int) -> dict[str, str]:
-    """`env` plus what worker `worker` of a `hosts`-host loopback slice has (trainer/slice_env.py), its XLA flags
-    kept (the device count replaced)."""
-    from trainer.slice_env import worker_env
-
-    extra = worker_env(worker, hosts, port, chips)
-    flags = _DEVICE_COUNT.sub("", env.get("XLA_FLAGS", "")).split()
-    extra["XLA_FLAGS"] = " ".join([*flags, *extra.get("XLA_FLAGS", "").split()])
-    return {**env, **extra, "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)}
-
-
 @dataclass
 class Worker:
     """One trainer process: worker `index` of its node (0 for a one-host machine)."""
@@ -147,7 +93,7 @@ class Worker:
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     readers: list[threading.Thread] = field(default_factory=list)
-    last_word: bool = False  # the trainer logged completed, failed or stopped itself
+    logged_its_end: bool = False  # the trainer logged completed, failed or stopped itself
     stopped: bool = False  # SIGSTOPped: hung
     host_error: bool = False  # its VM died of a host error: nobody is left to log a word for it
 
@@ -159,17 +105,11 @@ class Node:
     machine: CloudMachine
     job_id: str
     attempt: int
-    hosts: int
-    chips_per_host: int
-    port: int | None  # JAX's coordinator of a slice (worker 0 serves it)
+    machine_slice: LocalSlice
     workers: list[Worker] = field(default_factory=list)
     preempting: bool = False
     deleted: bool = False
     step: int | None = None  # the last training step worker 0 reported
-
-    def tagged(self, worker: Worker) -> dict[str, int]:
-        """The `worker` field of a slice's per-worker timeline lines (none for a one-host machine)."""
-        return {"worker": worker.index} if self.hosts > 1 else {}
 
     def instance(self, worker: int) -> str:
         """The Compute Engine VM of a worker: the hidden `t1v-n-...-w-I` of a TPU node, the GPU VM itself."""
@@ -177,25 +117,43 @@ class Node:
         return tpu_worker_name(m.name, worker) if m.kind == "tpu" else m.name
 
 
-def trainer_argv(metadata: Mapping[str, str], entrypoint: Sequence[str] | None = None) -> list[str]:
-    """The job's args after the entrypoint: the image's (`python -m trainer`) unless one is given."""
-    args = json.loads(metadata.get("respawn-args") or "[]")
-    return [*(entrypoint or TRAINER), *[str(a) for a in args]]
+@dataclass(frozen=True)
+class StartupScript:
+    """What a machine's startup script makes of its metadata (adapters/startup.py): the trainer's command and
+    environment. `entrypoint` replaces the image's `python -m trainer`; `secrets` are {reference: value}."""
+
+    base_env: Mapping[str, str]
+    entrypoint: Sequence[str] | None = None
+    secrets: Mapping[str, str] = field(default_factory=dict)
+
+    def argv(self, metadata: Mapping[str, str]) -> list[str]:
+        """The job's args after the entrypoint."""
+        args = json.loads(metadata.get("respawn-args") or "[]")
+        return [*(self.entrypoint or TRAINER), *[str(a) for a in args]]
+
+    def env(self, metadata: Mapping[str, str]) -> dict[str, str]:
+        """The trainer's environment with the values of its secrets; SecretUnavailable for a reference without one."""
+        env = {**self.base_env, **json.loads(metadata.get("respawn-env") or "{}")}
+        env.update(
+            RESPAWN_JOB_ID=metadata["respawn-job-id"],
+            RESPAWN_ATTEMPT=str(metadata["respawn-attempt"]),
+            RESPAWN_CHECKPOINT_URI=metadata["respawn-checkpoint-uri"],
+            RESPAWN_LOG_SINK="stdout",
+            PYTHONUNBUFFERED="1",
+        )
+        if metadata.get("respawn-progress-s"):
+            env["RESPAWN_PROGRESS_S"] = str(metadata["respawn-progress-s"])
+        return {**env, **secret_env(metadata, self.secrets)}
 
 
-def trainer_env(metadata: Mapping[str, str], base: Mapping[str, str]) -> dict[str, str]:
-    """The trainer's environment, as the startup script would set it on a real machine."""
-    env = {**base, **json.loads(metadata.get("respawn-env") or "{}")}
-    env.update(
-        RESPAWN_JOB_ID=metadata["respawn-job-id"],
-        RESPAWN_ATTEMPT=str(metadata["respawn-attempt"]),
-        RESPAWN_CHECKPOINT_URI=metadata["respawn-checkpoint-uri"],
-        RESPAWN_LOG_SINK="stdout",
-        PYTHONUNBUFFERED="1",
-    )
-    if metadata.get("respawn-progress-s"):
-        env["RESPAWN_PROGRESS_S"] = str(metadata["respawn-progress-s"])
-    return env
+@dataclass(frozen=True)
+class CloudHooks:
+    """The cloud around the machines: Cloud Logging's router, and the API that marks a machine PREEMPTED or sets
+    its state (each returns None when there is no such machine: deleted meanwhile)."""
+
+    route: Callable[[dict[str, Any]], None]
+    mark_preempted: Callable[[str], object]
+    set_state: Callable[[str, str], object]
 
 
 class Nodes:
@@ -215,19 +173,14 @@ class Nodes:
         entrypoint: Sequence[str] | None = None,
         secrets: Mapping[str, str] | None = None,
     ) -> None:
-        """`mark_preempted(name)` and `set_state(name, state)` change the machine in the cloud API; each returns
-        None when there is no such machine (deleted meanwhile). `entrypoint` replaces `python -m trainer`.
-        `secrets`: {reference: value}."""
-        self.secrets = dict(secrets or {})
+        """`mark_preempted(name)` and `set_state(name, state)` change the machine in the cloud API (CloudHooks).
+        `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}."""
+        self.startup = StartupScript(dict(base_env), list(entrypoint) if entrypoint else None, dict(secrets or {}))
+        self.cloud = CloudHooks(route, mark_preempted, set_state)
         self.project = project
-        self.base_env = dict(base_env)
         self.log_dir = log_dir
         self.grace_s = grace_s
-        self.route = route
-        self.mark_preempted = mark_preempted
-        self.set_state = set_state
         self.timeline = timeline
-        self.entrypoint = list(entrypoint) if entrypoint else None
         self._lock = threading.RLock()
         self._nodes: dict[str, Node] = {}
         self._ready: dict[str, float] = {}  # READY and not being preempted -> since
@@ -244,27 +197,17 @@ class Nodes:
     def _start_node(self, machine: CloudMachine) -> None:
         meta = machine.metadata
         job_id, attempt = meta.get("respawn-job-id", ""), int(meta.get("respawn-attempt") or 0)
-        hosts, chips = slice_shape(machine)
-        # A fresh port per node: a slice being torn down and its replacement never share a coordinator.
-        node = Node(machine, job_id, attempt, hosts, chips, free_port() if hosts > 1 else None)
+        node = Node(machine, job_id, attempt, LocalSlice.of(machine.kind, machine.resource.get("acceleratorType")))
+        self._nodes[machine.name] = node
         try:
-            env = {**trainer_env(meta, self.base_env), **secret_env(meta, self.secrets)}
-        except SecretUnavailable as e:
-            self._nodes[machine.name] = node  # no trainer: the control plane deletes it and decides
+            env = self.startup.env(meta)
+        except SecretUnavailable as e:  # no trainer: the control plane deletes the machine and decides
             self._emit(node, {"event": "failed", "job_id": job_id, "attempt": attempt, "error": str(e)})
             return
-        for i in range(hosts):
-            worker_env = env if hosts == 1 else slice_worker_env(env, i, hosts, node.port or 0, chips)
-            log_name = f"{machine.name}.log" if hosts == 1 else f"{machine.name}-w-{i}.log"
-            log = (self.log_dir / log_name).open("ab")
-            proc = start_group(
-                trainer_argv(meta, self.entrypoint),
-                env=worker_env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            worker = Worker(i, proc, log)
+        pipes = (subprocess.PIPE, subprocess.PIPE)
+        processes = node.machine_slice.start(self.startup.argv(meta), env, lambda _: pipes, stdin=subprocess.DEVNULL)
+        for index, proc in enumerate(processes):
+            worker = Worker(index, proc, (self.log_dir / node.machine_slice.log_name(machine.name, index)).open("ab"))
             node.workers.append(worker)
             self.timeline.add(
                 "trainer_start",
@@ -272,7 +215,7 @@ class Nodes:
                 zone=machine.zone,
                 attempt=attempt,
                 pid=proc.pid,
-                **node.tagged(worker),
+                **node.machine_slice.tag(index),
             )
             assert proc.stdout is not None and proc.stderr is not None
             worker.readers = [
@@ -280,7 +223,6 @@ class Nodes:
                 self._spawn(self._read_stderr, node, worker, proc.stderr),
             ]
             self._spawn(self._reap, node, worker)
-        self._nodes[machine.name] = node
         self._ready[machine.name] = time.time()
 
     def on_deleted(self, name: str) -> None:
@@ -307,11 +249,6 @@ class Nodes:
             node = self._nodes.get(name)
         return node.step if node is not None else None
 
-    def hosts(self, name: str) -> int:
-        with self._lock:
-            node = self._nodes.get(name)
-        return node.hosts if node is not None else 0
-
     def pids(self, name: str) -> list[int]:
         """The process ids of the workers of `name`, worker 0 first."""
         with self._lock:
@@ -325,7 +262,7 @@ class Nodes:
             if node is None or node.preempting:
                 return
             node.preempting = True
-        self.timeline.add("notice", machine=name, zone=node.machine.zone, workers=node.hosts)
+        self.timeline.add("notice", machine=name, zone=node.machine.zone, workers=node.machine_slice.hosts)
         self._spawn(self._preempt, node)
 
     def _preempt(self, node: Node) -> None:
@@ -336,48 +273,48 @@ class Nodes:
             for reader in worker.readers:
                 reader.join(timeout=5)
         m = node.machine
-        if self.mark_preempted(m.name) is None:  # deleted meanwhile (the job completed): nothing left to preempt
+        if self.cloud.mark_preempted(m.name) is None:  # deleted meanwhile (the job completed): nothing left to preempt
             self.timeline.add("preempt_skipped", machine=m.name, reason="deleted")
             return
-        instances = [node.instance(i) for i in range(node.hosts)]
+        instances = [node.instance(i) for i in node.machine_slice.workers]
         self.timeline.add("preempted", machine=m.name, zone=m.zone, instance=instances[0], instances=instances)
         for instance in instances:  # every worker VM of the slice logs its own system event
-            self.route(preempted_entry(project=self.project, zone=m.zone, instance=instance, now=time.time()))
+            self.cloud.route(preempted_entry(project=self.project, zone=m.zone, instance=instance, now=time.time()))
 
     def act(self, name: str, action: str, worker: int) -> None:
         """Worker chaos (chaos.py): `kill-worker`, `hang-worker` or `host-error` on worker `worker` of `name`."""
         with self._lock:
             node = self._nodes.get(name)
-            if node is None or not 0 <= worker < node.hosts or node.deleted:
+            if node is None or not node.machine_slice.has_worker(worker) or node.deleted:
                 self.timeline.add("chaos_skipped", machine=name, action=action, worker=worker)
                 return
-            w = node.workers[worker]
+            target = node.workers[worker]
             if action == "host-error":
                 self._ready.pop(name, None)  # its node is TERMINATED: not a target any more
-                w.host_error = True
+                target.host_error = True
         if action == "kill-worker":
-            self.timeline.add("kill_worker", machine=name, worker=worker, pid=w.proc.pid)
-            self._signal(w, signal.SIGKILL)
+            self.timeline.add("kill_worker", machine=name, worker=worker, pid=target.proc.pid)
+            self._signal(target, signal.SIGKILL)
         elif action == "hang-worker":
-            w.stopped = True
-            self.timeline.add("hang_worker", machine=name, worker=worker, pid=w.proc.pid)
-            self._signal(w, signal.SIGSTOP)
+            target.stopped = True
+            self.timeline.add("hang_worker", machine=name, worker=worker, pid=target.proc.pid)
+            self._signal(target, signal.SIGSTOP)
         elif action == "host-error":
-            self._spawn(self._host_error, node, w)
+            self._spawn(self._host_error, node, target)
         else:
             raise ValueError(f"{action!r} is not a worker action; allowed: kill-worker, hang-worker, host-error")
 
     def _host_error(self, node: Node, worker: Worker) -> None:
         """The worker's VM dies: the node TERMINATED in the API, then the system event, then the process is gone."""
         m = node.machine
-        if self.set_state(m.name, "TERMINATED") is None:
+        if self.cloud.set_state(m.name, "TERMINATED") is None:
             self.timeline.add("chaos_skipped", machine=m.name, action="host-error", worker=worker.index)
             return
         instance = node.instance(worker.index)
         self.timeline.add("state", machine=m.name, zone=m.zone, state="TERMINATED")
         self.timeline.add("host_error", machine=m.name, zone=m.zone, worker=worker.index, instance=instance)
         method = "compute.instances.hostError"
-        self.route(
+        self.cloud.route(
             host_event_entry(method=method, project=self.project, zone=m.zone, instance=instance, now=time.time())
         )
         self._signal(worker, signal.SIGKILL)
@@ -416,14 +353,14 @@ class Nodes:
                 self._log_line(node, worker, raw)
                 continue
             worker.log.write(raw)
-            worker.last_word |= payload["event"] in ("completed", "failed", "stopped")
+            worker.logged_its_end |= payload["event"] in ("completed", "failed", "stopped")
             self._emit(node, payload)
 
     def _emit(self, node: Node, payload: dict[str, Any]) -> None:
         """Wrap a lifecycle payload into the LogEntry google-cloud-logging writes and hand it to the router."""
         m, now = node.machine, time.time()
         self.timeline.add("entry", t=now, machine=m.name, zone=m.zone, attempt=node.attempt, payload=payload)
-        self.route(
+        self.cloud.route(
             trainer_entry(
                 payload,
                 project=self.project,
@@ -455,14 +392,17 @@ class Nodes:
         for reader in worker.readers:
             reader.join(timeout=10)
         m = node.machine
-        self.timeline.add("trainer_exit", machine=m.name, attempt=node.attempt, code=code, **node.tagged(worker))
-        quiet = worker.last_word or worker.host_error or self._closed
-        word = None if quiet else exit_word(code, node.preempting or node.deleted, worker.index)
-        if word is not None:  # what its startup script logs for it
-            payload: dict[str, Any] = {"event": word, "job_id": node.job_id, "attempt": node.attempt}
-            payload.update(node.tagged(worker))
+        tag = node.machine_slice.tag(worker.index)
+        self.timeline.add("trainer_exit", machine=m.name, attempt=node.attempt, code=code, **tag)
+        # nothing to log for it: it logged its end itself, its VM died with it, or the whole cloud is stopping
+        nobody_speaks = worker.logged_its_end or worker.host_error or self._closed
+        noticed = node.preempting or node.deleted
+        event = None if nobody_speaks else startup_script_event(code, worker.index, noticed=noticed)
+        if event is not None:  # what its startup script logs for it
+            payload: dict[str, Any] = {"event": event, "job_id": node.job_id, "attempt": node.attempt}
+            payload.update(tag)
             payload.update(source=EXIT_CODE, exit_code=code)
-            if word == "failed":
+            if event == "failed":
                 payload["error"] = f"the trainer exited with code {code}"
             worker.log.write((json.dumps(payload, separators=(",", ":")) + "\n").encode())  # `respawn logs` reads it
             self._emit(node, payload)

@@ -2,10 +2,10 @@
 
 The same trainer (or the same `--entrypoint` command) with the same args and
 env, run once to completion without the control plane, checkpointing to a
-temporary local directory. For a multi-host
-TPU slice it is as many processes as the slice has hosts, each with the worker
-environment the local cloud gives a slice's workers (nodes.py), so the shape of
-the computation (processes x devices) is the job's. Its final `params_sha256` is
+temporary local directory. It starts as the job's machine does (slices.py): for a
+multi-host TPU slice as many processes as the slice has hosts, each with the worker
+environment the local cloud gives a slice's workers, so the shape of the
+computation (processes x devices) is the job's. Its final `params_sha256` is
 cached under `.respawn/reference/<key>.json`, keyed by the args, the env, the
 slice shape and the trainer's source (with an entrypoint: the command and the
 files it names), so it is computed once per change.
@@ -27,13 +27,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from respawn.local.emulators import free_port, start_group, stop_group
-from respawn.local.nodes import TRAINER, lifecycle_entry, slice_worker_env
+from respawn.local.emulators import stop_group
+from respawn.local.nodes import TRAINER, lifecycle_entry
+from respawn.local.slices import SINGLE_HOST, LocalSlice
 
 JOB_ID = "reference"
 
 
 def trainer_digest() -> str:
+    """The trainer's source, so that a change to it computes the reference afresh."""
     import trainer
 
     root = Path(next(iter(trainer.__path__)))  # also when imported as a namespace package (editable installs)
@@ -62,13 +64,12 @@ def named_files(entrypoint: Sequence[str]) -> dict[str, str]:
 def reference_key(
     args: Sequence[str],
     env: Mapping[str, str],
-    hosts: int = 1,
-    chips_per_host: int = 1,
+    machine_slice: LocalSlice = SINGLE_HOST,
     entrypoint: Sequence[str] | None = None,
 ) -> str:
+    """The name of a cached reference: what the run computes from (args, env, slice shape, program)."""
     key: dict[str, Any] = {"args": list(args), "env": dict(sorted(env.items())), "trainer": trainer_digest()}
-    if hosts > 1:  # a one-host run keeps the key it always had
-        key.update(hosts=hosts, chips_per_host=chips_per_host)
+    key.update(machine_slice.cache_key())
     if entrypoint:
         key.update(entrypoint=list(entrypoint), files=named_files(entrypoint))
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
@@ -82,15 +83,14 @@ def reference_run(
     base_env: Mapping[str, str],
     log_path: Path,
     timeout_s: float = 1800,
-    hosts: int = 1,
-    chips_per_host: int = 1,
+    machine_slice: LocalSlice = SINGLE_HOST,
     entrypoint: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """{"params_sha256", "final_step", "final_loss", "wall_s", "cached"} of the uninterrupted run
-    (`hosts` processes with `chips_per_host` devices each for a multi-host slice) of `python -m trainer`, or of
-    `entrypoint`, with `args`. params_sha256 is None when the program completed without sending it. Raises
-    ReferenceFailed when it did not complete."""
-    path = cache_dir / f"{reference_key(args, env, hosts, chips_per_host, entrypoint)}.json"
+    """{"params_sha256", "final_step", "final_loss", "wall_s", "cached"} of the uninterrupted run, on the processes
+    of `machine_slice`, of `python -m trainer`, or of `entrypoint`, with `args`. params_sha256 is None when the
+    program completed without sending it. Raises ReferenceFailed when it did not complete. `base_env` is what every
+    local trainer starts from (slices.local_trainer_env), the job's `env` over it."""
+    path = cache_dir / f"{reference_key(args, env, machine_slice, entrypoint)}.json"
     if path.exists():
         return {**json.loads(path.read_text()), "cached": True}
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -105,19 +105,8 @@ def reference_run(
         }
         argv = [*(entrypoint or TRAINER), *args]
         t = time.monotonic()
-        if hosts == 1:
-            procs = [start_group(argv, env=run_env, stdout=subprocess.PIPE, stderr=log)]
-        else:
-            port = free_port()
-            procs = [
-                start_group(
-                    argv,
-                    env=slice_worker_env(run_env, i, hosts, port, chips_per_host),
-                    stdout=subprocess.PIPE if i == 0 else log,  # process 0 writes the lifecycle entries
-                    stderr=log,
-                )
-                for i in range(hosts)
-            ]
+        # process 0 writes the lifecycle entries; what the others print goes to the log as it comes
+        procs = machine_slice.start(argv, run_env, lambda worker: (subprocess.PIPE if worker == 0 else log, log))
         proc = procs[0]
         try:
             out, _ = proc.communicate(timeout=timeout_s)
@@ -147,8 +136,8 @@ def reference_run(
         "final_loss": completed.get("final_loss"),
         "wall_s": round(wall, 2),
         "args": list(args),
-        "hosts": hosts,
-        "chips_per_host": chips_per_host,
+        "hosts": machine_slice.hosts,
+        "chips_per_host": machine_slice.chips_per_host,
     }
     path.write_text(json.dumps(result, indent=2) + "\n")
     return {**result, "cached": False}

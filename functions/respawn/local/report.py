@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from respawn.accounting import later_split, parse_split, sum_splits
+from respawn.local.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.model import EndReason
 from respawn.prices import MachinePrice, cost, rate_per_h
 
@@ -205,7 +206,7 @@ def build(
     leftover_processes: int,
     price: MachinePrice | None,
     timed_out: bool,
-    hosts: int = 1,
+    machine_slice: LocalSlice = SINGLE_HOST,
     reference_note: str = "no reference run",
 ) -> dict[str, Any]:
     """The report; `reference_note` says why there is no `reference_sha` (exact is then unknown)."""
@@ -234,7 +235,7 @@ def build(
         "timed_out": timed_out,
         "reason": job.get("reason", ""),
         "attempts": len(job.get("attempts") or ()),
-        "hosts": hosts,
+        "hosts": machine_slice.hosts,
         "preemptions": (job.get("counters") or {}).get("preemptions", 0),
         "preemptions_injected": notices,
         "mtbi_realized_s": round(lived / notices, 3) if notices else None,
@@ -283,7 +284,8 @@ def build(
     }
 
 
-def _s(v: float | None) -> str:
+def _seconds(v: float | None) -> str:
+    """A duration of the recovery lines, `-` where it was not measured."""
     return "-" if v is None else f"{v:.2f}s"
 
 
@@ -319,21 +321,23 @@ def render(r: dict[str, Any]) -> str:
             f"  secrets  held by {sec['delivered']} of {sec['trainers']} trainer processes; "
             + (f"LEAKED into {', '.join(sec['leaks'])}" if sec["leaks"] else "in no file under the workdir or on GCS")
         )
-    if r["hosts"] > 1:
-        lines.append(f"  slice    {r['hosts']} hosts: {r['hosts']} trainer processes per attempt")
+    if slice_line := report_line(r["hosts"]):
+        lines.append(slice_line)
     for c in r["chaos"]:
         lines.append(f"  chaos    {c['action']} worker {c['worker']} of {c['machine']} at {c['at_s']:.1f}s")
     for row in r["recovery"]:
+        took = {k: _seconds(row[k]) for k in ("stop_s", "create_s", "queue_s", "boot_s", "start_s", "first_step_s")}
         lines.append(
-            f"  recovery {row['machine']}: stopped in {_s(row['stop_s'])}, create after {_s(row['create_s'])}, "
-            f"queued {_s(row['queue_s'])}, booted {_s(row['boot_s'])}, trainer start {_s(row['start_s'])}: "
-            f"first step after {_s(row['first_step_s'])}"
+            f"  recovery {row['machine']}: stopped in {took['stop_s']}, create after {took['create_s']}, "
+            f"queued {took['queue_s']}, booted {took['boot_s']}, trainer start {took['start_s']}: "
+            f"first step after {took['first_step_s']}"
         )
     if r["recovery"]:
-        lines.append(
-            f"  recovery p50/p95: create {_s(r['recovery_create_p50_s'])}/{_s(r['recovery_create_p95_s'])}, "
-            f"first step {_s(r['recovery_first_step_p50_s'])}/{_s(r['recovery_first_step_p95_s'])}"
-        )
+        p50_p95 = {
+            k: f"{_seconds(r[f'recovery_{k}_p50_s'])}/{_seconds(r[f'recovery_{k}_p95_s'])}"
+            for k in ("create", "first_step")
+        }
+        lines.append(f"  recovery p50/p95: create {p50_p95['create']}, first step {p50_p95['first_step']}")
     c = r["cost"]
     if c:
         saved = 100 * (1 - c["spot_usd"] / c["on_demand_usd"]) if c["on_demand_usd"] else 0.0

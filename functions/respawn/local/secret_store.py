@@ -86,8 +86,8 @@ def secret_env(metadata: Mapping[str, str], values: Mapping[str, str]) -> dict[s
     return {name: values[ref] for name, ref in refs.items()}
 
 
-def delivered(environ: Mapping[str, str], expected: Mapping[str, str]) -> bool:
-    """The process environment holds every expected variable with its value."""
+def delivered(environ: Mapping[str, str], expected: Mapping[str, str | None]) -> bool:
+    """The process environment holds every expected variable with its value (None: the variable is absent)."""
     return all(environ.get(name) == value for name, value in expected.items())
 
 
