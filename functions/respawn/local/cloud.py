@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from respawn import bootstrap
+from respawn.config import Settings
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
 from respawn.local.chaos import Chaos, StepAction, step_actions
 from respawn.local.cloudapi import CloudApiServer, CloudMachine
@@ -240,9 +242,8 @@ class LocalCloud:
             nodes.on_deleted(machine.name)
 
         server.connect(on_ready=on_ready, on_deleted=on_deleted)
-        from respawn.adapters.gcs_store import GcsJobStore
-
-        return Started(gcs, server, nodes, bus, bus_name, GcsJobStore(STATE_BUCKET), recorder)
+        store = bootstrap.job_store(Settings(project=PROJECT, state_bucket=STATE_BUCKET))
+        return Started(gcs, server, nodes, bus, bus_name, store, recorder)
 
     def _cloud_api(self) -> CloudApiServer:
         """The TPU/Compute API with the options' capacity and stockouts, started, its calls copied to the timeline."""
