@@ -729,11 +729,6 @@ def spec_to_message(spec: JobSpec) -> dict[str, Any]:
     return message
 
 
-def cancel_message(job_id: str) -> dict[str, Any]:
-    """The cancel message for a job (validated)."""
-    return _render(CANCEL, CancelRequest(_job_id(job_id, "job_id")))
-
-
 # ---------------------------------------------------------------------------- messages
 
 

@@ -17,7 +17,6 @@ from respawn.spec import (
     MAX_MESSAGE_BYTES,
     CancelRequest,
     SpecError,
-    cancel_message,
     format_ttl,
     load_job_file,
     parse_job_message,
@@ -118,7 +117,9 @@ def test_bytes_str_and_dict_inputs_agree(data_type: type) -> None:
 
 def test_cancel() -> None:
     assert parse_job_message({"action": "cancel", "job_id": "llm-small-001"}) == CancelRequest("llm-small-001")
-    assert parse_job_message(json.dumps(cancel_message("llm-small-001"))) == CancelRequest("llm-small-001")
+    assert parse_job_message(json.dumps({"job_id": "llm-small-001", "action": "cancel"})) == CancelRequest(
+        "llm-small-001"
+    )
 
 
 @pytest.mark.parametrize(
