@@ -238,7 +238,7 @@ class LocalCloud:
             self._check_secrets(nodes, machine)
 
         def on_deleted(machine: CloudMachine) -> None:
-            timeline.add("deleted", machine=machine.name, zone=machine.zone)
+            timeline.add("deleted", t=machine.deleted_at, machine=machine.name, zone=machine.zone)
             nodes.on_deleted(machine.name)
 
         server.connect(on_ready=on_ready, on_deleted=on_deleted)

@@ -84,6 +84,7 @@ class CloudMachine:
     state: str  # the API's own string: TPU `state` or Compute `status`
     created_at: float
     resource: dict[str, Any] = field(default_factory=dict)  # the JSON body as created
+    deleted_at: float | None = None  # stamped under the API's lock: hooks run later, on their own thread
 
 
 @dataclass
@@ -264,7 +265,7 @@ class CloudApiServer:
                 return None
             if m.kind == GPU and (m.resource.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
                 del self._machines[(m.kind, m.project, m.zone, m.name)]
-                self._notify(self.on_deleted, m)
+                self._deleted(m)
                 return self._set(m, "STOPPING")
             qr = self._queued.get((m.project, m.zone, m.name))
             if qr is not None:  # a preempted Spot queued resource: SUSPENDING -> SUSPENDED
@@ -327,6 +328,10 @@ class CloudApiServer:
     def _notify(self, callback: Callable[[CloudMachine], None] | None, m: CloudMachine) -> None:
         if callback is not None:
             self._callbacks.put((callback, _snapshot(m)))
+
+    def _deleted(self, m: CloudMachine) -> None:
+        m.deleted_at = time.time()
+        self._notify(self.on_deleted, m)
 
     def _run_callbacks(self) -> None:
         while (item := self._callbacks.get()) is not None:
@@ -464,7 +469,7 @@ class CloudApiServer:
             if node is not None:
                 self._machines.pop((TPU, project, zone, node.name), None)
                 node.state = "DELETING"
-                self._notify(self.on_deleted, node)
+                self._deleted(node)
             op = self._new_op(TPU, project, zone, name, "delete", "queuedResources")
             self._changed.notify_all()
             return self._finish(op, None, None)
@@ -493,7 +498,7 @@ class CloudApiServer:
                 if op.get("waiting") == (kind, project, zone, name):  # a create still in flight completes
                     op["waiting"] = None
                     self._finish(op, None, m)
-            self._notify(self.on_deleted, m)
+            self._deleted(m)
             op = self._new_op(kind, project, zone, name, "delete")
             self._changed.notify_all()
             return self._finish(op, None, None)
