@@ -27,12 +27,16 @@ resource "google_service_account" "build" {
 
 # --- the orchestrator -------------------------------------------------------------------------------------------
 # Predefined roles (tpu.admin, compute.instanceAdmin.v1) also grant updating, starting, attaching disks and more;
-# the functions only create, look at and delete machines.
+# the functions only create, look at and delete machines. Each permission is the one Google's API reference names
+# under "IAM Permissions" for a method respawn calls (compute/docs/reference/rest/v1/RESOURCE/METHOD,
+# tpu/docs/reference/rest/v2/...); the names are those of the Compute Engine roles reference
+# (iam/docs/roles-permissions/compute). docs/compute-engine.md lists which call needs which.
 resource "google_project_iam_custom_role" "orchestrator" {
   role_id     = "respawnOrchestrator"
   title       = "respawn orchestrator"
-  description = "Create, get, list and delete Cloud TPU queued resources, nodes and Spot GPU VMs."
+  description = "Create, get, list and delete Cloud TPU queued resources and nodes, and Compute Engine TPU and GPU VMs, slice MIGs, their templates, workload policies and resize requests."
   permissions = [
+    # --- Cloud TPU API (machine.api: tpu) ---
     "tpu.nodes.create",
     "tpu.nodes.delete",
     "tpu.nodes.get",
@@ -45,6 +49,12 @@ resource "google_project_iam_custom_role" "orchestrator" {
     "tpu.queuedResources.list",
     "tpu.operations.get",
     "tpu.operations.list",
+    # --- Compute Engine: one instance (GPU VMs, single-host TPU VMs) ---
+    # instances.insert checks compute.instances.create plus one permission per field set in the body: metadata
+    # (setMetadata), labels (setLabels), scheduling/Spot/flex-start (setScheduling), the machines' service account
+    # (setServiceAccount, with actAs below), the boot disk (disks.create, disks.setLabels), its image
+    # (images.useReadOnly), the NIC (subnetworks.use, subnetworks.useExternalIp)
+    # (compute/docs/reference/rest/v1/instances/insert).
     "compute.instances.create",
     "compute.instances.delete",
     "compute.instances.get",
@@ -58,7 +68,41 @@ resource "google_project_iam_custom_role" "orchestrator" {
     "compute.images.useReadOnly",
     "compute.subnetworks.use",
     "compute.subnetworks.useExternalIp",
+    # --- Compute Engine: a multi-host TPU slice = workload policy + instance template + MIG ---
+    # (compute/docs/tpus/create-tpu-mig-multi-host-slice, tpu/docs/tpus-and-migs)
+    # The regional workload policy: resourcePolicies.insert / get / delete; the MIG that names it in
+    # resourcePolicies.workloadPolicy needs `use` on it (compute/docs/reference/rest/v1/resourcePolicies).
+    "compute.resourcePolicies.create",
+    "compute.resourcePolicies.delete",
+    "compute.resourcePolicies.get",
+    "compute.resourcePolicies.use",
+    # The global instance template: instanceTemplates.insert / get / delete; a MIG built from it needs
+    # useReadOnly on it (compute/docs/reference/rest/v1/instanceTemplates, compute/docs/access/iam
+    # "Managed instance groups and IAM"). The MIG then creates its VMs as the project's Google APIs service
+    # agent, not as the functions, so no instances.* beyond the above is needed for a slice.
+    "compute.instanceTemplates.create",
+    "compute.instanceTemplates.delete",
+    "compute.instanceTemplates.get",
+    "compute.instanceTemplates.useReadOnly",
+    # The zonal MIG: instanceGroupManagers.insert / get / delete (deleting it deletes its VMs), list (the sweep's
+    # listing per zone) and listManagedInstances (its VMs and their states; gcloud's `managed list-instances`
+    # names compute.instanceGroupManagers.list, the REST reference the get permission: both are granted).
+    "compute.instanceGroupManagers.create",
+    "compute.instanceGroupManagers.delete",
+    "compute.instanceGroupManagers.get",
+    "compute.instanceGroupManagers.list",
+    # Flex-start on a slice: instanceGroupManagerResizeRequests.insert "requires the following IAM permission on
+    # the specified resource instanceGroupManager: compute.instanceGroupManagers.update"
+    # (compute/docs/reference/rest/v1/instanceGroupManagerResizeRequests/insert); resizeRequests.get, which
+    # reads its state (ACCEPTED = queued), requires compute.instanceGroupManagers.get (.../get). Compute Engine
+    # has no resize-request permission of its own. `update` also lets the holder change a MIG's other settings;
+    # the functions change none.
+    "compute.instanceGroupManagers.update",
+    # Waiting on each create/delete: instances, MIGs and resize requests return zone operations, workload
+    # policies region operations, instance templates global operations.
     "compute.zoneOperations.get",
+    "compute.regionOperations.get",
+    "compute.globalOperations.get",
   ]
   depends_on = [google_project_service.apis]
 }
@@ -89,7 +133,10 @@ resource "google_pubsub_topic_iam_member" "orchestrator_publishes_status" {
   member = google_service_account.orchestrator.member
 }
 
-# Creating a machine that runs as the machines' account needs actAs on that one account, not on the project.
+# Creating a machine that runs as the machines' account needs iam.serviceAccounts.actAs on that one account, not on
+# the project: an instance, and equally an instance template and the MIG built from it, names it in
+# serviceAccounts (compute/docs/access/iam "Managed instance groups and IAM", iam/docs/service-accounts-actas).
+# Service Account User granted on this account alone carries actAs (plus get/list) for this account and no other.
 resource "google_service_account_iam_member" "orchestrator_acts_as_machine" {
   service_account_id = google_service_account.machine.name
   role               = "roles/iam.serviceAccountUser"

@@ -61,6 +61,15 @@ def with_instance(name: str) -> dict[str, Any]:
         "t1v-n-XYZ-w-0",
         "t1v-n-2f3e9a1b-w-",
         "gke-pool-5b909138-nr65",
+        # VMs of a slice MIG: baseInstanceName NAME-w plus a hyphen and 4 random [a-z0-9] (docs/compute-engine.md)
+        "llm-small-001-a1-w-x7k2",
+        "llm-a12-w-0a9z",
+        "llm-a1-w-a123",  # a slice VM of llm-a1, not attempt 123 of a job `llm-a1-w`
+        "llm-a1-w-ABCD",
+        "llm-a1-w-x7k",
+        "llm-a1-w-x7k2z",
+        "llm-a1-w-",
+        "llm-w-x7k2",
     ],
 )
 def test_the_filter_and_the_parser_agree_on_machine_names(instance: str) -> None:

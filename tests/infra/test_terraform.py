@@ -160,13 +160,55 @@ def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) ->
     } | {f"compute.instances.{verb}" for verb in ("create", "delete", "get", "list", "setMetadata", "setLabels")}
     assert needed | {"tpu.operations.get", "compute.zoneOperations.get", "compute.disks.create"} <= permissions
     assert all(p.startswith(("tpu.", "compute.")) for p in permissions)
-    assert not any(p.endswith(("setIamPolicy", ".update", ".start", ".stop", ".reset")) for p in permissions)
+    assert not any(p.endswith(("setIamPolicy", ".start", ".stop", ".reset")) for p in permissions)
+    # the one update: Google's reference requires it for a MIG resize request (flex-start); no other object's
+    assert [p for p in permissions if p.endswith(".update")] == ["compute.instanceGroupManagers.update"]
+    assert len(role["permissions"]) == len(permissions)  # no permission listed twice
     grant = config.resource("google_project_iam_member", "orchestrator_machines")
     assert grant == {
         "project": "${var.project}",
         "role": "${google_project_iam_custom_role.orchestrator.id}",
         "member": ORCHESTRATOR,
     }
+
+
+# What the Compute Engine TPU path calls (docs/compute-engine.md, "IAM"): per object, exactly these verbs.
+COMPUTE_TPU_PATH = {
+    "instances": {"create", "delete", "get", "list", "setLabels", "setMetadata", "setScheduling", "setServiceAccount"},
+    "instanceTemplates": {"create", "delete", "get", "useReadOnly"},
+    "resourcePolicies": {"create", "delete", "get", "use"},
+    "instanceGroupManagers": {"create", "delete", "get", "list", "update"},
+    "zoneOperations": {"get"},
+    "regionOperations": {"get"},
+    "globalOperations": {"get"},
+    # what instances.insert checks for the boot disk, its image and the NIC (GPU VMs needed them before)
+    "disks": {"create", "setLabels"},
+    "images": {"useReadOnly"},
+    "subnetworks": {"use", "useExternalIp"},
+}
+
+
+def compute_verbs(permissions: list[str]) -> dict[str, set[str]]:
+    verbs: dict[str, set[str]] = {}
+    for permission in permissions:
+        service, kind, verb = permission.split(".")
+        if service == "compute":
+            verbs.setdefault(kind, set()).add(verb)
+    return verbs
+
+
+def test_the_compute_engine_permissions_are_exactly_what_the_tpu_path_calls(config: Config) -> None:
+    """Slices (policy, template, MIG, resize requests) and single-host TPU VMs, and nothing broader: no wildcard,
+    no list of templates or policies, no aggregated listing, no instance updates or restarts."""
+    role = config.resource("google_project_iam_custom_role", "orchestrator")
+    assert compute_verbs(role["permissions"]) == COMPUTE_TPU_PATH
+
+
+def test_the_compute_permission_check_can_fail() -> None:
+    broader = [f"compute.{kind}.{verb}" for kind, verbs in COMPUTE_TPU_PATH.items() for verb in verbs]
+    assert compute_verbs(broader) == COMPUTE_TPU_PATH
+    assert compute_verbs([*broader, "compute.instanceTemplates.list"]) != COMPUTE_TPU_PATH
+    assert compute_verbs([p for p in broader if p != "compute.regionOperations.get"]) != COMPUTE_TPU_PATH
 
 
 def test_only_the_orchestrator_publishes_status_notices(config: Config) -> None:
@@ -228,6 +270,8 @@ def test_bucket_grants_are_per_bucket(config: Config) -> None:
 
 
 def test_act_as_is_granted_on_the_machine_account_only(config: Config) -> None:
+    """Instances, instance templates and the MIGs built from them name the machines' account: the functions may act
+    as that one account (Service Account User on it), on no other account and not project-wide."""
     act_as = [
         body
         for body in config.of_type("google_service_account_iam_member").values()
@@ -239,6 +283,14 @@ def test_act_as_is_granted_on_the_machine_account_only(config: Config) -> None:
             "role": "roles/iam.serviceAccountUser",
             "member": ORCHESTRATOR,
         }
+    ]
+    everything = strings([config.resources, config.data, config.locals])
+    assert "iam.serviceAccounts.actAs" not in everything  # not folded into the project-wide custom role
+    assert not [
+        body
+        for type_ in ("google_project_iam_member", "google_project_iam_binding")
+        for body in config.of_type(type_).values()
+        if body["role"].startswith("roles/iam.")
     ]
 
 
