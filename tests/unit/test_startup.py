@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,10 +59,17 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
 
 
 # The metadata server: the value of FAKE_AGENT_WORKER_NUMBER / FAKE_PREEMPTED / FAKE_ENDPOINTS, else HTTP 404
-# (curl -f exits 22).
+# (curl -f exits 22). With FAKE_SLICE_LATE=N, a slice's two keys answer 404 to their first N reads together (a
+# VM booted before its slice's metadata is complete). Shell builtins only: it also runs on a bare PATH.
 FAKE_CURL = """#!/bin/sh
 for url; do :; done
-case "${url##*/}" in
+key=${url##*/}
+if [ -n "${FAKE_SLICE_LATE-}" ] && [ "$key" = worker-network-endpoints ]; then
+  n=0; [ -e "$FAKE_LOG.md" ] && read -r n < "$FAKE_LOG.md"
+  n=$((n + 1)); echo "$n" > "$FAKE_LOG.md"
+  [ "$n" -gt "$FAKE_SLICE_LATE" ] || exit 22
+fi
+case "$key" in
   agent-worker-number) answer=${FAKE_AGENT_WORKER_NUMBER-} ;;
   preempted) answer=${FAKE_PREEMPTED-} ;;
   worker-network-endpoints) answer=${FAKE_ENDPOINTS-} ;;
@@ -72,12 +80,8 @@ printf %s "$answer"
 """
 
 
-def spec(kind: str = "tpu", **kw: object) -> JobSpec:
-    machine = (
-        TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")
-        if kind == "tpu"
-        else GpuMachine("g2-standard-8", "nvidia-l4", 1)
-    )
+def spec(kind: str = "tpu", tpu: str = "v5litepod-8", **kw: object) -> JobSpec:
+    machine = TpuMachine(tpu, "v2-alpha-tpuv5-lite") if kind == "tpu" else GpuMachine("g2-standard-8", "nvidia-l4", 1)
     base: dict[str, object] = dict(
         job_id="job-1",
         machine=machine,
@@ -107,11 +111,14 @@ def calls(env: dict[str, str]) -> list[list[str]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+BASH = shutil.which("bash") or "/bin/bash"
+
+
 def run_script(tmp_path: Path, env: dict[str, str], s: JobSpec, **extra: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "startup.sh"
     script.write_text(startup_script(s, 3))
     return subprocess.run(
-        ["bash", str(script)], cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=60
+        [BASH, str(script)], cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=60
     )
 
 
@@ -409,3 +416,160 @@ def test_each_tpu_worker_tells_its_trainer_which_host_of_the_slice_it_is(
     assert workers == {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": hosts}
     (run,) = [c for c in calls(fakes) if c[:2] == ["docker", "run"]]
     assert run[run.index("TPU_WORKER_ID") - 1 :][:4] == ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
+
+
+# --- readying the machine: Docker where the boot image has none, the slice's metadata -----------------------------
+
+# apt-get: `install` fails FAKE_APT_FAILS times, then "installs" docker (copies the fake docker onto PATH) and
+# records the environment the script gave it.
+FAKE_APT = """#!{python}
+import json, os, pathlib, shutil, sys
+log = os.environ["FAKE_LOG"]
+with open(log, "a") as f:
+    f.write(json.dumps(["apt-get", *sys.argv[1:]]) + "\\n")
+if "install" in sys.argv:
+    tries = pathlib.Path(log + ".installs")
+    n = int(tries.read_text()) + 1 if tries.exists() else 1
+    tries.write_text(str(n))
+    if n <= int(os.environ.get("FAKE_APT_FAILS", "0")):
+        sys.exit("E: Could not get lock /var/lib/dpkg/lock-frontend")
+    here = pathlib.Path(sys.argv[0]).parent
+    shutil.copy(here / "docker.package", here / "docker")
+    keys = ("DEBIAN_FRONTEND", "NEEDRESTART_MODE")
+    pathlib.Path(log + ".apt-env").write_text(json.dumps({{k: os.environ.get(k) for k in keys}}))
+"""
+
+# What the script runs besides the fakes. A PATH of only these and the fakes: the machine's own apt-get and
+# systemctl can never run.
+TOOLS = ("bash", "tr", "grep", "awk", "paste", "rm", "touch", "sleep", "seq", "cat", "sed")
+
+
+@pytest.fixture
+def bare(fakes: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A boot image without Docker (ubuntu-accel-*): the fakes, apt-get and systemctl, and no machine PATH."""
+    bin_dir = Path(fakes["PATH"].split(":")[0])
+    (bin_dir / "docker").rename(bin_dir / "docker.package")
+    (bin_dir / "apt-get").write_text(FAKE_APT.format(python=sys.executable))
+    (bin_dir / "systemctl").write_text(FAKE.format(python=sys.executable))
+    for name in ("apt-get", "systemctl"):
+        (bin_dir / name).chmod(0o755)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in TOOLS:
+        found = shutil.which(tool)
+        if found:
+            (tools / tool).symlink_to(found)
+    no_sleep({**fakes, "PATH": str(bin_dir)})
+    return {**fakes, "PATH": f"{bin_dir}:{tools}"}
+
+
+def names(env: dict[str, str]) -> list[str]:
+    return [" ".join(c[:2]) for c in calls(env)]
+
+
+@pytest.mark.parametrize("kind", ["tpu", "gpu"])
+def test_a_machine_with_docker_installs_nothing(tmp_path: Path, fakes: dict[str, str], kind: str) -> None:
+    """Cloud TPU API runtime images and the GPU image have Docker: the check is one `command -v`."""
+    assert run_script(tmp_path, fakes, spec(kind)).returncode == 0
+    assert not [c for c in calls(fakes) if c[0] in ("apt-get", "systemctl")]
+
+
+def test_docker_is_installed_from_the_os_packages_when_missing(tmp_path: Path, bare: dict[str, str]) -> None:
+    result = run_script(tmp_path, bare, spec())
+
+    assert result.returncode == 0, result.stderr
+    apt = [c for c in calls(bare) if c[0] == "apt-get"]
+    assert apt == [
+        ["apt-get", "-q", "-o", "DPkg::Lock::Timeout=120", "update"],
+        ["apt-get", "-q", "-y", "-o", "DPkg::Lock::Timeout=120", "install", "docker.io"],
+    ]
+    assert json.loads(Path(bare["FAKE_LOG"] + ".apt-env").read_text()) == {
+        "DEBIAN_FRONTEND": "noninteractive",  # no prompt can stall a boot
+        "NEEDRESTART_MODE": "l",  # Ubuntu's needrestart lists, and restarts nothing mid-boot
+    }
+    assert names(bare)[:4] == ["apt-get -q", "apt-get -q", "systemctl enable", "gcloud auth"]
+    assert ["systemctl", "enable", "--now", "docker"] in calls(bare)
+    assert docker_run(bare)[:3] == ["docker", "run", "--rm"]  # then the trainer runs as on any machine
+    assert "installing Docker" in result.stderr
+
+
+def test_a_failed_docker_install_is_retried(tmp_path: Path, bare: dict[str, str]) -> None:
+    result = run_script(tmp_path, bare, spec(), FAKE_APT_FAILS="2")  # e.g. apt's lock held past the timeout
+    assert result.returncode == 0, result.stderr
+    installs = [c for c in calls(bare) if c[:1] == ["apt-get"] and "install" in c]
+    assert len(installs) == 3
+    assert result.stderr.count("docker install failed") == 2
+    assert [(p["event"], how) for p, how in said(bare)] == [("completed", "INFO")]  # the trainer ran and finished
+
+
+def test_docker_that_cannot_be_installed_is_the_attempts_failure(tmp_path: Path, bare: dict[str, str]) -> None:
+    result = run_script(tmp_path, bare, spec(), FAKE_APT_FAILS="99", FAKE_AGENT_WORKER_NUMBER="0")
+
+    assert result.returncode == 1
+    assert len([c for c in calls(bare) if c[:1] == ["apt-get"] and "install" in c]) == 4  # bounded
+    assert not [c for c in calls(bare) if c[0] in ("docker", "systemctl")]  # no trainer without Docker
+    ((payload, severity),) = said(bare)
+    error = "could not install docker (apt-get install docker.io failed 4 times)"
+    assert payload == {"event": "failed", "job_id": "job-1", "attempt": 3, "worker": 0, "error": error}
+    assert severity == "ERROR"
+    assert isinstance(parsed(payload), TrainerFailed)
+
+
+def test_an_image_without_docker_or_apt_get_fails_with_a_clear_error(tmp_path: Path, bare: dict[str, str]) -> None:
+    (Path(bare["PATH"].split(":")[0]) / "apt-get").unlink()
+    result = run_script(tmp_path, bare, spec())
+    assert result.returncode == 1
+    ((payload, _),) = said(bare)
+    assert payload["error"] == "docker is missing and the boot image has no apt-get to install it"
+
+
+SLICE = "v5litepod-16"  # 4 hosts of 4 chips
+FOUR_HOSTS = "respawn-a1-w-k2x9,respawn-a1-w-0b7q,respawn-a1-w-m3zz,respawn-a1-w-p1a8"  # a slice MIG's host names
+
+
+def test_a_slice_vm_waits_for_its_worker_number_and_every_peer(tmp_path: Path, bare: dict[str, str]) -> None:
+    """Docker is installed first (it takes the longest), then the script waits for the slice's metadata."""
+    metadata = {"FAKE_AGENT_WORKER_NUMBER": "2", "FAKE_ENDPOINTS": FOUR_HOSTS, "FAKE_SLICE_LATE": "3"}
+    result = run_script(tmp_path, bare, spec(tpu=SLICE), **metadata)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("waiting for the slice's metadata") == 2  # the first read and one retry were early
+    workers = json.loads(Path(bare["FAKE_LOG"] + ".env").read_text())
+    assert workers == {"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": FOUR_HOSTS}
+    assert names(bare).index("apt-get -q") < names(bare).index("docker pull")
+    assert said(bare) == []  # worker 2's clean exit: worker 0 speaks for the slice
+
+
+def test_a_slice_vm_that_never_sees_all_its_peers_fails(
+    tmp_path: Path, bare: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(startup, "SLICE_METADATA_TRIES", 3)
+    two_of_four = ",".join(FOUR_HOSTS.split(",")[:2])
+    result = run_script(tmp_path, bare, spec(tpu=SLICE), FAKE_AGENT_WORKER_NUMBER="1", FAKE_ENDPOINTS=two_of_four)
+
+    assert result.returncode == 1
+    assert not [c for c in calls(bare) if c[:2] == ["docker", "run"]]  # a partial slice would hang in JAX's init
+    ((payload, _),) = said(bare)
+    assert payload["error"] == "the metadata server never named this VM's worker number and 4 peers"
+    assert payload["worker"] == 1
+
+
+def test_a_single_host_tpu_does_not_wait_for_peers(tmp_path: Path, fakes: dict[str, str]) -> None:
+    """One host: no peers to wait for (a Compute Engine instance may have no worker metadata at all)."""
+    result = run_script(tmp_path, fakes, spec(tpu="v5litepod-8"))
+    assert result.returncode == 0, result.stderr
+    assert "waiting" not in result.stderr
+    workers = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
+    assert workers == {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": ""}
+
+
+@pytest.mark.parametrize(
+    "s",
+    [spec(), spec("gpu"), spec(tpu=SLICE), spec(secrets=SECRETS), spec("gpu", image="nvcr.io/nvidia/jax:24.04")],
+    ids=["tpu", "gpu", "slice", "secrets", "gpu-no-registry"],
+)
+def test_every_rendered_script_is_valid_bash(tmp_path: Path, s: JobSpec) -> None:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(s, 1))
+    checked = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr

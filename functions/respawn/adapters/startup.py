@@ -9,6 +9,12 @@ Manager references: the script reads each with the machine's account into its
 own environment and names it to `docker run -e NAME`, so a value is never in
 the script, the metadata or a command line.
 
+Before the trainer, the script readies the machine: it installs Docker where the
+boot image has none (Compute Engine's TPU images: docs/compute-engine.md, Boot
+image), and on a multi-host TPU slice waits until the metadata server names this
+VM's worker number and all its peers, which the trainer needs to find the others.
+What cannot be readied is the attempt's `failed` entry (the trainer never starts).
+
 When the container exits, the script speaks for a trainer that may have said
 nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
 notice and `completed` without it (worker 0 speaks for a slice), anything else
@@ -24,6 +30,7 @@ import re
 import shlex
 
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
+from respawn.topology import tpu_topology
 
 # The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
 # a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
@@ -143,33 +150,75 @@ worker=$(md attributes/agent-worker-number || echo 0)
 case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
 """
 
+# The attempt's `failed` entry when the machine cannot be readied: counted against max_failures (the next attempt
+# gets a new machine), and no trainer is started. $1 is respawn's own text (no quotes or backslashes).
+_FAIL = """fail() {{
+  log "$1"
+  gcloud logging write respawn-trainer \\
+    "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \\
+      {job_id} {attempt} "$worker" "$1")" \\
+    --payload-type=json --severity=ERROR || log "could not log the failure"
+  exit 1
+}}
+"""
+
+# Compute Engine's TPU boot images (ubuntu-accel-*) come without Docker; Cloud TPU API runtime images and the GPU
+# image have it, so there this is one `command -v`. The install is the OS's own package, retried a few times:
+# at first boot apt's lock is often held by unattended-upgrades (Lock::Timeout waits for it), and a mirror may
+# fail once. Cost: docs/compute-engine.md, Boot image; an image with Docker skips it.
+_DOCKER = """if ! command -v docker >/dev/null 2>&1; then
+  command -v apt-get >/dev/null 2>&1 || fail "docker is missing and the boot image has no apt-get to install it"
+  log "installing Docker from the OS packages"
+  export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=l
+  for i in 1 2 3 4; do
+    apt-get -q -o DPkg::Lock::Timeout=120 update \\
+      && apt-get -q -y -o DPkg::Lock::Timeout=120 install docker.io && break
+    log "docker install failed (try $i)"; sleep $((i * 15))
+  done
+  command -v docker >/dev/null 2>&1 || fail "could not install docker (apt-get install docker.io failed 4 times)"
+  systemctl enable --now docker || log "could not enable the docker service"
+fi
+"""
+
 # What JAX's own TPU cluster detection reads (jax/_src/clusters/cloud_tpu_cluster.py): worker-network-endpoints is
-# host names, or NAME:ID:IP triples. The trainer gets them as TPU_WORKER_ID / TPU_WORKER_HOSTNAMES.
-_TPU_WORKERS = """TPU_WORKER_ID=$worker
-TPU_WORKER_HOSTNAMES=$(md attributes/worker-network-endpoints | tr ',' '\\n' \\
-  | awk -F: 'NF == 3 { print $3 } NF == 1 { print $1 }' | paste -sd, -)
+# host names (the newer format, which JAX parses from 0.10.0: its changelog names the fix for GCE TPU managed
+# instance groups) or NAME:ID:IP triples (Cloud TPU API nodes). The trainer gets them as TPU_WORKER_ID /
+# TPU_WORKER_HOSTNAMES. On a multi-host slice the script waits until the metadata names this VM's worker number
+# and every peer: Google does not say whether a MIG VM's metadata is complete when its startup script first runs,
+# and a VM that read nothing would take itself for worker 0 of a one-host slice.
+_TPU_WORKERS = """hosts={hosts}
+peers=$(md attributes/worker-network-endpoints)
+if [ "$hosts" -gt 1 ]; then
+  tries=0
+  until number=$(md attributes/agent-worker-number) && peers=$(md attributes/worker-network-endpoints) \\
+      && [ "$(printf %s "$peers" | tr ',' '\\n' | grep -c .)" -eq "$hosts" ]; do
+    tries=$((tries + 1))
+    [ "$tries" -lt {tries} ] || fail "the metadata server never named this VM's worker number and $hosts peers"
+    log "waiting for the slice's metadata (agent-worker-number, worker-network-endpoints)"; sleep 5
+  done
+  case "$number" in ''|*[!0-9]*) fail "agent-worker-number is not a number: $number" ;; esac
+  worker=$number
+fi
+TPU_WORKER_ID=$worker
+TPU_WORKER_HOSTNAMES=$(printf %s "$peers" | tr ',' '\\n' | awk -F: 'NF == 3 {{ print $3 }} NF == 1 {{ print $1 }}' \\
+  | paste -sd, -)
 export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
 """
 
 # Each secret is read with the machine's service account (a few tries), exported into this script's environment
 # only and handed to the container by name. One that cannot be read is the attempt's `failed` entry, naming the
-# variable and the reference: a failure counted against max_failures, and no container is started.
-_SECRETS = """secret() {{
+# variable and the reference.
+_SECRETS = """secret() {
   local value i
   for i in 1 2 3; do
     if value=$(gcloud secrets versions access "$2" --quiet && printf .); then
-      export "$1=${{value%.}}"
+      export "$1=${value%.}"
       return 0
     fi
     [ "$i" -lt 3 ] && sleep $((i * 5))
   done
-  log "could not read secret $1 from $2"
-  gcloud logging write respawn-trainer \\
-    "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \\
-      {job_id} {attempt} "$worker" "could not read secret $1 from $2")" \\
-    --payload-type=json --severity=ERROR || log "could not log the failure"
-  exit 1
-}}
+  fail "could not read secret $1 from $2"
+}
 """
 
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
@@ -208,16 +257,25 @@ exit "$rc"
 """
 
 
+# How long a slice VM waits for its metadata: 120 tries 5 s apart, about 10 minutes.
+SLICE_METADATA_TRIES = 120
+
+
 def startup_script(spec: JobSpec, attempt: int) -> str:
     q = shlex.quote
-    parts = [_HEADER.format(attempt=int(attempt))]
-    parts.append(_METADATA)
-    parts.append(_GPU if isinstance(spec.machine, GpuMachine) else _TPU_WORKERS)
+    parts = [_HEADER.format(attempt=int(attempt)), _METADATA]
+    parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt)))
+    parts.append(_DOCKER)
+    if isinstance(spec.machine, GpuMachine):
+        parts.append(_GPU)
+    else:
+        hosts = tpu_topology(spec.machine.accelerator_type).hosts
+        parts.append(_TPU_WORKERS.format(hosts=hosts, tries=SLICE_METADATA_TRIES))
     host = _registry_host(spec.image)
     if host:
         parts.append(_AUTH.format(host=q(host)))
     if spec.secrets:
-        parts.append(_SECRETS.format(job_id=q(spec.job_id), attempt=int(attempt)))
+        parts.append(_SECRETS)
         parts += [f"secret {q(name)} {q(ref)}\n" for name, ref in spec.secrets]
     run = shlex.join(docker_run_argv(spec, attempt))
     parts.append(
