@@ -72,17 +72,21 @@ resource "google_project_iam_custom_role" "orchestrator" {
     # (compute/docs/tpus/create-tpu-mig-multi-host-slice, tpu/docs/tpus-and-migs)
     # The regional workload policy: resourcePolicies.insert / get / delete; the MIG that names it in
     # resourcePolicies.workloadPolicy needs `use` on it (compute/docs/reference/rest/v1/resourcePolicies).
+    # `list`: the provider's listing of a region finds a policy whose MIG is gone (a crash between creates) and
+    # reports it for deletion, so nothing an attempt made outlives it.
     "compute.resourcePolicies.create",
     "compute.resourcePolicies.delete",
     "compute.resourcePolicies.get",
+    "compute.resourcePolicies.list",
     "compute.resourcePolicies.use",
-    # The global instance template: instanceTemplates.insert / get / delete; a MIG built from it needs
-    # useReadOnly on it (compute/docs/reference/rest/v1/instanceTemplates, compute/docs/access/iam
-    # "Managed instance groups and IAM"). The MIG then creates its VMs as the project's Google APIs service
-    # agent, not as the functions, so no instances.* beyond the above is needed for a slice.
+    # The global instance template: instanceTemplates.insert / get / delete / list (list: as for policies); a
+    # MIG built from it needs useReadOnly on it (compute/docs/reference/rest/v1/instanceTemplates,
+    # compute/docs/access/iam "Managed instance groups and IAM"). The MIG then creates its VMs as the project's
+    # Google APIs service agent, not as the functions, so no instances.* beyond the above is needed for a slice.
     "compute.instanceTemplates.create",
     "compute.instanceTemplates.delete",
     "compute.instanceTemplates.get",
+    "compute.instanceTemplates.list",
     "compute.instanceTemplates.useReadOnly",
     # The zonal MIG: instanceGroupManagers.insert / get / delete (deleting it deletes its VMs), list (the sweep's
     # listing per zone) and listManagedInstances (its VMs and their states; gcloud's `managed list-instances`
@@ -98,8 +102,8 @@ resource "google_project_iam_custom_role" "orchestrator" {
     # has no resize-request permission of its own. `update` also lets the holder change a MIG's other settings;
     # the functions change none.
     "compute.instanceGroupManagers.update",
-    # Waiting on each create/delete: instances, MIGs and resize requests return zone operations, workload
-    # policies region operations, instance templates global operations.
+    # Waiting on each create/delete (operations `wait`, authorized by `get`): instances, MIGs and resize requests
+    # return zone operations, workload policies region operations, instance templates global operations.
     "compute.zoneOperations.get",
     "compute.regionOperations.get",
     "compute.globalOperations.get",
