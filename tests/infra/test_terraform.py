@@ -438,3 +438,11 @@ def test_the_needed_apis_are_enabled(config: Config) -> None:
         )
     }
     assert needed <= set(config.locals["apis"])
+
+
+def test_the_compute_engine_guide_names_every_kind_of_object_the_role_reaches(config: Config) -> None:
+    guide = (REPO / "docs" / "compute-engine.md").read_text(encoding="utf-8")
+    iam = guide.split("\n## IAM\n", 1)[1].split("\n## ", 1)[0]
+    kinds = set(compute_verbs(config.resource("google_project_iam_custom_role", "orchestrator")["permissions"]))
+    assert kinds == set(COMPUTE_TPU_PATH)
+    assert [kind for kind in sorted(kinds) if f"`compute.{kind}." not in iam] == []
