@@ -10,8 +10,8 @@ own environment and names it to `docker run -e NAME`, so a value is never in
 the script, the metadata or a command line.
 
 Before the trainer, the script readies the machine: it installs Docker where the
-boot image has none (Compute Engine's TPU images: docs/compute-engine.md, Boot
-image), and on a multi-host TPU slice waits until the metadata server names this
+boot image has none (Compute Engine's TPU images: docs/compute-engine.md, The
+machine), and on a multi-host TPU slice waits until the metadata server names this
 VM's worker number and all its peers, which the trainer needs to find the others.
 What cannot be readied is the attempt's `failed` entry (the trainer never starts).
 
@@ -165,7 +165,7 @@ _FAIL = """fail() {{
 # Compute Engine's TPU boot images (ubuntu-accel-*) come without Docker; Cloud TPU API runtime images and the GPU
 # image have it, so there this is one `command -v`. The install is the OS's own package, retried a few times:
 # at first boot apt's lock is often held by unattended-upgrades (Lock::Timeout waits for it), and a mirror may
-# fail once. Cost: docs/compute-engine.md, Boot image; an image with Docker skips it.
+# fail once. Cost: docs/compute-engine.md, The machine; an image with Docker skips it.
 _DOCKER = """if ! command -v docker >/dev/null 2>&1; then
   command -v apt-get >/dev/null 2>&1 || fail "docker is missing and the boot image has no apt-get to install it"
   log "installing Docker from the OS packages"
