@@ -500,6 +500,8 @@ def _render(shape: Shape, model: Any) -> dict[str, Any]:
 
 def _tpu_machine(fields: _Reading) -> TpuMachine:
     fields["accelerator_type"]  # read before request, which decides whether queue_timeout may be given
+    if fields["runtime_version"] is None:
+        _fail(_join(fields.path, "runtime_version"), "expected a string, got null", "a TPU runtime version")
     if fields["request"] != "queued" and "queue_timeout" in fields.message:
         _fail(_join(fields.path, "queue_timeout"), "only a queued request waits in a queue", 'request "queued"')
     fields["queue_timeout"]
@@ -517,10 +519,12 @@ TPU_MACHINE = Shape(
         Field("accelerator_type", _tpu_type, required=True),
         Field(
             "runtime_version",
-            _matching(
-                re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$"),
-                "a TPU runtime version like v2-alpha-tpuv5-lite or tpu-ubuntu2204-base",
-                "a TPU runtime version",
+            _optional(
+                _matching(
+                    re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$"),
+                    "a TPU runtime version like v2-alpha-tpuv5-lite or tpu-ubuntu2204-base",
+                    "a TPU runtime version",
+                )
             ),
             required=True,
         ),

@@ -1,4 +1,5 @@
-"""Cloud TPU accelerator types -> slice shape: chips, hosts (worker VMs) and chips per host.
+"""Cloud TPU accelerator types -> slice shape: chips, hosts (worker VMs) and chips per host; and, for the
+generations Compute Engine offers, the machine type, VM count and topology a slice is made of there.
 
 The one table of TPU shapes. An accelerator type is `GENERATION-SIZE`; what SIZE counts (TensorCores or
 chips) and which sizes exist differ per generation. Each row cites the Cloud TPU page it comes from.
@@ -56,6 +57,8 @@ GENERATIONS: dict[str, Generation] = {
         ),
         # v6e (Trillium): SIZE counts chips; v6e-1/4/8 are one host, 16 to 256 chips are slices of 4-chip hosts.
         Generation("v6e", (1, 4, 8, *_doubling(16, 256)), 1, 4, 8, "https://cloud.google.com/tpu/docs/v6e"),
+        # TPU7x (Ironwood): SIZE counts TensorCores (2 per chip), as for v5p; tpu7x-8 (2x2x1) is one 4-chip VM.
+        Generation("tpu7x", _doubling(8, 16384), 2, 4, 8, "https://cloud.google.com/tpu/docs/tpu7x"),
     )
 }
 
@@ -94,3 +97,105 @@ def tpu_topology(accelerator_type: str) -> Topology:
     chips = max(1, size // gen.cores_per_chip)
     hosts = 1 if size <= gen.single_host_max else chips // gen.chips_per_host
     return Topology(accelerator_type, chips, hosts, chips if hosts == 1 else gen.chips_per_host)
+
+
+# ---------------------------------------------------------------------------- Compute Engine
+
+# The generations Compute Engine offers as TPU machine types ("Compute Engine supports the following TPU versions:
+# TPU7x, TPU v6e, TPU v5p", https://cloud.google.com/compute/docs/tpus/tpu-machines). v5e and older are Cloud TPU
+# API only.
+COMPUTE_GENERATIONS = frozenset({"v5p", "v6e", "tpu7x"})
+
+
+@dataclass(frozen=True)
+class ComputeShape:
+    """A TPU slice as Compute Engine makes it: one instance, or a MIG of `vms` instances under a workload policy."""
+
+    machine_type: str  # ct6e-standard-4t, ct5p-hightpu-4t, tpu7x-standard-4t, ct6e-standard-8t ...
+    vms: int  # 1: one instance (no MIG); >1: a MIG slice of `vms` VMs of machine_type
+    topology: str  # the workload policy's acceleratorTopology: "4x4" (v6e AxB), "2x2x2" (v5p/TPU7x AxBxC)
+    image: str  # the generation's default boot image family
+
+    @property
+    def multi_host(self) -> bool:
+        return self.vms > 1
+
+
+@dataclass(frozen=True)
+class ComputeGeneration:
+    """One generation's Compute Engine machine types: single-host sizes and the VM of a multi-host slice."""
+
+    name: str
+    single_host: dict[int, tuple[str, str]]  # SIZE -> (machine type, topology) of a one-instance slice
+    slice_vm: str  # the machine type of every VM of a multi-host slice
+    slice_topologies: dict[int, str]  # SIZE -> the workload policy's acceleratorTopology
+    image: str
+    source: str
+
+
+_UBUNTU_ACCEL = "projects/ubuntu-os-accelerator-images/global/images/family/"
+
+COMPUTE: dict[str, ComputeGeneration] = {
+    g.name: g
+    for g in (
+        ComputeGeneration(
+            "v6e",
+            {1: ("ct6e-standard-1t", "1x1"), 4: ("ct6e-standard-4t", "2x2"), 8: ("ct6e-standard-8t", "2x4")},
+            "ct6e-standard-4t",
+            {16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+            _UBUNTU_ACCEL + "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
+            "https://cloud.google.com/compute/docs/tpus/tpu-machines",
+        ),
+        ComputeGeneration(
+            "v5p",
+            {8: ("ct5p-hightpu-4t", "2x2x1")},
+            "ct5p-hightpu-4t",
+            {
+                16: "2x2x2",
+                32: "2x2x4",
+                64: "2x4x4",
+                128: "4x4x4",
+                256: "4x4x8",
+                512: "4x8x8",
+                1024: "8x8x8",
+                2048: "8x8x16",
+                4096: "8x16x16",
+                8192: "16x16x16",
+                12288: "16x16x24",
+            },
+            _UBUNTU_ACCEL + "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
+            "https://cloud.google.com/tpu/docs/v5p",
+        ),
+        ComputeGeneration(
+            "tpu7x",
+            {8: ("tpu7x-standard-4t", "2x2x1")},
+            "tpu7x-standard-4t",
+            {16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8", 1024: "8x8x8"},
+            _UBUNTU_ACCEL + "ubuntu-accel-2404-amd64-tpu-tpu7x",
+            "https://cloud.google.com/tpu/docs/tpu7x",
+        ),
+    )
+}
+
+
+def compute_types(generation: str) -> str:
+    """`v6e-1, 4, 8, 16, ...`: the sizes of one generation Compute Engine makes."""
+    gen = COMPUTE[generation]
+    return f"{gen.name}-" + ", ".join(str(s) for s in sorted({*gen.single_host, *gen.slice_topologies}))
+
+
+def compute_shape(accelerator_type: str) -> ComputeShape:
+    """How Compute Engine makes a slice of this accelerator type; UnknownTpuType when it does not."""
+    topology = tpu_topology(accelerator_type)  # an unknown type fails here, with the Cloud TPU sizes
+    name, _, size_text = accelerator_type.rpartition("-")
+    gen = COMPUTE.get(name)
+    if gen is None:
+        offered = ", ".join(sorted(COMPUTE_GENERATIONS))
+        raise UnknownTpuType(f"Compute Engine does not offer {name}; allowed: {offered}")
+    size = int(size_text)
+    if size in gen.single_host:
+        machine_type, shape = gen.single_host[size]
+        return ComputeShape(machine_type, 1, shape, gen.image)
+    if size not in gen.slice_topologies:
+        raise UnknownTpuType(f"Compute Engine has no {accelerator_type} slice; allowed: {compute_types(name)}")
+    return ComputeShape(gen.slice_vm, topology.hosts, gen.slice_topologies[size], gen.image)

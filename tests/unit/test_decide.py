@@ -30,16 +30,19 @@ from respawn.events import (
 from respawn.model import (
     COUNTED_AS_FAILURE,
     COUNTED_AS_PREEMPTION,
+    FLEX_START_MAX_RUN_S,
     LEGAL_TRANSITIONS,
     NO_CAPACITY,
     TERMINAL,
     EndReason,
+    GpuMachine,
     Job,
     JobSpec,
     MachineState,
     Status,
     Tier,
     TpuMachine,
+    flex_start_run_s,
 )
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
@@ -525,6 +528,41 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
         "tiers": [dataclasses.asdict(t) | {"zones": list(t.zones)} for t in tiers],
     }
     assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_a_compute_engine_tpu_and_a_flex_start_tier_read_back_equal() -> None:
+    job = build(Status.RUNNING)
+    assert job.spec is not None
+    machine = TpuMachine("v6e-16", api="compute", image="projects/p/global/images/family/f", queue_timeout_s=600)
+    tiers = (Tier("flex-start", (A,), max_run_duration_s=3600, after_stockout_s=600), Tier("spot", (B,)))
+    spec = replace(job.spec, machine=machine, tiers=tiers, provisioning="flex-start", max_run_duration_s=3600)
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert (d["machine"]["api"], d["machine"]["runtime_version"], d["tiers"][0]["max_run_duration_s"]) == (
+        "compute",
+        None,
+        3600,
+    )
+    assert JobSpec.from_dict(d) == spec
+    assert GpuMachine("g2-standard-8", "nvidia-l4", 1).api == "compute"  # a class constant, not a record field
+    assert "api" not in replace(spec, machine=GpuMachine("g2-standard-8", "nvidia-l4", 1)).to_dict()["machine"]
+
+
+def test_a_record_written_before_compute_engine_tpus_reads_as_the_tpu_api() -> None:
+    job = build(Status.RUNNING)
+    assert job.spec is not None
+    d = json.loads(json.dumps(job.spec.to_dict()))
+    del d["machine"]["api"], d["machine"]["image"], d["max_run_duration_s"]
+    for tier in d["tiers"]:
+        tier.pop("max_run_duration_s")
+    read = JobSpec.from_dict(d)
+    assert isinstance(read.machine, TpuMachine) and (read.machine.api, read.machine.image) == ("tpu", None)
+    assert read == job.spec and read.all_tiers[0].max_run_duration_s is None
+
+
+def test_a_flex_start_machine_runs_for_its_tier_s_duration_or_until_the_ttl_within_seven_days() -> None:
+    assert flex_start_run_s(Tier("flex-start", (A,), max_run_duration_s=3600), DEADLINE, T0) == 3600
+    assert flex_start_run_s(Tier("flex-start", (A,)), T0 + 5 * 3600, T0) == 5 * 3600
+    assert flex_start_run_s(Tier("flex-start", (A,)), T0 + 14 * 86400, T0) == FLEX_START_MAX_RUN_S == 7 * 86400
 
 
 # -- slices: progress, hangs, a failed worker on a dead node ---------------------------------------------------------

@@ -30,7 +30,7 @@ from respawn.events import (
     ZoneWokeUp,
 )
 from respawn.logfilter import sink_filter
-from respawn.model import MachineState, TpuMachine
+from respawn.model import MachineState, TpuMachine, parse_instance_name
 from respawn.parsing import (
     PubSubMessage,
     event_from_file,
@@ -525,3 +525,19 @@ def test_envelopes_and_files_never_raise(value: Any) -> None:
     data = push(value)
     event_to_json(job_event(message_from_push(data)))
     event_to_json(events_event(message_from_push(data)))
+
+
+@pytest.mark.parametrize(
+    ("name", "parsed"),
+    [
+        ("llm-a3", ("llm", 3)),  # an instance respawn created: a GPU VM, a single-host TPU VM
+        ("llm-a3-w-x7k2", ("llm", 3)),  # a VM of slice llm-a3's MIG
+        ("llm-a1-a12-w-0000", ("llm-a1", 12)),
+        ("llm-w-x7k2", None),  # a MIG VM of no respawn machine
+        ("llm-a3-w-x7k", None),  # not a MIG's suffix
+        ("llm-a3-w-X7K2", None),
+        ("t1v-n-0a1b2c3d-w-0", None),
+    ],
+)
+def test_an_instance_name_maps_to_its_job_and_attempt(name: str, parsed: tuple[str, int] | None) -> None:
+    assert parse_instance_name(name) == parsed
