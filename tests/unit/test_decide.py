@@ -675,6 +675,17 @@ def test_a_queued_request_waits_in_the_queue_until_its_timeout_then_tries_the_ne
     ]
 
 
+def test_a_flex_start_gpu_waits_queued_until_its_timeout_then_tries_the_next_zone() -> None:
+    gpu = GpuMachine("g2-standard-8", "nvidia-l4", 1, queue_timeout_s=900)
+    job = run(None, submitted(spec(machine=gpu, provisioning="flex-start")))
+    waiting = observed(("llm-a1", A, MachineState.QUEUED))
+    new, actions = step(job, waiting, T0 + 900)
+    assert new is not None and (new.status, actions) == (Status.PROVISIONING, [])
+    new, actions = step(job, waiting, T0 + 901)
+    assert new is not None and new.attempts[0].end_reason == "queued"
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", B, deadline=DEADLINE)]
+
+
 def test_a_failed_queued_resource_says_why_in_the_apis_words() -> None:
     job = run(None, submitted(spec(machine=QUEUED_TPU)))
     event = MachinesObserved(

@@ -9,6 +9,7 @@ from respawn.topology import (
     COMPUTE,
     COMPUTE_GENERATIONS,
     GENERATIONS,
+    TPU_API_GENERATIONS,
     Topology,
     UnknownTpuType,
     compute_shape,
@@ -76,7 +77,7 @@ def test_the_job_message_rejects_a_size_that_does_not_exist() -> None:
     message = {
         "action": "submit",
         "job_id": "llm",
-        "machine": {"kind": "tpu", "accelerator_type": "v6e-12", "runtime_version": "v2-alpha-tpuv6e"},
+        "machine": {"kind": "tpu", "accelerator_type": "v6e-12", "api": "tpu", "runtime_version": "v2-alpha-tpuv6e"},
         "zones": ["us-east5-b"],
         "image": "us-docker.pkg.dev/p/r/trainer:1",
         "checkpoint_uri": "gs://ckpt-bucket/runs/llm",
@@ -109,7 +110,10 @@ COMPUTE_TABLE = [
     ("v5p-128", "ct5p-hightpu-4t", 16, "4x4x4"),
     ("v5p-12288", "ct5p-hightpu-4t", 1536, "16x16x24"),
     ("tpu7x-8", "tpu7x-standard-4t", 1, "2x2x1"),
+    ("v5p-32", "ct5p-hightpu-4t", 4, "2x2x4"),
     ("tpu7x-16", "tpu7x-standard-4t", 2, "2x2x2"),
+    ("tpu7x-128", "tpu7x-standard-4t", 16, "4x4x4"),
+    ("tpu7x-16384", "tpu7x-standard-4t", 2048, "16x16x32"),
 ]
 
 
@@ -123,25 +127,32 @@ def test_the_compute_engine_shape_of_each_type(
     assert shape.vms == tpu_topology(accelerator_type).hosts  # the same worker VMs as through the Cloud TPU API
 
 
-def test_every_compute_engine_size_is_a_cloud_tpu_size_with_as_many_chips_as_its_topology() -> None:
-    assert set(COMPUTE) == COMPUTE_GENERATIONS
+def test_every_size_of_a_compute_engine_generation_has_a_shape_with_as_many_chips_as_its_topology() -> None:
+    assert set(COMPUTE) == COMPUTE_GENERATIONS == {"v5p", "v6e", "tpu7x"}
     for gen in COMPUTE.values():
-        assert gen.image.startswith("projects/ubuntu-os-accelerator-images/global/images/family/")
-        for size in (*gen.single_host, *gen.slice_topologies):
+        assert gen.source.startswith("https://cloud.google.com/tpu/docs/")
+        assert gen.image.startswith("projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-")
+        assert set(gen.topologies) == set(GENERATIONS[gen.name].sizes)
+        for size in GENERATIONS[gen.name].sizes:
             accelerator_type = f"{gen.name}-{size}"
-            shape = compute_shape(accelerator_type)
+            shape, cloud_tpu = compute_shape(accelerator_type), tpu_topology(accelerator_type)
             chips = 1
             for side in shape.topology.split("x"):
                 chips *= int(side)
-            assert chips == tpu_topology(accelerator_type).chips, accelerator_type
-            assert shape.image == gen.image
+            assert chips == cloud_tpu.chips and shape.vms == cloud_tpu.hosts, accelerator_type
+            per_vm = int(shape.machine_type.rpartition("-")[2].rstrip("t"))  # ct6e-standard-4t: 4 chips
+            assert per_vm * shape.vms == chips and shape.image == gen.image, accelerator_type
+
+
+def test_the_cloud_tpu_api_offers_every_generation_but_tpu7x() -> None:
+    assert GENERATIONS.keys() - TPU_API_GENERATIONS == {"tpu7x"}
 
 
 @pytest.mark.parametrize(
     ("accelerator_type", "message"),
     [
-        ("v5litepod-8", "Compute Engine does not offer v5litepod; allowed: tpu7x, v5p, v6e"),
-        ("v4-8", "Compute Engine does not offer v4; allowed: tpu7x, v5p, v6e"),
+        ("v5litepod-8", "Compute Engine does not offer v5litepod; allowed: v5p, v6e, tpu7x"),
+        ("v4-8", "Compute Engine does not offer v4; allowed: v5p, v6e, tpu7x"),
         ("v6e-12", "v6e has no size '12'; allowed: v6e-1, 4, 8, 16, 32, 64, 128, 256"),
     ],
 )
