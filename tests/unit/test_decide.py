@@ -724,3 +724,37 @@ def test_a_deadline_at_risk_moves_on() -> None:
     assert job is not None and job.current is not None and job.current.tier == 0
     job, _ = step(run(job, started(2), now=DEADLINE - 3601), preempted(2), DEADLINE - 3600)
     assert job is not None and job.current is not None and job.current.tier == 1
+
+
+def test_every_vm_of_a_slice_preempted_recovers_the_slice_once() -> None:
+    """A MIG slice of 4 VMs: each VM's system event is a separate event naming attempt 1; the first ends it and
+    replaces the slice, the others find the attempt ended and do nothing (in any order, delivered twice)."""
+    from respawn.parsing import log_entry_event
+
+    slice_job = spec(machine=TpuMachine("v6e-16", api="compute"))
+    job = run(None, submitted(slice_job), started(1))
+    events = []
+    for vm in ("llm-a1-w-0a9z", "llm-a1-w-x7k2", "llm-a1-w-b3c4", "llm-a1-w-qq11"):
+        entry = {
+            "logName": "projects/p/logs/cloudaudit.googleapis.com%2Fsystem_event",
+            "resource": {"type": "gce_instance", "labels": {"project_id": "p", "zone": A}},
+            "protoPayload": {
+                "methodName": "compute.instances.preempted",
+                "resourceName": f"projects/p/zones/{A}/instances/{vm}",
+            },
+            "insertId": f"id-{vm}",
+            "timestamp": "2025-03-14T09:26:53Z",
+        }
+        event = log_entry_event(entry)
+        assert isinstance(event, MachinePreempted) and (event.job_id, event.attempt) == ("llm", 1)
+        events.append(event)
+    all_actions: list[Action] = []
+    for event in [*events, *reversed(events)]:
+        new, actions = step(job, event)
+        assert new is not None
+        job, all_actions = new, all_actions + actions
+    assert all_actions == [
+        DeleteMachine("llm", 1, "llm-a1", A),
+        CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE),
+    ]
+    assert (job.status, job.counters.preemptions, [a.n for a in job.attempts]) == (Status.RECOVERING, 1, [1, 2])
