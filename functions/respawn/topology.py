@@ -103,7 +103,7 @@ def tpu_topology(accelerator_type: str) -> Topology:
 # ---------------------------------------------------------------------------- Compute Engine
 
 # The generations the Cloud TPU API offers: every one but TPU7x ("The Cloud TPU API is not supported on TPU7x and
-# later TPU versions", https://cloud.google.com/tpu/docs/tpus-in-compute-engine).
+# later TPU versions", the Cloud TPU API pages' notice, e.g. https://cloud.google.com/tpu/docs/consume-reservation).
 TPU_API_GENERATIONS = frozenset(GENERATIONS) - {"tpu7x"}
 
 
