@@ -77,6 +77,22 @@ def test_the_filter_and_the_parser_agree_on_machine_names(instance: str) -> None
     assert sink_filter().matches(entry) is not isinstance(log_entry_event(entry), Ignored)
 
 
+@pytest.mark.parametrize(
+    ("instance", "routed"),
+    [
+        ("llm-small-001-a1", True),  # a GPU VM or single-host Compute Engine TPU VM
+        ("llm-small-001-a1-w-x7k2", True),  # a VM of a Compute Engine slice's MIG
+        ("llm-a12-w-0a9z", True),
+        ("t1v-n-2f3e9a1b-w-3", True),  # a Cloud TPU API worker
+        ("llm-a1-w-ABCD", False),  # a MIG's suffix is lowercase
+        ("llm-a1-w-x7k2z", False),
+        ("gke-pool-5b909138-nr65", False),
+    ],
+)
+def test_the_sink_routes_every_kind_of_respawn_vm_and_nothing_else(instance: str, routed: bool) -> None:
+    assert sink_filter().matches(with_instance(instance)) is routed
+
+
 # --- change the file, see both sides change ----------------------------------------------------------------------
 
 HOST_ERROR = ' OR "compute.instances.hostError"'

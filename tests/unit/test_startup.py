@@ -18,6 +18,7 @@ from respawn.adapters.startup import GRACE_S, grace_s, machine_labels, machine_m
 from respawn.events import EXIT_CODE, Event, TrainerCompleted, TrainerFailed
 from respawn.model import GpuMachine, JobSpec, TpuMachine
 from respawn.parsing import log_entry_event
+from respawn.topology import compute_shape
 
 HOSTILE = [
     "'; touch CANARY; echo '",
@@ -81,7 +82,13 @@ printf %s "$answer"
 
 
 def spec(kind: str = "tpu", tpu: str = "v5litepod-8", **kw: object) -> JobSpec:
-    machine = TpuMachine(tpu, "v2-alpha-tpuv5-lite") if kind == "tpu" else GpuMachine("g2-standard-8", "nvidia-l4", 1)
+    machine: TpuMachine | GpuMachine
+    if kind == "compute":  # a TPU through Compute Engine: an instance, or a slice MIG
+        machine = TpuMachine(tpu, api="compute")
+    elif kind == "tpu":
+        machine = TpuMachine(tpu, "v2-alpha-tpuv5-lite")
+    else:
+        machine = GpuMachine("g2-standard-8", "nvidia-l4", 1)
     base: dict[str, object] = dict(
         job_id="job-1",
         machine=machine,
@@ -554,6 +561,27 @@ def test_a_slice_vm_that_never_sees_all_its_peers_fails(
     assert payload["worker"] == 1
 
 
+def test_a_compute_engine_slice_vm_gets_its_place_from_the_migs_metadata(tmp_path: Path, bare: dict[str, str]) -> None:
+    """v6e-16 through Compute Engine: 4 VMs NAME-w-XXXX, worker-network-endpoints as host names (the format JAX
+    parses from 0.10.0); the boot image has no Docker."""
+    metadata = {"FAKE_AGENT_WORKER_NUMBER": "3", "FAKE_ENDPOINTS": FOUR_HOSTS}
+    result = run_script(tmp_path, bare, spec("compute", tpu="v6e-16"), **metadata)
+
+    assert result.returncode == 0, result.stderr
+    assert ["apt-get", "-q", "-y", "-o", "DPkg::Lock::Timeout=120", "install", "docker.io"] in calls(bare)
+    workers = json.loads(Path(bare["FAKE_LOG"] + ".env").read_text())
+    assert workers == {"TPU_WORKER_ID": "3", "TPU_WORKER_HOSTNAMES": FOUR_HOSTS}
+    assert "--privileged" in docker_run(bare)  # the chips are /dev/accel* (or vfio) devices, as on Cloud TPU VMs
+
+
+@pytest.mark.parametrize(
+    ("tpu", "hosts"), [("v6e-8", 1), ("v6e-16", 4), ("v5p-8", 1), ("v5p-16", 2), ("tpu7x-8", 1), ("tpu7x-16", 2)]
+)
+def test_the_script_waits_for_as_many_peers_as_the_slice_has_vms(tpu: str, hosts: int) -> None:
+    assert compute_shape(tpu).vms == hosts
+    assert f"\nhosts={hosts}\n" in startup_script(spec("compute", tpu=tpu), 1)
+
+
 def test_a_single_host_tpu_does_not_wait_for_peers(tmp_path: Path, fakes: dict[str, str]) -> None:
     """One host: no peers to wait for (a Compute Engine instance may have no worker metadata at all)."""
     result = run_script(tmp_path, fakes, spec(tpu="v5litepod-8"))
@@ -565,8 +593,16 @@ def test_a_single_host_tpu_does_not_wait_for_peers(tmp_path: Path, fakes: dict[s
 
 @pytest.mark.parametrize(
     "s",
-    [spec(), spec("gpu"), spec(tpu=SLICE), spec(secrets=SECRETS), spec("gpu", image="nvcr.io/nvidia/jax:24.04")],
-    ids=["tpu", "gpu", "slice", "secrets", "gpu-no-registry"],
+    [
+        spec(),
+        spec("gpu"),
+        spec(tpu=SLICE),
+        spec("compute", tpu="v6e-8"),
+        spec("compute", tpu="tpu7x-16"),
+        spec(secrets=SECRETS),
+        spec("gpu", image="nvcr.io/nvidia/jax:24.04"),
+    ],
+    ids=["tpu", "gpu", "slice", "compute", "compute-slice", "secrets", "gpu-no-registry"],
 )
 def test_every_rendered_script_is_valid_bash(tmp_path: Path, s: JobSpec) -> None:
     script = tmp_path / "startup.sh"

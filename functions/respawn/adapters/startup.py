@@ -30,7 +30,6 @@ import re
 import shlex
 
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
-from respawn.topology import tpu_topology
 
 # The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
 # a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
@@ -269,8 +268,7 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     if isinstance(spec.machine, GpuMachine):
         parts.append(_GPU)
     else:
-        hosts = tpu_topology(spec.machine.accelerator_type).hosts
-        parts.append(_TPU_WORKERS.format(hosts=hosts, tries=SLICE_METADATA_TRIES))
+        parts.append(_TPU_WORKERS.format(hosts=spec.machine.hosts, tries=SLICE_METADATA_TRIES))
     host = _registry_host(spec.image)
     if host:
         parts.append(_AUTH.format(host=q(host)))
