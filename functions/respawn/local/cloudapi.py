@@ -51,8 +51,10 @@ class CloudApiServer(CloudCore):
     """Thread-safe local TPU v2 + Compute REST server with hooks for the local cloud and tests.
 
     Knobs (see CloudCore): `capacity`, `stockouts`, `spot_stockouts`, `queue_waits`, `spot_queue_waits`,
-    `create_delay_s`. Callbacks `on_ready(machine)` / `on_deleted(machine)` run in order on one worker thread,
-    never while the server holds its lock.
+    `create_delay_s`; for MIGs (see ComputeApi) `bulk_models`, `bulk_stockout`, `resize_requests`, where Google's
+    pages leave the rule open, so that respawn can be tested against either reading. Callbacks
+    `on_ready(machine)` / `on_deleted(machine)` run in order on one worker thread, never while the server holds its
+    lock.
     """
 
     def __init__(
@@ -66,12 +68,17 @@ class CloudApiServer(CloudCore):
         queue_waits: dict[str, float | None] | None = None,
         spot_stockouts: dict[str, int | None] | None = None,
         spot_queue_waits: dict[str, float | None] | None = None,
+        bulk_models: frozenset[str] | None = None,
+        bulk_stockout: str = "wait",
+        resize_requests: bool = True,
     ) -> None:
         super().__init__(
             create_delay_s, capacity, stockouts, on_ready, on_deleted, queue_waits, spot_stockouts, spot_queue_waits
         )
         self.tpu = TpuApi(self)
-        self.compute = ComputeApi(self)
+        self.compute = ComputeApi(
+            self, bulk_models=bulk_models, bulk_stockout=bulk_stockout, resize_requests=resize_requests
+        )
         self.apis: list[ApiPart] = [self.tpu, self.compute]
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
         self._httpd.daemon_threads = True
