@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import requests
 from google.api_core import exceptions as gexc
-from google.cloud import compute_v1
+from google.cloud import compute_v1, tpu_v2
 
 from respawn.adapters.settings import client_options
 from respawn.local.cloudapi import CloudApiServer, CloudMachine
@@ -285,27 +285,40 @@ def test_a_stockout_ends_the_insert_operation_with_zone_resource_pool_exhausted(
         api.ok(api.instances.insert_unary(project=P, zone=ZONE, instance_resource=instance("llm-a1")))
 
 
+def flex_instance(name: str, valid_s: int = 600) -> compute_v1.Instance:
+    body = instance(name, model="FLEX_START", termination="DELETE", run_s=3600)
+    body.params = compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(seconds=valid_s))
+    return body
+
+
 def test_a_flex_start_instance_waits_pending_for_capacity_then_runs() -> None:
     with CloudApiServer(create_delay_s=DELAY, queue_waits={ZONE: 0.4}) as server:
         api = connect(server)
-        body = instance("llm-a1", model="FLEX_START", termination="DELETE", run_s=3600)
-        body.params = compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(seconds=600))
-        op = api.instances.insert_unary(project=P, zone=ZONE, instance_resource=body)
+        op = api.instances.insert_unary(project=P, zone=ZONE, instance_resource=flex_instance("llm-a1"))
         time.sleep(0.2)
         assert api.instances.get(project=P, zone=ZONE, instance="llm-a1").status == "PENDING"
+        assert server.waiting() == [("llm-a1", ZONE)]
         api.ok(op)
         assert api.instances.get(project=P, zone=ZONE, instance="llm-a1").status == "RUNNING"
+        assert server.waiting() == []
 
 
-def test_a_flex_start_instance_whose_wait_ends_first_fails_as_a_stockout() -> None:
+def test_a_flex_start_instance_whose_wait_ends_first_fails_as_a_stockout(monkeypatch: pytest.MonkeyPatch) -> None:
     with CloudApiServer(create_delay_s=DELAY, queue_waits={ZONE: None}) as server:
+        later = server.later
+        monkeypatch.setattr(server, "later", lambda delay, fn, *args: later(delay / 1000, fn, *args))  # 90 s: 90 ms
         api = connect(server)
-        body = instance("llm-a1", model="FLEX_START", termination="DELETE", run_s=3600)
-        body.params = compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(seconds=1))
-        op = api.done(api.instances.insert_unary(project=P, zone=ZONE, instance_resource=body))
+        op = api.done(api.instances.insert_unary(project=P, zone=ZONE, instance_resource=flex_instance("llm-a1", 90)))
         assert [e.code for e in op.error.errors] == ["ZONE_RESOURCE_POOL_EXHAUSTED"]
         with pytest.raises(gexc.NotFound):
             api.instances.get(project=P, zone=ZONE, instance="llm-a1")
+        assert server.waiting() == [] and server.leftovers() == []
+
+
+@pytest.mark.parametrize("valid_s", [89, 7201])
+def test_a_flex_start_wait_is_between_90_seconds_and_2_hours(api: Compute, valid_s: int) -> None:
+    body = flex_instance("llm-a1", valid_s)
+    refused(lambda: api.instances.insert_unary(project=P, zone=ZONE, instance_resource=body), "between 90 s and 7200 s")
 
 
 # ------------------------------------------------------------------------------- policies and templates
@@ -563,7 +576,9 @@ def test_a_bulk_mig_in_a_stocked_out_zone_waits_for_all_its_capacity() -> None:
         assert [e.code for e in bulk.last_progress_check.error.errors] == ["ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"]
         assert [m.current_action for m in api.managed("llm-a1")] == ["CREATING"] * 4
         assert list(api.instances.list(project=P, zone=ZONE)) == []  # no VM until all can be made
+        assert server.waiting() == [("llm-a1", ZONE)]
         eventually(lambda: api.topology("llm-a1") == "ACTIVE")
+        assert server.waiting() == []
         assert not api.mig("llm-a1").status.bulk_instance_operation.in_progress
 
 
@@ -632,6 +647,7 @@ def test_a_resize_request_is_accepted_waits_for_capacity_then_succeeds() -> None
         eventually(lambda: state() == "ACCEPTED")
         group = api.mig("llm-a1")
         assert group.target_size == 4 and group.status.bulk_instance_operation.in_progress  # waiting, no VM yet
+        assert server.waiting() == [("llm-a1", ZONE)]
         assert [m.current_action for m in api.managed("llm-a1")] == ["CREATING"] * 4
         assert list(api.instances.list(project=P, zone=ZONE)) == []
         eventually(lambda: state() == "SUCCEEDED")
@@ -717,3 +733,40 @@ def test_the_call_log_names_each_collection_and_what_it_computes_with(api: Compu
     api.instances.get(project=P, zone=ZONE, instance="llm-a2")  # another collection: not failed
     with pytest.raises(gexc.Forbidden):
         api.mig("llm-a1")
+
+
+# ------------------------------------------------------------------------- machines as the local cloud sees them
+
+
+def test_every_machine_says_its_api_its_workers_and_their_chips(api: Compute) -> None:
+    tpu = tpu_v2.TpuClient(**client_options(api.server.url))
+    node = tpu_v2.Node(accelerator_type="v5litepod-16", runtime_version="v2-alpha-tpuv5-lite")
+    tpu.create_node(parent=f"projects/{P}/locations/{ZONE}", node_id="old-a1", node=node)
+    gpu = instance("gpu-a1", "g2-standard-24", model="STANDARD")
+    gpu.guest_accelerators = [compute_v1.AcceleratorConfig(accelerator_type="nvidia-l4", accelerator_count=2)]
+    api.ok(api.instances.insert_unary(project=P, zone=ZONE, instance_resource=gpu))
+    api.ok(api.instances.insert_unary(project=P, zone=ZONE, instance_resource=instance("one-a1")))
+    api.slice_objects("llm-a1", vms=2, topology="2x4")
+    eventually(lambda: api.topology("llm-a1") == "ACTIVE")
+
+    machines = {m.name: m for m in api.server.machines()}
+    shapes = {name: (m.kind, m.api, len(m.workers), m.chips_per_host) for name, m in machines.items()}
+    assert shapes == {
+        "old-a1": ("tpu", "tpu", 4, 4),  # a Cloud TPU node: its hidden worker VMs
+        "gpu-a1": ("gpu", "compute", 1, 2),
+        "one-a1": ("tpu", "compute", 1, 8),
+        "llm-a1": ("tpu", "compute", 2, 4),  # a MIG slice: its VMs
+    }
+    assert all(re.fullmatch(r"t1v-n-[0-9a-f]{8}-w-[0-3]", w) for w in machines["old-a1"].workers)
+    assert machines["one-a1"].workers == ("one-a1",)
+    assert sorted(api.server.leftovers()) == sorted(
+        [
+            f"projects/{P}/locations/{ZONE}/nodes/old-a1",
+            f"projects/{P}/zones/{ZONE}/instances/gpu-a1",
+            f"projects/{P}/zones/{ZONE}/instances/one-a1",
+            *(f"projects/{P}/zones/{ZONE}/instances/{w}" for w in machines["llm-a1"].workers),
+            f"projects/{P}/zones/{ZONE}/instanceGroupManagers/llm-a1",
+            f"projects/{P}/global/instanceTemplates/llm-a1",
+            f"projects/{P}/regions/{REGION}/resourcePolicies/llm-a1",
+        ]
+    )

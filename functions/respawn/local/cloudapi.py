@@ -136,6 +136,13 @@ class CloudApiServer(CloudCore):
         with self._lock:
             return next((m for api in self.apis if (m := api.machine(name)) is not None), None)
 
+    def waiting(self) -> list[tuple[str, str]]:
+        """(machine name, zone) of each Compute Engine machine now waiting for capacity in its zone's queue: a
+        flex-start instance, a MIG whose BULK creation or resize request waits. (TPU queued resources: see
+        queued_resources().)"""
+        with self._lock:
+            return self.compute.waiting()
+
     def leftovers(self) -> list[str]:
         """Every object still in the local APIs, as its resource path: nodes, queued resources, instances (a MIG's
         VMs too), MIGs, resize requests, instance templates, resource policies."""

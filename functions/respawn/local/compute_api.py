@@ -58,7 +58,7 @@ from respawn.local.apicore import (
     snapshot,
 )
 from respawn.local.compute_checks import (
-    FLEX_START_MAX_WAIT_S,
+    FLEX_START_WAIT_S,
     INSTANCE_FIELDS,
     MIG_FIELDS,
     POLICY_FIELDS,
@@ -196,6 +196,7 @@ class ComputeApi:
         self.resize_requests = resize_requests
         self.instances: dict[tuple[str, str, str], CloudMachine] = {}  # (project, zone, name): every VM
         self.managed: dict[tuple[str, str, str], tuple[str, str, str]] = {}  # a MIG's VM -> the MIG's key
+        self.flex_waiting: set[tuple[str, str, str]] = set()  # flex-start instances in their zone's queue
         self.templates: dict[tuple[str, str], Template] = {}  # (project, name)
         self.policies: dict[tuple[str, str, str], Policy] = {}  # (project, region, name)
         self.migs: dict[tuple[str, str, str], Mig] = {}  # (project, zone, name)
@@ -239,6 +240,18 @@ class ComputeApi:
             return self._slice(mig)
         m = self.stored(name)
         return snapshot(m) if m is not None and self._key(m) not in self.managed else None
+
+    def waiting(self) -> list[tuple[str, str]]:
+        """(name, zone) of each machine now waiting for capacity in its zone: a flex-start instance in the queue,
+        a MIG whose BULK creation waits, or whose resize request is not yet granted."""
+        instances = [(m.name, m.zone) for k, m in self.instances.items() if k in self.flex_waiting]
+        migs = [
+            (mig.name, mig.zone)
+            for mig in self.migs.values()
+            if mig.progress_error is not None
+            or any(rr.state in ("CREATING", "ACCEPTED") for rr in mig.resize_requests.values())
+        ]
+        return instances + migs
 
     def live_in(self, zone: str) -> int:
         standalone = sum(1 for k, m in self.instances.items() if m.zone == zone and k not in self.managed)
@@ -287,6 +300,7 @@ class ComputeApi:
         return self._slice(mig)
 
     def _preempt_vm(self, m: CloudMachine) -> CloudMachine:
+        self.flex_waiting.discard(self._key(m))
         if (m.resource.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
             del self.instances[self._key(m)]
             if self._key(m) not in self.managed:
@@ -448,23 +462,27 @@ class ComputeApi:
         valid = seconds((body.get("params") or {}).get("requestValidForDuration"))
         if not waits:
             self._start(m)
-        elif wait is not None and (valid is None or wait <= valid):
+            return copy.deepcopy(op["json"])
+        self.flex_waiting.add(self._key(m))
+        if wait is not None and (valid is None or wait <= valid):
             self.core.later(wait, self._flex_granted, self._key(m), m.created_at)
-        if waits and valid is not None and (wait is None or wait > valid):
+        if valid is not None and (wait is None or wait > valid):
             self.core.later(valid, self._flex_expired, self._key(m), m.created_at)
         return copy.deepcopy(op["json"])
 
     def _flex_granted(self, key: tuple[str, str, str], created_at: float) -> None:
         with self.core._lock:
             m = self.instances.get(key)
-            if m is not None and m.created_at == created_at and m.state == "PENDING":
+            if m is not None and m.created_at == created_at and key in self.flex_waiting:
+                self.flex_waiting.discard(key)
                 self._start(m)
 
     def _flex_expired(self, key: tuple[str, str, str], created_at: float) -> None:
         with self.core._lock:
             m = self.instances.get(key)
-            if m is None or m.created_at != created_at or m.state != "PENDING":
+            if m is None or m.created_at != created_at or key not in self.flex_waiting:
                 return
+            self.flex_waiting.discard(key)
             del self.instances[key]
             self.core.deleted(m)
             self._finish_waiting(key, _capacity_error(m.project, m.zone))
@@ -490,10 +508,11 @@ class ComputeApi:
                     "instance waits for capacity."
                 )
             valid = seconds(body["params"]["requestValidForDuration"])
-            if valid is None or not 0 < valid <= FLEX_START_MAX_WAIT_S:
+            low, high = FLEX_START_WAIT_S
+            if valid is None or not low <= valid <= high:
                 raise invalid(
-                    "Invalid value for field 'resource.params.requestValidForDuration': must be more than 0 s and at "
-                    f"most {FLEX_START_MAX_WAIT_S} s."
+                    f"Invalid value for field 'resource.params.requestValidForDuration': {valid} s. Must be between "
+                    f"{low} s and {high} s."
                 )
         for url in body.get("resourcePolicies") or []:
             if any(url.endswith(p.path) for p in self.policies.values()):
@@ -580,6 +599,7 @@ class ComputeApi:
                     f"'{self.migs[self.managed[key]].path}'; delete the managed instance group."
                 )
             del self.instances[key]
+            self.flex_waiting.discard(key)
             m.state = "STOPPING"
             self._finish_waiting(key, None)  # an insert still in flight completes
             core.deleted(m)

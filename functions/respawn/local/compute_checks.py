@@ -21,7 +21,9 @@ _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as every Com
 _TOPOLOGY = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}")
 _DAY = 24 * 3600
 FLEX_START_MAX_RUN_S = 7 * _DAY  # compute/docs/instances/about-flex-start-vms: up to seven days
-FLEX_START_MAX_WAIT_S = 2 * 3600  # the flex-start VM launch post: a request waits in the queue up to two hours
+# A flex-start VM's requestValidForDuration: from 90 s (compute/docs/instances/instance-lifecycle: "a wait time ...
+# that is 90 seconds or longer") to 2 hours (the flex-start VM launch post: requests wait "up to two hours").
+FLEX_START_WAIT_S = (90, 2 * 3600)
 RESIZE_RUN_S = (600, 7 * _DAY)  # about-resize-requests-mig: requestedRunDuration between 10 minutes and 7 days
 
 
