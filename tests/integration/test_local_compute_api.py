@@ -706,6 +706,11 @@ def test_a_resize_request_the_api_does_not_accept_is_refused(
         api.request(body, "llm-a9")
 
 
+def test_a_resize_request_needs_a_flex_start_or_reservation_bound_template(api: Compute) -> None:
+    api.slice_objects("llm-a1", vms=0)  # Spot
+    refused(lambda: api.request(resize_request("llm-a1")), "FLEX_START or RESERVATION_BOUND; .* has SPOT")
+
+
 def test_resize_requests_can_be_refused_in_tpu_migs() -> None:
     with CloudApiServer(create_delay_s=DELAY, resize_requests=False) as server:
         api = connect(server)

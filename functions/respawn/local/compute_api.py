@@ -703,6 +703,9 @@ class ComputeApi:
                 raise ApiError.of(fault)
             check_body(compute_v1.InstanceGroupManager, body, MIG_FIELDS)
             check_name(body, "resource.name")
+            key = (project, zone, name)
+            if key in self.migs:  # before the checks that look at other resources: a redelivered insert
+                raise _already_exists(f"projects/{project}/zones/{zone}/instanceGroupManagers/{name}")
             base = str(body.get("baseInstanceName") or "")
             if not re.fullmatch(r"[a-z][-a-z0-9]{0,57}", base):
                 raise invalid(
@@ -723,9 +726,6 @@ class ComputeApi:
             if not isinstance(target, int) or target < 0:
                 raise invalid(f"Invalid value for field 'resource.targetSize': '{target}'. Must be 0 or more.")
             _check_topology_holds(policy, template, target, "resource.targetSize")
-            key = (project, zone, name)
-            if key in self.migs:
-                raise _already_exists(f"projects/{project}/zones/{zone}/instanceGroupManagers/{name}")
             op = self._new_op(project, f"zones/{zone}", f"zones/{zone}/instanceGroupManagers/{name}", "insert")
             if fault:
                 return self._finish(op, ApiError.of(fault))
@@ -898,9 +898,7 @@ class ComputeApi:
             del self.migs[(project, zone, name)]
             for vm in mig.vms:
                 self.managed.pop((project, zone, vm), None)
-                if (m := self.instances.pop((project, zone, vm), None)) is not None:
-                    m.state = "STOPPING"
-                    self._finish_waiting(self._key(m), None)
+                self.instances.pop((project, zone, vm), None)
             slice_ = self._slice(mig)
             core.deleted(slice_)
             mig.deleted_at = slice_.deleted_at
@@ -915,14 +913,15 @@ class ComputeApi:
             if size is None or not size.isdigit():
                 raise invalid(f"Invalid value for field 'size': '{size}'. Must be 0 or more.")
             new = int(size)
-            op = self._new_op(project, f"zones/{zone}", f"zones/{zone}/instanceGroupManagers/{name}", "resize")
-            if new == mig.target_size:
-                return self._finish(op, None)
-            if new and mig.target_size:
+            if new and mig.target_size and new != mig.target_size:
                 raise invalid(
                     f"A MIG in bulk mode grows only from 0 and shrinks only to 0: '{mig.path}' has targetSize "
                     f"{mig.target_size}."
                 )
+            _check_topology_holds(mig.policy, mig.template, new, "size")
+            op = self._new_op(project, f"zones/{zone}", f"zones/{zone}/instanceGroupManagers/{name}", "resize")
+            if new == mig.target_size:
+                return self._finish(op, None)
             if new == 0:
                 for vm in mig.vms:
                     self.managed.pop((project, zone, vm), None)
@@ -931,7 +930,6 @@ class ComputeApi:
                 mig.serial = core.next_id()
                 self._refresh(mig)
                 return self._finish(op, None)
-            _check_topology_holds(mig.policy, mig.template, new, "size")
             spot = _spot(mig.template.body["properties"].get("scheduling") or {})
             if self.bulk_stockout == "fail" and not _flex(mig.template) and core.stocked_out(zone, spot):
                 return self._finish(op, _capacity_error(project, zone))
@@ -959,6 +957,12 @@ class ComputeApi:
                     "Creating resize requests for managed instance group with TPU is not allowed"
                     if kind == TPU
                     else "Resize requests are not supported in a MIG whose targetSizePolicy.mode is BULK"
+                )
+            model = (mig.template.body["properties"].get("scheduling") or {}).get("provisioningModel") or "STANDARD"
+            if model not in ("FLEX_START", "RESERVATION_BOUND"):  # about-resize-requests-mig: these two only
+                raise invalid(
+                    f"Resize requests take instance templates with provisioning model FLEX_START or "
+                    f"RESERVATION_BOUND; '{mig.template.path}' has {model}."
                 )
             by = body.get("resizeBy")
             if not isinstance(by, int) or by < 1:
