@@ -645,8 +645,12 @@ def test_a_resize_request_is_accepted_waits_for_capacity_then_succeeds() -> None
 
         assert state() in ("CREATING", "ACCEPTED")
         eventually(lambda: state() == "ACCEPTED")
+        rr = api.resize.get(project=P, zone=ZONE, instance_group_manager="llm-a1", resize_request="llm-a1")
+        waits_for = [e.code for e in rr.status.last_attempt.error.errors]
+        assert waits_for == ["ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"] and not rr.status.error.errors
         group = api.mig("llm-a1")
         assert group.target_size == 4 and group.status.bulk_instance_operation.in_progress  # waiting, no VM yet
+        assert not group.status.bulk_instance_operation.last_progress_check.error.errors  # the request says why
         assert server.waiting() == [("llm-a1", ZONE)]
         assert [m.current_action for m in api.managed("llm-a1")] == ["CREATING"] * 4
         assert list(api.instances.list(project=P, zone=ZONE)) == []

@@ -139,6 +139,7 @@ class ResizeRequest:
     names: list[str]
     state: str = "CREATING"  # CREATING | ACCEPTED | SUCCEEDED | FAILED
     error: dict[str, Any] | None = None  # FAILED: Compute's {"errors": [{"code", "message"}]}
+    last_attempt: dict[str, Any] | None = None  # why it still waits (status.lastAttempt.error)
 
 
 @dataclass
@@ -996,8 +997,8 @@ class ComputeApi:
             waits, wait = self.core.queue_wait(mig.zone, spot=False)
             if not waits:
                 self._request_granted(key, name, rr_id)
-            else:
-                _waiting(mig)
+            else:  # the request, not the MIG's bulk operation, says why it waits
+                rr.last_attempt = _capacity_wait(mig)
                 if wait is not None:
                     self.core.later(wait, self._request_granted, key, name, rr_id)
             self.core.changed()
@@ -1008,7 +1009,7 @@ class ComputeApi:
             rr = mig.resize_requests.get(name) if mig else None
             if mig is None or rr is None or rr.id != rr_id or rr.state != "ACCEPTED":
                 return
-            rr.state = "SUCCEEDED"
+            rr.state, rr.last_attempt = "SUCCEEDED", None
             self._create_vms(mig, rr.names)
 
     def _resize_request(
@@ -1266,8 +1267,13 @@ def _check_topology_holds(policy: Policy | None, template: Template, vms: int, f
 
 def _waiting(mig: Mig) -> None:
     """The MIG waits for capacity: its bulk operation's last progress check says why."""
+    mig.progress_error = _capacity_wait(mig)
+
+
+def _capacity_wait(mig: Mig) -> dict[str, Any]:
+    """Why a BULK creation or a resize request still waits (view-cancel-vm-bulk-creation-in-migs names the code)."""
     message = _capacity_error(mig.project, mig.zone).message
-    mig.progress_error = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "message": message}]}
+    return {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "message": message}]}
 
 
 # --------------------------------------------------------------------- small parts
@@ -1387,4 +1393,6 @@ def _resize_request_json(mig: Mig, rr: ResizeRequest) -> dict[str, Any]:
     )
     if rr.error:
         body["status"] = {"error": copy.deepcopy(rr.error), "lastAttempt": {"error": copy.deepcopy(rr.error)}}
+    elif rr.last_attempt:
+        body["status"] = {"lastAttempt": {"error": copy.deepcopy(rr.last_attempt)}}
     return body
