@@ -209,6 +209,12 @@ def test_a_slice_template_holds_the_properties_a_single_host_instance_has(gce: G
     )
 
 
+def test_a_slice_mig_out_of_bulk_mode_is_the_same_mig_in_the_default_mode(gce: GcpComputeProvider) -> None:
+    s = gce.slice(create(), job(tpu("v6e-16")))
+    bulk, individual = body(slices.instance_group_manager(s)), body(slices.instance_group_manager(s, bulk=False))
+    assert bulk.pop("targetSizePolicy") == {"mode": "BULK"} and bulk == individual
+
+
 def test_a_v5p_slice_names_a_three_dimensional_topology(gce: GcpComputeProvider) -> None:
     s = gce.slice(create(), job(tpu("v5p-32")))
     assert (s.vms, s.topology, s.properties.machine_type) == (4, "2x2x4", "ct5p-hightpu-4t")
@@ -280,6 +286,13 @@ def resize(state: str, error: str = "") -> compute_v1.InstanceGroupManagerResize
             error=compute_v1.Error(errors=[compute_v1.Errors(code="QUOTA_EXCEEDED", message=error)])
         )
     return request
+
+
+def no_capacity(n: int) -> list[compute_v1.ManagedInstance]:
+    """Managed instances an INDIVIDUAL MIG could not create: each says why in its last attempt."""
+    errors = [compute_v1.Errors(code="ZONE_RESOURCE_POOL_EXHAUSTED", message="no room")]
+    attempt = compute_v1.ManagedInstanceLastAttempt(errors=compute_v1.ManagedInstanceLastAttemptErrors(errors=errors))
+    return [compute_v1.ManagedInstance(current_action="CREATING", last_attempt=attempt)] * n
 
 
 RUN = ("RUNNING",) * 4
@@ -373,6 +386,13 @@ STOCKOUT = (("ZONE_RESOURCE_POOL_EXHAUSTED", "The zone does not have enough reso
             MachineState.FAILED,
         ),
         ("empty flex-start mig before its request", mig(target=0, topology=None), vms(), None, MachineState.CREATING),
+        (
+            "an individual mig found capacity for some vms only",
+            mig(topology="INCOMPLETE"),
+            [*vms(*RUN[:2]), *no_capacity(2)],
+            None,
+            MachineState.FAILED,
+        ),
     ],
 )
 def test_slice_state(
@@ -400,13 +420,8 @@ def test_a_failed_slice_says_why_in_the_apis_words() -> None:
     assert stockout == Observed(
         MachineState.FAILED, "ZONE_RESOURCE_POOL_EXHAUSTED: The zone does not have enough resources", STOCKOUT
     )
-    attempt = compute_v1.ManagedInstanceLastAttempt(
-        errors=compute_v1.ManagedInstanceLastAttemptErrors(
-            errors=[compute_v1.Errors(code="ZONE_RESOURCE_POOL_EXHAUSTED", message="no room")]
-        )
-    )
-    per_vm = [compute_v1.ManagedInstance(current_action="CREATING", last_attempt=attempt)] * 4
-    assert slice_state(mig(topology=None), per_vm, None).detail == "ZONE_RESOURCE_POOL_EXHAUSTED: no room"  # once
+    once = slice_state(mig(topology=None), no_capacity(4), None)
+    assert once.detail == "ZONE_RESOURCE_POOL_EXHAUSTED: no room"  # every VM's error, said once
     flex = slice_state(mig(target=0, topology=None), [], resize("FAILED", "Quota 'TPUS' exceeded"))
     assert flex.detail == "QUOTA_EXCEEDED: Quota 'TPUS' exceeded"
 

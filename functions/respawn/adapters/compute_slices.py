@@ -45,6 +45,7 @@ from respawn.ports import CapacityError, Machine, PermanentError, ProviderError,
 MANAGED = "respawn-managed"  # the MIG's description (a MIG has no labels)
 _DESCRIPTION = re.compile(rf"^{MANAGED}: TPU slice in ([a-z0-9-]+)$")
 _RESIZE_REFUSED = re.compile(r"resize requests?\b.*\bnot (allowed|supported)", re.I)
+_BULK_REFUSED = re.compile(r"bulk mode\b.*\bprovisioning model", re.I)
 
 # compute_v1 holds these enum fields as strings: ManagedInstance.instance_status / current_action,
 # InstanceGroupManagerStatusAcceleratorTopology.state, InstanceGroupManagerResizeRequest.state.
@@ -112,20 +113,23 @@ def instance_template(s: Slice) -> compute_v1.InstanceTemplate:
     return compute_v1.InstanceTemplate(name=s.name, description=description(s.zone), properties=s.properties)
 
 
-def instance_group_manager(s: Slice) -> compute_v1.InstanceGroupManager:
-    """Flex-start: empty, for the resize request to fill; otherwise all `vms` VMs at once."""
-    return compute_v1.InstanceGroupManager(
+def instance_group_manager(s: Slice, bulk: bool = True) -> compute_v1.InstanceGroupManager:
+    """Flex-start: empty, for the resize request to fill; otherwise all `vms` VMs at once (`bulk`; else the
+    default INDIVIDUAL mode, see `ComputeSlices._insert_mig`)."""
+    mig = compute_v1.InstanceGroupManager(
         name=s.name,
         description=MANAGED,
         base_instance_name=slice_vm_base(s.name),
         instance_template=s.template_url,
         target_size=0 if s.flex_run_s is not None else s.vms,
         resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=s.policy_url),
-        target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK"),
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
             default_action_on_failure="DO_NOTHING"
         ),
     )
+    if bulk:
+        mig.target_size_policy = compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK")
+    return mig
 
 
 def resize_request(s: Slice) -> compute_v1.InstanceGroupManagerResizeRequest:
@@ -153,9 +157,10 @@ def slice_state(
 ) -> Observed:
     """The slice's state from its MIG, the MIG's managed instances and its resize request; `flex`: its template is
     FLEX_START. By the first rule that holds:
-    * FAILED: the resize request FAILED, or a Spot/standard creation reported errors before any VM ran (a BULK
-      creation that found no capacity: `status.bulkInstanceOperation.lastProgressCheck.error`, or a VM's
-      `lastAttempt.errors`), or the topology FAILED before any VM ran; `detail` is the API's reason.
+    * FAILED: the resize request FAILED, or a Spot/standard creation reported errors while VMs are missing (a BULK
+      creation that found no capacity: `status.bulkInstanceOperation.lastProgressCheck.error`; a VM's
+      `lastAttempt.errors`, as an INDIVIDUAL MIG reports it), or the topology FAILED before any VM ran; `detail`
+      is the API's reason.
     * DELETING: every VM is being deleted (the MIG's own deletion).
     * PREEMPTED: the slice lost a VM: one is TERMINATED/STOPPED/STOPPING/SUSPENDED (LOST_VM) or being recreated;
       the topology is DEACTIVATING or FAILED; or a VM is missing (fewer VMs than targetSize, or one without an
@@ -175,7 +180,8 @@ def slice_state(
         errors = _resize_errors(resize)
         return Observed(MachineState.FAILED, _text(errors) or "the resize request FAILED", errors, started)
     errors = _creation_errors(mig, vms)
-    if errors and not running and not flex:
+    incomplete = len(statuses) < max(mig.target_size, len(vms), 1)
+    if errors and incomplete and not flex:
         return Observed(MachineState.FAILED, _text(errors), errors, started)
     if "FAILED" in topologies and not running:
         errors = _topology_errors(mig)
@@ -266,16 +272,7 @@ class ComputeSlices:
                 ),
                 Scope(),
             ),
-            (
-                "MIG",
-                lambda: self.migs.insert_unary(
-                    project=p,
-                    zone=zone,
-                    instance_group_manager_resource=instance_group_manager(s),
-                    timeout=self.timeout,
-                ),
-                Scope(zone=zone),
-            ),
+            ("MIG", lambda: self._insert_mig(s), Scope(zone=zone)),
         ]
         if s.flex_run_s is not None:
             steps.append(("resize request", lambda: self._ask_for_vms(s), Scope(zone=zone)))
@@ -290,6 +287,28 @@ class ComputeSlices:
             with contextlib.suppress(ProviderError):  # what is left is listed as leftovers, which the sweep deletes
                 self.delete(s.name, zone)
             raise
+
+    def _insert_mig(self, s: Slice) -> compute_v1.Operation:
+        """The MIG, in BULK mode; where the API refuses BULK for the template's provisioning model, in the default
+        (INDIVIDUAL) mode. Google's pages disagree: the TPU MIG pages make slices in BULK mode (and a user reports
+        BULK required with a topology), the bulk-mode page takes only flex-start and reservation-bound templates,
+        the TPU Spot page makes Spot slice MIGs. Either way a Spot slice comes up. Unverified on a real project."""
+        try:
+            return self.migs.insert_unary(
+                project=self.project,
+                zone=s.zone,
+                instance_group_manager_resource=instance_group_manager(s),
+                timeout=self.timeout,
+            )
+        except gexc.BadRequest as e:
+            if not _BULK_REFUSED.search(error_text(e)):
+                raise
+        return self.migs.insert_unary(
+            project=self.project,
+            zone=s.zone,
+            instance_group_manager_resource=instance_group_manager(s, bulk=False),
+            timeout=self.timeout,
+        )
 
     def _ask_for_vms(self, s: Slice) -> compute_v1.Operation:
         """A flex-start slice's VMs: its resize request; where the API refuses resize requests in this MIG, the MIG
