@@ -141,20 +141,25 @@ def test_duplicate_creates_make_one_slice(server: CloudApiServer, gce: GcpComput
     assert objects(server) == sorted([*SLICE, *["instances"] * 4])
 
 
-@pytest.mark.parametrize("crashed_after", [1, 2])
+@pytest.mark.parametrize(
+    ("provisioning", "crashed_after"),
+    [("spot", 1), ("spot", 2), ("flex-start", 1), ("flex-start", 2), ("flex-start", 3)],
+)
 def test_a_crash_after_each_create_call_is_repaired_by_the_next_create(
-    server: CloudApiServer, gce: GcpComputeProvider, crashed_after: int
+    server: CloudApiServer, gce: GcpComputeProvider, provisioning: str, crashed_after: int
 ) -> None:
     """The delivery dies after the first `crashed_after` objects were created (here: the next insert fails); the
     redelivered create goes on from there and the slice completes, one of each object."""
-    s = spec()
-    server.fail_next("create", code=503, status="UNAVAILABLE", message="backend error", collection=SLICE[crashed_after])
+    s = spec(provisioning=provisioning)
+    steps = [*SLICE, "resizeRequests"]
+    server.fail_next("create", code=503, status="UNAVAILABLE", message="backend error", collection=steps[crashed_after])
     with pytest.raises(TransientError):
         gce.create(create(s), s)
-    assert objects(server) == sorted(SLICE[:crashed_after])
+    assert objects(server) == sorted(steps[:crashed_after])
     gce.create(create(s), s)
     wait_for(lambda: gce.get("llm-a1", ZONE, s), MachineState.READY)
-    assert objects(server) == sorted([*SLICE, *["instances"] * 4])
+    made = steps if provisioning == "flex-start" else SLICE
+    assert objects(server) == sorted([*made, *["instances"] * 4])
 
 
 @pytest.mark.parametrize("made", [1, 2, 3])

@@ -9,9 +9,11 @@ Every machine is made of instances of one shape (`VmShape`), whose properties on
 * a multi-host TPU slice is a MIG of 4-chip TPU VMs under a workload policy (respawn.adapters.compute_slices).
 Spot VMs are deleted on preemption (instanceTerminationAction=DELETE) and carry maxRunDuration = the time left until
 the job's TTL (`CreateMachine.deadline`; the whole TTL when it is not set), so a VM never outlives its job even if
-nothing deletes it. A slice's VMs stop instead, so a lost VM stays visible (see `slice_state`). A flex-start VM
-(provisioningModel FLEX_START) waits for capacity as PENDING (MachineState.QUEUED) for at most the machine's
-`queue_timeout` and then runs for its max run duration (compute/docs/instances/about-flex-start-vms).
+nothing deletes it. A slice's VMs stop instead, as Google's TPU Spot page makes a slice's template
+(tpu/docs/spot-compute: `--provisioning-model=SPOT --instance-termination-action=STOP`), so a lost VM stays visible
+in its MIG (see `slice_state`). A flex-start VM (provisioningModel FLEX_START) waits for capacity as PENDING
+(MachineState.QUEUED) for at most the machine's `queue_timeout` and then runs for its max run duration
+(compute/docs/instances/about-flex-start-vms).
 
 Operations are awaited with our own operations clients (respawn.adapters.compute_operations), within
 `create_wait_s`; a single instance still creating after that is left to the sweep.

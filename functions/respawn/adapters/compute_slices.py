@@ -49,8 +49,9 @@ _BULK_REFUSED = re.compile(r"bulk mode\b.*\bprovisioning model", re.I)
 
 # compute_v1 holds these enum fields as strings: ManagedInstance.instance_status / current_action,
 # InstanceGroupManagerStatusAcceleratorTopology.state, InstanceGroupManagerResizeRequest.state.
-# A VM in one of these states is lost to the slice: preempted (STOP on preemption leaves it TERMINATED, and a MIG
-# with repair off does not replace it), stopped, suspended or on its way there.
+# A VM in one of these states is lost to the slice: preempted (STOP on preemption, as tpu/docs/spot-compute makes
+# Spot slice templates, leaves it TERMINATED, and a MIG with repair off does not replace it), stopped, suspended or
+# on its way there.
 LOST_VM = frozenset(
     {
         "STOPPING",
