@@ -142,8 +142,7 @@ def test_duplicate_creates_make_one_slice(server: CloudApiServer, gce: GcpComput
 
 
 @pytest.mark.parametrize(
-    ("provisioning", "crashed_after"),
-    [("spot", 1), ("spot", 2), ("flex-start", 1), ("flex-start", 2), ("flex-start", 3)],
+    ("provisioning", "crashed_after"), [("spot", 1), ("spot", 2), ("flex-start", 1), ("flex-start", 2)]
 )
 def test_a_crash_after_each_create_call_is_repaired_by_the_next_create(
     server: CloudApiServer, gce: GcpComputeProvider, provisioning: str, crashed_after: int
@@ -151,15 +150,13 @@ def test_a_crash_after_each_create_call_is_repaired_by_the_next_create(
     """The delivery dies after the first `crashed_after` objects were created (here: the next insert fails); the
     redelivered create goes on from there and the slice completes, one of each object."""
     s = spec(provisioning=provisioning)
-    steps = [*SLICE, "resizeRequests"]
-    server.fail_next("create", code=503, status="UNAVAILABLE", message="backend error", collection=steps[crashed_after])
+    server.fail_next("create", code=503, status="UNAVAILABLE", message="backend error", collection=SLICE[crashed_after])
     with pytest.raises(TransientError):
         gce.create(create(s), s)
-    assert objects(server) == sorted(steps[:crashed_after])
+    assert objects(server) == sorted(SLICE[:crashed_after])
     gce.create(create(s), s)
     wait_for(lambda: gce.get("llm-a1", ZONE, s), MachineState.READY)
-    made = steps if provisioning == "flex-start" else SLICE
-    assert objects(server) == sorted([*made, *["instances"] * 4])
+    assert objects(server) == sorted([*SLICE, *["instances"] * 4])
 
 
 @pytest.mark.parametrize("made", [1, 2, 3])
@@ -269,14 +266,13 @@ def test_a_mig_refused_in_bulk_mode_for_its_provisioning_model_is_asked_for_in_t
 # ------------------------------------------------------------------------------------------------ flex-start
 
 
-@pytest.mark.parametrize("resize_requests", [True, False])
-def test_a_flex_start_slice_waits_queued_then_runs(resize_requests: bool) -> None:
-    """By a resize request; or, where the API refuses resize requests in a TPU MIG, by resizing the MIG."""
-    with CloudApiServer(create_delay_s=0.05, queue_waits={ZONE: 0.6}, resize_requests=resize_requests) as server:
+def test_a_flex_start_slice_waits_queued_then_runs() -> None:
+    """A BULK MIG of FLEX_START VMs, no resize request: it waits in the zone's queue, then creates every VM."""
+    with CloudApiServer(create_delay_s=0.05, queue_waits={ZONE: 0.6}) as server:
         gce = provider(server)
         s = spec(tiers=(Tier("flex-start", (ZONE,), max_run_duration_s=3600),))
         gce.create(create(s), s)
-        assert creates(server) == [*SLICE, "resizeRequests"]
+        assert creates(server) == list(SLICE)
         m = gce.get("llm-a1", ZONE, s)
         assert m is not None and m.state is MachineState.QUEUED
         assert [(x.name, x.state) for x in gce.list(ZONE)] == [("llm-a1", MachineState.QUEUED)]

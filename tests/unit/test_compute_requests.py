@@ -1,5 +1,5 @@
 """GcpComputeProvider's requests, built without a server: GPU VMs, TPU VMs, slice objects; and a slice's state as
-its MIG, managed instances and resize request say."""
+its MIG and managed instances say."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_what_is_not_one_compute_engine_instance_is_a_permanent_error(
 
 def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: GcpComputeProvider) -> None:
     s = gce.slice(create(), job(tpu("v6e-16")))
-    assert (s.name, s.zone, s.vms, s.topology, s.flex_run_s) == ("llm-a1", ZONE, 4, "4x4", None)
+    assert (s.name, s.zone, s.vms, s.topology, s.flex) == ("llm-a1", ZONE, 4, "4x4", False)
     assert body(slices.workload_policy(s)) == {
         "name": "llm-a1",
         "description": f"respawn-managed: TPU slice in {ZONE}",
@@ -220,26 +220,18 @@ def test_a_v5p_slice_names_a_three_dimensional_topology(gce: GcpComputeProvider)
     assert (s.vms, s.topology, s.properties.machine_type) == (4, "2x2x4", "ct5p-hightpu-4t")
 
 
-def test_a_flex_start_slice_is_an_empty_mig_and_a_resize_request(gce: GcpComputeProvider) -> None:
+def test_a_flex_start_slice_is_a_bulk_mig_of_flex_start_vms(gce: GcpComputeProvider) -> None:
+    """No resize request: the BULK MIG itself waits in the flex-start queue."""
     tiers = (Tier("flex-start", (ZONE,), max_run_duration_s=7200),)
     s = gce.slice(create(), job(tpu("v6e-16"), tiers=tiers))
-    assert s.flex_run_s == 7200
-    assert body(slices.instance_group_manager(s))["targetSize"] == 0
-    assert body(slices.resize_request(s)) == {
-        "name": "llm-a1",
-        "resizeBy": 4,
-        "requestedRunDuration": {"seconds": "7200"},
-    }
-    assert body(s.properties)["scheduling"] == {  # the same run duration, should the MIG be resized instead
+    assert s.flex and body(slices.instance_group_manager(s))["targetSize"] == 4
+    assert body(s.properties)["scheduling"] == {
         "provisioningModel": "FLEX_START",
         "instanceTerminationAction": "DELETE",
         "maxRunDuration": {"seconds": "7200"},
         "automaticRestart": False,
         "onHostMaintenance": "TERMINATE",
     }
-    short = gce.slice(create(deadline=NOW + 120), job(tpu("v6e-16"), "flex-start"))
-    assert short.flex_run_s == 600  # a resize request's shortest run duration
-    assert body(short.properties)["scheduling"]["maxRunDuration"] == {"seconds": "600"}
 
 
 def test_a_single_host_machine_is_not_a_slice(gce: GcpComputeProvider) -> None:
@@ -279,15 +271,6 @@ def vms(*statuses: str | None, action: str = "NONE") -> list[compute_v1.ManagedI
     ]
 
 
-def resize(state: str, error: str = "") -> compute_v1.InstanceGroupManagerResizeRequest:
-    request = compute_v1.InstanceGroupManagerResizeRequest(name="llm-a1", state=state)
-    if error:
-        request.status = compute_v1.InstanceGroupManagerResizeRequestStatus(
-            error=compute_v1.Error(errors=[compute_v1.Errors(code="QUOTA_EXCEEDED", message=error)])
-        )
-    return request
-
-
 def no_capacity(n: int) -> list[compute_v1.ManagedInstance]:
     """Managed instances an INDIVIDUAL MIG could not create: each says why in its last attempt."""
     errors = [compute_v1.Errors(code="ZONE_RESOURCE_POOL_EXHAUSTED", message="no room")]
@@ -300,97 +283,60 @@ STOCKOUT = (("ZONE_RESOURCE_POOL_EXHAUSTED", "The zone does not have enough reso
 
 
 @pytest.mark.parametrize(
-    ("name", "group", "instances", "request_", "state"),
+    ("name", "group", "instances", "state"),
     [
-        ("all running, topology active", mig(), vms(*RUN), None, MachineState.READY),
-        ("running, topology still forming", mig(topology="INCOMPLETE"), vms(*RUN), None, MachineState.CREATING),
-        ("running, topology activating", mig(topology="ACTIVATING"), vms(*RUN), None, MachineState.CREATING),
-        ("no topology reported yet", mig(topology=None), vms(*RUN), None, MachineState.CREATING),
+        ("all running, topology active", mig(), vms(*RUN), MachineState.READY),
+        ("running, topology still forming", mig(topology="INCOMPLETE"), vms(*RUN), MachineState.CREATING),
+        ("running, topology activating", mig(topology="ACTIVATING"), vms(*RUN), MachineState.CREATING),
+        ("no topology reported yet", mig(topology=None), vms(*RUN), MachineState.CREATING),
         (
             "vms provisioning",
             mig(topology="INCOMPLETE"),
             vms("PROVISIONING", "STAGING", "RUNNING", "STAGING"),
-            None,
             MachineState.CREATING,
         ),
-        ("no vm created yet", mig(topology=None), vms(None, None, None, None), None, MachineState.CREATING),
-        ("fewer vms than target, none running", mig(topology=None), vms(), None, MachineState.CREATING),
+        ("no vm created yet", mig(topology=None), vms(None, None, None, None), MachineState.CREATING),
+        ("fewer vms than target, none running", mig(topology=None), vms(), MachineState.CREATING),
         (
             "one vm preempted",
             mig(topology="DEACTIVATING"),
             vms("RUNNING", "TERMINATED", "RUNNING", "RUNNING"),
-            None,
             MachineState.PREEMPTED,
         ),
         (
             "one vm stopping, topology still active",
             mig(),
             vms("RUNNING", "RUNNING", "STOPPING", "RUNNING"),
-            None,
             MachineState.PREEMPTED,
         ),
-        ("one vm suspended", mig(topology="INCOMPLETE"), vms("SUSPENDED", *RUN[:3]), None, MachineState.PREEMPTED),
-        ("topology deactivating", mig(topology="DEACTIVATING"), vms(*RUN), None, MachineState.PREEMPTED),
-        ("one vm missing", mig(topology="INCOMPLETE"), vms(*RUN[:3]), None, MachineState.PREEMPTED),
+        ("one vm suspended", mig(topology="INCOMPLETE"), vms("SUSPENDED", *RUN[:3]), MachineState.PREEMPTED),
+        ("topology deactivating", mig(topology="DEACTIVATING"), vms(*RUN), MachineState.PREEMPTED),
+        ("one vm missing", mig(topology="INCOMPLETE"), vms(*RUN[:3]), MachineState.PREEMPTED),
         (
-            "one vm deleted, being replaced",
+            "one vm deleted, still listed without an instance",
             mig(topology="INCOMPLETE"),
             vms(*RUN[:3], None),
-            None,
             MachineState.PREEMPTED,
         ),
-        ("one vm recreated", mig(topology="INCOMPLETE"), vms(*RUN, action="RECREATING"), None, MachineState.PREEMPTED),
-        ("topology failed after running", mig(topology="FAILED"), vms(*RUN), None, MachineState.PREEMPTED),
-        ("topology failed before running", mig(topology="FAILED"), vms(*("STAGING",) * 4), None, MachineState.FAILED),
+        ("one vm recreated", mig(topology="INCOMPLETE"), vms(*RUN, action="RECREATING"), MachineState.PREEMPTED),
+        ("topology failed after running", mig(topology="FAILED"), vms(*RUN), MachineState.PREEMPTED),
+        ("topology failed before running", mig(topology="FAILED"), vms(*("STAGING",) * 4), MachineState.FAILED),
         (
             "the mig is being deleted",
             mig(topology="DEACTIVATING"),
             vms(*("STOPPING",) * 4, action="DELETING"),
-            None,
             MachineState.DELETING,
         ),
         (
             "bulk creation found no capacity",
             mig(topology=None, bulk=STOCKOUT),
             vms(None, None, None, None),
-            None,
             MachineState.FAILED,
         ),
-        (
-            "flex-start request creating",
-            mig(topology=None),
-            vms(None, None, None, None),
-            resize("CREATING"),
-            MachineState.QUEUED,
-        ),
-        (
-            "flex-start request accepted",
-            mig(topology=None),
-            vms(None, None, None, None),
-            resize("ACCEPTED"),
-            MachineState.QUEUED,
-        ),
-        ("flex-start request succeeded", mig(), vms(*RUN), resize("SUCCEEDED"), MachineState.READY),
-        (
-            "flex-start request succeeded, vms starting",
-            mig(topology="INCOMPLETE"),
-            vms(*("STAGING",) * 4),
-            resize("SUCCEEDED"),
-            MachineState.CREATING,
-        ),
-        (
-            "flex-start request failed",
-            mig(target=0, topology=None),
-            vms(),
-            resize("FAILED", "Quota exceeded"),
-            MachineState.FAILED,
-        ),
-        ("empty flex-start mig before its request", mig(target=0, topology=None), vms(), None, MachineState.CREATING),
         (
             "an individual mig found capacity for some vms only",
             mig(topology="INCOMPLETE"),
             [*vms(*RUN[:2]), *no_capacity(2)],
-            None,
             MachineState.FAILED,
         ),
     ],
@@ -399,31 +345,28 @@ def test_slice_state(
     name: str,
     group: compute_v1.InstanceGroupManager,
     instances: list[compute_v1.ManagedInstance],
-    request_: compute_v1.InstanceGroupManagerResizeRequest | None,
     state: MachineState,
 ) -> None:
-    flex = request_ is not None  # a resize request is a flex-start slice's
-    assert slice_state(group, instances, request_, flex).state is state, name
+    assert slice_state(group, instances).state is state, name
 
 
-def test_a_flex_start_slice_resized_in_bulk_waits_queued_where_a_spot_one_failed() -> None:
-    """No resize request (the API refused it, the MIG was resized instead): the BULK creation's wait for capacity is
-    flex-start's queue, not a failure."""
+def test_a_flex_start_slice_waits_queued_where_a_spot_one_failed() -> None:
+    """The BULK creation's wait for capacity is flex-start's queue, not a failure."""
     waiting = mig(topology=None, bulk=STOCKOUT)
-    assert slice_state(waiting, vms(None, None, None, None), None, flex=True).state is MachineState.QUEUED
-    assert slice_state(waiting, vms(None, None, None, None), None, flex=False).state is MachineState.FAILED
-    assert slice_state(mig(), vms(*RUN), None, flex=True).state is MachineState.READY
+    assert slice_state(waiting, vms(None, None, None, None), flex=True).state is MachineState.QUEUED
+    assert slice_state(waiting, vms(None, None, None, None), flex=False).state is MachineState.FAILED
+    starting = slice_state(mig(topology="INCOMPLETE"), vms(*("STAGING",) * 4), flex=True)
+    assert starting.state is MachineState.CREATING
+    assert slice_state(mig(), vms(*RUN), flex=True).state is MachineState.READY
 
 
 def test_a_failed_slice_says_why_in_the_apis_words() -> None:
-    stockout = slice_state(mig(topology=None, bulk=STOCKOUT), vms(None, None), None)
+    stockout = slice_state(mig(topology=None, bulk=STOCKOUT), vms(None, None))
     assert stockout == Observed(
         MachineState.FAILED, "ZONE_RESOURCE_POOL_EXHAUSTED: The zone does not have enough resources", STOCKOUT
     )
-    once = slice_state(mig(topology=None), no_capacity(4), None)
+    once = slice_state(mig(topology=None), no_capacity(4))
     assert once.detail == "ZONE_RESOURCE_POOL_EXHAUSTED: no room"  # every VM's error, said once
-    flex = slice_state(mig(target=0, topology=None), [], resize("FAILED", "Quota 'TPUS' exceeded"))
-    assert flex.detail == "QUOTA_EXCEEDED: Quota 'TPUS' exceeded"
 
 
 @pytest.mark.parametrize(

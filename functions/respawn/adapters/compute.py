@@ -55,7 +55,6 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 DLVM_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
 DEFAULT_NETWORK = "global/networks/default"
 MIN_RUN_S = 30  # Compute Engine's smallest maxRunDuration
-MIN_RESIZE_RUN_S = 10 * 60  # a resize request's requestedRunDuration: "between 10 minutes and seven days"
 # A TPU VM "includes a 100 GiB boot disk"; v6e takes Hyperdisk only, v5p Balanced Persistent Disk
 # (tpu/docs/setup-persistent-disk). TPU7x is not in that table: Hyperdisk Balanced, as for v6e, is unverified.
 TPU_BOOT_DISK_GB = 100
@@ -161,21 +160,19 @@ class GcpComputeProvider:
         stop when preempted)."""
         return compute_v1.InstanceProperties(**self._vm_fields(action, spec, vm, template))
 
-    def run_s(self, action: CreateMachine, spec: JobSpec, *, slice_: bool = False) -> int:
+    def run_s(self, action: CreateMachine, spec: JobSpec) -> int:
         """The maxRunDuration of the attempt's VMs: flex-start, the tier's max run duration or the time left to the
-        TTL deadline (capped at 7 days; a slice's resize request takes 10 minutes at least); otherwise the time
-        left, so that no VM outlives its job."""
+        TTL deadline (capped at 7 days); otherwise the time left, so that no VM outlives its job."""
         tier, now = spec.all_tiers[action.tier], self.clock()
         deadline = action.deadline if action.deadline is not None else now + spec.ttl_s
-        if tier.provisioning != "flex-start":
-            return max(MIN_RUN_S, int(deadline - now))
-        run_s = flex_start_run_s(tier, deadline, now)
-        return max(MIN_RESIZE_RUN_S, run_s) if slice_ else run_s
+        if tier.provisioning == "flex-start":
+            return flex_start_run_s(tier, deadline, now)
+        return max(MIN_RUN_S, int(deadline - now))
 
     def _vm_fields(self, action: CreateMachine, spec: JobSpec, vm: VmShape, template: bool) -> dict[str, Any]:
         """The fields an Instance and an InstanceProperties share (the same names), for one VM of the attempt."""
         zone, tier = action.zone, spec.all_tiers[action.tier]
-        run_s = self.run_s(action, spec, slice_=template)
+        run_s = self.run_s(action, spec)
         metadata = {**machine_metadata(spec, action.attempt), **dict(vm.metadata)}
         nic = compute_v1.NetworkInterface(network=self.settings.network or DEFAULT_NETWORK)
         if self.settings.external_ips:
@@ -235,9 +232,8 @@ class GcpComputeProvider:
                 f"machine.accelerator_type: {spec.machine.accelerator_type} is one instance, not a multi-host slice"
             )
         flex = spec.all_tiers[action.tier].provisioning == "flex-start"
-        flex_run_s = self.run_s(action, spec, slice_=True) if flex else None
         properties = self.vm_properties(action, spec, vm, template=True)
-        return Slice(self.project, action.machine, action.zone, shape.vms, shape.topology, properties, flex_run_s)
+        return Slice(self.project, action.machine, action.zone, shape.vms, shape.topology, properties, flex)
 
     # ------------------------------------------------------------------------------------------------ provider
 

@@ -6,14 +6,15 @@ A slice of `vms` 4-chip VMs is three objects, all named after the attempt's mach
 2. the global instance template NAME: the VM's properties, as a single-host instance has them (global op);
 3. the zonal MIG NAME: `baseInstanceName NAME-w`, that template, the policy as its workload policy, created all at
    once (`targetSizePolicy.mode BULK`) and never repaired (`defaultActionOnFailure DO_NOTHING`) (zone op).
-   Flex-start: the MIG starts empty and a resize request NAME asks for the `vms` VMs
-   (compute/docs/instance-groups/about-resize-requests-mig): CREATING -> ACCEPTED (queued) -> SUCCEEDED | FAILED;
-   where the API refuses resize requests in the MIG, the MIG is resized to `vms` instead (`_ask_for_vms`). The
-   FLEX_START template carries the same maxRunDuration as the resize request, so either way the VMs end in time.
+Flex-start is the same BULK MIG with a FLEX_START template (maxRunDuration, DELETE at its end): the MIG waits for
+capacity in Dynamic Workload Scheduler's queue (MachineState.QUEUED) and creates every VM at once. No resize request:
+about-bulk-mode lists resize requests among what BULK MIGs do not support and takes flex-start templates, and users
+report "Creating resize requests for managed instance group with TPU is not allowed" with a working flex-start slice
+made of a FLEX_START template and a BULK MIG (unverified on a real project; docs/cloud-contracts.md).
 Every create treats AlreadyExists as done and waits for its operation before the next (each object names the one
-before), so a crash between any two calls is repaired by the next delivery. Deletion goes MIG (its VMs and resize
-requests with it) -> template -> policy, NotFound as done at each step; the template and policy are in use until
-the MIG is gone, so they are deleted once the MIG's deletion is DONE.
+before), so a crash between any two calls is repaired by the next delivery. Deletion goes MIG (its VMs with it) ->
+template -> policy, NotFound as done at each step; the template and policy are in use until the MIG is gone, so
+they are deleted once the MIG's deletion is DONE.
 
 Leftovers: a template or policy whose MIG is gone (a MIG that took longer to delete than a call waits, a create
 abandoned half way) is listed as the attempt's machine, TERMINATED, so the sweep deletes it like any machine of an
@@ -44,26 +45,14 @@ from respawn.ports import CapacityError, Machine, PermanentError, ProviderError,
 
 MANAGED = "respawn-managed"  # the MIG's description (a MIG has no labels)
 _DESCRIPTION = re.compile(rf"^{MANAGED}: TPU slice in ([a-z0-9-]+)$")
-_RESIZE_REFUSED = re.compile(r"resize requests?\b.*\bnot (allowed|supported)", re.I)
 _BULK_REFUSED = re.compile(r"bulk mode\b.*\bprovisioning model", re.I)
 
 # compute_v1 holds these enum fields as strings: ManagedInstance.instance_status / current_action,
-# InstanceGroupManagerStatusAcceleratorTopology.state, InstanceGroupManagerResizeRequest.state.
+# InstanceGroupManagerStatusAcceleratorTopology.state.
 # A VM in one of these states is lost to the slice: preempted (STOP on preemption, as tpu/docs/spot-compute makes
 # Spot slice templates, leaves it TERMINATED, and a MIG with repair off does not replace it), stopped, suspended or
 # on its way there.
-LOST_VM = frozenset(
-    {
-        "STOPPING",
-        "STOPPED",
-        "TERMINATED",
-        "PENDING_STOP",
-        "SUSPENDING",
-        "SUSPENDED",
-        "DEPROVISIONING",
-    }
-)
-WAITING_RESIZE = frozenset({"CREATING", "ACCEPTED"})
+LOST_VM = frozenset({"STOPPING", "STOPPED", "TERMINATED", "PENDING_STOP", "SUSPENDING", "SUSPENDED", "DEPROVISIONING"})
 
 
 def region_of(zone: str) -> str:
@@ -85,7 +74,7 @@ class Slice:
     vms: int
     topology: str  # the workload policy's acceleratorTopology, e.g. "4x4"
     properties: compute_v1.InstanceProperties  # every VM's, as a single-host instance's
-    flex_run_s: int | None = None  # flex-start: the resize request's run duration; None: the MIG asks for all VMs
+    flex: bool = False  # flex-start: the MIG waits in the queue for capacity, and a wait is not a failure
 
     @property
     def region(self) -> str:
@@ -115,14 +104,13 @@ def instance_template(s: Slice) -> compute_v1.InstanceTemplate:
 
 
 def instance_group_manager(s: Slice, bulk: bool = True) -> compute_v1.InstanceGroupManager:
-    """Flex-start: empty, for the resize request to fill; otherwise all `vms` VMs at once (`bulk`; else the
-    default INDIVIDUAL mode, see `ComputeSlices._insert_mig`)."""
+    """All `vms` VMs at once (`bulk`; else the default INDIVIDUAL mode, see `ComputeSlices._insert_mig`)."""
     mig = compute_v1.InstanceGroupManager(
         name=s.name,
         description=MANAGED,
         base_instance_name=slice_vm_base(s.name),
         instance_template=s.template_url,
-        target_size=0 if s.flex_run_s is not None else s.vms,
+        target_size=s.vms,
         resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=s.policy_url),
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
             default_action_on_failure="DO_NOTHING"
@@ -131,13 +119,6 @@ def instance_group_manager(s: Slice, bulk: bool = True) -> compute_v1.InstanceGr
     if bulk:
         mig.target_size_policy = compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK")
     return mig
-
-
-def resize_request(s: Slice) -> compute_v1.InstanceGroupManagerResizeRequest:
-    assert s.flex_run_s is not None
-    return compute_v1.InstanceGroupManagerResizeRequest(
-        name=s.name, resize_by=s.vms, requested_run_duration=compute_v1.Duration(seconds=s.flex_run_s)
-    )
 
 
 @dataclass(frozen=True)
@@ -151,23 +132,19 @@ class Observed:
 
 
 def slice_state(
-    mig: compute_v1.InstanceGroupManager,
-    vms: Sequence[compute_v1.ManagedInstance],
-    resize: compute_v1.InstanceGroupManagerResizeRequest | None,
-    flex: bool = False,
+    mig: compute_v1.InstanceGroupManager, vms: Sequence[compute_v1.ManagedInstance], flex: bool = False
 ) -> Observed:
-    """The slice's state from its MIG, the MIG's managed instances and its resize request; `flex`: its template is
-    FLEX_START. By the first rule that holds:
-    * FAILED: the resize request FAILED, or a Spot/standard creation reported errors while VMs are missing (a BULK
-      creation that found no capacity: `status.bulkInstanceOperation.lastProgressCheck.error`; a VM's
-      `lastAttempt.errors`, as an INDIVIDUAL MIG reports it), or the topology FAILED before any VM ran; `detail`
-      is the API's reason.
+    """The slice's state from its MIG and the MIG's managed instances; `flex`: its template is FLEX_START. By the
+    first rule that holds:
+    * FAILED: a Spot/standard creation reported errors while VMs are missing (a BULK creation that found no
+      capacity: `status.bulkInstanceOperation.lastProgressCheck.error`; a VM's `lastAttempt.errors`, as an
+      INDIVIDUAL MIG reports it), or the topology FAILED before any VM ran; `detail` is the API's reason.
     * DELETING: every VM is being deleted (the MIG's own deletion).
     * PREEMPTED: the slice lost a VM: one is TERMINATED/STOPPED/STOPPING/SUSPENDED (LOST_VM) or being recreated;
       the topology is DEACTIVATING or FAILED; or a VM is missing (fewer VMs than targetSize, or one without an
       instance) while another runs. A slice is recovered whole, so one lost VM loses it.
-    * QUEUED: flex-start waits for capacity: its resize request is CREATING or ACCEPTED, or (no resize request)
-      the MIG's BULK creation is in progress with no VM yet; the reason it waits is not a failure.
+    * QUEUED: flex-start waits for capacity: the MIG's BULK creation is in progress with no VM yet (the reason it
+      gives, e.g. ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS, is the queue's, not a failure).
     * READY: `targetSize` VMs, all RUNNING, and every applied topology ACTIVE.
     * CREATING: anything else (VMs provisioning, the topology ACTIVATING or INCOMPLETE without a lost VM).
     Whether a preempted Spot VM of a slice MIG stays TERMINATED or is deleted (and perhaps recreated) is not settled
@@ -177,9 +154,6 @@ def slice_state(
     running = statuses.count("RUNNING")
     topologies = [t.state for t in mig.status.applied_accelerator_topologies]
     started = bool(statuses)
-    if resize is not None and resize.state == "FAILED":
-        errors = _resize_errors(resize)
-        return Observed(MachineState.FAILED, _text(errors) or "the resize request FAILED", errors, started)
     errors = _creation_errors(mig, vms)
     incomplete = len(statuses) < max(mig.target_size, len(vms), 1)
     if errors and incomplete and not flex:
@@ -194,8 +168,7 @@ def slice_state(
     missing = running > 0 and (len(statuses) < mig.target_size or len(statuses) < len(vms))
     if lost or broken or missing:
         return Observed(MachineState.PREEMPTED, started=started)
-    bulk_waits = flex and mig.status.bulk_instance_operation.in_progress and not started
-    if bulk_waits or (resize is not None and resize.state in WAITING_RESIZE):
+    if flex and mig.status.bulk_instance_operation.in_progress and not started:
         return Observed(MachineState.QUEUED, started=started)
     active = bool(topologies) and all(t == "ACTIVE" for t in topologies)
     if mig.target_size > 0 and running == len(vms) == mig.target_size and active:
@@ -210,12 +183,6 @@ def _creation_errors(
     found = [(e.code, e.message) for e in bulk]
     found += [(e.code, e.message) for vm in vms for e in vm.last_attempt.errors.errors]
     return tuple(dict.fromkeys(found))  # the same error from every VM once
-
-
-def _resize_errors(resize: compute_v1.InstanceGroupManagerResizeRequest) -> tuple[tuple[str, str], ...]:
-    found = [(e.code, e.message) for e in resize.status.error.errors]
-    found += [(e.code, e.message) for e in resize.status.last_attempt.error.errors]
-    return tuple(dict.fromkeys(found))
 
 
 def _topology_errors(mig: compute_v1.InstanceGroupManager) -> tuple[tuple[str, str], ...]:
@@ -242,7 +209,6 @@ class ComputeSlices:
         self.policies = compute_v1.ResourcePoliciesClient(**options)
         self.templates = compute_v1.InstanceTemplatesClient(**options)
         self.migs = compute_v1.InstanceGroupManagersClient(**options)
-        self.resizes = compute_v1.InstanceGroupManagerResizeRequestsClient(**options)
         self.operations = operations
         self.settings = settings
         self.timeout = settings.request_timeout_s
@@ -251,11 +217,11 @@ class ComputeSlices:
     # ------------------------------------------------------------------------------------------------ create
 
     def create(self, s: Slice) -> None:
-        """Policy -> template -> MIG (-> resize request), each waited for (within `create_wait_s` in all); a step
-        left unfinished raises TransientError, so the next delivery goes on from it. Then, for a BULK MIG, waits
-        while its creation has neither VMs nor errors. No capacity for the slice (in an operation or the MIG's
-        creation) raises CapacityError, the slice deleted first so the zone walk leaves nothing behind; the VMs'
-        progress after that is the sweep's."""
+        """Policy -> template -> MIG, each waited for (within `create_wait_s` in all); a step left unfinished
+        raises TransientError, so the next delivery goes on from it. Then, but for flex-start (whose MIG waits in
+        the queue), waits while the MIG's creation has neither VMs nor errors. No capacity for the slice (in an
+        operation or the MIG's creation) raises CapacityError, the slice deleted first so the zone walk leaves
+        nothing behind; the VMs' progress after that is the sweep's."""
         deadline = time.monotonic() + self.settings.create_wait_s
         p, zone = self.project, s.zone
         steps: list[tuple[str, Callable[[], compute_v1.Operation], Scope]] = [
@@ -275,14 +241,12 @@ class ComputeSlices:
             ),
             ("MIG", lambda: self._insert_mig(s), Scope(zone=zone)),
         ]
-        if s.flex_run_s is not None:
-            steps.append(("resize request", lambda: self._ask_for_vms(s), Scope(zone=zone)))
         try:
             for kind, insert, scope in steps:
                 what = f"create {kind} {s.name} for the TPU slice in {zone}"
                 if not self._insert(insert, scope, deadline, what):
                     raise TransientError(f"{what}: still being created; the next try goes on from there")
-            if s.flex_run_s is None:
+            if not s.flex:
                 self._await_capacity(s, deadline)
         except CapacityError:  # decide walks on to the next zone: leave nothing here
             with contextlib.suppress(ProviderError):  # what is left is listed as leftovers, which the sweep deletes
@@ -309,27 +273,6 @@ class ComputeSlices:
             zone=s.zone,
             instance_group_manager_resource=instance_group_manager(s, bulk=False),
             timeout=self.timeout,
-        )
-
-    def _ask_for_vms(self, s: Slice) -> compute_v1.Operation:
-        """A flex-start slice's VMs: its resize request; where the API refuses resize requests in this MIG, the MIG
-        resized to all of them at once instead. Google's pages disagree: the resize-request page makes flex-start
-        VMs with them, the bulk-mode page lists them as unsupported in BULK MIGs (whose flex-start templates it
-        supports), and a user reports them refused for TPU MIGs. Either way the slice comes up, and a redelivery
-        repeats the same choice (a resize to the size it has changes nothing). Unverified on a real project."""
-        try:
-            return self.resizes.insert_unary(
-                project=self.project,
-                zone=s.zone,
-                instance_group_manager=s.name,
-                instance_group_manager_resize_request_resource=resize_request(s),
-                timeout=self.timeout,
-            )
-        except gexc.BadRequest as e:
-            if not _RESIZE_REFUSED.search(error_text(e)):
-                raise
-        return self.migs.resize_unary(
-            project=self.project, zone=s.zone, instance_group_manager=s.name, size=s.vms, timeout=self.timeout
         )
 
     def _insert(self, insert: Callable[[], compute_v1.Operation], scope: Scope, deadline: float, what: str) -> bool:
@@ -456,7 +399,7 @@ class ComputeSlices:
     def _state(
         self, mig: compute_v1.InstanceGroupManager, zone: str, template: compute_v1.InstanceTemplate | None
     ) -> Observed:
-        """The MIG's state from its VMs and, for a flex-start slice while none of its VMs runs, its resize request."""
+        """The MIG's state from its VMs; its template says whether it is flex-start."""
         flex = template is not None and template.properties.scheduling.provisioning_model == "FLEX_START"
         what = f"get TPU slice {mig.name} in {zone}"
         try:
@@ -473,22 +416,7 @@ class ComputeSlices:
             vms = []  # deleted since it was listed
         except Exception as e:
             raise classify(e, what) from e
-        resize = None
-        if flex and not any(vm.instance_status == "RUNNING" for vm in vms):
-            try:
-                resize = self.resizes.get(
-                    project=self.project,
-                    zone=zone,
-                    instance_group_manager=mig.name,
-                    resize_request=mig.name,
-                    retry=self.retry,
-                    timeout=self.timeout,
-                )
-            except gexc.NotFound:
-                resize = None
-            except Exception as e:
-                raise classify(e, what) from e
-        return slice_state(mig, vms, resize, flex)
+        return slice_state(mig, vms, flex)
 
     def _template(self, name: str) -> compute_v1.InstanceTemplate | None:
         try:
