@@ -10,7 +10,7 @@ Flex-start is the same BULK MIG with a FLEX_START template (maxRunDuration, DELE
 capacity in Dynamic Workload Scheduler's queue (MachineState.QUEUED) and creates every VM at once. No resize request:
 about-bulk-mode lists resize requests among what BULK MIGs do not support and takes flex-start templates, and users
 report "Creating resize requests for managed instance group with TPU is not allowed" with a working flex-start slice
-made of a FLEX_START template and a BULK MIG (unverified on a real project; docs/cloud-contracts.md).
+made of a FLEX_START template and a BULK MIG (unverified on a real project).
 Every create treats AlreadyExists as done and waits for its operation before the next (each object names the one
 before), so a crash between any two calls is repaired by the next delivery. Deletion goes MIG (its VMs with it) ->
 template -> policy, NotFound as done at each step; the template and policy are in use until the MIG is gone, so
@@ -218,8 +218,8 @@ class ComputeSlices:
 
     def create(self, s: Slice) -> None:
         """Policy -> template -> MIG, each waited for (within `create_wait_s` in all); a step left unfinished
-        raises TransientError, so the next delivery goes on from it. Then, but for flex-start (whose MIG waits in
-        the queue), waits while the MIG's creation has neither VMs nor errors. No capacity for the slice (in an
+        raises TransientError, so the next delivery goes on from it. Then (not for flex-start, whose MIG waits in
+        the queue) it waits while the MIG's creation has neither VMs nor errors. No capacity for the slice (in an
         operation or the MIG's creation) raises CapacityError, the slice deleted first so the zone walk leaves
         nothing behind; the VMs' progress after that is the sweep's."""
         deadline = time.monotonic() + self.settings.create_wait_s
