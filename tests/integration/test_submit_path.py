@@ -244,7 +244,7 @@ def crash_rig(bucket: str, cloud: CloudApiServer) -> tuple[Service, CrashPlan, F
     store = CrashingStore(GcsJobStore(bucket), plan)
     provider = CrashingProvider(GcpComputeProvider(PROJECT, endpoint=cloud.url), plan)
     tpu = GcpTpuProvider(PROJECT, endpoint=cloud.url)
-    return Service(store, {"gpu": provider, "tpu": tpu}, clock, Policy()), plan, clock
+    return Service(store, {"compute": provider, "tpu": tpu}, clock, Policy()), plan, clock
 
 
 def run_scenario(

@@ -196,13 +196,19 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: 
 
 
 def test_a_slice_template_holds_the_properties_a_single_host_instance_has(gce: GcpComputeProvider) -> None:
-    """One builder: apart from the machine type, the zonal names and the preemption action, they are the same."""
+    """One builder: apart from the machine type, the zonal names, the preemption action and the startup script
+    (a slice VM's waits for its peers), they are the same."""
     template = body(slices.instance_template(gce.slice(create(), job(tpu("v6e-16")))))["properties"]
     instance = body(gce.instance(create(), job(tpu("v6e-8"))))
     differ = {"name", "machineType", "disks", "scheduling"}
-    assert {k: v for k, v in instance.items() if k not in differ} == {
-        k: v for k, v in template.items() if k not in differ
+    assert {k: v for k, v in instance.items() if k not in differ | {"metadata"}} == {
+        k: v for k, v in template.items() if k not in differ | {"metadata"}
     }
+
+    def metadata(properties: dict[str, Any]) -> dict[str, str]:
+        return {i["key"]: i["value"] for i in properties["metadata"]["items"] if i["key"] != "startup-script"}
+
+    assert metadata(instance) == metadata(template)
     assert (
         template["disks"][0]["initializeParams"]["sourceImage"]
         == instance["disks"][0]["initializeParams"]["sourceImage"]
