@@ -34,7 +34,7 @@ resource "google_service_account" "build" {
 resource "google_project_iam_custom_role" "orchestrator" {
   role_id     = "respawnOrchestrator"
   title       = "respawn orchestrator"
-  description = "Create, get, list and delete Cloud TPU queued resources and nodes, and Compute Engine TPU and GPU VMs, slice MIGs, their templates, workload policies and resize requests."
+  description = "Create, get, list and delete Cloud TPU queued resources and nodes, and Compute Engine TPU and GPU VMs, slice MIGs, their templates and workload policies."
   permissions = [
     # --- Cloud TPU API (machine.api: tpu) ---
     "tpu.nodes.create",
@@ -91,19 +91,13 @@ resource "google_project_iam_custom_role" "orchestrator" {
     # The zonal MIG: instanceGroupManagers.insert / get / delete (deleting it deletes its VMs), list (the sweep's
     # listing per zone) and listManagedInstances (its VMs and their states; gcloud's `managed list-instances`
     # names compute.instanceGroupManagers.list, the REST reference the get permission: both are granted).
+    # Every slice, flex-start included, is created at its full size and never resized: no update permission.
     "compute.instanceGroupManagers.create",
     "compute.instanceGroupManagers.delete",
     "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.list",
-    # Flex-start on a slice: instanceGroupManagerResizeRequests.insert "requires the following IAM permission on
-    # the specified resource instanceGroupManager: compute.instanceGroupManagers.update"
-    # (compute/docs/reference/rest/v1/instanceGroupManagerResizeRequests/insert); resizeRequests.get, which
-    # reads its state (ACCEPTED = queued), requires compute.instanceGroupManagers.get (.../get). Compute Engine
-    # has no resize-request permission of its own. `update` also lets the holder change a MIG's other settings;
-    # the functions change none.
-    "compute.instanceGroupManagers.update",
-    # Waiting on each create/delete (operations `wait`, authorized by `get`): instances, MIGs and resize requests
-    # return zone operations, workload policies region operations, instance templates global operations.
+    # Waiting on each create/delete (operations `wait`, authorized by `get`): instances and MIGs return
+    # zone operations, workload policies region operations, instance templates global operations.
     "compute.zoneOperations.get",
     "compute.regionOperations.get",
     "compute.globalOperations.get",

@@ -161,8 +161,8 @@ def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) ->
     assert needed | {"tpu.operations.get", "compute.zoneOperations.get", "compute.disks.create"} <= permissions
     assert all(p.startswith(("tpu.", "compute.")) for p in permissions)
     assert not any(p.endswith(("setIamPolicy", ".start", ".stop", ".reset")) for p in permissions)
-    # the one update: Google's reference requires it for a MIG resize request (flex-start); no other object's
-    assert [p for p in permissions if p.endswith(".update")] == ["compute.instanceGroupManagers.update"]
+    # no update of any object: a flex-start slice is a BULK MIG created at its full size, never resized
+    assert not [p for p in permissions if p.endswith(".update")]
     assert len(role["permissions"]) == len(permissions)  # no permission listed twice
     grant = config.resource("google_project_iam_member", "orchestrator_machines")
     assert grant == {
@@ -177,7 +177,7 @@ COMPUTE_TPU_PATH = {
     "instances": {"create", "delete", "get", "list", "setLabels", "setMetadata", "setScheduling", "setServiceAccount"},
     "instanceTemplates": {"create", "delete", "get", "list", "useReadOnly"},  # list: a crash's leftover template
     "resourcePolicies": {"create", "delete", "get", "list", "use"},  # list: a crash's leftover policy
-    "instanceGroupManagers": {"create", "delete", "get", "list", "update"},
+    "instanceGroupManagers": {"create", "delete", "get", "list"},
     "zoneOperations": {"get"},
     "regionOperations": {"get"},
     "globalOperations": {"get"},
@@ -198,7 +198,7 @@ def compute_verbs(permissions: list[str]) -> dict[str, set[str]]:
 
 
 def test_the_compute_engine_permissions_are_exactly_what_the_tpu_path_calls(config: Config) -> None:
-    """Slices (policy, template, MIG, resize requests) and single-host TPU VMs, and nothing broader: no wildcard,
+    """Slices (policy, template, MIG) and single-host TPU VMs, and nothing broader: no wildcard,
     no IAM policy changes, no instance updates, restarts or resizes, no other kind of object."""
     role = config.resource("google_project_iam_custom_role", "orchestrator")
     assert compute_verbs(role["permissions"]) == COMPUTE_TPU_PATH
