@@ -93,6 +93,32 @@ def test_the_sink_routes_every_kind_of_respawn_vm_and_nothing_else(instance: str
     assert sink_filter().matches(with_instance(instance)) is routed
 
 
+def with_node(name: str, log: str = "system_event") -> dict[str, Any]:
+    entry = copy.deepcopy(load(REPO / "tests" / "data" / "logentry_tpu_node_terminated.json"))
+    entry["protoPayload"]["resourceName"] = f"projects/p/locations/us-central2-b/nodes/{name}"
+    entry["logName"] = f"projects/p/logs/cloudaudit.googleapis.com%2F{log}"
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("node", "log", "routed"),
+    [
+        ("llm-small-001-a1", "system_event", True),  # a Cloud TPU API node JOB-aN terminated by Google
+        ("llm-small-001-a12", "activity", True),  # which audit log carries it is not documented: both are taken
+        ("x" * 39 + "-a2", "system_event", True),
+        ("x" * 40 + "-a2", "system_event", False),
+        ("llm-a0", "system_event", False),
+        ("llm-a1-w-x7k2", "system_event", False),  # a node is never a slice VM
+        ("my-dev-node", "system_event", False),
+        ("llm-a1", "data_access", False),
+    ],
+)
+def test_the_sink_routes_terminated_nodes_of_respawn_and_nothing_else(node: str, log: str, routed: bool) -> None:
+    entry = with_node(node, log)
+    assert sink_filter().matches(entry) is routed
+    assert isinstance(log_entry_event(entry), Ignored) is not routed
+
+
 # --- change the file, see both sides change ----------------------------------------------------------------------
 
 HOST_ERROR = ' OR "compute.instances.hostError"'

@@ -251,6 +251,7 @@ READ = {
     ("resource", "labels", "project_id"),
     ("protoPayload", "methodName"),
     ("protoPayload", "resourceName"),
+    ("protoPayload", "metadata", "terminateReason"),  # a terminated TPU node's reason: the event's cause
     ("jsonPayload", "goodput"),
     ("jsonPayload", "error"),
     *(

@@ -77,6 +77,17 @@ EXPECTED: dict[str, Event] = {
     "logentry_tpu_worker_preempted.json": ZoneWokeUp(
         "log:1m5ftq2e7c0jg", 1741950137.58319, "us-west4-a", P, "t1v-n-2f3e9a1b-w-0", "preempted"
     ),
+    # the Cloud TPU API's record of Google terminating a node: it names the node, so it names the job and attempt
+    "logentry_tpu_node_terminated.json": MachinePreempted(
+        "log:tpu-1qv7c2e9xk4a",
+        1741950136.904311,
+        "gemma-tune-2",
+        5,
+        "gemma-tune-2-a5",
+        "us-central2-b",
+        P,
+        "terminate: PREEMPTED",
+    ),
     "logentry_host_error.json": MachinePreempted(
         "log:-6mrd68di0ag", 1742075577.411466, "bert-ft-7", 1, "bert-ft-7-a1", "europe-west4-b", P, "hostError"
     ),
@@ -195,8 +206,9 @@ def test_rfc3339_keeps_nanoseconds_and_offsets() -> None:
 # ---------------------------------------------------------------------------- LogEntry variations
 
 
-def preempted(**changes: Any) -> dict[str, Any]:
-    e = entry("logentry_gce_preempted.json")
+def modified(name: str, **changes: Any) -> dict[str, Any]:
+    """A captured entry with fields changed (`a__b=v` sets entry["a"]["b"]; None removes the field)."""
+    e = entry(name)
     for path, value in changes.items():
         *parents, last = path.split("__")
         target = e
@@ -207,6 +219,10 @@ def preempted(**changes: Any) -> dict[str, Any]:
         else:
             target[last] = value
     return e
+
+
+def preempted(**changes: Any) -> dict[str, Any]:
+    return modified("logentry_gce_preempted.json", **changes)
 
 
 def trainer(payload: dict[str, Any]) -> dict[str, Any]:
@@ -250,6 +266,68 @@ def trainer(payload: dict[str, Any]) -> dict[str, Any]:
 def test_odd_entries_are_ignored_with_the_reason(changed: dict[str, Any], reason: str) -> None:
     got = log_entry_event(changed)
     assert isinstance(got, Ignored) and reason in got.reason
+
+
+def terminated(**changes: Any) -> dict[str, Any]:
+    return modified("logentry_tpu_node_terminated.json", **changes)
+
+
+def node(name: str, zone: str = "us-central2-b", collection: str = "locations") -> dict[str, Any]:
+    return terminated(protoPayload__resourceName=f"projects/{P}/{collection}/{zone}/nodes/{name}")
+
+
+ACTIVITY = f"projects/{P}/logs/cloudaudit.googleapis.com%2Factivity"
+
+
+@pytest.mark.parametrize(
+    ("changed", "cause"),
+    [
+        (terminated(), "terminate: PREEMPTED"),
+        (terminated(logName=ACTIVITY), "terminate: PREEMPTED"),  # which audit log carries it is not documented
+        (terminated(protoPayload__metadata__terminateReason="MAINTENANCE"), "terminate: MAINTENANCE"),  # any reason
+        (terminated(protoPayload__metadata__terminateReason="a\nb"), "terminate: a\\nb"),  # kept on one line
+        (terminated(protoPayload__metadata=None), "terminate"),  # no reason given
+        (terminated(protoPayload__metadata__terminateReason=7), "terminate"),
+        (terminated(resource=None), "terminate: PREEMPTED"),  # the resource is read only for its project
+        (terminated(resource__type="tpu_node"), "terminate: PREEMPTED"),
+        (
+            terminated(
+                protoPayload__resourceName=f"//tpu.googleapis.com/projects/{P}/locations/us-central2-b/nodes/gemma-tune-2-a5"
+            ),
+            "terminate: PREEMPTED",
+        ),
+    ],
+)
+def test_a_terminated_tpu_node_wakes_its_job_and_attempt(changed: dict[str, Any], cause: str) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, MachinePreempted), got
+    assert (got.job_id, got.attempt, got.machine, got.zone, got.project, got.cause) == (
+        "gemma-tune-2",
+        5,
+        "gemma-tune-2-a5",
+        "us-central2-b",
+        P,
+        cause,
+    )
+    assert sink_filter().matches(changed)
+
+
+@pytest.mark.parametrize(
+    ("changed", "reason", "routed"),
+    [
+        (node("my-dev-vm"), "not a respawn", False),
+        (node("llm-a0"), "not a respawn", False),
+        (node("llm-a1", collection="zones"), "not name a TPU node", False),
+        (terminated(logName=f"projects/{P}/logs/cloudaudit.googleapis.com%2Fdata_access"), "is neither", False),
+        (terminated(protoPayload__methodName="google.cloud.tpu.v2.Tpu.DeleteNode", logName=ACTIVITY), "neither", False),
+        # the filter leaves zones to the parser (no real entry names a zone that is not one)
+        (node("llm-a1", zone="mars"), 'zone "mars"', True),
+    ],
+)
+def test_other_tpu_node_entries_are_ignored(changed: dict[str, Any], reason: str, routed: bool) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, Ignored) and reason in got.reason, got
+    assert sink_filter().matches(changed) is routed
 
 
 def test_system_event_falls_back_to_the_resource_name_and_receive_time() -> None:
