@@ -261,9 +261,11 @@ def _node_terminated(entry: dict[str, Any], event_id: str, when: float) -> Event
 
 
 def _system_event(entry: dict[str, Any], event_id: str, when: float) -> Event:
+    """A Compute Engine system event on a VM, read from `protoPayload.resourceName` alone: an entry about a TPU
+    worker VM may have no `resource` block (Google's TPU maintenance example,
+    https://cloud.google.com/tpu/docs/view-maintenance-notifications) or another resource type, so the resource is
+    read only for its project."""
     resource = _object_at(entry, "resource")
-    if resource.get("type") != "gce_instance":
-        return Ignored(f"system event on resource type {show(resource.get('type'))}, not gce_instance")
     payload = _object_at(entry, "protoPayload")
     method = payload.get("methodName")
     cause = HOST_EVENTS.get(method) if isinstance(method, str) else None

@@ -88,6 +88,15 @@ EXPECTED: dict[str, Event] = {
         P,
         "terminate: PREEMPTED",
     ),
+    # Google's TPU maintenance example has no `resource` block (and so no project label) and no timestamp
+    "logentry_tpu_worker_maintenance_no_resource.json": ZoneWokeUp(
+        "log:sha256:9cf6ac5a0e438e46b3204fad36b12d70",
+        1731643213.12055193,
+        "europe-west4-b",
+        "cloud-tpu-multipod-dev",
+        "t1v-n-9472280f-w-0",
+        "terminateOnHostMaintenance",
+    ),
     "logentry_host_error.json": MachinePreempted(
         "log:-6mrd68di0ag", 1742075577.411466, "bert-ft-7", 1, "bert-ft-7-a1", "europe-west4-b", P, "hostError"
     ),
@@ -157,6 +166,7 @@ EXPECTED: dict[str, Event] = {
 IGNORED: dict[str, str] = {
     "logentry_unrelated_vm.json": 'instance "gke-batch-spot-pool-5b909138-nr65" is not a respawn machine',
     "logentry_other_method.json": 'method "compute.instances.migrateOnHostMaintenance" is not a preemption or host',
+    "logentry_tpu_upcoming_maintenance.json": 'method "compute.instances.upcomingMaintenance" is not a preemption',
     "logentry_activity_insert.json": 'log "cloudaudit.googleapis.com%2Factivity" is neither',
     "logentry_container_line.json": 'log "gcplogs-docker-driver" is neither',  # `respawn logs` reads it, not on_event
 }
@@ -234,8 +244,6 @@ def trainer(payload: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("changed", "reason"),
     [
-        (preempted(resource__type="tpu_worker"), 'resource type "tpu_worker"'),
-        (preempted(resource=None), "resource type null"),
         (preempted(protoPayload__methodName="compute.instances.stop"), 'method "compute.instances.stop"'),
         (preempted(protoPayload=None), "method null"),
         (preempted(protoPayload__resourceName="projects/p/global/instances/x"), "does not name an instance"),
@@ -328,6 +336,22 @@ def test_other_tpu_node_entries_are_ignored(changed: dict[str, Any], reason: str
     got = log_entry_event(changed)
     assert isinstance(got, Ignored) and reason in got.reason, got
     assert sink_filter().matches(changed) is routed
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        preempted(resource=None),  # as in Google's TPU maintenance example
+        preempted(resource__type="tpu_worker"),
+        preempted(resource__type="audited_resource"),
+        preempted(resource="gce_instance"),
+    ],
+)
+def test_a_system_event_is_read_from_its_resource_name_whatever_its_resource(changed: dict[str, Any]) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, MachinePreempted), got
+    assert (got.job_id, got.attempt, got.zone, got.project) == ("llm-small-001", 2, "us-central1-a", P)
+    assert sink_filter().matches(changed)
 
 
 def test_system_event_falls_back_to_the_resource_name_and_receive_time() -> None:
