@@ -74,6 +74,16 @@ EXPECTED: dict[str, Event] = {
     "logentry_gce_preempted.json": MachinePreempted(
         "log:-x3q9v1e2k4fb", T_PREEMPT, "llm-small-001", 2, "llm-small-001-a2", "us-central1-a", P, "preempted"
     ),
+    "logentry_gce_preempted_ai_zone.json": MachinePreempted(
+        "log:-ai1a7k2m9x4q",
+        1742006467.551903,
+        "llm-small-001",
+        3,
+        "llm-small-001-a3",
+        "us-central1-ai1a",
+        P,
+        "preempted",
+    ),
     "logentry_tpu_worker_preempted.json": ZoneWokeUp(
         "log:1m5ftq2e7c0jg", 1741950137.58319, "us-west4-a", P, "t1v-n-2f3e9a1b-w-0", "preempted"
     ),
@@ -351,6 +361,26 @@ def test_a_system_event_is_read_from_its_resource_name_whatever_its_resource(cha
     got = log_entry_event(changed)
     assert isinstance(got, MachinePreempted), got
     assert (got.job_id, got.attempt, got.zone, got.project) == ("llm-small-001", 2, "us-central1-a", P)
+    assert sink_filter().matches(changed)
+
+
+@pytest.mark.parametrize(
+    ("changed", "kind"),
+    [
+        (node("llm-a1", zone="us-central1-ai1a"), MachinePreempted),
+        (
+            preempted(protoPayload__resourceName=f"projects/{P}/zones/us-south1-ai1b/instances/llm-a1-w-x7k2"),
+            MachinePreempted,
+        ),
+        (
+            preempted(protoPayload__resourceName=f"projects/{P}/zones/us-central1-ai1a/instances/t1v-n-2f3e9a1b-w-1"),
+            ZoneWokeUp,
+        ),
+    ],
+)
+def test_events_in_ai_zones_name_their_zone(changed: dict[str, Any], kind: type) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, kind) and got.zone.split("-")[-1].startswith("ai"), got
     assert sink_filter().matches(changed)
 
 
