@@ -47,6 +47,13 @@ if os.path.basename(sys.argv[0]) == "gcloud" and sys.argv[1:4] == ["secrets", "v
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # what `-e NAME` (no value) passes on
     names = [a for flag, a in zip(sys.argv, sys.argv[1:]) if flag == "-e" and "=" not in a]
     pathlib.Path(log + ".env").write_text(json.dumps({{n: os.environ.get(n) for n in names}}))
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # the daemon: the log driver first, then the program
+    if "--log-driver=gcplogs" in sys.argv and os.environ.get("FAKE_GCPLOGS_DOWN"):
+        sys.stderr.write(pathlib.Path(os.environ["FAKE_GCPLOGS_ERROR"]).read_text())
+        sys.exit(125)
+    if "--entrypoint" in sys.argv:  # a program the image does not have
+        sys.exit('docker: Error response from daemon: failed to create task for container: exec: "' +
+                 sys.argv[sys.argv.index("--entrypoint") + 1] + '": no such file or directory: unknown.')
 stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
@@ -197,6 +204,75 @@ def test_the_containers_output_goes_to_cloud_logging_tagged_with_its_job(tmp_pat
     assert f"{JOB_ENV}=job-1" in argv and f"{ATTEMPT_ENV}=3" in argv  # the values the driver copies
 
 
+# --- container logs: Cloud Logging out of reach is no failure of the trainer's ---------------------------------------
+
+GCPLOGS_DOWN = Path(__file__).parent.parent / "data" / "docker_gcplogs_unreachable.txt"  # what `docker run` prints
+
+
+def runs(env: dict[str, str]) -> list[list[str]]:
+    return [c for c in calls(env) if c[:2] == ["docker", "run"]]
+
+
+def notes(env: dict[str, str]) -> list[dict[str, Any]]:
+    """The script's notes in log respawn-startup (written in the background: waited for a moment)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = [c for c in calls(env) if c[:4] == ["gcloud", "logging", "write", "respawn-startup"]]
+        if found:
+            return [json.loads(c[4]) for c in found]
+        time.sleep(0.05)
+    return []
+
+
+def test_when_gcplogs_cannot_reach_cloud_logging_the_trainer_runs_with_local_logs(
+    tmp_path: Path, fakes: dict[str, str]
+) -> None:
+    result = run_script(tmp_path, fakes, spec(), FAKE_GCPLOGS_DOWN="1", FAKE_GCPLOGS_ERROR=str(GCPLOGS_DOWN))
+
+    assert result.returncode == 0, result.stderr
+    first, probe, local = runs(fakes)
+    assert "--log-driver=gcplogs" in first  # docker exits 125 before the trainer runs
+    assert probe[probe.index("--entrypoint") :][:2] == ["--entrypoint", "/respawn-log-driver-probe"]
+    assert "--log-driver=gcplogs" in probe and "--gpus" not in probe and "-e" not in probe  # runs nothing of the job's
+    assert [a for a in local if a.startswith("--log")] == list(startup.LOCAL_LOGS)
+    assert [a for a in local if not a.startswith("--log")] == [a for a in first if not a.startswith("--log")]
+    assert [(p["event"], how) for p, how in said(fakes)] == [("completed", "INFO")]  # no failed entry
+    assert "docker's gcplogs driver cannot reach Cloud Logging" in result.stderr
+    assert "PermissionDenied" in result.stderr  # docker's own words, for the operator
+    ((note,),) = [notes(fakes)]
+    assert (note["note"], note["job_id"], note["attempt"], note["worker"]) == ("local-logs", "job-1", 3, 0)
+    assert note["detail"].startswith("docker: Error response from daemon: failed to initialize logging driver")
+
+
+def test_a_trainer_that_itself_exits_125_has_failed(tmp_path: Path, fakes: dict[str, str]) -> None:
+    """125 is also any program's exit code: only a probe that fails on the log driver makes it docker's."""
+    result = run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="125")
+
+    assert result.returncode == 125
+    assert len(runs(fakes)) == 2  # the trainer, then the probe (which fails on its missing program, not on logs)
+    ((payload, _),) = said(fakes)
+    assert payload["event"] == "failed" and payload["error"] == "the trainer exited with code 125"
+    assert not [c for c in calls(fakes) if c[:4] == ["gcloud", "logging", "write", "respawn-startup"]]  # no note
+
+
+def test_when_docker_fails_with_local_logs_too_the_attempt_has_failed(tmp_path: Path, fakes: dict[str, str]) -> None:
+    extra = {"FAKE_GCPLOGS_DOWN": "1", "FAKE_GCPLOGS_ERROR": str(GCPLOGS_DOWN), "FAKE_RUN_RC": "125"}
+    result = run_script(tmp_path, fakes, spec(), **extra)
+
+    assert result.returncode == 125
+    assert len(runs(fakes)) == 3  # gcplogs, the probe, json-file: tried once with local logs, not again
+    assert [p["event"] for p, _ in said(fakes)] == ["failed"]
+
+
+def test_after_the_notice_a_125_is_not_run_again(tmp_path: Path, fakes: dict[str, str]) -> None:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(spec(), 3).replace('rm -f "$notice"\n', 'rm -f "$notice"\ntouch "$notice"\n'))
+    env = {**fakes, "FAKE_GCPLOGS_DOWN": "1", "FAKE_GCPLOGS_ERROR": str(GCPLOGS_DOWN)}
+    result = subprocess.run([BASH, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 125 and len(runs(fakes)) == 1  # a machine going away runs nothing more
+    assert said(fakes) == []  # the preemption's event speaks for it
+
+
 def test_job_env_cannot_override_respawn_env(tmp_path: Path, fakes: dict[str, str]) -> None:
     s = spec(env=(("RESPAWN_ATTEMPT", "99"), ("RESPAWN_JOB_ID", "other")))
     run_script(tmp_path, fakes, s)
@@ -211,8 +287,8 @@ def test_trainer_exit_code_is_the_scripts(tmp_path: Path, fakes: dict[str, str])
 
 def said(env: dict[str, str]) -> list[tuple[dict[str, Any], str]]:
     """(jsonPayload, severity) of every entry the script wrote with `gcloud logging write respawn-trainer`."""
-    writes = [c for c in calls(env) if c[:3] == ["gcloud", "logging", "write"]]
-    assert all(w[3] == "respawn-trainer" and "--payload-type=json" in w for w in writes), writes
+    writes = [c for c in calls(env) if c[:4] == ["gcloud", "logging", "write", "respawn-trainer"]]
+    assert all("--payload-type=json" in w for w in writes), writes
     return [(json.loads(w[4]), w[-1].removeprefix("--severity=")) for w in writes]
 
 
@@ -448,7 +524,7 @@ if "install" in sys.argv:
 
 # What the script runs besides the fakes. A PATH of only these and the fakes: the machine's own apt-get and
 # systemctl can never run.
-TOOLS = ("bash", "tr", "grep", "awk", "paste", "rm", "touch", "sleep", "seq", "cat", "sed")
+TOOLS = ("bash", "tr", "grep", "awk", "paste", "rm", "touch", "sleep", "seq", "cat", "sed", "cut")
 
 
 @pytest.fixture

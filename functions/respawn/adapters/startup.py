@@ -21,6 +21,11 @@ notice and `completed` without it (worker 0 speaks for a slice), anything else
 without the notice is `failed` (any worker), each marked `"source": "exit-code"`.
 The notice is the marker file the shutdown script (or the script's own SIGTERM
 trap) leaves, or the metadata server's `instance/preempted`.
+
+The container's lines go to Cloud Logging through docker's gcplogs driver; when
+that driver cannot reach Cloud Logging as the container starts (`docker run`
+exits 125 and runs nothing), the trainer runs again with local logs and the
+script says so (LOCAL_LOGS, docs/operations.md): never a failure of the trainer.
 """
 
 from __future__ import annotations
@@ -70,15 +75,23 @@ def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
     return [(k, v) for k, v in spec.env if k not in reserved] + own
 
 
-def docker_run_argv(spec: JobSpec, attempt: int) -> list[str]:
+# Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables in
+# jsonPayload.container.metadata: `respawn logs` selects a job's lines by them (respawn/joblogs.py).
+CLOUD_LOGS = ("--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTEMPT")
+# Where the trainer's lines go when docker's gcplogs driver cannot reach Cloud Logging as the container starts (it
+# pings Cloud Logging first, and `docker run` then exits 125 without running anything): docker's default json-file
+# driver, bounded, on the machine's disk; the attached `docker run` also prints them into the startup script's own
+# output (serial console, journal).
+LOCAL_LOGS = ("--log-driver=json-file", "--log-opt=max-size=100m", "--log-opt=max-file=3")
+
+
+def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS) -> list[str]:
     if spec.image.startswith("-"):
         raise ValueError(f"image: {spec.image!r} starts with '-'; allowed: a container image reference")
     gpu = isinstance(spec.machine, GpuMachine)
     argv = ["docker", "run", "--rm", "--name", CONTAINER, "--net=host"]
     argv += ["--gpus", "all"] if gpu else ["--privileged"]  # TPU VMs expose the chips as /dev/accel*
-    # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables
-    # in jsonPayload.container.metadata: `respawn logs` selects a job's lines by them (respawn/joblogs.py).
-    argv += ["--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTEMPT"]
+    argv += logs
     for key, value in trainer_env(spec, attempt):
         argv += ["-e", f"{key}={value}"]
     if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
@@ -161,6 +174,16 @@ _FAIL = """fail() {{
 }}
 """
 
+# A note for the operator in log `respawn-startup` (not a lifecycle entry: the control plane never reads it), best
+# effort and in the background: it may be Cloud Logging that is out of reach. $1 is the note's kind, $2 its text.
+_NOTE = """note() {{
+  gcloud logging write respawn-startup \\
+    "$(printf '{{"note": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "detail": "%s"}}' \\
+      "$1" {job_id} {attempt} "$worker" "$2")" \\
+    --payload-type=json --severity=WARNING >/dev/null 2>&1 &
+}}
+"""
+
 # Compute Engine's TPU boot images (ubuntu-accel-*) come without Docker; Cloud TPU API runtime images and the GPU
 # image have it, so there this is one `command -v`. The install is the OS's own package, retried a few times:
 # at first boot apt's lock is often held by unattended-upgrades (Lock::Timeout waits for it), and a mirror may
@@ -221,7 +244,6 @@ _SECRETS = """secret() {
 """
 
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
-docker rm -f {container} >/dev/null 2>&1 || true
 notice={notice}
 rm -f "$notice"
 stopping=
@@ -230,15 +252,34 @@ shutdown() {{
   log "shutdown: stopping the trainer"; docker stop -t {grace} {container} >/dev/null 2>&1
 }}
 trap shutdown TERM INT HUP
-{run} &
-child=$!
-wait "$child"
-rc=$?
-while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wait`: wait for the trainer itself
-  stopping=
+trainer() {{  # runs the container (the command line in "$@") in the background, so the trap can stop it; sets rc
+  docker rm -f {container} >/dev/null 2>&1 || true
+  "$@" &
+  child=$!
   wait "$child"
   rc=$?
-done
+  while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wait`: wait for the trainer itself
+    stopping=
+    wait "$child"
+    rc=$?
+  done
+}}
+trainer {run}
+# 125: docker itself failed. If the cause is the gcplogs driver (a probe container that runs nothing fails the same
+# way), Cloud Logging is out of reach (no external IP nor Private Google Access, a hiccup): the trainer runs again
+# with local logs, which is no failure of the trainer's.
+if [ "$rc" -eq 125 ] && [ ! -e "$notice" ]; then
+  probe=$(docker run --rm --log-driver=gcplogs --entrypoint /respawn-log-driver-probe {image} 2>&1)
+  case "$probe" in
+    *"failed to initialize logging driver"*)
+      why=$(printf %s "$probe" | grep -m1 "failed to initialize logging driver" | tr -d '"\\\\' | cut -c1-300)
+      log "container logs: docker's gcplogs driver cannot reach Cloud Logging ($why); running the trainer with" \\
+        "--log-driver=json-file: its lines are in this script's output and in docker logs {container} while it runs"
+      note local-logs "$why"
+      trainer {run_local}
+      ;;
+  esac
+fi
 log "trainer exited with code $rc"
 say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
   entry=$(printf '{{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "exit-code", '\\
@@ -264,6 +305,7 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     q = shlex.quote
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA]
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt)))
+    parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt)))
     parts.append(_DOCKER)
     if isinstance(spec.machine, GpuMachine):
         parts.append(_GPU)
@@ -275,14 +317,14 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     if spec.secrets:
         parts.append(_SECRETS)
         parts += [f"secret {q(name)} {q(ref)}\n" for name, ref in spec.secrets]
-    run = shlex.join(docker_run_argv(spec, attempt))
     parts.append(
         _RUN.format(
             image=q(spec.image),
             container=CONTAINER,
             grace=grace_s(spec),
             notice=q(NOTICE_FILE),
-            run=run,
+            run=shlex.join(docker_run_argv(spec, attempt)),
+            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS)),
             job_id=q(spec.job_id),
             attempt=int(attempt),
         )
