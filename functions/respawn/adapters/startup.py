@@ -14,6 +14,9 @@ boot image has none (Compute Engine's TPU images: docs/compute-engine.md, The
 machine), and on a multi-host TPU slice waits until the metadata server names this
 VM's worker number and all its peers, which the trainer needs to find the others.
 What cannot be readied is the attempt's `failed` entry (the trainer never starts).
+Lifecycle entries, secrets and the registry login go through gcloud where the
+boot image has it, else through the REST APIs with the machine's token from the
+metadata server (no source says every TPU image has gcloud).
 
 When the container exits, the script speaks for a trainer that may have said
 nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
@@ -151,7 +154,14 @@ if ! command -v nvidia-ctk >/dev/null 2>&1; then
 fi
 """
 
-_AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
+# Docker's credentials for Artifact Registry: gcloud's credential helper, or the machine's token as the password of
+# user oauth2accesstoken (https://cloud.google.com/artifact-registry/docs/docker/authentication#token).
+_AUTH = """if [ -n "$gcloud_cli" ]; then
+  gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
+else
+  token | docker login -u oauth2accesstoken --password-stdin https://{host} >/dev/null \\
+    || log "could not log docker in to {host}"
+fi
 """
 
 _METADATA = """md() {
@@ -162,14 +172,48 @@ worker=$(md attributes/agent-worker-number || echo 0)
 case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
 """
 
+# Cloud Logging and Secret Manager through gcloud where the boot image has it, else through their REST APIs with the
+# token of the machine's service account from the metadata server: no source says every TPU image has gcloud.
+# Both write an entry with resource `global`, as `gcloud logging write` does. docs/cloud-contracts.md, The machine.
+_CLOUD = """gcloud_cli=$(command -v gcloud || true)
+token() {  # an OAuth access token of the machine's service account
+  curl -sf -m 10 -H 'Metadata-Flavor: Google' \\
+    http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token \\
+    | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p'
+}
+write_entry() {  # an entry in log $1 with severity $2 and jsonPayload $3 (a JSON object)
+  if [ -n "$gcloud_cli" ]; then
+    gcloud logging write "$1" "$3" --payload-type=json --severity="$2"
+    return
+  fi
+  local project
+  project=$(curl -sf -m 2 -H 'Metadata-Flavor: Google' \\
+    http://metadata.google.internal/computeMetadata/v1/project/project-id) || return 1
+  printf '{"entries": [{"logName": "projects/%s/logs/%s", "resource": {"type": "global"}, "severity": "%s", '\\
+'"jsonPayload": %s}]}' "$project" "$1" "$2" "$3" \\
+    | curl -sf -m 30 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/json' \\
+      --data-binary @- https://logging.googleapis.com/v2/entries:write >/dev/null
+}
+read_secret() {  # secret version $1 (projects/P/secrets/S/versions/V), byte for byte on stdout
+  if [ -n "$gcloud_cli" ]; then
+    gcloud secrets versions access "$1" --quiet
+    return
+  fi
+  local answer
+  answer=$(curl -sf -m 30 -H "Authorization: Bearer $(token)" "https://secretmanager.googleapis.com/v1/$1:access") \\
+    || return 1
+  printf %s "$answer" | sed -n 's/.*"data" *: *"\\([^"]*\\)".*/\\1/p' | base64 -d
+}
+"""
+
 # The attempt's `failed` entry when the machine cannot be readied: counted against max_failures (the next attempt
 # gets a new machine), and no trainer is started. $1 is respawn's own text (no quotes or backslashes).
 _FAIL = """fail() {{
   log "$1"
-  gcloud logging write respawn-trainer \\
+  write_entry respawn-trainer ERROR \\
     "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \\
       {job_id} {attempt} "$worker" "$1")" \\
-    --payload-type=json --severity=ERROR || log "could not log the failure"
+    || log "could not log the failure"
   exit 1
 }}
 """
@@ -177,10 +221,9 @@ _FAIL = """fail() {{
 # A note for the operator in log `respawn-startup` (not a lifecycle entry: the control plane never reads it), best
 # effort and in the background: it may be Cloud Logging that is out of reach. $1 is the note's kind, $2 its text.
 _NOTE = """note() {{
-  gcloud logging write respawn-startup \\
+  write_entry respawn-startup WARNING \\
     "$(printf '{{"note": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "detail": "%s"}}' \\
-      "$1" {job_id} {attempt} "$worker" "$2")" \\
-    --payload-type=json --severity=WARNING >/dev/null 2>&1 &
+      "$1" {job_id} {attempt} "$worker" "$2")" >/dev/null 2>&1 &
 }}
 """
 
@@ -233,7 +276,7 @@ export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
 _SECRETS = """secret() {
   local value i
   for i in 1 2 3; do
-    if value=$(gcloud secrets versions access "$2" --quiet && printf .); then
+    if value=$(read_secret "$2" && printf .); then
       export "$1=${value%.}"
       return 0
     fi
@@ -284,7 +327,7 @@ log "trainer exited with code $rc"
 say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
   entry=$(printf '{{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "exit-code", '\\
 '"exit_code": %d%s}}' "$1" {job_id} {attempt} "$worker" "$rc" "$3")
-  gcloud logging write respawn-trainer "$entry" --payload-type=json --severity="$2" || log "could not log $1"
+  write_entry respawn-trainer "$2" "$entry" || log "could not log $1"
 }}
 noticed=
 if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi  # its system event replaces the machine
@@ -303,7 +346,7 @@ SLICE_METADATA_TRIES = 120
 
 def startup_script(spec: JobSpec, attempt: int) -> str:
     q = shlex.quote
-    parts = [_HEADER.format(attempt=int(attempt)), _METADATA]
+    parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt)))
     parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt)))
     parts.append(_DOCKER)
