@@ -14,7 +14,7 @@ from tfconfig import REPO, TF_DIR, Config
 from respawn import logfilter
 from respawn.events import Ignored
 from respawn.logfilter import LogFilter, load_sink_filter, sink_filter
-from respawn.parsing import log_entry_event
+from respawn.parsing import TRAINER_EVENTS, log_entry_event
 
 CAPTURED = sorted((REPO / "tests" / "data").glob("logentry_*.json"))
 
@@ -117,6 +117,19 @@ def test_the_sink_routes_terminated_nodes_of_respawn_and_nothing_else(node: str,
     entry = with_node(node, log)
     assert sink_filter().matches(entry) is routed
     assert isinstance(log_entry_event(entry), Ignored) is not routed
+
+
+NUMBERS = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+
+def test_the_deploy_guide_counts_and_names_the_lifecycle_events_the_filter_routes() -> None:
+    guide = " ".join((REPO / "docs" / "deploy.md").read_text(encoding="utf-8").split())
+    said = guide.split("`/logs/respawn-trainer` with the ", 1)[1].split(" lifecycle events", 1)[0]
+    assert said == NUMBERS[len(TRAINER_EVENTS)]
+    routed = load_sink_filter().split('jsonPayload.event=("', 1)[1].split(")", 1)[0]
+    assert routed == '" OR "'.join(TRAINER_EVENTS) + '"'
+    for event in TRAINER_EVENTS:
+        assert f"`{event}`" in guide.split("lifecycle events:", 1)[1][:300]
 
 
 # --- change the file, see both sides change ----------------------------------------------------------------------
