@@ -227,10 +227,18 @@ def notes(env: dict[str, str]) -> list[dict[str, Any]]:
     return []
 
 
-def test_when_gcplogs_cannot_reach_cloud_logging_the_trainer_runs_with_local_logs(
-    tmp_path: Path, fakes: dict[str, str]
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (GCPLOGS_DOWN, "PermissionDenied"),  # the driver's ping to Cloud Logging failed
+        (GCPLOGS_DOWN.with_name("docker_gcplogs_missing.txt"), "no log driver named"),  # a docker built without it
+    ],
+    ids=["unreachable", "missing"],
+)
+def test_when_gcplogs_cannot_log_to_cloud_logging_the_trainer_runs_with_local_logs(
+    tmp_path: Path, fakes: dict[str, str], error: Path, says: str
 ) -> None:
-    result = run_script(tmp_path, fakes, spec(), FAKE_GCPLOGS_DOWN="1", FAKE_GCPLOGS_ERROR=str(GCPLOGS_DOWN))
+    result = run_script(tmp_path, fakes, spec(), FAKE_GCPLOGS_DOWN="1", FAKE_GCPLOGS_ERROR=str(error))
 
     assert result.returncode == 0, result.stderr
     first, probe, local = runs(fakes)
@@ -240,11 +248,11 @@ def test_when_gcplogs_cannot_reach_cloud_logging_the_trainer_runs_with_local_log
     assert [a for a in local if a.startswith("--log")] == list(startup.LOCAL_LOGS)
     assert [a for a in local if not a.startswith("--log")] == [a for a in first if not a.startswith("--log")]
     assert [(p["event"], how) for p, how in said(fakes)] == [("completed", "INFO")]  # no failed entry
-    assert "docker's gcplogs driver cannot reach Cloud Logging" in result.stderr
-    assert "PermissionDenied" in result.stderr  # docker's own words, for the operator
+    assert "docker's gcplogs driver cannot log to Cloud Logging" in result.stderr
+    assert says in result.stderr  # docker's own words, for the operator
     ((note,),) = [notes(fakes)]
     assert (note["note"], note["job_id"], note["attempt"], note["worker"]) == ("local-logs", "job-1", 3, 0)
-    assert note["detail"].startswith("docker: Error response from daemon: failed to initialize logging driver")
+    assert note["detail"].startswith("docker: Error response from daemon: ") and says in note["detail"]
 
 
 def test_a_trainer_that_itself_exits_125_has_failed(tmp_path: Path, fakes: dict[str, str]) -> None:

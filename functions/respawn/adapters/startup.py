@@ -309,14 +309,14 @@ trainer() {{  # runs the container (the command line in "$@") in the background,
 }}
 trainer {run}
 # 125: docker itself failed. If the cause is the gcplogs driver (a probe container that runs nothing fails the same
-# way), Cloud Logging is out of reach (no external IP nor Private Google Access, a hiccup): the trainer runs again
-# with local logs, which is no failure of the trainer's.
+# way), Cloud Logging is out of reach (no external IP nor Private Google Access, a hiccup), or this docker has no
+# gcplogs driver: the trainer runs again with local logs, which is no failure of the trainer's.
 if [ "$rc" -eq 125 ] && [ ! -e "$notice" ]; then
   probe=$(docker run --rm --log-driver=gcplogs --entrypoint /respawn-log-driver-probe {image} 2>&1)
   case "$probe" in
-    *"failed to initialize logging driver"*)
-      why=$(printf %s "$probe" | grep -m1 "failed to initialize logging driver" | tr -d '"\\\\' | cut -c1-300)
-      log "container logs: docker's gcplogs driver cannot reach Cloud Logging ($why); running the trainer with" \\
+    *"failed to initialize logging driver"* | *"no log driver named"*)
+      why=$(printf %s "$probe" | grep -m1 "logging driver\\|log driver" | tr -d '"\\\\' | cut -c1-300)
+      log "container logs: docker's gcplogs driver cannot log to Cloud Logging ($why); running the trainer with" \\
         "--log-driver=json-file: its lines are in this script's output and in docker logs {container} while it runs"
       note local-logs "$why"
       trainer {run_local}
