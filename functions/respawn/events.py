@@ -59,12 +59,13 @@ class AboutAttempt(AboutJob):
 
 @dataclass(frozen=True)
 class MachinePreempted(AboutAttempt):
-    """A GCE system event naming one of respawn's machines (preempted, host error, host maintenance)."""
+    """An audit entry naming one of respawn's machines: a Compute Engine system event on a VM (preempted, host error,
+    host maintenance), or the Cloud TPU API's termination of a node (`tpu.nodes.terminate`)."""
 
     machine: str
     zone: str
     project: str
-    cause: str = "preempted"  # preempted | hostError | terminateOnHostMaintenance
+    cause: str = "preempted"  # preempted | hostError | terminateOnHostMaintenance | terminate[: REASON]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,11 @@ Envelopes: the Eventarc CloudEvent (`google.cloud.pubsub.topic.v1.messagePublish
 both wrap one Pub/Sub message. A message on `respawn-jobs` becomes JobSubmitted / CancelRequested / JobRejected; a
 message on `respawn-events` holds a LogEntry (from the log sink) or a sweep tick. Anything else is Ignored(reason).
 
+Machine events come from Cloud Audit Logs: Compute Engine's system events on a VM (preempted, host error, host
+maintenance), and the Cloud TPU API's `tpu.nodes.terminate` on a node (Google's own termination of a node, e.g. a
+Spot preemption: marin-community/marin docs/dev-guide/tpu_observability.md; which audit log carries it is not
+documented, so the system event and the admin activity log are both read).
+
 Event ids (for de-duplication): the Pub/Sub message id for job messages and sweep ticks, `log:INSERT_ID` for log
 entries (Cloud Logging treats entries with the same insertId and timestamp as one entry).
 """
@@ -38,10 +43,12 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import parse_instance_name
+from respawn.model import parse_instance_name, parse_machine_name
 from respawn.spec import JOB_ID_RE, ZONE_RE, CancelRequest, SpecError, one_line, parse_job_message, show
 
 SYSTEM_EVENT_LOGS = ("/logs/cloudaudit.googleapis.com%2Fsystem_event", "/logs/cloudaudit.googleapis.com/system_event")
+ACTIVITY_LOGS = ("/logs/cloudaudit.googleapis.com%2Factivity", "/logs/cloudaudit.googleapis.com/activity")
+NODE_TERMINATED = "tpu.nodes.terminate"
 TRAINER_LOG = "/logs/respawn-trainer"
 HOST_EVENTS = {
     "compute.instances.preempted": "preempted",
@@ -52,6 +59,8 @@ TRAINER_EVENTS = ("started", "checkpoint", "progress", "completed", "failed", "s
 SWEEP_TICK = "sweep_tick"
 RESOURCE_NAME_RE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 TPU_WORKER_RE = re.compile(r"t1v-n-[0-9a-f]+-w-[0-9]+")
+# a Cloud TPU node, as an audit entry's resourceName names it (with or without the service's `//tpu.googleapis.com/`)
+NODE_NAME_RE = re.compile(r"(?://tpu\.googleapis\.com/)?projects/([^/]+)/locations/([^/]+)/nodes/([^/]+)")
 MAX_DATA_BYTES = 1024 * 1024
 
 
@@ -204,11 +213,16 @@ def _log_entry_event(entry: Any) -> Event:
         return Ignored("log entry has no valid timestamp")
     insert_id = entry.get("insertId")
     event_id = f"log:{insert_id}" if isinstance(insert_id, str) and insert_id else "log:" + _digest(_canonical(entry))
+    if log_name.endswith(SYSTEM_EVENT_LOGS + ACTIVITY_LOGS) and _method(entry) == NODE_TERMINATED:
+        return _node_terminated(entry, event_id, when)
     if log_name.endswith(SYSTEM_EVENT_LOGS):
         return _system_event(entry, event_id, when)
     if log_name.endswith(TRAINER_LOG):
         return _trainer_entry(entry, event_id, when)
-    return Ignored(f"log {show(log_name.rpartition('/logs/')[2])} is neither a GCE system event nor respawn-trainer")
+    return Ignored(
+        f"log {show(log_name.rpartition('/logs/')[2])} is neither a GCE system event, a TPU node's termination nor "
+        "respawn-trainer"
+    )
 
 
 def _canonical(entry: dict[str, Any]) -> bytes:
@@ -221,10 +235,37 @@ def _object_at(parent: dict[str, Any], key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _method(entry: dict[str, Any]) -> Any:
+    return _object_at(entry, "protoPayload").get("methodName")
+
+
+def _node_terminated(entry: dict[str, Any], event_id: str, when: float) -> Event:
+    """`tpu.nodes.terminate` on node `projects/P/locations/Z/nodes/JOB-aN`: attempt N of JOB lost its machine, for
+    whatever reason the entry gives (`metadata.terminateReason`, kept as the cause; none is read as a plain
+    termination). The resource (`audited_resource`) is read only for its project."""
+    payload = _object_at(entry, "protoPayload")
+    node = NODE_NAME_RE.fullmatch(str(payload.get("resourceName", "")))
+    if not node:
+        return Ignored(f"resourceName {show(payload.get('resourceName'))} does not name a TPU node")
+    project_id = _object_at(_object_at(entry, "resource"), "labels").get("project_id")
+    project = project_id if isinstance(project_id, str) and project_id else node.group(1)
+    zone, name = node.group(2), node.group(3)
+    if not ZONE_RE.fullmatch(zone):
+        return Ignored(f"zone {show(zone)} is not a zone")
+    parsed = parse_machine_name(name)
+    if parsed is None or not JOB_ID_RE.fullmatch(parsed[0]):
+        return Ignored(f"TPU node {show(name)} is not a respawn machine")
+    reason = _object_at(payload, "metadata").get("terminateReason")
+    cause = f"terminate: {one_line(reason, 100)}" if isinstance(reason, str) and reason else "terminate"
+    return MachinePreempted(event_id, when, parsed[0], parsed[1], name, zone, project, cause)
+
+
 def _system_event(entry: dict[str, Any], event_id: str, when: float) -> Event:
+    """A Compute Engine system event on a VM, read from `protoPayload.resourceName` alone: an entry about a TPU
+    worker VM may have no `resource` block (Google's TPU maintenance example,
+    https://cloud.google.com/tpu/docs/view-maintenance-notifications) or another resource type, so the resource is
+    read only for its project."""
     resource = _object_at(entry, "resource")
-    if resource.get("type") != "gce_instance":
-        return Ignored(f"system event on resource type {show(resource.get('type'))}, not gce_instance")
     payload = _object_at(entry, "protoPayload")
     method = payload.get("methodName")
     cause = HOST_EVENTS.get(method) if isinstance(method, str) else None

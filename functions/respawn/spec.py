@@ -27,7 +27,9 @@ TTL_MAX_S = 14 * 24 * 3600
 HANG_TIMEOUT_MIN_S = 120
 
 JOB_ID_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,37}[a-z0-9])?$")  # ^[a-z][a-z0-9-]{0,38}$, not ending in "-"
-ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+# A Compute Engine zone: REGION-X (us-central1-a), or an AI zone REGION-aiNX (us-central1-ai1a, whose parent zone is
+# us-central1-a), where Google offers TPUs and GPUs: https://cloud.google.com/compute/docs/regions-zones/ai-zones
+ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-(?:ai[0-9]+)?[a-z]$")
 ENV_KEY_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 # A Secret Manager secret version: projects/PROJECT (id or number)/secrets/SECRET_ID/versions/(N | latest).
 SECRET_REF_RE = re.compile(

@@ -92,7 +92,7 @@ resource "google_cloudfunctions2_function" "respawn" {
   depends_on = [
     google_project_service.apis,
     google_project_iam_member.build_logs,
-    google_project_iam_member.build_reads_sources,
+    google_project_iam_member.build_sources,
     google_project_iam_member.build_pushes_images,
   ]
 }

@@ -191,7 +191,11 @@ resource "google_service_account_iam_member" "pubsub_signs_push_tokens" {
 
 # --- function builds --------------------------------------------------------------------------------------------
 # Cloud Functions copies the uploaded source to its gcf-v2-sources-* bucket and pushes the built image to the
-# gcf-artifacts repository; the builds need exactly those, so the grants are conditioned on those names.
+# gcf-artifacts repository; the builds need exactly those, so the grants are conditioned on those names. The roles
+# are the ones Google lists for a custom build service account (Logs Writer, Artifact Registry Writer, and Storage
+# Object Admin, which holds Storage Object Viewer): https://cloud.google.com/functions/1stgendocs/securing/build-custom-sa
+# (the page for `--build-service-account`, which 2nd gen's build_config.service_account is too). Object Viewer alone
+# is less than documented, and a first `terraform apply` on a fresh project may fail on it.
 
 resource "google_project_iam_member" "build_logs" {
   project = var.project
@@ -199,9 +203,9 @@ resource "google_project_iam_member" "build_logs" {
   member  = google_service_account.build.member
 }
 
-resource "google_project_iam_member" "build_reads_sources" {
+resource "google_project_iam_member" "build_sources" {
   project = var.project
-  role    = "roles/storage.objectViewer"
+  role    = "roles/storage.objectAdmin"
   member  = google_service_account.build.member
   condition {
     title      = "gcf-sources-only"

@@ -14,7 +14,7 @@ from tfconfig import REPO, TF_DIR, Config
 from respawn import logfilter
 from respawn.events import Ignored
 from respawn.logfilter import LogFilter, load_sink_filter, sink_filter
-from respawn.parsing import log_entry_event
+from respawn.parsing import TRAINER_EVENTS, log_entry_event
 
 CAPTURED = sorted((REPO / "tests" / "data").glob("logentry_*.json"))
 
@@ -91,6 +91,45 @@ def test_the_filter_and_the_parser_agree_on_machine_names(instance: str) -> None
 )
 def test_the_sink_routes_every_kind_of_respawn_vm_and_nothing_else(instance: str, routed: bool) -> None:
     assert sink_filter().matches(with_instance(instance)) is routed
+
+
+def with_node(name: str, log: str = "system_event") -> dict[str, Any]:
+    entry = copy.deepcopy(load(REPO / "tests" / "data" / "logentry_tpu_node_terminated.json"))
+    entry["protoPayload"]["resourceName"] = f"projects/p/locations/us-central2-b/nodes/{name}"
+    entry["logName"] = f"projects/p/logs/cloudaudit.googleapis.com%2F{log}"
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("node", "log", "routed"),
+    [
+        ("llm-small-001-a1", "system_event", True),  # a Cloud TPU API node JOB-aN terminated by Google
+        ("llm-small-001-a12", "activity", True),  # which audit log carries it is not documented: both are taken
+        ("x" * 39 + "-a2", "system_event", True),
+        ("x" * 40 + "-a2", "system_event", False),
+        ("llm-a0", "system_event", False),
+        ("llm-a1-w-x7k2", "system_event", False),  # a node is never a slice VM
+        ("my-dev-node", "system_event", False),
+        ("llm-a1", "data_access", False),
+    ],
+)
+def test_the_sink_routes_terminated_nodes_of_respawn_and_nothing_else(node: str, log: str, routed: bool) -> None:
+    entry = with_node(node, log)
+    assert sink_filter().matches(entry) is routed
+    assert isinstance(log_entry_event(entry), Ignored) is not routed
+
+
+NUMBERS = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+
+def test_the_deploy_guide_counts_and_names_the_lifecycle_events_the_filter_routes() -> None:
+    guide = " ".join((REPO / "docs" / "deploy.md").read_text(encoding="utf-8").split())
+    said = guide.split("`/logs/respawn-trainer` with the ", 1)[1].split(" lifecycle events", 1)[0]
+    assert said == NUMBERS[len(TRAINER_EVENTS)]
+    routed = load_sink_filter().split('jsonPayload.event=("', 1)[1].split(")", 1)[0]
+    assert routed == '" OR "'.join(TRAINER_EVENTS) + '"'
+    for event in TRAINER_EVENTS:
+        assert f"`{event}`" in guide.split("lifecycle events:", 1)[1][:300]
 
 
 # --- change the file, see both sides change ----------------------------------------------------------------------

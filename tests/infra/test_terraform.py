@@ -247,14 +247,14 @@ def test_project_level_grants_are_exactly_these(config: Config) -> None:
         ("roles/logging.logWriter", build),
         ("roles/logging.logWriter", MACHINE),
         ("roles/logging.logWriter", ORCHESTRATOR),
-        ("roles/storage.objectViewer", build),
+        ("roles/storage.objectAdmin", build),  # as Google documents for a build service account, on its sources
     ]
     conditioned = {
         body["role"]: block(body, "condition")["expression"]
         for body in config.of_type("google_project_iam_member").values()
-        if body["role"] in ("roles/artifactregistry.writer", "roles/storage.objectViewer")
+        if body["role"] in ("roles/artifactregistry.writer", "roles/storage.objectAdmin")
     }
-    assert "buckets/gcf-v2-sources-" in conditioned["roles/storage.objectViewer"]
+    assert "buckets/gcf-v2-sources-" in conditioned["roles/storage.objectAdmin"]
     assert "repositories/gcf-artifacts" in conditioned["roles/artifactregistry.writer"]
 
 

@@ -67,6 +67,23 @@ def test_installed_schemas_are_the_pinned_ones_and_fit_versions_tf(schemas: Sche
         built_for = installed["cdktf"]["provider"]
         assert built_for["name"] == f"registry.terraform.io/hashicorp/{provider}"
         assert satisfies(built_for["version"], constraints[provider]["version"]), (provider, built_for)
+        major = int(built_for["version"].split(".")[0])
+        assert not satisfies(f"{major + 1}.0.0", constraints[provider]["version"]), "a major no schema checks"
+
+
+def test_the_google_provider_range_is_the_one_the_schemas_check() -> None:
+    """versions.tf allows only the google provider the pinned schemas were built for and newer minors of its major:
+    the schemas stop at 6.x (infra/tfschema/package.json), so a 7.x provider would run unchecked."""
+    built_for = re.search(r"hashicorp/google (\d+)\.(\d+)\.(\d+)", json.loads(PINNED.read_text())["description"])
+    assert built_for, "infra/tfschema/package.json no longer says which hashicorp/google its schemas are"
+    major, minor, patch = (int(x) for x in built_for.groups())
+    constraint = parse((TF_DIR / "versions.tf").read_text())["terraform"][0]["required_providers"][0]["google"]
+    assert constraint["version"] == f"~> {major}.{minor}"
+    assert satisfies(f"{major}.{minor}.{patch}", constraint["version"])
+    assert satisfies(f"{major}.{minor + 9}.0", constraint["version"])  # newer minors of the major
+    assert not satisfies(f"{major + 1}.0.0", constraint["version"]) and not satisfies(
+        f"{major}.0.0", constraint["version"]
+    )
 
 
 def satisfies(version: str, constraint: str) -> bool:
@@ -87,6 +104,7 @@ def satisfies(version: str, constraint: str) -> bool:
 
 def test_the_constraint_reader() -> None:
     assert satisfies("6.50.0", ">= 6.0, < 8.0") and not satisfies("8.0.0", ">= 6.0, < 8.0")
+    assert satisfies("6.51.2", "~> 6.50") and not satisfies("7.0.0", "~> 6.50") and not satisfies("6.49.0", "~> 6.50")
     assert satisfies("2.7.1", "~> 2.5") and not satisfies("3.0.0", "~> 2.5") and not satisfies("2.4.0", "~> 2.5")
 
 

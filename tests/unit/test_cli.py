@@ -143,6 +143,12 @@ def test_parse_event_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixtu
         ("logentry_gce_preempted.json", "machine_preempted", {"job_id": "llm-small-001", "attempt": 2}),
         ("cloudevent_logentry_preempted.json", "machine_preempted", {"machine": "llm-small-001-a2"}),
         ("logentry_tpu_worker_preempted.json", "zone_woke_up", {"zone": "us-west4-a"}),
+        ("logentry_tpu_node_terminated.json", "machine_preempted", {"job_id": "gemma-tune-2", "attempt": 5}),
+        (
+            "logentry_gce_preempted_ai_zone.json",
+            "machine_preempted",
+            {"machine": "llm-small-001-a3", "zone": "us-central1-ai1a"},
+        ),
         ("logentry_trainer_checkpoint.json", "checkpoint_saved", {"step": 1400}),
         ("logentry_trainer_completed.json", "trainer_completed", {"attempt": 3}),
         ("sweep_tick.json", "sweep_ticked", {}),

@@ -25,7 +25,20 @@ def system_event(instance: str, method: str = "compute.instances.preempted", **o
         },
     }
     entry.update(overrides)
-    return entry
+    return {k: v for k, v in entry.items() if v is not None}
+
+
+def node_terminated(node: str, log: str = SYSTEM_EVENT_LOG) -> dict[str, Any]:
+    return {
+        "logName": log,
+        "resource": {"type": "audited_resource", "labels": {"service": "tpu.googleapis.com", "project_id": "p"}},
+        "protoPayload": {
+            "serviceName": "tpu.googleapis.com",
+            "methodName": "tpu.nodes.terminate",
+            "resourceName": f"projects/p/locations/us-central2-b/nodes/{node}",
+            "metadata": {"terminateReason": "PREEMPTED"},
+        },
+    }
 
 
 def trainer(event: str, log: str = TRAINER_LOG) -> dict[str, Any]:
@@ -43,6 +56,10 @@ def trainer(event: str, log: str = TRAINER_LOG) -> dict[str, Any]:
         system_event("x-a3", "compute.instances.terminateOnHostMaintenance"),
         system_event("t1v-n-0a1b2c3d-w-0"),
         system_event("t1v-n-0a1b2c3d-w-15", "compute.instances.hostError"),
+        system_event("t1v-n-0a1b2c3d-w-0", resource=None),  # a TPU worker's entry may have no resource block
+        system_event("llm-a1", resource={"type": "tpu_worker"}),
+        node_terminated("llm-small-001-a4"),
+        node_terminated("llm-small-001-a4", ACTIVITY_LOG),
         trainer("started"),
         trainer("checkpoint"),
         trainer("progress"),
@@ -64,7 +81,22 @@ def test_sink_filter_routes_respawn_events(entry: dict[str, Any]) -> None:
         system_event("t1v-n-0a1b2c3d-w-x"),
         system_event("llm-a1", "compute.instances.insert"),
         system_event("llm-a1", logName=ACTIVITY_LOG),
-        system_event("llm-a1", resource={"type": "gce_disk"}),
+        system_event(
+            "llm-a1",
+            protoPayload={
+                "methodName": "compute.instances.preempted",
+                "resourceName": "projects/p/zones/us-central1-a/disks/llm-a1",
+            },
+        ),
+        system_event(
+            "llm-a1",
+            protoPayload={
+                "methodName": "compute.instances.preempted",
+                "resourceName": "projects/p/global/instances/llm-a1",
+            },
+        ),
+        node_terminated("my-notebook"),
+        node_terminated("llm-a1", "projects/p/logs/cloudaudit.googleapis.com%2Fdata_access"),
         trainer("heartbeat"),
         trainer("started", log="projects/p/logs/other-app"),
         {"logName": TRAINER_LOG, "textPayload": "started"},

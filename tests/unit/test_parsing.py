@@ -74,8 +74,38 @@ EXPECTED: dict[str, Event] = {
     "logentry_gce_preempted.json": MachinePreempted(
         "log:-x3q9v1e2k4fb", T_PREEMPT, "llm-small-001", 2, "llm-small-001-a2", "us-central1-a", P, "preempted"
     ),
+    "logentry_gce_preempted_ai_zone.json": MachinePreempted(
+        "log:-ai1a7k2m9x4q",
+        1742006467.551903,
+        "llm-small-001",
+        3,
+        "llm-small-001-a3",
+        "us-central1-ai1a",
+        P,
+        "preempted",
+    ),
     "logentry_tpu_worker_preempted.json": ZoneWokeUp(
         "log:1m5ftq2e7c0jg", 1741950137.58319, "us-west4-a", P, "t1v-n-2f3e9a1b-w-0", "preempted"
+    ),
+    # the Cloud TPU API's record of Google terminating a node: it names the node, so it names the job and attempt
+    "logentry_tpu_node_terminated.json": MachinePreempted(
+        "log:tpu-1qv7c2e9xk4a",
+        1741950136.904311,
+        "gemma-tune-2",
+        5,
+        "gemma-tune-2-a5",
+        "us-central2-b",
+        P,
+        "terminate: PREEMPTED",
+    ),
+    # Google's TPU maintenance example has no `resource` block (and so no project label) and no timestamp
+    "logentry_tpu_worker_maintenance_no_resource.json": ZoneWokeUp(
+        "log:sha256:9cf6ac5a0e438e46b3204fad36b12d70",
+        1731643213.12055193,
+        "europe-west4-b",
+        "cloud-tpu-multipod-dev",
+        "t1v-n-9472280f-w-0",
+        "terminateOnHostMaintenance",
     ),
     "logentry_host_error.json": MachinePreempted(
         "log:-6mrd68di0ag", 1742075577.411466, "bert-ft-7", 1, "bert-ft-7-a1", "europe-west4-b", P, "hostError"
@@ -146,6 +176,7 @@ EXPECTED: dict[str, Event] = {
 IGNORED: dict[str, str] = {
     "logentry_unrelated_vm.json": 'instance "gke-batch-spot-pool-5b909138-nr65" is not a respawn machine',
     "logentry_other_method.json": 'method "compute.instances.migrateOnHostMaintenance" is not a preemption or host',
+    "logentry_tpu_upcoming_maintenance.json": 'method "compute.instances.upcomingMaintenance" is not a preemption',
     "logentry_activity_insert.json": 'log "cloudaudit.googleapis.com%2Factivity" is neither',
     "logentry_container_line.json": 'log "gcplogs-docker-driver" is neither',  # `respawn logs` reads it, not on_event
 }
@@ -195,8 +226,9 @@ def test_rfc3339_keeps_nanoseconds_and_offsets() -> None:
 # ---------------------------------------------------------------------------- LogEntry variations
 
 
-def preempted(**changes: Any) -> dict[str, Any]:
-    e = entry("logentry_gce_preempted.json")
+def modified(name: str, **changes: Any) -> dict[str, Any]:
+    """A captured entry with fields changed (`a__b=v` sets entry["a"]["b"]; None removes the field)."""
+    e = entry(name)
     for path, value in changes.items():
         *parents, last = path.split("__")
         target = e
@@ -209,6 +241,10 @@ def preempted(**changes: Any) -> dict[str, Any]:
     return e
 
 
+def preempted(**changes: Any) -> dict[str, Any]:
+    return modified("logentry_gce_preempted.json", **changes)
+
+
 def trainer(payload: dict[str, Any]) -> dict[str, Any]:
     e = entry("logentry_trainer_checkpoint.json")
     e["jsonPayload"] = payload
@@ -218,8 +254,6 @@ def trainer(payload: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("changed", "reason"),
     [
-        (preempted(resource__type="tpu_worker"), 'resource type "tpu_worker"'),
-        (preempted(resource=None), "resource type null"),
         (preempted(protoPayload__methodName="compute.instances.stop"), 'method "compute.instances.stop"'),
         (preempted(protoPayload=None), "method null"),
         (preempted(protoPayload__resourceName="projects/p/global/instances/x"), "does not name an instance"),
@@ -250,6 +284,104 @@ def trainer(payload: dict[str, Any]) -> dict[str, Any]:
 def test_odd_entries_are_ignored_with_the_reason(changed: dict[str, Any], reason: str) -> None:
     got = log_entry_event(changed)
     assert isinstance(got, Ignored) and reason in got.reason
+
+
+def terminated(**changes: Any) -> dict[str, Any]:
+    return modified("logentry_tpu_node_terminated.json", **changes)
+
+
+def node(name: str, zone: str = "us-central2-b", collection: str = "locations") -> dict[str, Any]:
+    return terminated(protoPayload__resourceName=f"projects/{P}/{collection}/{zone}/nodes/{name}")
+
+
+ACTIVITY = f"projects/{P}/logs/cloudaudit.googleapis.com%2Factivity"
+
+
+@pytest.mark.parametrize(
+    ("changed", "cause"),
+    [
+        (terminated(), "terminate: PREEMPTED"),
+        (terminated(logName=ACTIVITY), "terminate: PREEMPTED"),  # which audit log carries it is not documented
+        (terminated(protoPayload__metadata__terminateReason="MAINTENANCE"), "terminate: MAINTENANCE"),  # any reason
+        (terminated(protoPayload__metadata__terminateReason="a\nb"), "terminate: a\\nb"),  # kept on one line
+        (terminated(protoPayload__metadata=None), "terminate"),  # no reason given
+        (terminated(protoPayload__metadata__terminateReason=7), "terminate"),
+        (terminated(resource=None), "terminate: PREEMPTED"),  # the resource is read only for its project
+        (terminated(resource__type="tpu_node"), "terminate: PREEMPTED"),
+        (
+            terminated(
+                protoPayload__resourceName=f"//tpu.googleapis.com/projects/{P}/locations/us-central2-b/nodes/gemma-tune-2-a5"
+            ),
+            "terminate: PREEMPTED",
+        ),
+    ],
+)
+def test_a_terminated_tpu_node_wakes_its_job_and_attempt(changed: dict[str, Any], cause: str) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, MachinePreempted), got
+    assert (got.job_id, got.attempt, got.machine, got.zone, got.project, got.cause) == (
+        "gemma-tune-2",
+        5,
+        "gemma-tune-2-a5",
+        "us-central2-b",
+        P,
+        cause,
+    )
+    assert sink_filter().matches(changed)
+
+
+@pytest.mark.parametrize(
+    ("changed", "reason", "routed"),
+    [
+        (node("my-dev-vm"), "not a respawn", False),
+        (node("llm-a0"), "not a respawn", False),
+        (node("llm-a1", collection="zones"), "not name a TPU node", False),
+        (terminated(logName=f"projects/{P}/logs/cloudaudit.googleapis.com%2Fdata_access"), "is neither", False),
+        (terminated(protoPayload__methodName="google.cloud.tpu.v2.Tpu.DeleteNode", logName=ACTIVITY), "neither", False),
+        # the filter leaves zones to the parser (no real entry names a zone that is not one)
+        (node("llm-a1", zone="mars"), 'zone "mars"', True),
+    ],
+)
+def test_other_tpu_node_entries_are_ignored(changed: dict[str, Any], reason: str, routed: bool) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, Ignored) and reason in got.reason, got
+    assert sink_filter().matches(changed) is routed
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        preempted(resource=None),  # as in Google's TPU maintenance example
+        preempted(resource__type="tpu_worker"),
+        preempted(resource__type="audited_resource"),
+        preempted(resource="gce_instance"),
+    ],
+)
+def test_a_system_event_is_read_from_its_resource_name_whatever_its_resource(changed: dict[str, Any]) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, MachinePreempted), got
+    assert (got.job_id, got.attempt, got.zone, got.project) == ("llm-small-001", 2, "us-central1-a", P)
+    assert sink_filter().matches(changed)
+
+
+@pytest.mark.parametrize(
+    ("changed", "kind"),
+    [
+        (node("llm-a1", zone="us-central1-ai1a"), MachinePreempted),
+        (
+            preempted(protoPayload__resourceName=f"projects/{P}/zones/us-south1-ai1b/instances/llm-a1-w-x7k2"),
+            MachinePreempted,
+        ),
+        (
+            preempted(protoPayload__resourceName=f"projects/{P}/zones/us-central1-ai1a/instances/t1v-n-2f3e9a1b-w-1"),
+            ZoneWokeUp,
+        ),
+    ],
+)
+def test_events_in_ai_zones_name_their_zone(changed: dict[str, Any], kind: type) -> None:
+    got = log_entry_event(changed)
+    assert isinstance(got, kind) and got.zone.split("-")[-1].startswith("ai"), got
+    assert sink_filter().matches(changed)
 
 
 def test_system_event_falls_back_to_the_resource_name_and_receive_time() -> None:

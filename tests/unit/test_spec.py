@@ -411,6 +411,20 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "zone",
+    ["us-central1-a", "europe-west4-b", "northamerica-northeast1-c", "us-central1-ai1a", "us-south1-ai2b"],
+)
+def test_every_zone_form_google_uses_is_a_zone(zone: str) -> None:
+    """Standard zones, and AI zones (REGION-aiNX, https://cloud.google.com/compute/docs/regions-zones/ai-zones)."""
+    assert parse_job_message(with_change("zones", [zone])).zones == (zone,)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("zone", ["us-central1-ai1", "us-central1-ai-a", "us-central1-aia", "us-central1-AI1a"])
+def test_near_misses_of_an_ai_zone_are_not_zones(zone: str) -> None:
+    assert error_of(with_change("zones", [zone])).field == "zones[0]"
+
+
 def test_the_example_line_from_the_docs() -> None:
     err = error_of(with_change("zones", ["us-central1-a", "us-central1"]))
     assert str(err) == (

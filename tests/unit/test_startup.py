@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import signal
@@ -47,6 +48,15 @@ if os.path.basename(sys.argv[0]) == "gcloud" and sys.argv[1:4] == ["secrets", "v
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # what `-e NAME` (no value) passes on
     names = [a for flag, a in zip(sys.argv, sys.argv[1:]) if flag == "-e" and "=" not in a]
     pathlib.Path(log + ".env").write_text(json.dumps({{n: os.environ.get(n) for n in names}}))
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # the daemon: the log driver first, then the program
+    if "--log-driver=gcplogs" in sys.argv and os.environ.get("FAKE_GCPLOGS_DOWN"):
+        sys.stderr.write(pathlib.Path(os.environ["FAKE_GCPLOGS_ERROR"]).read_text())
+        sys.exit(125)
+    if "--entrypoint" in sys.argv:  # a program the image does not have
+        sys.exit('docker: Error response from daemon: failed to create task for container: exec: "' +
+                 sys.argv[sys.argv.index("--entrypoint") + 1] + '": no such file or directory: unknown.')
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "login":  # the password comes on stdin
+    pathlib.Path(log + ".login").write_text(sys.stdin.read())
 stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
@@ -197,6 +207,225 @@ def test_the_containers_output_goes_to_cloud_logging_tagged_with_its_job(tmp_pat
     assert f"{JOB_ENV}=job-1" in argv and f"{ATTEMPT_ENV}=3" in argv  # the values the driver copies
 
 
+# --- container logs: Cloud Logging out of reach is no failure of the trainer's ---------------------------------------
+
+GCPLOGS_DOWN = Path(__file__).parent.parent / "data" / "docker_gcplogs_unreachable.txt"  # what `docker run` prints
+
+
+def runs(env: dict[str, str]) -> list[list[str]]:
+    return [c for c in calls(env) if c[:2] == ["docker", "run"]]
+
+
+def notes(env: dict[str, str]) -> list[dict[str, Any]]:
+    """The script's notes in log respawn-startup (written in the background: waited for a moment)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = [c for c in calls(env) if c[:4] == ["gcloud", "logging", "write", "respawn-startup"]]
+        if found:
+            return [json.loads(c[4]) for c in found]
+        time.sleep(0.05)
+    return []
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (GCPLOGS_DOWN, "PermissionDenied"),  # the driver's ping to Cloud Logging failed
+        (GCPLOGS_DOWN.with_name("docker_gcplogs_missing.txt"), "no log driver named"),  # a docker built without it
+    ],
+    ids=["unreachable", "missing"],
+)
+def test_when_gcplogs_cannot_log_to_cloud_logging_the_trainer_runs_with_local_logs(
+    tmp_path: Path, fakes: dict[str, str], error: Path, says: str
+) -> None:
+    result = run_script(tmp_path, fakes, spec(), FAKE_GCPLOGS_DOWN="1", FAKE_GCPLOGS_ERROR=str(error))
+
+    assert result.returncode == 0, result.stderr
+    first, probe, local = runs(fakes)
+    assert "--log-driver=gcplogs" in first  # docker exits 125 before the trainer runs
+    assert probe[probe.index("--entrypoint") :][:2] == ["--entrypoint", "/respawn-log-driver-probe"]
+    assert "--log-driver=gcplogs" in probe and "--gpus" not in probe and "-e" not in probe  # runs nothing of the job's
+    assert [a for a in local if a.startswith("--log")] == list(startup.LOCAL_LOGS)
+    assert [a for a in local if not a.startswith("--log")] == [a for a in first if not a.startswith("--log")]
+    assert [(p["event"], how) for p, how in said(fakes)] == [("completed", "INFO")]  # no failed entry
+    assert "docker's gcplogs driver cannot log to Cloud Logging" in result.stderr
+    assert says in result.stderr  # docker's own words, for the operator
+    ((note,),) = [notes(fakes)]
+    assert (note["note"], note["job_id"], note["attempt"], note["worker"]) == ("local-logs", "job-1", 3, 0)
+    assert note["detail"].startswith("docker: Error response from daemon: ") and says in note["detail"]
+
+
+def test_a_trainer_that_itself_exits_125_has_failed(tmp_path: Path, fakes: dict[str, str]) -> None:
+    """125 is also any program's exit code: only a probe that fails on the log driver makes it docker's."""
+    result = run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="125")
+
+    assert result.returncode == 125
+    assert len(runs(fakes)) == 2  # the trainer, then the probe (which fails on its missing program, not on logs)
+    ((payload, _),) = said(fakes)
+    assert payload["event"] == "failed" and payload["error"] == "the trainer exited with code 125"
+    assert not [c for c in calls(fakes) if c[:4] == ["gcloud", "logging", "write", "respawn-startup"]]  # no note
+
+
+def test_when_docker_fails_with_local_logs_too_the_attempt_has_failed(tmp_path: Path, fakes: dict[str, str]) -> None:
+    extra = {"FAKE_GCPLOGS_DOWN": "1", "FAKE_GCPLOGS_ERROR": str(GCPLOGS_DOWN), "FAKE_RUN_RC": "125"}
+    result = run_script(tmp_path, fakes, spec(), **extra)
+
+    assert result.returncode == 125
+    assert len(runs(fakes)) == 3  # gcplogs, the probe, json-file: tried once with local logs, not again
+    assert [p["event"] for p, _ in said(fakes)] == ["failed"]
+
+
+def test_after_the_notice_a_125_is_not_run_again(tmp_path: Path, fakes: dict[str, str]) -> None:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(spec(), 3).replace('rm -f "$notice"\n', 'rm -f "$notice"\ntouch "$notice"\n'))
+    env = {**fakes, "FAKE_GCPLOGS_DOWN": "1", "FAKE_GCPLOGS_ERROR": str(GCPLOGS_DOWN)}
+    result = subprocess.run([BASH, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 125 and len(runs(fakes)) == 1  # a machine going away runs nothing more
+    assert said(fakes) == []  # the preemption's event speaks for it
+
+
+# --- a boot image without gcloud: the metadata server's token and the REST APIs -------------------------------------
+
+# curl as the metadata server and Google's REST APIs answer it (tests/data: the token, a secret's access response),
+# recording every REST call as ["curl", METHOD, URL, AUTHORIZATION, BODY]. FAKE_SECRETS maps a secret version to its
+# value; a version not there is a 404 (curl -f exits 22), and so is a call without the token.
+FAKE_REST_CURL = """#!{python}
+import base64, json, os, pathlib, sys
+data = pathlib.Path(os.environ["FAKE_DATA"])
+args, headers, method, body, url = sys.argv[1:], {{}}, "GET", None, ""
+i = 0
+while i < len(args):
+    a = args[i]
+    if a in ("-m", "-H", "-X", "--data-binary"):
+        v = args[i + 1]
+        i += 2
+        if a == "-H":
+            k, _, val = v.partition(":")
+            headers[k.strip().lower()] = val.strip()
+        elif a == "-X":
+            method = v
+        elif a == "--data-binary":
+            body = sys.stdin.read() if v == "@-" else v
+        continue
+    if not a.startswith("-"):
+        url = a
+    i += 1
+md = "http://metadata.google.internal/computeMetadata/v1/"
+if url.startswith(md):
+    key = url[len(md):]
+    answers = {{
+        "instance/service-accounts/default/token": (data / "metadata_token.json").read_text(),
+        "project/project-id": os.environ.get("FAKE_PROJECT", ""),
+        "instance/attributes/agent-worker-number": os.environ.get("FAKE_AGENT_WORKER_NUMBER", ""),
+        "instance/preempted": os.environ.get("FAKE_PREEMPTED", ""),
+    }}
+    if headers.get("metadata-flavor") != "Google" or not answers.get(key):
+        sys.exit(22)
+    sys.stdout.write(answers[key])
+    sys.exit(0)
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps(["curl", method, url, headers.get("authorization"), body]) + "\\n")
+token = json.loads((data / "metadata_token.json").read_text())["access_token"]
+if headers.get("authorization") != "Bearer " + token:
+    sys.exit(22)
+if url == "https://logging.googleapis.com/v2/entries:write" and method == "POST":
+    sys.stdout.write("{{}}")
+    sys.exit(0)
+prefix, suffix = "https://secretmanager.googleapis.com/v1/", ":access"
+if url.startswith(prefix) and url.endswith(suffix):
+    values = json.loads(os.environ.get("FAKE_SECRETS", "{{}}"))
+    name = url[len(prefix):-len(suffix)]
+    if name not in values:
+        sys.exit(22)
+    answer = json.loads((data / "secretmanager_access_response.json").read_text())
+    answer["name"] = name
+    answer["payload"]["data"] = base64.b64encode(values[name].encode()).decode()
+    sys.stdout.write(json.dumps(answer, indent=2))
+    sys.exit(0)
+sys.exit(22)
+"""
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+@pytest.fixture
+def no_gcloud(fakes: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A boot image without gcloud (a PATH of the fakes and TOOLS only: not this machine's own gcloud); curl reaches
+    the metadata server and the REST APIs."""
+    bin_dir = Path(fakes["PATH"].split(":")[0])
+    (bin_dir / "gcloud").unlink()
+    (bin_dir / "curl").write_text(FAKE_REST_CURL.format(python=sys.executable))
+    return {**fakes, "PATH": f"{bin_dir}:{tools(tmp_path)}", "FAKE_DATA": str(DATA), "FAKE_PROJECT": "my-project"}
+
+
+def rest(env: dict[str, str], url: str) -> list[list[Any]]:
+    return [c for c in calls(env) if c[:1] == ["curl"] and c[2] == url]
+
+
+WRITE = "https://logging.googleapis.com/v2/entries:write"
+TOKEN = json.loads((DATA / "metadata_token.json").read_text())["access_token"]
+
+
+def test_without_gcloud_lifecycle_entries_go_to_the_logging_api(tmp_path: Path, no_gcloud: dict[str, str]) -> None:
+    result = run_script(tmp_path, no_gcloud, spec())
+
+    assert result.returncode == 0, result.stderr
+    ((_, method, _, auth, body),) = rest(no_gcloud, WRITE)
+    assert (method, auth) == ("POST", f"Bearer {TOKEN}")  # the machine's token, from the metadata server
+    assert json.loads(body) == json.loads((DATA / "logging_entries_write_request.json").read_text())
+    (entry,) = json.loads(body)["entries"]
+    # what the control plane makes of it, as of the entry gcloud would write (resource `global`)
+    got = parsed(entry["jsonPayload"])
+    assert isinstance(got, TrainerCompleted) and got.source == EXIT_CODE
+
+
+def test_without_gcloud_docker_logs_in_to_artifact_registry_with_the_token(
+    tmp_path: Path, no_gcloud: dict[str, str]
+) -> None:
+    assert run_script(tmp_path, no_gcloud, spec()).returncode == 0
+    login = [c for c in calls(no_gcloud) if c[:2] == ["docker", "login"]]
+    assert login == [["docker", "login", "-u", "oauth2accesstoken", "--password-stdin", "https://us-docker.pkg.dev"]]
+    assert Path(no_gcloud["FAKE_LOG"] + ".login").read_text().strip() == TOKEN
+    assert [c[:2] for c in calls(no_gcloud) if c[0] == "docker"][:2] == [["docker", "login"], ["docker", "pull"]]
+
+
+def test_without_gcloud_secrets_are_read_from_the_secret_manager_api(tmp_path: Path, no_gcloud: dict[str, str]) -> None:
+    result = run_script(tmp_path, no_gcloud, spec(secrets=SECRETS), FAKE_SECRETS=json.dumps(VALUES))
+
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "CANARY").exists()
+    for _, ref in SECRETS:
+        ((_, method, _, auth, _),) = rest(no_gcloud, f"https://secretmanager.googleapis.com/v1/{ref}:access")
+        assert (method, auth) == ("GET", f"Bearer {TOKEN}")
+    passed = json.loads(Path(no_gcloud["FAKE_LOG"] + ".env").read_text())
+    assert {name: passed[name] for name, _ in SECRETS} == {name: VALUES[ref] for name, ref in SECRETS}  # byte-exact
+    for token in ("TOKEN7f3a", "TOKEN9c1e"):
+        assert token not in json.dumps(calls(no_gcloud)) and token not in result.stderr
+
+
+def test_the_documented_secret_response_decodes_byte_for_byte(tmp_path: Path, no_gcloud: dict[str, str]) -> None:
+    """Google's sample response carries "YQo=", "a" and a newline: the newline is kept."""
+    documented = json.loads((DATA / "secretmanager_access_response.json").read_text())
+    ref = "projects/123/secrets/my_secret/versions/2"
+    value = base64.b64decode(documented["payload"]["data"]).decode()
+    s = spec(secrets=(("MY_SECRET", ref),))
+    assert run_script(tmp_path, no_gcloud, s, FAKE_SECRETS=json.dumps({ref: value})).returncode == 0
+    assert json.loads(Path(no_gcloud["FAKE_LOG"] + ".env").read_text())["MY_SECRET"] == "a\n"
+
+
+def test_without_gcloud_an_unreadable_secret_is_still_a_failed_entry(tmp_path: Path, no_gcloud: dict[str, str]) -> None:
+    no_sleep(no_gcloud)
+    result = run_script(tmp_path, no_gcloud, spec(secrets=SECRETS), FAKE_SECRETS=json.dumps({SECRETS[0][1]: "hf"}))
+
+    assert result.returncode == 1
+    assert len(rest(no_gcloud, f"https://secretmanager.googleapis.com/v1/{SECRETS[1][1]}:access")) == 3
+    ((*_, body),) = rest(no_gcloud, WRITE)
+    ((entry),) = json.loads(body)["entries"]
+    assert (entry["severity"], entry["jsonPayload"]["event"]) == ("ERROR", "failed")
+    assert entry["jsonPayload"]["error"] == f"could not read secret WANDB_KEY from {SECRETS[1][1]}"
+    assert not [c for c in calls(no_gcloud) if c[:2] == ["docker", "run"]]
+
+
 def test_job_env_cannot_override_respawn_env(tmp_path: Path, fakes: dict[str, str]) -> None:
     s = spec(env=(("RESPAWN_ATTEMPT", "99"), ("RESPAWN_JOB_ID", "other")))
     run_script(tmp_path, fakes, s)
@@ -211,8 +440,8 @@ def test_trainer_exit_code_is_the_scripts(tmp_path: Path, fakes: dict[str, str])
 
 def said(env: dict[str, str]) -> list[tuple[dict[str, Any], str]]:
     """(jsonPayload, severity) of every entry the script wrote with `gcloud logging write respawn-trainer`."""
-    writes = [c for c in calls(env) if c[:3] == ["gcloud", "logging", "write"]]
-    assert all(w[3] == "respawn-trainer" and "--payload-type=json" in w for w in writes), writes
+    writes = [c for c in calls(env) if c[:4] == ["gcloud", "logging", "write", "respawn-trainer"]]
+    assert all("--payload-type=json" in w for w in writes), writes
     return [(json.loads(w[4]), w[-1].removeprefix("--severity=")) for w in writes]
 
 
@@ -448,7 +677,19 @@ if "install" in sys.argv:
 
 # What the script runs besides the fakes. A PATH of only these and the fakes: the machine's own apt-get and
 # systemctl can never run.
-TOOLS = ("bash", "tr", "grep", "awk", "paste", "rm", "touch", "sleep", "seq", "cat", "sed")
+TOOLS = ("bash", "tr", "grep", "awk", "paste", "rm", "touch", "sleep", "seq", "cat", "sed", "cut", "base64")
+
+
+def tools(tmp_path: Path) -> Path:
+    """A directory of TOOLS only, for a PATH on which none of this machine's other programs is found."""
+    path = tmp_path / "tools"
+    if not path.exists():
+        path.mkdir()
+        for tool in TOOLS:
+            found = shutil.which(tool)
+            if found:
+                (path / tool).symlink_to(found)
+    return path
 
 
 @pytest.fixture
@@ -460,14 +701,8 @@ def bare(fakes: dict[str, str], tmp_path: Path) -> dict[str, str]:
     (bin_dir / "systemctl").write_text(FAKE.format(python=sys.executable))
     for name in ("apt-get", "systemctl"):
         (bin_dir / name).chmod(0o755)
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    for tool in TOOLS:
-        found = shutil.which(tool)
-        if found:
-            (tools / tool).symlink_to(found)
     no_sleep({**fakes, "PATH": str(bin_dir)})
-    return {**fakes, "PATH": f"{bin_dir}:{tools}"}
+    return {**fakes, "PATH": f"{bin_dir}:{tools(tmp_path)}"}
 
 
 def names(env: dict[str, str]) -> list[str]:

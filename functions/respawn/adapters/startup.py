@@ -14,6 +14,9 @@ boot image has none (Compute Engine's TPU images: docs/compute-engine.md, The
 machine), and on a multi-host TPU slice waits until the metadata server names this
 VM's worker number and all its peers, which the trainer needs to find the others.
 What cannot be readied is the attempt's `failed` entry (the trainer never starts).
+Lifecycle entries, secrets and the registry login go through gcloud where the
+boot image has it, else through the REST APIs with the machine's token from the
+metadata server (no source says every TPU image has gcloud).
 
 When the container exits, the script speaks for a trainer that may have said
 nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
@@ -21,6 +24,11 @@ notice and `completed` without it (worker 0 speaks for a slice), anything else
 without the notice is `failed` (any worker), each marked `"source": "exit-code"`.
 The notice is the marker file the shutdown script (or the script's own SIGTERM
 trap) leaves, or the metadata server's `instance/preempted`.
+
+The container's lines go to Cloud Logging through docker's gcplogs driver; when
+that driver cannot reach Cloud Logging as the container starts (`docker run`
+exits 125 and runs nothing), the trainer runs again with local logs and the
+script says so (LOCAL_LOGS, docs/operations.md): never a failure of the trainer.
 """
 
 from __future__ import annotations
@@ -70,15 +78,23 @@ def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
     return [(k, v) for k, v in spec.env if k not in reserved] + own
 
 
-def docker_run_argv(spec: JobSpec, attempt: int) -> list[str]:
+# Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables in
+# jsonPayload.container.metadata: `respawn logs` selects a job's lines by them (respawn/joblogs.py).
+CLOUD_LOGS = ("--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTEMPT")
+# Where the trainer's lines go when docker's gcplogs driver cannot reach Cloud Logging as the container starts (it
+# pings Cloud Logging first, and `docker run` then exits 125 without running anything): docker's default json-file
+# driver, bounded, on the machine's disk; the attached `docker run` also prints them into the startup script's own
+# output (serial console, journal).
+LOCAL_LOGS = ("--log-driver=json-file", "--log-opt=max-size=100m", "--log-opt=max-file=3")
+
+
+def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS) -> list[str]:
     if spec.image.startswith("-"):
         raise ValueError(f"image: {spec.image!r} starts with '-'; allowed: a container image reference")
     gpu = isinstance(spec.machine, GpuMachine)
     argv = ["docker", "run", "--rm", "--name", CONTAINER, "--net=host"]
     argv += ["--gpus", "all"] if gpu else ["--privileged"]  # TPU VMs expose the chips as /dev/accel*
-    # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables
-    # in jsonPayload.container.metadata: `respawn logs` selects a job's lines by them (respawn/joblogs.py).
-    argv += ["--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTEMPT"]
+    argv += logs
     for key, value in trainer_env(spec, attempt):
         argv += ["-e", f"{key}={value}"]
     if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
@@ -138,7 +154,14 @@ if ! command -v nvidia-ctk >/dev/null 2>&1; then
 fi
 """
 
-_AUTH = """gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
+# Docker's credentials for Artifact Registry: gcloud's credential helper, or the machine's token as the password of
+# user oauth2accesstoken (https://cloud.google.com/artifact-registry/docs/docker/authentication#token).
+_AUTH = """if [ -n "$gcloud_cli" ]; then
+  gcloud auth configure-docker {host} --quiet || log "could not configure docker for {host}"
+else
+  token | docker login -u oauth2accesstoken --password-stdin https://{host} >/dev/null \\
+    || log "could not log docker in to {host}"
+fi
 """
 
 _METADATA = """md() {
@@ -149,15 +172,58 @@ worker=$(md attributes/agent-worker-number || echo 0)
 case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
 """
 
+# Cloud Logging and Secret Manager through gcloud where the boot image has it, else through their REST APIs with the
+# token of the machine's service account from the metadata server: no source says every TPU image has gcloud.
+# Both write an entry with resource `global`, as `gcloud logging write` does. docs/cloud-contracts.md, The machine.
+_CLOUD = """gcloud_cli=$(command -v gcloud || true)
+token() {  # an OAuth access token of the machine's service account
+  curl -sf -m 10 -H 'Metadata-Flavor: Google' \\
+    http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token \\
+    | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p'
+}
+write_entry() {  # an entry in log $1 with severity $2 and jsonPayload $3 (a JSON object)
+  if [ -n "$gcloud_cli" ]; then
+    gcloud logging write "$1" "$3" --payload-type=json --severity="$2"
+    return
+  fi
+  local project
+  project=$(curl -sf -m 2 -H 'Metadata-Flavor: Google' \\
+    http://metadata.google.internal/computeMetadata/v1/project/project-id) || return 1
+  printf '{"entries": [{"logName": "projects/%s/logs/%s", "resource": {"type": "global"}, "severity": "%s", '\\
+'"jsonPayload": %s}]}' "$project" "$1" "$2" "$3" \\
+    | curl -sf -m 30 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/json' \\
+      --data-binary @- https://logging.googleapis.com/v2/entries:write >/dev/null
+}
+read_secret() {  # secret version $1 (projects/P/secrets/S/versions/V), byte for byte on stdout
+  if [ -n "$gcloud_cli" ]; then
+    gcloud secrets versions access "$1" --quiet
+    return
+  fi
+  local answer
+  answer=$(curl -sf -m 30 -H "Authorization: Bearer $(token)" "https://secretmanager.googleapis.com/v1/$1:access") \\
+    || return 1
+  printf %s "$answer" | sed -n 's/.*"data" *: *"\\([^"]*\\)".*/\\1/p' | base64 -d
+}
+"""
+
 # The attempt's `failed` entry when the machine cannot be readied: counted against max_failures (the next attempt
 # gets a new machine), and no trainer is started. $1 is respawn's own text (no quotes or backslashes).
 _FAIL = """fail() {{
   log "$1"
-  gcloud logging write respawn-trainer \\
+  write_entry respawn-trainer ERROR \\
     "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \\
       {job_id} {attempt} "$worker" "$1")" \\
-    --payload-type=json --severity=ERROR || log "could not log the failure"
+    || log "could not log the failure"
   exit 1
+}}
+"""
+
+# A note for the operator in log `respawn-startup` (not a lifecycle entry: the control plane never reads it), best
+# effort and in the background: it may be Cloud Logging that is out of reach. $1 is the note's kind, $2 its text.
+_NOTE = """note() {{
+  write_entry respawn-startup WARNING \\
+    "$(printf '{{"note": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "detail": "%s"}}' \\
+      "$1" {job_id} {attempt} "$worker" "$2")" >/dev/null 2>&1 &
 }}
 """
 
@@ -210,7 +276,7 @@ export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
 _SECRETS = """secret() {
   local value i
   for i in 1 2 3; do
-    if value=$(gcloud secrets versions access "$2" --quiet && printf .); then
+    if value=$(read_secret "$2" && printf .); then
       export "$1=${value%.}"
       return 0
     fi
@@ -221,7 +287,6 @@ _SECRETS = """secret() {
 """
 
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
-docker rm -f {container} >/dev/null 2>&1 || true
 notice={notice}
 rm -f "$notice"
 stopping=
@@ -230,20 +295,39 @@ shutdown() {{
   log "shutdown: stopping the trainer"; docker stop -t {grace} {container} >/dev/null 2>&1
 }}
 trap shutdown TERM INT HUP
-{run} &
-child=$!
-wait "$child"
-rc=$?
-while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wait`: wait for the trainer itself
-  stopping=
+trainer() {{  # runs the container (the command line in "$@") in the background, so the trap can stop it; sets rc
+  docker rm -f {container} >/dev/null 2>&1 || true
+  "$@" &
+  child=$!
   wait "$child"
   rc=$?
-done
+  while [ -n "$stopping" ] && [ "$rc" -gt 128 ]; do  # the signal interrupted `wait`: wait for the trainer itself
+    stopping=
+    wait "$child"
+    rc=$?
+  done
+}}
+trainer {run}
+# 125: docker itself failed. If the cause is the gcplogs driver (a probe container that runs nothing fails the same
+# way), Cloud Logging is out of reach (no external IP nor Private Google Access, a hiccup), or this docker has no
+# gcplogs driver: the trainer runs again with local logs, which is no failure of the trainer's.
+if [ "$rc" -eq 125 ] && [ ! -e "$notice" ]; then
+  probe=$(docker run --rm --log-driver=gcplogs --entrypoint /respawn-log-driver-probe {image} 2>&1)
+  case "$probe" in
+    *"failed to initialize logging driver"* | *"no log driver named"*)
+      why=$(printf %s "$probe" | grep -m1 "logging driver\\|log driver" | tr -d '"\\\\' | cut -c1-300)
+      log "container logs: docker's gcplogs driver cannot log to Cloud Logging ($why); running the trainer with" \\
+        "--log-driver=json-file: its lines are in this script's output and in docker logs {container} while it runs"
+      note local-logs "$why"
+      trainer {run_local}
+      ;;
+  esac
+fi
 log "trainer exited with code $rc"
 say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
   entry=$(printf '{{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "exit-code", '\\
 '"exit_code": %d%s}}' "$1" {job_id} {attempt} "$worker" "$rc" "$3")
-  gcloud logging write respawn-trainer "$entry" --payload-type=json --severity="$2" || log "could not log $1"
+  write_entry respawn-trainer "$2" "$entry" || log "could not log $1"
 }}
 noticed=
 if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi  # its system event replaces the machine
@@ -262,8 +346,9 @@ SLICE_METADATA_TRIES = 120
 
 def startup_script(spec: JobSpec, attempt: int) -> str:
     q = shlex.quote
-    parts = [_HEADER.format(attempt=int(attempt)), _METADATA]
+    parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt)))
+    parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt)))
     parts.append(_DOCKER)
     if isinstance(spec.machine, GpuMachine):
         parts.append(_GPU)
@@ -275,14 +360,14 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     if spec.secrets:
         parts.append(_SECRETS)
         parts += [f"secret {q(name)} {q(ref)}\n" for name, ref in spec.secrets]
-    run = shlex.join(docker_run_argv(spec, attempt))
     parts.append(
         _RUN.format(
             image=q(spec.image),
             container=CONTAINER,
             grace=grace_s(spec),
             notice=q(NOTICE_FILE),
-            run=run,
+            run=shlex.join(docker_run_argv(spec, attempt)),
+            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS)),
             job_id=q(spec.job_id),
             attempt=int(attempt),
         )

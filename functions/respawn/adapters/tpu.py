@@ -5,7 +5,9 @@ A job's TPU machine is requested one of two ways (`machine.request`):
   queue (WAITING_FOR_RESOURCES: MachineState.QUEUED, not an error), is provisioned, and is ACTIVE while its node
   runs; a preempted Spot queued resource goes SUSPENDING -> SUSPENDED (PREEMPTED). FAILED carries the API's
   reason. Deleting it uses `force`, so its node goes too. Its valid-until time is the job's TTL deadline.
-* `node`: `nodes.create`; capacity errors surface in the create operation (code 8).
+  A reservation tier asks for the project's reserved capacity in the zone (`any_reservation`).
+* `node`: `nodes.create`; capacity errors surface in the create operation (code 8). A reservation tier sets
+  `schedulingConfig.reserved` (gcloud's `tpu-vm create --reserved`).
 create waits for the create operation at most `create_wait_s`; when it is still running after that, create
 returns and the sweep observes the machine later. AlreadyExists on create and NotFound on delete are success.
 get, list and delete look at queued resources and nodes both (a node that belongs to a queued resource is
@@ -68,6 +70,16 @@ STATES = _meaning(
 )
 
 
+def any_reservation(project: str, zone: str) -> str:
+    """A queued resource's `reservationName` for reserved capacity, in the form the TPU API v2 is known to take:
+    gcloud's GA `queued-resources create --reserved` sends exactly `projects/P/locations/Z/reservations/-` (the
+    project's reservations in the zone) and no tier (googlecloudsdk command_lib/compute/tpus/queued_resources/util.py,
+    `CreateReservationName`). Naming one reservation is documented only for v2alpha1 (`gcloud alpha ...
+    --reservation`, https://cloud.google.com/tpu/docs/consume-reservation), so a tier's reservation name is not sent
+    here; the Compute Engine API names it (docs/cloud-contracts.md, Reservations)."""
+    return f"projects/{project}/locations/{zone}/reservations/-"
+
+
 def scheduling_config(provisioning: str) -> tpu_v2.SchedulingConfig | None:
     if provisioning == "standard":
         return None
@@ -120,9 +132,8 @@ class GcpTpuProvider:
         )
         if tier.provisioning in ("spot", "preemptible"):
             qr.spot = tpu_v2.QueuedResource.Spot()
-        elif tier.provisioning == "reservation":  # `--reserved --reservation NAME`: guaranteed, from the reservation
-            qr.guaranteed = tpu_v2.QueuedResource.Guaranteed()
-            qr.reservation_name = f"{parent}/reservations/{tier.reservation}"
+        elif tier.provisioning == "reservation":
+            qr.reservation_name = any_reservation(self.project, action.zone)
         else:
             qr.guaranteed = tpu_v2.QueuedResource.Guaranteed()
         if action.deadline is not None:
