@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,6 +37,7 @@ from respawn.local.tpu_api import QueuedResource, TpuApi
 
 __all__ = [
     "GPU",
+    "Exchange",
     "TPU",
     "ApiError",
     "Call",
@@ -47,6 +49,18 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One HTTP request and the reply the local APIs sent, as JSON: what a test holds to Google's definitions."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any  # {} without a body; the text itself when it is not JSON
+    status: int
+    response: Any
+
+
 class CloudApiServer(CloudCore):
     """Thread-safe local TPU v2 + Compute REST server with hooks for the local cloud and tests.
 
@@ -54,7 +68,7 @@ class CloudApiServer(CloudCore):
     `create_delay_s`; for MIGs (see ComputeApi) `bulk_models`, `bulk_stockout`, `resize_requests`, where Google's
     pages leave the rule open, so that respawn can be tested against either reading. Callbacks
     `on_ready(machine)` / `on_deleted(machine)` run in order on one worker thread, never while the server holds its
-    lock.
+    lock. `record=True` keeps every request and reply (`exchanges`).
     """
 
     def __init__(
@@ -71,6 +85,7 @@ class CloudApiServer(CloudCore):
         bulk_models: frozenset[str] | None = None,
         bulk_stockout: str = "wait",
         resize_requests: bool = True,
+        record: bool = False,
     ) -> None:
         super().__init__(
             create_delay_s, capacity, stockouts, on_ready, on_deleted, queue_waits, spot_stockouts, spot_queue_waits
@@ -83,6 +98,8 @@ class CloudApiServer(CloudCore):
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
         self._httpd.daemon_threads = True
         self._threads: list[threading.Thread] = []
+        self.recording = record
+        self._exchanges: list[Exchange] = []
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -122,6 +139,12 @@ class CloudApiServer(CloudCore):
         """Every request as "METHOD /path" (query string left off), in arrival order."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        """Every request and its reply, in the order the replies went out (only with record=True)."""
+        with self._lock:
+            return list(self._exchanges)
 
     def machines(self) -> list[CloudMachine]:
         """Every machine the APIs hold: TPU nodes, Compute instances, MIG slices (one machine each)."""
@@ -243,6 +266,10 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
                 err = ApiError(400, "INVALID_ARGUMENT", f"Invalid request: {e}", "invalid")
                 status, payload = HTTPStatus.BAD_REQUEST, api.error_json(err)
             data = json.dumps(payload).encode()
+            if server.recording:
+                exchange = Exchange(method, url.path, query, _json_or_text(raw), int(status), json.loads(data))
+                with server._lock:
+                    server._exchanges.append(exchange)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -253,3 +280,10 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
 
     return Handler
+
+
+def _json_or_text(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        return raw.decode(errors="replace")
