@@ -108,7 +108,8 @@ class Api:
             return self._integer(schema, value, path)
         if kind == "number":
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            return [] if ok or value in ("NaN", "Infinity", "-Infinity") else [f"{path}: {_show(value)} is not a number"]
+            special = value in ("NaN", "Infinity", "-Infinity")
+            return [] if ok or special else [f"{path}: {_show(value)} is not a number"]
         if kind == "string":
             return self._string(schema, value, path)
         raise ValueError(f"{path}: schema type {kind!r} is not one this checker knows")
@@ -167,7 +168,8 @@ def _all_methods(resource: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _method(prefix: str, m: dict[str, Any]) -> Method:
     template = m.get("flatPath") or m["path"]
-    regex = re.sub(r"\\\{\\\+[^}]+\\\}|\\\{[^}]+\\\}", lambda g: ".+" if "+" in g.group() else "[^/]+", re.escape(template))
+    # re.escape turns {x} into \{x\}: a {+name} (reserved expansion) takes slashes, a {name} one path segment
+    regex = re.sub(r"\\\{(\\\+)?[^}]+\\\}", lambda g: ".+" if g.group(1) else "[^/]+", re.escape(template))
     return Method(
         id=m["id"],
         verb=m["httpMethod"],

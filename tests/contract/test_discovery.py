@@ -47,7 +47,8 @@ def test_methods_are_found_by_verb_and_path() -> None:
 def test_a_correct_body_passes() -> None:
     assert COMPUTE.check("InstanceGroupManager", MIG) == []
     assert COMPUTE.check("Instance", INSTANCE) == []
-    node = {"acceleratorType": "v5litepod-8", "state": "READY", "labels": {"a": "b"}, "schedulingConfig": {"spot": True}}
+    node = {"acceleratorType": "v5litepod-8", "state": "READY", "labels": {"a": "b"}}
+    node["schedulingConfig"] = {"spot": True}
     assert TPU.check("Node", node) == []
 
 
@@ -65,7 +66,7 @@ def wrong(body: dict[str, Any], path: tuple[str | int, ...], value: Any) -> dict
     ("path", "value", "problem"),
     [
         (("targetSizes",), 4, "InstanceGroupManager.targetSizes: not a field"),  # unknown property
-        (("targetSize",), "4", "targetSize: \"4\" is not an integer"),  # int32 as a string
+        (("targetSize",), "4", 'targetSize: "4" is not an integer'),  # int32 as a string
         (("targetSize",), True, "is not an integer"),  # a boolean is no integer
         (("targetSize",), 2**40, "outside int32"),
         (("name",), 7, "name: 7 is not a string"),
@@ -86,7 +87,7 @@ def test_a_wrong_mig_fails(path: tuple[str, ...], value: Any, problem: str) -> N
         (("id",), "12ab", "is not a uint64"),
         (("labels", "respawn-job"), 5, "Instance.labels['respawn-job']: 5 is not a string"),  # map values
         (("labels",), ["a"], "is not an object"),
-        (("disks", 0, "boot"), "true", "Instance.disks[0].boot: \"true\" is not a boolean"),  # array items
+        (("disks", 0, "boot"), "true", 'Instance.disks[0].boot: "true" is not a boolean'),  # array items
         (("disks", 0, "initializeParams", "diskSizeGb"), 200, "is not a decimal string"),  # int64
         (("disks",), {"boot": True}, "is not an array"),
         (("scheduling", "provisioningModel"), "SPOTTY", "'SPOTTY' is not one of"),

@@ -1,0 +1,263 @@
+"""respawn's real adapters against the local Cloud TPU v2 and Compute v1 APIs, every request and reply held to
+Google's discovery documents (see discovery.py).
+
+The scenarios drive every provider method respawn uses: TPU nodes and queued resources (Spot, reservation and
+standard tiers, a queue wait, a stockout, a preemption), GPU VMs (Spot, flex-start, reservation, stockout,
+preemption), a single-host TPU VM, v6e-16 slices (Spot, flex-start, stockout, preemption). The methods they reach
+must be exactly the methods the adapters' source calls, so that a new call cannot go unchecked.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from discovery import Api
+from google.cloud import compute_v1
+
+from respawn.actions import CreateMachine
+from respawn.adapters.compute import GcpComputeProvider
+from respawn.adapters.compute_operations import Scope
+from respawn.adapters.settings import ProviderSettings
+from respawn.adapters.tpu import GcpTpuProvider
+from respawn.local.cloudapi import CloudApiServer, Exchange
+from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
+from respawn.ports import CapacityError, Machine, MachineProvider
+
+ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"
+ADAPTERS = Path(__file__).parents[2] / "functions" / "respawn" / "adapters"
+TPU_API, COMPUTE_API = Api.load("tpu.v2"), Api.load("compute.v1")
+SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
+
+# The client objects each adapter calls, by (file, attribute): the discovery resource their methods belong to.
+CLIENTS = {
+    ("tpu.py", "client"): "tpu.projects.locations",
+    ("compute.py", "client"): "compute.instances",
+    ("compute_slices.py", "policies"): "compute.resourcePolicies",
+    ("compute_slices.py", "templates"): "compute.instanceTemplates",
+    ("compute_slices.py", "migs"): "compute.instanceGroupManagers",
+    ("compute_operations.py", "zones"): "compute.zoneOperations",
+    ("compute_operations.py", "regions"): "compute.regionOperations",
+    ("compute_operations.py", "globals"): "compute.globalOperations",
+}
+# Called by the client library, not by name in respawn: the TPU create operation's polling (op.result()).
+IMPLICIT = {"tpu.projects.locations.operations.get"}
+
+
+def used_methods() -> set[str]:
+    """Every API method the adapters' source calls, as discovery method ids: `self.migs.insert_unary(` ->
+    compute.instanceGroupManagers.insert, `self.client.create_queued_resource(` (tpu.py) ->
+    tpu.projects.locations.queuedResources.create."""
+    found = set(IMPLICIT)
+    for (file, attribute), resource in CLIENTS.items():
+        calls = re.findall(rf"self\.{attribute}\.(\w+)\(", (ADAPTERS / file).read_text())
+        assert calls, f"{file} calls nothing through self.{attribute}"
+        for call in calls:
+            call = call.removesuffix("_unary")
+            if resource.startswith("tpu."):  # create_queued_resource -> queuedResources.create
+                verb, _, noun = call.partition("_")
+                collection = _camel(noun if noun.endswith("s") else noun + "s")
+                found.add(f"{resource}.{collection}.{verb}")
+            else:  # list_managed_instances -> listManagedInstances
+                found.add(f"{resource}.{_camel(call)}")
+    return found
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+# ------------------------------------------------------------------------------------------------ scenarios
+
+
+def tpu_spec(job_id: str, request: str, provisioning: str = "spot", **kw: object) -> JobSpec:
+    return JobSpec(
+        job_id=job_id,
+        machine=TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request=request),
+        zones=(ZONE,),
+        image="us-docker.pkg.dev/proj/repo/trainer:1",
+        checkpoint_uri=f"gs://ckpt/{job_id}",
+        provisioning=provisioning,
+        args=("--steps=100",),
+        env=(("KEY", "value"),),
+        labels=(("team", "nlp"),),
+        ttl_s=7200,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def compute_spec(job_id: str, machine: GpuMachine | TpuMachine, provisioning: str = "spot", **kw: object) -> JobSpec:
+    spec = tpu_spec(job_id, "node", provisioning=provisioning, **kw)
+    return JobSpec(**{**spec.__dict__, "machine": machine})
+
+
+GPU = GpuMachine("g2-standard-8", "nvidia-l4", 1)
+TPU_VM = TpuMachine("v6e-8", api="compute")
+SLICE = TpuMachine("v6e-16", api="compute")
+TIERS = (Tier("spot", (ZONE,), after_preemptions=1),)
+
+
+def action(spec: JobSpec, tier: int = 0) -> CreateMachine:
+    return CreateMachine(spec.job_id, 1, f"{spec.job_id}-a1", ZONE, 2_000_000_000.0, tier=tier)
+
+
+def wait_for(read: Callable[[], Machine | None], state: MachineState) -> None:
+    deadline = time.monotonic() + 10
+    while (m := read()) is None or m.state is not state:
+        assert time.monotonic() < deadline, f"{m} is not {state}"
+        time.sleep(0.02)
+
+
+def lifecycle(server: CloudApiServer, provider: MachineProvider, spec: JobSpec, tier: int = 0) -> None:
+    """Create (twice), READY, list, preempt, read it preempted, delete (twice), read it gone."""
+    name = f"{spec.job_id}-a1"
+    provider.create(action(spec, tier), spec)
+    provider.create(action(spec, tier), spec)
+    wait_for(lambda: provider.get(name, ZONE, spec), MachineState.READY)
+    assert [m.name for m in provider.list(ZONE, spec.job_id)] == [name]
+    server.preempt(name)
+    provider.get(name, ZONE, spec)
+    provider.list(ZONE, spec.job_id)
+    provider.delete(name, ZONE, spec)
+    provider.delete(name, ZONE, spec)
+    assert provider.get(name, ZONE, spec) is None
+
+
+def stocked_out(provider: MachineProvider, spec: JobSpec) -> None:
+    with pytest.raises(CapacityError):
+        provider.create(action(spec), spec)
+    provider.delete(f"{spec.job_id}-a1", ZONE, spec)
+
+
+def run_tpu(server: CloudApiServer) -> None:
+    tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=SETTINGS)
+    lifecycle(server, tpu, tpu_spec("node", "node"))
+    lifecycle(server, tpu, tpu_spec("queued", "queued"))
+    for provisioning, reservation in (("reservation", "tpu-res"), ("standard", None)):
+        for request in ("node", "queued"):
+            tiers = (*TIERS, Tier(provisioning, (ZONE,), reservation))
+            lifecycle(server, tpu, tpu_spec(f"{provisioning}-{request}", request, tiers=tiers), tier=1)
+    server.stockouts[ZONE] = 1
+    stocked_out(tpu, tpu_spec("stockout", "node"))
+
+
+def run_queue_wait(server: CloudApiServer) -> None:
+    tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=SETTINGS)
+    spec = tpu_spec("waits", "queued")
+    tpu.create(action(spec), spec)
+    wait_for(lambda: tpu.get("waits-a1", ZONE, spec), MachineState.QUEUED)
+    tpu.list(ZONE, "waits")
+    tpu.delete("waits-a1", ZONE, spec)
+
+
+def run_compute(server: CloudApiServer) -> None:
+    gce = GcpComputeProvider(PROJECT, endpoint=server.url, settings=SETTINGS, clock=time.time)
+    lifecycle(server, gce, compute_spec("gpu", GPU))
+    lifecycle(server, gce, compute_spec("gpu-flex", GPU, "flex-start"))
+    tiers = (*TIERS, Tier("reservation", (ZONE,), "gpu-res"))
+    lifecycle(server, gce, compute_spec("gpu-res", GPU, tiers=tiers), tier=1)
+    lifecycle(server, gce, compute_spec("tpu-vm", TPU_VM))
+    lifecycle(server, gce, compute_spec("slice", SLICE))
+    lifecycle(server, gce, compute_spec("slice-flex", SLICE, "flex-start"))
+    # A region's or the global scope's operation still RUNNING is waited for; the local APIs finish those at once,
+    # so the adapter's wait is driven here on the operations its inserts returned.
+    for scope, collection in ((Scope(region=REGION), "resourcePolicies"), (Scope(), "instanceTemplates")):
+        op = next(e.response for e in server.exchanges if e.method == "POST" and e.path.endswith(collection))
+        running = compute_v1.Operation(name=op["name"], status=compute_v1.Operation.Status.RUNNING)
+        assert gce.operations.wait(running, scope, time.monotonic() + 5) is not None
+    server.stockouts[ZONE] = 2
+    stocked_out(gce, compute_spec("gpu-out", GPU))
+    stocked_out(gce, compute_spec("slice-out", SLICE))
+
+
+@pytest.fixture(scope="module")
+def exchanges() -> Iterator[list[Exchange]]:
+    """Every request and reply of every scenario."""
+    recorded: list[Exchange] = []
+    for run, knobs in (
+        (run_tpu, {}),
+        (run_queue_wait, {"queue_waits": {ZONE: 30.0}}),
+        (run_compute, {}),
+    ):
+        with CloudApiServer(create_delay_s=0.02, record=True, **knobs) as server:  # type: ignore[arg-type]
+            run(server)
+            recorded += server.exchanges
+    yield recorded
+
+
+def api_of(exchange: Exchange) -> Api:
+    return TPU_API if exchange.path.startswith("/v2/") else COMPUTE_API
+
+
+def problems(exchange: Exchange) -> list[str]:
+    """What in this request or its reply Google's definition of the method refuses."""
+    api = api_of(exchange)
+    method = api.method(exchange.method, exchange.path)
+    if method is None:
+        return [f"{exchange.method} {exchange.path}: no such method in {api.name}"]
+    found = api.check_query(method, exchange.query)
+    if method.request is not None:
+        found += api.check(method.request, exchange.body, f"request {method.request}")
+    elif exchange.body != {}:
+        found.append(f"{method.id} takes no request body, got {exchange.body}")
+    if exchange.status < 300 and method.response is not None:  # errors: Google's error format, not the method's
+        found += api.check(method.response, exchange.response, f"response {method.response}")
+    return [f"{method.id}: {p}" for p in found]
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+def test_every_request_and_reply_conforms(exchanges: list[Exchange]) -> None:
+    found = sorted({p for e in exchanges for p in problems(e)})
+    assert found == [], "\n".join(found)
+
+
+def test_every_method_the_adapters_call_is_checked(exchanges: list[Exchange]) -> None:
+    covered = {m.id for e in exchanges if (m := api_of(e).method(e.method, e.path)) is not None}
+    assert covered == used_methods()
+
+
+def test_the_scenarios_reach_errors_and_states(exchanges: list[Exchange]) -> None:
+    """The checks above saw operations that failed for capacity, preempted and queued machines."""
+    replies = [str(e.response) for e in exchanges]
+    states = ("'PREEMPTED'", "'SUSPENDED'", "'WAITING_FOR_RESOURCES'", "'TERMINATED'")
+    for seen in ("ZONE_RESOURCE_POOL_EXHAUSTED", *states):
+        assert any(seen in r for r in replies), seen
+
+
+def first(exchanges: list[Exchange], method_id: str) -> Exchange:
+    return next(e for e in exchanges if (m := api_of(e).method(e.method, e.path)) and m.id == method_id)
+
+
+def test_a_wrong_request_field_fails(exchanges: list[Exchange]) -> None:
+    insert = first(exchanges, "compute.instanceGroupManagers.insert")
+    assert problems(insert) == []
+    for change in (
+        lambda b: b.update(targetSizee=b.pop("targetSize")),  # unknown field
+        lambda b: b.update(targetSize=str(b["targetSize"])),  # int32 as a string
+        lambda b: b["instanceLifecyclePolicy"].update(defaultActionOnFailure=1),
+    ):
+        body = copy.deepcopy(insert.body)
+        change(body)
+        assert len(problems(Exchange(**{**insert.__dict__, "body": body}))) == 1
+    node = first(exchanges, "tpu.projects.locations.nodes.create")
+    body = copy.deepcopy(node.body)
+    body["schedulingConfig"]["spot"] = "true"
+    assert problems(Exchange(**{**node.__dict__, "body": body})) == [
+        'tpu.projects.locations.nodes.create: request Node.schedulingConfig.spot: "true" is not a boolean'
+    ]
+
+
+def test_a_wrong_response_field_fails(exchanges: list[Exchange]) -> None:
+    got = first(exchanges, "compute.instances.get")
+    for field, value in (("status", "READY"), ("id", 17), ("labels", [])):
+        response = {**got.response, field: value}
+        assert len(problems(Exchange(**{**got.__dict__, "response": response}))) == 1, field
+    node = first(exchanges, "tpu.projects.locations.nodes.get")
+    assert len(problems(Exchange(**{**node.__dict__, "response": {**node.response, "state": "RUNNING"}}))) == 1
