@@ -78,10 +78,17 @@ class InMemoryJobStore:
 
 
 class FakeProvider:
-    """Machines by name. `capacity[zone]` is how many more creates succeed there (absent: unlimited)."""
+    """Machines by name. `capacity[zone]` is how many more creates succeed there (absent: unlimited).
 
-    def __init__(self, capacity: dict[str, int] | None = None) -> None:
+    A new machine is CREATING for its first `creating_reads` observations (get or list), then READY, as the real
+    adapters report a machine still booting (TPU CREATING, Compute PROVISIONING/STAGING) before it runs; the provider
+    contract suite (tests/contract/test_provider_contract.py) holds the fake and the real adapters to the same
+    cases."""
+
+    def __init__(self, capacity: dict[str, int] | None = None, creating_reads: int = 1) -> None:
         self.machines: dict[str, Machine] = {}
+        self.creating_reads = creating_reads
+        self._booting: dict[str, int] = {}  # name -> observations left before READY
         self.capacity: dict[str, int] = dict(capacity or {})
         self.errors: dict[str, list[Exception]] = {}  # method -> errors raised by its next calls
         self.calls: list[tuple[str, str, str]] = []  # (method, name, zone) of creates and deletes
@@ -106,38 +113,55 @@ class FakeProvider:
             if action.zone in self.capacity:
                 self.capacity[action.zone] -= 1
             labels = {LABEL_MANAGED: "true", LABEL_JOB: action.job_id, LABEL_ATTEMPT: str(action.attempt)}
-            self.machines[action.machine] = Machine(action.machine, action.zone, MachineState.READY, labels)
+            state = MachineState.CREATING if self.creating_reads > 0 else MachineState.READY
+            self.machines[action.machine] = Machine(action.machine, action.zone, state, labels)
+            self._booting[action.machine] = self.creating_reads
 
     def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
         with self._lock:
             self.calls.append(("delete", name, zone))
             self._maybe_fail("delete")
             self.machines.pop(name, None)  # NotFound is success
+            self._booting.pop(name, None)
 
     def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         with self._lock:
             self._maybe_fail("get")
-        machine = self.machines.get(name)
-        return machine if machine is not None and machine.zone == zone else None
+            machine = self.machines.get(name)
+            return self._observe(machine) if machine is not None and machine.zone == zone else None
 
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
         with self._lock:
             self._maybe_fail("list")
             return [
-                m
-                for m in self.machines.values()
+                self._observe(m)
+                for m in list(self.machines.values())
                 if m.zone == zone and (job_id is None or m.labels.get(LABEL_JOB) == job_id)
             ]
+
+    def _observe(self, m: Machine) -> Machine:
+        """The machine as this read sees it: a booting one counts the read, and is READY once it has none left."""
+        left = self._booting.get(m.name)
+        if left is None:
+            return m
+        if left > 0:
+            self._booting[m.name] = left - 1
+            return m
+        del self._booting[m.name]
+        self.machines[m.name] = Machine(m.name, m.zone, MachineState.READY, m.labels)
+        return self.machines[m.name]
 
     # -- what the cloud does on its own --
 
     def set_state(self, name: str, state: MachineState) -> None:
+        self._booting.pop(name, None)
         m = self.machines[name]
         self.machines[name] = Machine(m.name, m.zone, state, m.labels)
 
     def vanish(self, name: str) -> None:
         """A Spot VM with instanceTerminationAction=DELETE: preempted and gone."""
         self.machines.pop(name, None)
+        self._booting.pop(name, None)
 
     # -- what tests ask --
 
