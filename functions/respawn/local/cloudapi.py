@@ -37,12 +37,12 @@ from respawn.local.tpu_api import QueuedResource, TpuApi
 
 __all__ = [
     "GPU",
-    "Exchange",
     "TPU",
     "ApiError",
     "Call",
     "CloudApiServer",
     "CloudMachine",
+    "Exchange",
     "Fault",
     "MachineCall",
     "QueuedResource",
