@@ -411,3 +411,19 @@ def test_a_template_still_used_by_a_mig_being_deleted_is_transient() -> None:
 )
 def test_a_slice_vm_is_not_listed_as_a_machine(name: str, labels: dict[str, str], machine: bool) -> None:
     assert _machine_instance(compute_v1.Instance(name=name, labels=labels)) is machine
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "accelerator", "disk"),
+    [
+        ("g2-standard-8", "nvidia-l4", "pd-balanced"),
+        ("a3-highgpu-8g", "nvidia-h100-80gb", "pd-balanced"),
+        ("a3-ultragpu-8g", "nvidia-h200-141gb", "hyperdisk-balanced"),
+        ("a4-highgpu-8g", "nvidia-b200", "hyperdisk-balanced"),
+    ],
+)
+def test_a_gpu_vm_boots_from_the_disk_type_its_machine_series_supports(
+    gce: GcpComputeProvider, machine_type: str, accelerator: str, disk: str
+) -> None:
+    r = body(gce.instance(create(), job(GpuMachine(machine_type, accelerator, 8))))
+    assert r["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{disk}"

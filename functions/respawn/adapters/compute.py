@@ -55,11 +55,27 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 DLVM_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
 DEFAULT_NETWORK = "global/networks/default"
 MIN_RUN_S = 30  # Compute Engine's smallest maxRunDuration
-# A TPU VM "includes a 100 GiB boot disk"; v6e takes Hyperdisk only, v5p Balanced Persistent Disk
-# (tpu/docs/setup-persistent-disk). TPU7x is not in that table: Hyperdisk Balanced, as for v6e, is unverified.
+# A TPU VM "includes a 100 GiB boot disk".
 TPU_BOOT_DISK_GB = 100
-TPU_BOOT_DISK_TYPES = {"ct5p": "pd-balanced"}
-TPU_BOOT_DISK_TYPE = "hyperdisk-balanced"
+# The boot disk type per machine series, by machine type prefix (first match); anything else takes Balanced
+# Persistent Disk. v6e takes Hyperdisk only, v5p Balanced Persistent Disk (tpu/docs/setup-persistent-disk); A4X, A4
+# and A3 Ultra support Hyperdisk only (compute/docs/accelerator-optimized-machines, each series' "Supported disk
+# types"; Vertex AI's DiskSpec defaults A3 Ultra to hyperdisk-balanced). TPU7x is in neither table: Hyperdisk
+# Balanced, as for v6e, is unverified.
+BOOT_DISK_TYPES = (
+    ("ct6e-", "hyperdisk-balanced"),
+    ("tpu7x-", "hyperdisk-balanced"),
+    ("a4x-", "hyperdisk-balanced"),
+    ("a4-", "hyperdisk-balanced"),
+    ("a3-ultragpu-", "hyperdisk-balanced"),
+)
+
+
+def boot_disk_type(machine_type: str) -> str:
+    """The boot disk type a VM of this machine type can boot from."""
+    return next((disk for prefix, disk in BOOT_DISK_TYPES if machine_type.startswith(prefix)), "pd-balanced")
+
+
 STATES: dict[str, MachineState] = {
     "PROVISIONING": MachineState.CREATING,
     "STAGING": MachineState.CREATING,
@@ -139,7 +155,7 @@ class GcpComputeProvider:
                 m.machine_type,
                 self.image,
                 m.boot_disk_gb,
-                "pd-balanced",
+                boot_disk_type(m.machine_type),
                 gpus=(m.accelerator_type, m.accelerator_count),
                 metadata=(("install-nvidia-driver", "True"),),
             )
@@ -150,8 +166,8 @@ class GcpComputeProvider:
             shape = compute_shape(m.accelerator_type)
         except UnknownTpuType as e:
             raise PermanentError(f"machine.accelerator_type: {e}") from e
-        disk_type = TPU_BOOT_DISK_TYPES.get(shape.machine_type.split("-", 1)[0], TPU_BOOT_DISK_TYPE)
-        return VmShape(shape.machine_type, m.image or shape.image, TPU_BOOT_DISK_GB, disk_type), shape
+        vm = VmShape(shape.machine_type, m.image or shape.image, TPU_BOOT_DISK_GB, boot_disk_type(shape.machine_type))
+        return vm, shape
 
     def vm_properties(
         self, action: CreateMachine, spec: JobSpec, vm: VmShape, *, template: bool = False
