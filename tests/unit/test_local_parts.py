@@ -160,6 +160,24 @@ def test_report_from_a_timeline() -> None:
     assert report.build(events=TIMELINE, job=job, reference_sha="cd", machines_left=0, leftover_processes=0,
                         price=None, timed_out=False)["exact"] is False  # fmt: skip
     assert r["exact_reason"] is None
+    assert [z["api"] for z in r["zones"]] == ["tpu", "tpu"]  # a record from before machines named their API
+
+
+@pytest.mark.parametrize(
+    ("machine", "api"),
+    [
+        ({"kind": "tpu", "accelerator_type": "v6e-16", "api": "compute"}, "compute"),
+        ({"kind": "tpu", "accelerator_type": "v5litepod-8", "api": "tpu"}, "tpu"),
+        ({"kind": "gpu", "machine_type": "g2-standard-8"}, "compute"),
+    ],
+)
+def test_each_attempt_row_says_which_api_provisioned_it(machine: dict[str, str], api: str) -> None:
+    job = {"job_id": "j", "status": "SUCCEEDED", "spec": {"machine": machine},
+           "attempts": [{"n": 1, "zone": "z-a", "end_reason": "preempted"}, {"n": 2, "zone": "z-b"}]}  # fmt: skip
+    r = report.build(events=TIMELINE, job=job, reference_sha=None, machines_left=0, leftover_processes=0,
+                     price=None, timed_out=False)  # fmt: skip
+    assert [z["api"] for z in r["zones"]] == [api, api]
+    assert f"  zones    a1 z-a {api} (preempted) -> a2 z-b {api} (live)" in report.render(r).splitlines()
 
 
 def test_without_a_reference_hash_exact_is_unknown_and_the_report_says_why() -> None:
