@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from tfconfig import REPO
 
-from respawn.local import cloudapi
+from respawn.local import apicore, cloudapi, compute_api, tpu_api
 
 DATA = REPO / "tests" / "data"
+API_MODULES = {m.__name__.rpartition(".")[2]: m for m in (apicore, cloudapi, compute_api, tpu_api)}
+API_SECTION = "The local TPU / Compute API (functions/respawn/local: cloudapi, apicore, tpu_api, compute_api)"
 SOURCES = DATA / "SOURCES.md"
 ROW = re.compile(r"^\| `(?P<first>[^`]+)` \|(?P<rest>.*)\|$")
 URL = re.compile(r"https://[^\s;)|]+")
@@ -56,16 +58,19 @@ def test_every_row_cites_a_source_and_says_what_was_checked_and_changed(name: st
     assert URL.search(sources) or (same_as and URL.search(fixture_rows()[same_as[1]])), f"{name}: no source URL"
 
 
-def test_every_local_api_row_names_functions_cloudapi_has() -> None:
-    rows = [line.split(" | ") for line in section("The local TPU / Compute API (functions/respawn/local/cloudapi.py)")]
+def test_every_local_api_row_names_functions_the_api_modules_have() -> None:
+    rows = [line.split(" | ") for line in section(API_SECTION)]
     rows = [r for r in rows if len(r) == 5 and r[1].startswith("`")]
     assert len(rows) >= 10  # node, states, operations, errors, stockouts, lists, for TPU and Compute
     for shape, served_by, sources, _checked, _differs in rows:
         assert URL.search(sources), f"{shape}: no source URL"
         for name in re.findall(r"`([\w.]+)`", served_by):
-            owner, _, attr = name.rpartition(".")
-            target = getattr(cloudapi, owner) if owner else cloudapi
-            assert hasattr(target, attr), f"SOURCES.md names cloudapi.{name}, which does not exist"
+            module, _, path = name.partition(".")
+            assert module in API_MODULES and path, f"{shape}: `{name}` is not MODULE.NAME of {sorted(API_MODULES)}"
+            target: object = API_MODULES[module]
+            for attr in path.split("."):
+                assert hasattr(target, attr), f"SOURCES.md names {name}, which does not exist"
+                target = getattr(target, attr)
 
 
 def test_the_row_parser_reads_this_file() -> None:
