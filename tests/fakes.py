@@ -154,6 +154,11 @@ class FakeProvider:
         )
 
 
+def fake_providers() -> dict[str, FakeProvider]:
+    """A FakeProvider per API, keyed as bootstrap.machine_providers keys the real ones (`spec.machine.api`)."""
+    return {"tpu": FakeProvider(), "compute": FakeProvider()}
+
+
 class RecordingNotifier:
     """Status notices in the order they were published. `errors` are raised by the next notify calls."""
 

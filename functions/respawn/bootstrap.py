@@ -47,7 +47,8 @@ def job_store(settings: Settings, *, in_functions: bool = False) -> GcsJobStore:
 
 
 def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
-    """A provider per machine kind, at the local cloud's endpoints when they are set."""
+    """A provider per API (`spec.machine.api`), at the local cloud's endpoints when they are set: the Cloud TPU
+    API's nodes and queued resources, and Compute Engine's instances (GPUs, TPU VMs, and MIGs of TPU slices)."""
     from respawn.adapters.compute import GcpComputeProvider
     from respawn.adapters.settings import ProviderSettings
     from respawn.adapters.tpu import GcpTpuProvider
@@ -55,7 +56,7 @@ def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
     machines = ProviderSettings(service_account=settings.machine_service_account)
     return {
         "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, settings=machines),
-        "gpu": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, settings=machines),
+        "compute": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, settings=machines),
     }
 
 

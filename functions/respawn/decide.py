@@ -49,7 +49,6 @@ from respawn.model import (
     MachineState,
     Status,
     Tier,
-    TpuMachine,
     machine_name,
     parse_machine_name,
 )
@@ -360,8 +359,8 @@ class _MachineRule:
 
 
 def _queue_timeout(job: Job) -> float:
-    machine = job.spec.machine if job.spec else None
-    return machine.queue_timeout_s if isinstance(machine, TpuMachine) else float("inf")
+    """How long the machine may wait QUEUED in one zone: a queued resource, or a flex-start request (TPU or GPU)."""
+    return job.spec.machine.queue_timeout_s if job.spec else float("inf")
 
 
 def _hung_for(job: Job, live: Attempt, now: float) -> float | None:

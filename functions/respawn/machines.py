@@ -1,7 +1,10 @@
-"""The machine providers as the service uses them: one per machine kind, for acting on a job and for listing.
+"""The machine providers as the service uses them: one per API, for acting on a job and for listing.
+
+A job's machines go through the API its machine names (`spec.machine.api`): "tpu" the Cloud TPU API, "compute"
+Compute Engine (every GPU, and TPUs of the generations it offers).
 
 A transient failure to read or list becomes `Retryable` (Pub/Sub delivers the
-event again); a kind without a provider is a permanent error of the job's
+event again); an API without a provider is a permanent error of the job's
 actions, not of the service.
 """
 
@@ -11,34 +14,38 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from respawn.actions import Action, CreateMachine
-from respawn.model import Job, parse_machine_name
+from respawn.model import Job, JobSpec, parse_machine_name
 from respawn.outcome import Retryable
 from respawn.ports import Machine, MachineProvider, PermanentError, TransientError
 
 
 @dataclass(frozen=True)
 class Machines:
-    providers: Mapping[str, MachineProvider]  # by machine kind: tpu, gpu
+    providers: Mapping[str, MachineProvider]  # by API: tpu, compute
 
-    def provider(self, kind: str) -> MachineProvider:
-        provider = self.providers.get(kind)
+    def provider(self, api: str) -> MachineProvider:
+        provider = self.providers.get(api)
         if provider is None:
-            raise PermanentError(f"no machine provider for machine kind {kind!r}; configured: {sorted(self.providers)}")
+            raise PermanentError(f"no machine provider for api {api!r}; configured: {sorted(self.providers)}")
         return provider
+
+    def of_spec(self, spec: JobSpec) -> MachineProvider:
+        """The provider of the API the job's machine goes through."""
+        return self.provider(spec.machine.api)
 
     def execute(self, job: Job, action: Action) -> None:
         assert job.spec is not None
-        provider = self.provider(job.spec.machine.kind)
+        provider = self.of_spec(job.spec)
         if isinstance(action, CreateMachine):
             provider.create(action, job.spec)
         else:
             provider.delete(action.machine, action.zone, job.spec)
 
-    def by_job(self, kind_zones: Iterable[tuple[str, str]]) -> dict[str, list[Machine]]:
-        """respawn's machines in these (kind, zone)s, grouped by job id (from the deterministic name)."""
+    def by_job(self, api_zones: Iterable[tuple[str, str]]) -> dict[str, list[Machine]]:
+        """respawn's machines in these (api, zone)s, grouped by job id (from the deterministic name)."""
         by_job: dict[str, list[Machine]] = {}
-        for kind, zone in sorted(kind_zones):
-            provider = self.providers.get(kind)
+        for api, zone in sorted(api_zones):
+            provider = self.providers.get(api)
             for machine in _listed(provider, zone, None) if provider else []:
                 parsed = parse_machine_name(machine.name)
                 if parsed is not None:
@@ -49,7 +56,7 @@ class Machines:
         """One job's machines in these zones, listed afresh."""
         if job is None or job.spec is None:
             return []
-        provider = self.provider(job.spec.machine.kind)
+        provider = self.of_spec(job.spec)
         return [m for z in zones for m in _listed(provider, z, job.job_id)]
 
 

@@ -7,8 +7,9 @@ record is what the JobStore keeps at ``respawn/jobs/JOB_ID.json``.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from respawn.topology import tpu_topology
 
@@ -107,13 +108,25 @@ class MachineState(enum.StrEnum):
     DELETING = "DELETING"
 
 
+# Which API provisions a machine: "tpu" the Cloud TPU API (nodes, queued resources), "compute" Compute Engine
+# (instances, and a managed instance group for a multi-host TPU slice).
+API_TPU = "tpu"
+API_COMPUTE = "compute"
+
+
 @dataclass(frozen=True)
 class TpuMachine:
     accelerator_type: str
-    runtime_version: str
+    runtime_version: str | None = None  # api tpu only (required there): the TPU VM's software version
     kind: str = "tpu"
-    request: str = "queued"  # queued: a queued resource (Cloud TPU's queue for capacity) | node: nodes.create
-    queue_timeout_s: int = 30 * 60  # queued: how long one zone's queue may keep us waiting before the next zone
+    # The default "tpu" keeps records written before Compute Engine made TPUs readable as what they were; the job
+    # message's default is per generation (respawn.spec): compute for those Compute Engine offers.
+    api: str = API_TPU
+    image: str | None = None  # api compute: a boot image or image family URL; None: the generation's default
+    request: str = "queued"  # api tpu: queued (a queued resource, Cloud TPU's queue for capacity) | node (nodes.create)
+    # How long one zone may keep the request waiting for capacity before the next zone is tried: a queued
+    # resource (api tpu, request queued), or a flex-start request (api compute, a flex-start tier).
+    queue_timeout_s: int = 30 * 60
 
     @property
     def hosts(self) -> int:
@@ -128,6 +141,8 @@ class GpuMachine:
     accelerator_count: int
     kind: str = "gpu"
     boot_disk_gb: int = 200
+    queue_timeout_s: int = 30 * 60  # a flex-start tier: how long one zone may keep the request waiting
+    api: ClassVar[str] = API_COMPUTE  # GPUs are Compute Engine instances, always
 
     @property
     def hosts(self) -> int:
@@ -143,9 +158,12 @@ class Tier:
 
     A job without `tiers` has one: its `provisioning` in its `zones`, never moving on."""
 
-    provisioning: str  # spot | preemptible | standard | reservation
+    provisioning: str  # spot | preemptible | standard | reservation | flex-start (Compute Engine only)
     zones: tuple[str, ...]
     reservation: str | None = None  # provisioning reservation: the reservation's name
+    # provisioning flex-start: the machine's maximum run duration; None: the time left to the job's TTL (see
+    # flex_start_run_s)
+    max_run_duration_s: int | None = None
     after_preemptions: int | None = None  # move on once this tier's machines were preempted this often
     after_stockout_s: int | None = None  # ... once this tier found no capacity anywhere for this long
     deadline_within_s: int | None = None  # ... once the job's TTL deadline is this close
@@ -167,7 +185,7 @@ class JobSpec:
     zones: tuple[str, ...]
     image: str
     checkpoint_uri: str
-    provisioning: str = "spot"  # spot | preemptible | standard
+    provisioning: str = "spot"  # spot | preemptible | standard | flex-start
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
     # sorted (variable name, Secret Manager version reference) pairs: references only, resolved on the machine
@@ -178,10 +196,11 @@ class JobSpec:
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
     hang_timeout_s: int | None = 30 * 60  # a RUNNING attempt without progress this long is hung; None: off
     tiers: tuple[Tier, ...] = ()  # () = one tier of `provisioning` in `zones`; else zones/provisioning are tier 0's
+    max_run_duration_s: int | None = None  # provisioning flex-start: as Tier's; with tiers, tier 0's
 
     @property
     def all_tiers(self) -> tuple[Tier, ...]:
-        return self.tiers or (Tier(self.provisioning, self.zones),)
+        return self.tiers or (Tier(self.provisioning, self.zones, max_run_duration_s=self.max_run_duration_s),)
 
     @property
     def every_zone(self) -> tuple[str, ...]:
@@ -220,7 +239,20 @@ class JobSpec:
             labels=tuple(sorted(d["labels"].items())),
             hang_timeout_s=d.get("hang_timeout_s"),
             tiers=tuple(Tier.from_dict(t) for t in d.get("tiers", ())),
+            max_run_duration_s=d.get("max_run_duration_s"),
         )
+
+
+# Compute Engine runs a flex-start VM for at most 7 days ("Flex-start VMs ... can run for up to seven days",
+# https://cloud.google.com/compute/docs/instances/provisioning-models).
+FLEX_START_MAX_RUN_S = 7 * 24 * 3600
+
+
+def flex_start_run_s(tier: Tier, deadline: float, now: float) -> int:
+    """The run duration a flex-start machine is asked for: the tier's max_run_duration, else the time left to the
+    job's TTL deadline; never more than Compute Engine's maximum, never less than a minute."""
+    wanted = tier.max_run_duration_s if tier.max_run_duration_s is not None else int(deadline - now)
+    return max(60, min(wanted, FLEX_START_MAX_RUN_S))
 
 
 def machine_name(job_id: str, attempt: int) -> str:
@@ -233,6 +265,25 @@ def parse_machine_name(name: str) -> tuple[str, int] | None:
     if not sep or not job_id or not n.isdigit() or n.startswith("0"):
         return None
     return job_id, int(n)
+
+
+# A managed instance group names its VMs from its baseInstanceName and a random suffix: a slice MIG named NAME has
+# baseInstanceName NAME-w, so its VMs are NAME-w-XXXX (the suffix is 4 lowercase letters or digits).
+SLICE_VM_BASE = "-w"
+SLICE_VM_RE = re.compile(r"^(.+)-w-[a-z0-9]{4}$")
+
+
+def slice_vm_base(machine: str) -> str:
+    """The baseInstanceName of the MIG of slice `machine`: its VMs are named from it."""
+    return machine + SLICE_VM_BASE
+
+
+def parse_instance_name(name: str) -> tuple[str, int] | None:
+    """A Compute Engine instance's job and attempt: a slice VM `llm-a3-w-x7k2` -> ("llm", 3), the machine it is a
+    worker of; any other instance as parse_machine_name reads it. None when it is not respawn's."""
+    vm = SLICE_VM_RE.fullmatch(name)
+    parsed = parse_machine_name(vm.group(1)) if vm else None
+    return parsed if parsed is not None else parse_machine_name(name)
 
 
 class EndReason(enum.StrEnum):

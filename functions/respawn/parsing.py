@@ -38,7 +38,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import parse_machine_name
+from respawn.model import parse_instance_name
 from respawn.spec import JOB_ID_RE, ZONE_RE, CancelRequest, SpecError, one_line, parse_job_message, show
 
 SYSTEM_EVENT_LOGS = ("/logs/cloudaudit.googleapis.com%2Fsystem_event", "/logs/cloudaudit.googleapis.com/system_event")
@@ -240,7 +240,8 @@ def _system_event(entry: dict[str, Any], event_id: str, when: float) -> Event:
         return Ignored(f"zone {show(zone)} is not a zone")
     if TPU_WORKER_RE.fullmatch(instance):
         return ZoneWokeUp(event_id, when, zone, project, instance, cause)
-    parsed = parse_machine_name(instance)
+    # a GPU VM or single-host TPU VM is named JOB-aN; a VM of a slice's MIG JOB-aN-w-XXXX: either is attempt N's
+    parsed = parse_instance_name(instance)
     if parsed is None or not JOB_ID_RE.fullmatch(parsed[0]):
         return Ignored(f"instance {show(instance)} is not a respawn machine")
     job_id, attempt = parsed

@@ -6,7 +6,7 @@ The rooms behind it, one concern each:
   records.py          the cache of records and compare-and-set (the cache is only a hint)
   acting.py           intent before effect: leases, acting, create failures fed back into decide, status notices
   sweep.py            many jobs: the sweep and zone wake-ups, fanned out over one job each
-  machines.py         the machine providers by kind, for acting and listing
+  machines.py         the machine providers by API, for acting and listing
   outcome.py          what an event came to (`Result`), and `Retryable`
   service_settings.py the lease, the compare-and-set tries and the cache size (`ServiceSettings`)
   service_log.py      the structured log lines

@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 
 import yaml
 
-from respawn.model import GpuMachine, JobSpec, MachineSpec, Tier, TpuMachine
-from respawn.topology import UnknownTpuType, tpu_topology
+from respawn.model import API_COMPUTE, API_TPU, FLEX_START_MAX_RUN_S, GpuMachine, JobSpec, MachineSpec, Tier, TpuMachine
+from respawn.topology import COMPUTE_GENERATIONS, COMPUTE_OFFERS, TPU_API_GENERATIONS, UnknownTpuType, tpu_topology
 
 MAX_MESSAGE_BYTES = 256 * 1024
 TTL_MIN_S = 60
@@ -42,9 +42,22 @@ _TAG = r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
 _DIGEST = r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})"
 IMAGE_RE = re.compile(rf"^{_HOST}?{_PATH}{_TAG}?{_DIGEST}?$")
 
-PROVISIONING = ("spot", "preemptible", "standard")
+FLEX_START = "flex-start"  # Compute Engine's queue for capacity: a GPU, or a TPU with machine.api compute
+PROVISIONING = ("spot", "preemptible", "standard", FLEX_START)
 TIER_PROVISIONING = (*PROVISIONING, "reservation")
 REQUESTS = ("queued", "node")
+APIS = (API_COMPUTE, API_TPU)
+# Compute Engine's requestValidForDuration, how long an instance insert waits for flex-start capacity, is at most
+# 2 hours: "must be at least 90 and less or equal to 7200 seconds" is the API's own error as users report it; no
+# Google page states the range, so a flex-start job's queue_timeout stays inside it.
+FLEX_START_QUEUE_MAX_S = 2 * 3600
+# A slice's MIG names its VMs JOB-aN-w-XXXX: a job id ending in -aN-w could name an instance the same way.
+SLICE_VM_LIKE_RE = re.compile(r"-a[1-9][0-9]*-w$")
+# A boot image or image family: projects/PROJECT/global/images/(family/)NAME, optionally as a full API URL.
+BOOT_IMAGE_RE = re.compile(
+    r"^(?:https://(?:www|compute)\.googleapis\.com/compute/v1/)?"
+    r"projects/[a-z][a-z0-9-]{4,61}[a-z0-9]/global/images/(?:family/)?[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$"
+)
 MAX_TIERS = 5
 GPU_COUNTS = (1, 2, 4, 8, 16)
 MAX_ZONES = 20
@@ -175,11 +188,17 @@ def _optional(parse: Parse) -> Parse:
     return lambda value, path: None if value is None else parse(value, path)
 
 
-_job_id = _matching(
-    JOB_ID_RE,
-    "1-39 characters: lowercase letters, digits and '-', starting with a letter, not ending with '-'",
-    "a valid job id",
-)
+def _job_id(value: Any, path: str) -> str:
+    job_id = _string(
+        path,
+        value,
+        JOB_ID_RE,
+        "1-39 characters: lowercase letters, digits and '-', starting with a letter, not ending with '-'",
+        "a valid job id",
+    )
+    if SLICE_VM_LIKE_RE.search(job_id):
+        _fail(path, f"{show(job_id)} ends like a slice's VM names (JOB-aN-w-XXXX)", "a job id not ending in -aN-w")
+    return job_id
 
 
 def _tpu_type(value: Any, path: str) -> str:
@@ -187,8 +206,8 @@ def _tpu_type(value: Any, path: str) -> str:
     accelerator_type = _string(
         path,
         value,
-        re.compile(r"^v[0-9]+[a-z]*(?:-[a-z]+)?-[1-9][0-9]{0,4}$"),
-        "a Cloud TPU type like v5litepod-8, v4-8, v6e-8, v5p-16",
+        re.compile(r"^(?:v|tpu)[0-9]+[a-z]*(?:-[a-z]+)?-[1-9][0-9]{0,4}$"),
+        "a TPU type like v5litepod-8, v4-8, v6e-8, v5p-16, tpu7x-8",
         "a TPU accelerator type",
     )
     try:
@@ -197,6 +216,24 @@ def _tpu_type(value: Any, path: str) -> str:
         problem, _, allowed = str(e).partition("; allowed: ")
         _fail(path, problem, allowed)
     return accelerator_type
+
+
+def _boot_image(value: Any, path: str) -> str:
+    return _string(
+        path,
+        value,
+        BOOT_IMAGE_RE,
+        "projects/PROJECT/global/images/family/FAMILY or projects/PROJECT/global/images/IMAGE",
+        "a boot image or image family",
+    )
+
+
+def _max_run_duration(value: Any, path: str) -> int:
+    """A flex-start machine's run time: a duration from 1 minute to Compute Engine's 7 days."""
+    seconds = parse_ttl(value, path)
+    if seconds > FLEX_START_MAX_RUN_S:
+        _fail(path, f"{show(value)} is out of range", "a duration like 90m, 48h or 7d, from 1m to 7d")
+    return seconds
 
 
 def _request(value: Any, path: str) -> str:
@@ -360,6 +397,10 @@ def format_ttl(seconds: int) -> str:
     return f"{seconds}s"
 
 
+def _format_optional_ttl(seconds: int | None) -> str | None:
+    return None if seconds is None else format_ttl(seconds)
+
+
 def _hang_timeout(value: Any, path: str) -> int | None:
     """`off` (or null) -> None (no hang detection); else a duration from 2m to 14d."""
     if value is None or value == "off":
@@ -498,12 +539,48 @@ def _render(shape: Shape, model: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the objects of a message
 
 
+def default_api(accelerator_type: str) -> str:
+    """The API a TPU goes through when its machine names none: Compute Engine for the generations it offers."""
+    return API_COMPUTE if accelerator_type.rpartition("-")[0] in COMPUTE_GENERATIONS else API_TPU
+
+
 def _tpu_machine(fields: _Reading) -> TpuMachine:
-    fields["accelerator_type"]  # read before request, which decides whether queue_timeout may be given
-    if fields["request"] != "queued" and "queue_timeout" in fields.message:
-        _fail(_join(fields.path, "queue_timeout"), "only a queued request waits in a queue", 'request "queued"')
+    accelerator_type = fields["accelerator_type"]  # first: the API and what it takes depend on it
+    if "api" not in fields.message:
+        fields.set("api", default_api(accelerator_type))
+    if fields["api"] == API_COMPUTE:
+        _compute_tpu(fields, accelerator_type)
+    else:
+        _tpu_api_tpu(fields, accelerator_type)
     fields["queue_timeout"]
     return TpuMachine(**fields.model_values())
+
+
+def _compute_tpu(fields: _Reading, accelerator_type: str) -> None:
+    """A TPU through Compute Engine: a generation it makes (each of its sizes has a shape, topology.COMPUTE), a boot
+    image instead of a runtime version."""
+    generation = accelerator_type.rpartition("-")[0]
+    if generation not in COMPUTE_GENERATIONS:
+        problem = f'"compute" does not offer {generation}'
+        _fail(_join(fields.path, "api"), problem, f"tpu (Compute Engine offers {COMPUTE_OFFERS})")
+    how = "" if "api" in fields.message else f", the default for {generation}"
+    for name, instead in (("runtime_version", "machine.image"), ("request", "a flex-start tier to wait in a queue")):
+        if name in fields.message:
+            _fail(_join(fields.path, name), f"not used with api compute{how}", f'{instead}, or machine.api "tpu"')
+    fields["image"]
+
+
+def _tpu_api_tpu(fields: _Reading, accelerator_type: str) -> None:
+    """A TPU through the Cloud TPU API: a generation it makes, a runtime version, a node or a queued resource."""
+    generation = accelerator_type.rpartition("-")[0]
+    if generation not in TPU_API_GENERATIONS:
+        _fail(_join(fields.path, "api"), f'"tpu" does not offer {generation}', "compute")
+    if "image" in fields.message:
+        _fail(_join(fields.path, "image"), "not used with api tpu", 'machine.runtime_version, or machine.api "compute"')
+    if fields["runtime_version"] is None:
+        _fail(_join(fields.path, "runtime_version"), "missing", "required for api tpu")
+    if fields["request"] != "queued" and "queue_timeout" in fields.message:
+        _fail(_join(fields.path, "queue_timeout"), "only a queued request waits in a queue", 'request "queued"')
 
 
 def _gpu_machine(fields: _Reading) -> GpuMachine:
@@ -511,27 +588,45 @@ def _gpu_machine(fields: _Reading) -> GpuMachine:
     return GpuMachine(**fields.model_values())
 
 
+def _queue_timeout_shown(machine: MachineSpec) -> bool:
+    """A queued resource always says how long it waits; a Compute Engine machine only when it was given (it is
+    allowed only with a flex-start tier, which the machine's own message does not show)."""
+    if isinstance(machine, TpuMachine) and machine.api == API_TPU:
+        return machine.request == "queued"
+    return machine.queue_timeout_s != QUEUE_TIMEOUT_DEFAULT_S
+
+
+QUEUE_TIMEOUT_DEFAULT_S = TpuMachine.queue_timeout_s
+
+
 TPU_MACHINE = Shape(
     TpuMachine,
     (
         Field("accelerator_type", _tpu_type, required=True),
+        # absent: compute for the generations Compute Engine offers, tpu for the others (default_api)
+        Field("api", _one_of(APIS, "an API")),
         Field(
             "runtime_version",
-            _matching(
-                re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$"),
-                "a TPU runtime version like v2-alpha-tpuv5-lite or tpu-ubuntu2204-base",
-                "a TPU runtime version",
+            _optional(
+                _matching(
+                    re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$"),
+                    "a TPU runtime version like v2-alpha-tpuv5-lite or tpu-ubuntu2204-base",
+                    "a TPU runtime version",
+                )
             ),
-            required=True,
+            shown_if=lambda machine: machine.api == API_TPU,
         ),
-        Field("request", _request),
-        # queued: how long one zone's queue may keep the request waiting before the next zone is tried
+        # api compute: the boot image; absent, the generation's default image family (topology.COMPUTE)
+        Field("image", _optional(_boot_image), shown_if=lambda m: m.api == API_COMPUTE, omitted_when_default=True),
+        Field("request", _request, shown_if=lambda machine: machine.api == API_TPU),
+        # how long one zone may keep the request waiting for capacity before the next zone is tried: a queued
+        # resource (api tpu), or a flex-start request (api compute, checked against the tiers in _submit)
         Field(
             "queue_timeout",
             parse_ttl,
             format_ttl,
             attribute="queue_timeout_s",
-            shown_if=lambda machine: machine.request == "queued",
+            shown_if=_queue_timeout_shown,
         ),
     ),
     "required for kind tpu",
@@ -560,6 +655,8 @@ GPU_MACHINE = Shape(
         ),
         Field("accelerator_count", _gpu_count, required=True),
         Field("boot_disk_gb", _within(*BOOT_DISK_GB)),
+        # a flex-start tier: how long one zone may keep the request waiting (checked against the tiers in _submit)
+        Field("queue_timeout", parse_ttl, format_ttl, attribute="queue_timeout_s", shown_if=_queue_timeout_shown),
     ),
     "required for kind gpu",
     tag=("kind", GpuMachine.kind),
@@ -611,6 +708,14 @@ TIER = Shape(
             ),
             omitted_when_default=True,
         ),
+        # flex-start: the machine's maximum run duration; absent, the time left to the job's TTL (at most 7d)
+        Field(
+            "max_run_duration",
+            _optional(_max_run_duration),
+            _format_optional_ttl,
+            "max_run_duration_s",
+            omitted_when_default=True,
+        ),
         Field("move_on", lambda value, path: value),  # read and written as MOVE_ON, whose fields are the tier's
     ),
     "required in every tier",
@@ -626,6 +731,7 @@ def _tier(value: Any, path: str, *, last: bool) -> Tier:
     if provisioning != "reservation" and named:
         _fail(_join(path, "reservation"), "only a reservation tier names a reservation", 'provisioning "reservation"')
     fields["reservation"]
+    _run_duration_only_with_flex_start(fields, provisioning)
     rules = value.get("move_on", {})
     move_on = _Reading(MOVE_ON, rules, _join(path, "move_on"))
     if rules and last:
@@ -652,6 +758,14 @@ def _untiered(spec: JobSpec) -> bool:
     return not spec.tiers
 
 
+def _run_duration_only_with_flex_start(fields: _Reading, provisioning: str) -> None:
+    """max_run_duration (a tier's, or an untiered job's) goes with provisioning flex-start only."""
+    if provisioning != FLEX_START and fields.message.get("max_run_duration") is not None:
+        path = _join(fields.path, "max_run_duration")
+        _fail(path, "only a flex-start machine has a maximum run duration", f'provisioning "{FLEX_START}"')
+    fields["max_run_duration"]
+
+
 SUBMIT = Shape(
     JobSpec,
     (
@@ -670,6 +784,14 @@ SUBMIT = Shape(
         Field("labels", _labels, dict),
         Field("hang_timeout", _hang_timeout, _format_hang_timeout, "hang_timeout_s"),
         Field("tiers", _tiers, lambda tiers: [_tier_message(t) for t in tiers], omitted_when_default=True),
+        Field(
+            "max_run_duration",
+            _optional(_max_run_duration),
+            _format_optional_ttl,
+            "max_run_duration_s",
+            shown_if=_untiered,
+            omitted_when_default=True,
+        ),
     ),
     "required for action submit",
     tag=("action", "submit"),
@@ -706,7 +828,7 @@ def _cancel(message: dict[str, Any]) -> CancelRequest:
 def _submit(message: dict[str, Any]) -> JobSpec:
     fields = _Reading(SUBMIT, message, "")
     tiers = fields["tiers"]  # first: whether zones and provisioning may be given depends on it
-    for name in ("zones", "provisioning"):
+    for name in ("zones", "provisioning", "max_run_duration"):
         if tiers and name in message:
             _fail(name, "not allowed with tiers", f"{name} inside each tier")
     if not tiers and "zones" not in message:
@@ -714,10 +836,48 @@ def _submit(message: dict[str, Any]) -> JobSpec:
     if tiers:  # tier 0 is also the job's zones and provisioning (what the first attempt uses)
         fields.set("zones", tiers[0].zones)
         fields.set("provisioning", tiers[0].provisioning)
+        fields.set("max_run_duration", tiers[0].max_run_duration_s)
+    else:
+        _run_duration_only_with_flex_start(fields, fields["provisioning"])
     values = fields.model_values()
     for name in sorted(dict(values["secrets"]).keys() & dict(values["env"]).keys()):
         _fail(f"secrets.{name}", "the variable is also set in env", "each variable in env or in secrets, not both")
-    return JobSpec(**values)
+    spec = JobSpec(**values)
+    _provisioning_fits_the_api(spec)
+    _queue_timeout_fits(spec, message["machine"])
+    return spec
+
+
+def _tier_paths(spec: JobSpec) -> list[tuple[str, Tier]]:
+    """Each tier with the path of its provisioning in the message."""
+    if not spec.tiers:
+        return [("provisioning", spec.all_tiers[0])]
+    return [(f"tiers[{i}].provisioning", tier) for i, tier in enumerate(spec.tiers)]
+
+
+def _provisioning_fits_the_api(spec: JobSpec) -> None:
+    """Flex-start is Compute Engine's; preemptible TPUs are the Cloud TPU API's (Compute Engine has Spot TPUs)."""
+    api = spec.machine.api
+    for path, tier in _tier_paths(spec):
+        if tier.provisioning == FLEX_START and api != API_COMPUTE:
+            problem = "\"flex-start\" is Compute Engine's, not the Cloud TPU API's"
+            allowed = f'machine.api "compute" ({COMPUTE_OFFERS}), or request "queued" to wait'
+            _fail(path, problem, allowed)
+        if tier.provisioning == "preemptible" and isinstance(spec.machine, TpuMachine) and api == API_COMPUTE:
+            _fail(path, '"preemptible" is not offered for TPUs on Compute Engine', 'spot, or machine.api "tpu"')
+
+
+def _queue_timeout_fits(spec: JobSpec, machine: dict[str, Any]) -> None:
+    """On Compute Engine only a flex-start request waits for capacity, and an instance waits at most 2 hours."""
+    if spec.machine.api != API_COMPUTE:
+        return
+    flex_start = any(tier.provisioning == FLEX_START for tier in spec.all_tiers)
+    if "queue_timeout" in machine and not flex_start:
+        allowed = f'a tier with provisioning "{FLEX_START}"'
+        _fail("machine.queue_timeout", "only a flex-start request waits for capacity on Compute Engine", allowed)
+    if flex_start and spec.machine.queue_timeout_s > FLEX_START_QUEUE_MAX_S:
+        problem = f"{show(machine['queue_timeout'])} is longer than Compute Engine waits for flex-start capacity"
+        _fail("machine.queue_timeout", problem, f"at most {format_ttl(FLEX_START_QUEUE_MAX_S)}")
 
 
 def spec_to_message(spec: JobSpec) -> dict[str, Any]:

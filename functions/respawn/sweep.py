@@ -32,23 +32,23 @@ class Sweep:
     def sweep(self, tick: SweepTicked) -> Outcome:
         """Every job that is live or may still hold a machine: observe its zones and let decide repair."""
         reads = self.records.every_record()
-        kind_zones = {
-            (job.spec.machine.kind, zone)
+        api_zones = {
+            (job.spec.machine.api, zone)
             for job in (read.job for read in reads.values())
             if job is not None and job.spec is not None
             for zone in job.spec.every_zone
         }
-        listing = self.machines.by_job(kind_zones)
+        listing = self.machines.by_job(api_zones)
         wanted = {job_id for job_id, read in reads.items() if read.job is not None and _wants_the_sweep(read.job)}
         return self._observe_each(tick.event_id, reads, wanted | listing.keys(), listing, zone=None)
 
     def wake(self, woke: ZoneWokeUp) -> Outcome:
         """A system event on a TPU worker in a zone: act for the jobs whose machines there the API shows dead.
 
-        One listing per machine kind and a read of only the affected records; a job whose machine the API
+        One listing per API and a read of only the affected records; a job whose machine the API
         does not show dead yet is the sweep's (it re-reads every job).
         """
-        listing = self.machines.by_job({(kind, woke.zone) for kind in self.machines.providers})
+        listing = self.machines.by_job({(api, woke.zone) for api in self.machines.providers})
         hit = {job_id for job_id, machines in listing.items() if any(m.state in DEAD for m in machines)}
         reads = {job_id: self.records.fresh(job_id) for job_id in sorted(hit)}
         return self._observe_each(woke.event_id, reads, hit, listing, zone=woke.zone)

@@ -47,7 +47,7 @@ def test_service_is_built_once_per_process_and_environment(monkeypatch: pytest.M
         monkeypatch.setenv(name, value)
     first = service_from_env()
     assert service_from_env() is first
-    assert sorted(first.providers) == ["gpu", "tpu"]
+    assert sorted(first.providers) == ["compute", "tpu"]
     assert first.notifier is None  # no status topic, no notices
     monkeypatch.setenv("RESPAWN_STATUS_TOPIC", "respawn-status")
     notifying = service_from_env()

@@ -30,16 +30,19 @@ from respawn.events import (
 from respawn.model import (
     COUNTED_AS_FAILURE,
     COUNTED_AS_PREEMPTION,
+    FLEX_START_MAX_RUN_S,
     LEGAL_TRANSITIONS,
     NO_CAPACITY,
     TERMINAL,
     EndReason,
+    GpuMachine,
     Job,
     JobSpec,
     MachineState,
     Status,
     Tier,
     TpuMachine,
+    flex_start_run_s,
 )
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
@@ -527,6 +530,41 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
     assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
 
+def test_a_compute_engine_tpu_and_a_flex_start_tier_read_back_equal() -> None:
+    job = build(Status.RUNNING)
+    assert job.spec is not None
+    machine = TpuMachine("v6e-16", api="compute", image="projects/p/global/images/family/f", queue_timeout_s=600)
+    tiers = (Tier("flex-start", (A,), max_run_duration_s=3600, after_stockout_s=600), Tier("spot", (B,)))
+    spec = replace(job.spec, machine=machine, tiers=tiers, provisioning="flex-start", max_run_duration_s=3600)
+    d = json.loads(json.dumps(spec.to_dict()))
+    assert (d["machine"]["api"], d["machine"]["runtime_version"], d["tiers"][0]["max_run_duration_s"]) == (
+        "compute",
+        None,
+        3600,
+    )
+    assert JobSpec.from_dict(d) == spec
+    assert GpuMachine("g2-standard-8", "nvidia-l4", 1).api == "compute"  # a class constant, not a record field
+    assert "api" not in replace(spec, machine=GpuMachine("g2-standard-8", "nvidia-l4", 1)).to_dict()["machine"]
+
+
+def test_a_record_written_before_compute_engine_tpus_reads_as_the_tpu_api() -> None:
+    job = build(Status.RUNNING)
+    assert job.spec is not None
+    d = json.loads(json.dumps(job.spec.to_dict()))
+    del d["machine"]["api"], d["machine"]["image"], d["max_run_duration_s"]
+    for tier in d["tiers"]:
+        tier.pop("max_run_duration_s")
+    read = JobSpec.from_dict(d)
+    assert isinstance(read.machine, TpuMachine) and (read.machine.api, read.machine.image) == ("tpu", None)
+    assert read == job.spec and read.all_tiers[0].max_run_duration_s is None
+
+
+def test_a_flex_start_machine_runs_for_its_tier_s_duration_or_until_the_ttl_within_seven_days() -> None:
+    assert flex_start_run_s(Tier("flex-start", (A,), max_run_duration_s=3600), DEADLINE, T0) == 3600
+    assert flex_start_run_s(Tier("flex-start", (A,)), T0 + 5 * 3600, T0) == 5 * 3600
+    assert flex_start_run_s(Tier("flex-start", (A,)), T0 + 14 * 86400, T0) == FLEX_START_MAX_RUN_S == 7 * 86400
+
+
 # -- slices: progress, hangs, a failed worker on a dead node ---------------------------------------------------------
 
 
@@ -637,6 +675,17 @@ def test_a_queued_request_waits_in_the_queue_until_its_timeout_then_tries_the_ne
     ]
 
 
+def test_a_flex_start_gpu_waits_queued_until_its_timeout_then_tries_the_next_zone() -> None:
+    gpu = GpuMachine("g2-standard-8", "nvidia-l4", 1, queue_timeout_s=900)
+    job = run(None, submitted(spec(machine=gpu, provisioning="flex-start")))
+    waiting = observed(("llm-a1", A, MachineState.QUEUED))
+    new, actions = step(job, waiting, T0 + 900)
+    assert new is not None and (new.status, actions) == (Status.PROVISIONING, [])
+    new, actions = step(job, waiting, T0 + 901)
+    assert new is not None and new.attempts[0].end_reason == "queued"
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A), CreateMachine("llm", 2, "llm-a2", B, deadline=DEADLINE)]
+
+
 def test_a_failed_queued_resource_says_why_in_the_apis_words() -> None:
     job = run(None, submitted(spec(machine=QUEUED_TPU)))
     event = MachinesObserved(
@@ -675,3 +724,37 @@ def test_a_deadline_at_risk_moves_on() -> None:
     assert job is not None and job.current is not None and job.current.tier == 0
     job, _ = step(run(job, started(2), now=DEADLINE - 3601), preempted(2), DEADLINE - 3600)
     assert job is not None and job.current is not None and job.current.tier == 1
+
+
+def test_every_vm_of_a_slice_preempted_recovers_the_slice_once() -> None:
+    """A MIG slice of 4 VMs: each VM's system event is a separate event naming attempt 1; the first ends it and
+    replaces the slice, the others find the attempt ended and do nothing (in any order, delivered twice)."""
+    from respawn.parsing import log_entry_event
+
+    slice_job = spec(machine=TpuMachine("v6e-16", api="compute"))
+    job = run(None, submitted(slice_job), started(1))
+    events = []
+    for vm in ("llm-a1-w-0a9z", "llm-a1-w-x7k2", "llm-a1-w-b3c4", "llm-a1-w-qq11"):
+        entry = {
+            "logName": "projects/p/logs/cloudaudit.googleapis.com%2Fsystem_event",
+            "resource": {"type": "gce_instance", "labels": {"project_id": "p", "zone": A}},
+            "protoPayload": {
+                "methodName": "compute.instances.preempted",
+                "resourceName": f"projects/p/zones/{A}/instances/{vm}",
+            },
+            "insertId": f"id-{vm}",
+            "timestamp": "2025-03-14T09:26:53Z",
+        }
+        event = log_entry_event(entry)
+        assert isinstance(event, MachinePreempted) and (event.job_id, event.attempt) == ("llm", 1)
+        events.append(event)
+    all_actions: list[Action] = []
+    for event in [*events, *reversed(events)]:
+        new, actions = step(job, event)
+        assert new is not None
+        job, all_actions = new, all_actions + actions
+    assert all_actions == [
+        DeleteMachine("llm", 1, "llm-a1", A),
+        CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE),
+    ]
+    assert (job.status, job.counters.preemptions, [a.n for a in job.attempts]) == (Status.RECOVERING, 1, [1, 2])

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cloudevents.http import CloudEvent
-from fakes import FakeClock, FakeProvider, InMemoryJobStore
+from fakes import FakeClock, FakeProvider, InMemoryJobStore, fake_providers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_spec import tpu_message  # the valid TPU message the spec tests start from
@@ -298,7 +298,7 @@ def test_a_captured_log_entry_with_one_change_never_raises(named: tuple[str, tup
 
 
 def a_service() -> tuple[Service, InMemoryJobStore, dict[str, FakeProvider]]:
-    store, providers = InMemoryJobStore(), {"tpu": FakeProvider(), "gpu": FakeProvider()}
+    store, providers = InMemoryJobStore(), fake_providers()
     return Service(store, providers, FakeClock()), store, providers
 
 
@@ -336,4 +336,4 @@ def test_a_message_through_the_service_leaves_a_whole_record_or_none(
     same_job = existing and job.job_id == "llm-small-001"
     assert job.spec == (before[0].spec if same_job and before[0] else event.spec)
     assert job.pending == () and job.status is Status.PROVISIONING
-    assert f"{job.job_id}-a1" in providers[job.spec.machine.kind].machines
+    assert f"{job.job_id}-a1" in providers[job.spec.machine.api].machines

@@ -30,7 +30,7 @@ from respawn.events import (
     ZoneWokeUp,
 )
 from respawn.logfilter import sink_filter
-from respawn.model import MachineState, TpuMachine
+from respawn.model import MachineState, TpuMachine, parse_instance_name
 from respawn.parsing import (
     PubSubMessage,
     event_from_file,
@@ -525,3 +525,57 @@ def test_envelopes_and_files_never_raise(value: Any) -> None:
     data = push(value)
     event_to_json(job_event(message_from_push(data)))
     event_to_json(events_event(message_from_push(data)))
+
+
+@pytest.mark.parametrize(
+    ("name", "parsed"),
+    [
+        ("llm-a3", ("llm", 3)),  # an instance respawn created: a GPU VM, a single-host TPU VM
+        ("llm-a3-w-x7k2", ("llm", 3)),  # a VM of slice llm-a3's MIG
+        ("llm-a1-a12-w-0000", ("llm-a1", 12)),
+        ("llm-w-x7k2", None),  # a MIG VM of no respawn machine
+        ("llm-a3-w-x7k", None),  # not a MIG's suffix
+        ("llm-a3-w-X7K2", None),
+        ("t1v-n-0a1b2c3d-w-0", None),
+    ],
+)
+def test_an_instance_name_maps_to_its_job_and_attempt(name: str, parsed: tuple[str, int] | None) -> None:
+    assert parse_instance_name(name) == parsed
+
+
+def slice_vm_event(vm: str, method: str = "compute.instances.preempted", insert_id: str = "") -> dict[str, Any]:
+    """A Compute Engine system event on a VM of a slice's MIG (the captured GCE entry, renamed)."""
+    return preempted(
+        protoPayload__resourceName=f"projects/{P}/zones/us-central1-a/instances/{vm}",
+        protoPayload__methodName=method,
+        insertId=insert_id or f"id-{vm}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "cause"),
+    [
+        ("compute.instances.preempted", "preempted"),
+        ("compute.instances.hostError", "hostError"),
+        ("compute.instances.terminateOnHostMaintenance", "terminateOnHostMaintenance"),
+    ],
+)
+def test_a_system_event_on_a_slice_vm_is_its_attempts_and_the_sink_routes_it(method: str, cause: str) -> None:
+    e = slice_vm_event("llm-small-001-a2-w-x7k2", method)
+    assert log_entry_event(e) == MachinePreempted(
+        "log:id-llm-small-001-a2-w-x7k2",
+        T_PREEMPT,
+        "llm-small-001",
+        2,
+        "llm-small-001-a2-w-x7k2",
+        "us-central1-a",
+        P,
+        cause,
+    )
+    assert sink_filter().matches(e)
+
+
+@pytest.mark.parametrize("vm", ["llm-a2-w-X7K2", "llm-a2-w-x7k", "llm-a2-w-x7k2z", "llm-w-x7k2", "llm-a0-w-x7k2"])
+def test_a_vm_that_is_no_slice_of_respawns_is_neither_routed_nor_parsed(vm: str) -> None:
+    e = slice_vm_event(vm)
+    assert isinstance(log_entry_event(e), Ignored) and not sink_filter().matches(e)

@@ -1,7 +1,7 @@
 """The service over random event histories (SPEC 8): nothing lost, nothing duplicated, counters exact.
 
 A small world: three jobs (two on Cloud TPU, one on Spot GPU VMs) with their
-zones, one FakeProvider per machine kind (its machines are the truth about the
+zones, one FakeProvider per API (its machines are the truth about the
 cloud), an InMemoryJobStore, a FakeClock and two function instances (each
 Service keeps its own cache of records). Hypothesis plays random histories of
 submits, rejected messages, cancels, preemptions (a GCE entry naming the VM, or
@@ -76,9 +76,9 @@ from fakes import (
     CrashingStore,
     CrashPlan,
     FakeClock,
-    FakeProvider,
     InMemoryJobStore,
     RecordingNotifier,
+    fake_providers,
 )
 from hypothesis import currently_in_test_context, seed, settings
 from hypothesis import event as tally
@@ -234,7 +234,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.clock = FakeClock(T0)
         self.store = InMemoryJobStore()
         self.checked = CheckedStore(self.store, self)
-        self.providers = {"tpu": FakeProvider(), "gpu": FakeProvider()}
+        self.providers = fake_providers()
         self.notifier = RecordingNotifier()
         self.changes: dict[str, list[tuple[str | None, str]]] = {}  # job -> status changes written, in order
         self.crashes = 0
@@ -506,7 +506,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.clock.advance(seconds)
 
     @rule(
-        kind=st.sampled_from(["tpu", "gpu"]), zone=st.sampled_from([A, B, C]), left=st.sampled_from([0, 0, 1, 2, None])
+        kind=st.sampled_from(["tpu", "compute"]),
+        zone=st.sampled_from([A, B, C]),
+        left=st.sampled_from([0, 0, 1, 2, None]),
     )
     def capacity(self, kind: str, zone: str, left: int | None) -> None:
         """Creates that still succeed in the zone (None: unlimited)."""
@@ -524,8 +526,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     @rule(
         where=st.sampled_from(
             [
-                *("store", "tpu.create", "tpu.delete", "tpu.list", "tpu.get", "gpu.create", "gpu.delete", "gpu.list"),
-                *("notify", "403"),
+                *("store", "tpu.create", "tpu.delete", "tpu.list", "tpu.get"),
+                *("compute.create", "compute.delete", "compute.list", "notify", "403"),
             ]
         )
     )
@@ -798,7 +800,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             parsed = parse_machine_name(m.name)
             assert parsed is not None
             job = records[parsed[0]]
-            assert job is not None and job.spec is not None and job.spec.machine.kind == kind, m
+            assert job is not None and job.spec is not None and job.spec.machine.api == kind, m
             assert job.current is not None and parsed[1] <= job.current.n, f"{m.name} exists; the record never asked"
 
     # -- the end of every history -------------------------------------------------------------------------------------

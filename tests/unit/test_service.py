@@ -341,12 +341,12 @@ def test_a_permanent_error_fails_the_job_with_the_reason() -> None:
     assert job.pending == () and w.provider.machines == {}
 
 
-def test_a_job_for_a_machine_kind_without_provider_fails_clearly() -> None:
+def test_a_job_for_an_api_without_provider_fails_clearly() -> None:
     store, provider, clock = InMemoryJobStore(), FakeProvider(), FakeClock(T0)
     service = Service(store, {"tpu": provider}, clock, POLICY)
     service.handle(JobSubmitted("s", T0, spec(machine=GpuMachine("g2-standard-8", "nvidia-l4", 1))))
     job = store.job("llm")
-    assert job.status is Status.FAILED and "no machine provider for machine kind 'gpu'" in job.reason
+    assert job.status is Status.FAILED and "no machine provider for api 'compute'" in job.reason
 
 
 def test_compare_and_set_conflicts_reload_and_decide_again() -> None:

@@ -123,18 +123,23 @@ def test_cancel() -> None:
 
 
 @pytest.mark.parametrize(
-    "value",
+    ("value", "api"),
     [
-        "v5litepod-8",
-        "v4-8",
-        "v6e-8",
-        "v5p-16",
-        "v2-8",
-        "v3-2048",
+        ("v5litepod-8", "tpu"),
+        ("v4-8", "tpu"),
+        ("v6e-8", "compute"),
+        ("v5p-16", "compute"),
+        ("tpu7x-8", "compute"),
+        ("v2-8", "tpu"),
+        ("v3-2048", "tpu"),
     ],
 )
-def test_tpu_types(value: str) -> None:
-    assert isinstance(parse_job_message(with_change("machine.accelerator_type", value)), JobSpec)
+def test_tpu_types_go_through_compute_engine_where_it_offers_them(value: str, api: str) -> None:
+    msg = with_change("machine.accelerator_type", value)
+    if api == "compute":  # a Compute Engine TPU boots an image, not a runtime version
+        del msg["machine"]["runtime_version"]
+    spec = parse_job_message(msg)
+    assert isinstance(spec, JobSpec) and spec.machine.api == api
 
 
 @pytest.mark.parametrize(
@@ -396,12 +401,13 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     err = error_of(with_change("priority", "high"))
     assert str(err) == (
         'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
-        "image, args, env, secrets, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers"
+        "image, args, env, secrets, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers, "
+        "max_run_duration"
     )
     err = error_of(with_change("machine.topology", "2x4"))
     assert (
         err.field == "machine.topology"
-        and err.allowed == "kind, accelerator_type, runtime_version, request, queue_timeout"
+        and err.allowed == "kind, accelerator_type, api, runtime_version, image, request, queue_timeout"
     )
 
 
@@ -657,3 +663,183 @@ def test_a_tpu_machine_is_requested_as_a_node_or_a_queued_resource() -> None:
     assert err.field == "machine.request" and '"queued" (a queued resource) or "node"' in str(err)
     err = error_of(with_change("machine.queue_timeout", "5m", with_change("machine.request", "node")))
     assert err.field == "machine.queue_timeout" and "only a queued request waits" in str(err)
+
+
+# ---------------------------------------------------------------------------- which API, flex-start
+
+IMAGE_FAMILY = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+
+
+def compute_message(accelerator_type: str = "v6e-16", **machine: Any) -> dict[str, Any]:
+    """A TPU job through Compute Engine: no api (the generation's default), no runtime version."""
+    return with_change("machine", {"kind": "tpu", "accelerator_type": accelerator_type, **machine})
+
+
+def round_trips(spec: Any) -> None:
+    assert isinstance(spec, JobSpec)
+    assert parse_job_message(json.loads(json.dumps(spec_to_message(spec)))) == spec
+
+
+def test_a_tpu_compute_engine_offers_goes_through_it_unless_the_job_says_tpu() -> None:
+    spec = parse_job_message(compute_message())
+    assert isinstance(spec, JobSpec) and isinstance(spec.machine, TpuMachine)
+    assert (spec.machine.api, spec.machine.runtime_version, spec.machine.image) == ("compute", None, None)
+    assert spec_to_message(spec)["machine"] == {"kind": "tpu", "accelerator_type": "v6e-16", "api": "compute"}
+    round_trips(spec)
+    spec = parse_job_message(compute_message(image=IMAGE_FAMILY))
+    assert isinstance(spec, JobSpec) and spec.machine.image == IMAGE_FAMILY  # type: ignore[union-attr]
+    round_trips(spec)
+    tpu_api = compute_message(api="tpu", runtime_version="v2-alpha-tpuv6e")
+    spec = parse_job_message(tpu_api)
+    assert isinstance(spec, JobSpec) and isinstance(spec.machine, TpuMachine)
+    assert (spec.machine.api, spec.machine.request) == ("tpu", "queued")
+    assert spec_to_message(spec)["machine"] == {**tpu_api["machine"], "request": "queued", "queue_timeout": "30m"}
+    round_trips(spec)
+    spec = parse_job_message(tpu_message())  # v5e: the Cloud TPU API, as before
+    assert isinstance(spec, JobSpec) and spec.machine.api == "tpu"
+    assert "api" in spec_to_message(spec)["machine"]  # written out, so a message read back never changes API
+
+
+@pytest.mark.parametrize(
+    ("machine", "field", "error"),
+    [
+        (
+            {"accelerator_type": "v5litepod-8", "api": "compute"},
+            "machine.api",
+            '"compute" does not offer v5litepod; allowed: tpu (Compute Engine offers v5p, v6e, tpu7x)',
+        ),
+        ({"accelerator_type": "tpu7x-8", "api": "tpu", "runtime_version": "v2"}, "machine.api", '"tpu" does not offer'),
+        ({"api": "gke"}, "machine.api", '"gke" is not an API; allowed: compute, tpu'),
+        (
+            {"runtime_version": "v2-alpha-tpuv6e"},
+            "machine.runtime_version",
+            'not used with api compute, the default for v6e; allowed: machine.image, or machine.api "tpu"',
+        ),
+        (
+            {"api": "compute", "runtime_version": "v2-alpha-tpuv6e"},
+            "machine.runtime_version",
+            'not used with api compute; allowed: machine.image, or machine.api "tpu"',
+        ),
+        ({"request": "node"}, "machine.request", "not used with api compute"),
+        ({"api": "tpu", "image": IMAGE_FAMILY, "runtime_version": "v2"}, "machine.image", "not used with api tpu"),
+        ({"api": "tpu"}, "machine.runtime_version", "missing; allowed: required for api tpu"),
+        ({"api": "tpu", "runtime_version": None}, "machine.runtime_version", "missing"),
+        ({"image": "ubuntu-accel-2204"}, "machine.image", "is not a boot image or image family"),
+        ({"image": "projects/p/global/images/x; rm"}, "machine.image", "is not a boot image"),
+        ({"accelerator_type": "tpu7x-12"}, "machine.accelerator_type", "tpu7x has no size '12'"),
+        ({"queue_timeout": "10m"}, "machine.queue_timeout", "only a flex-start request waits for capacity"),
+    ],
+)
+def test_what_does_not_combine_with_the_api_is_one_line(machine: dict[str, Any], field: str, error: str) -> None:
+    err = error_of(compute_message(**machine))
+    assert err.field == field and error in str(err), str(err)
+    assert "\n" not in str(err)
+
+
+def test_a_slice_of_every_compute_engine_generation_parses() -> None:
+    for accelerator_type in ("v5p-8", "v5p-128", "v6e-1", "v6e-256", "tpu7x-8", "tpu7x-64"):
+        spec = parse_job_message(compute_message(accelerator_type))
+        assert isinstance(spec, JobSpec) and spec.machine.api == "compute", accelerator_type
+
+
+def flex_start(machine: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    msg = compute_message(**(machine or {}))
+    msg.update(provisioning="flex-start", **fields)
+    return msg
+
+
+def test_flex_start_on_compute_engine_with_its_run_duration_and_queue_wait() -> None:
+    spec = parse_job_message(flex_start({"queue_timeout": "45m"}, max_run_duration="3d"))
+    assert isinstance(spec, JobSpec)
+    assert (spec.provisioning, spec.max_run_duration_s, spec.machine.queue_timeout_s) == ("flex-start", 259200, 2700)
+    assert spec.all_tiers[0].max_run_duration_s == 259200
+    round_trips(spec)
+    spec = parse_job_message(flex_start())  # no duration: the time left to the TTL (model.flex_start_run_s)
+    assert isinstance(spec, JobSpec) and spec.max_run_duration_s is None
+    assert "max_run_duration" not in spec_to_message(spec)
+    gpu = with_change("machine", {**gpu_machine(), "queue_timeout": "1h"})
+    spec = parse_job_message({**gpu, "provisioning": "flex-start", "max_run_duration": "8h"})
+    assert isinstance(spec, JobSpec) and (spec.machine.queue_timeout_s, spec.max_run_duration_s) == (3600, 28800)
+    round_trips(spec)
+
+
+def test_flex_start_tiers_carry_their_own_run_duration() -> None:
+    msg = compute_message()
+    del msg["zones"], msg["provisioning"]
+    msg["tiers"] = [
+        {
+            "provisioning": "flex-start",
+            "zones": ["us-east5-b"],
+            "max_run_duration": "12h",
+            "move_on": {"after_stockout": "1h"},
+        },
+        {"provisioning": "spot", "zones": ["us-east5-a"]},
+    ]
+    spec = parse_job_message(msg)
+    assert isinstance(spec, JobSpec)
+    assert [t.max_run_duration_s for t in spec.all_tiers] == [43200, None]
+    assert (spec.provisioning, spec.max_run_duration_s) == ("flex-start", 43200)  # tier 0's, as zones are
+    round_trips(spec)
+    msg["machine"]["queue_timeout"] = "20m"  # a flex-start tier waits in a queue
+    round_trips(parse_job_message(msg))
+    msg["max_run_duration"] = "1h"
+    err = error_of(msg)
+    assert err.field == "max_run_duration" and "not allowed with tiers" in str(err)
+    del msg["max_run_duration"]
+    msg["tiers"][1]["max_run_duration"] = "1h"
+    err = error_of(msg)
+    assert err.field == "tiers[1].max_run_duration" and "only a flex-start machine has a maximum run duration" in str(
+        err
+    )
+
+
+@pytest.mark.parametrize(
+    ("msg", "field", "error"),
+    [
+        (
+            with_change("provisioning", "flex-start"),
+            "provisioning",
+            '"flex-start" is Compute Engine\'s, not the Cloud TPU API\'s; allowed: machine.api "compute" (v5p, v6e, '
+            'tpu7x), or request "queued" to wait',
+        ),
+        (flex_start(max_run_duration="8d"), "max_run_duration", "out of range; allowed: a duration like 90m"),
+        (flex_start(max_run_duration="30s"), "max_run_duration", "out of range"),
+        (with_change("max_run_duration", "1h"), "max_run_duration", "only a flex-start machine has a maximum run"),
+        (
+            flex_start({"queue_timeout": "3h"}),
+            "machine.queue_timeout",
+            "longer than Compute Engine waits for flex-start capacity; allowed: at most 2h",
+        ),
+        (
+            {**compute_message(), "provisioning": "preemptible"},
+            "provisioning",
+            '"preemptible" is not offered for TPUs on Compute Engine; allowed: spot, or machine.api "tpu"',
+        ),
+        (
+            with_change("machine", {**gpu_machine(), "queue_timeout": "1h"}),
+            "machine.queue_timeout",
+            "only a flex-start request waits for capacity on Compute Engine; allowed: a tier with provisioning",
+        ),
+        (with_change("job_id", "llm-a1-w"), "job_id", "ends like a slice's VM names"),
+    ],
+)
+def test_flex_start_and_its_fields_only_where_they_apply(msg: dict[str, Any], field: str, error: str) -> None:
+    err = error_of(msg)
+    assert err.field == field and error in str(err), str(err)
+
+
+def test_a_gpu_may_still_be_preemptible_and_a_tpu_api_tpu_may_still_queue() -> None:
+    assert isinstance(
+        parse_job_message({**with_change("machine", gpu_machine()), "provisioning": "preemptible"}), JobSpec
+    )
+    assert isinstance(parse_job_message(with_change("provisioning", "preemptible")), JobSpec)  # v5e, api tpu
+    assert isinstance(parse_job_message(with_change("job_id", "llm-a1-web")), JobSpec)
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "slice.yaml", "tiers.yaml", "compute-slice.yaml"])
+def test_each_example_job_parses_through_the_api_its_generation_uses(name: str) -> None:
+    spec = parse_job_message(load_job_file(DATA.parent.parent / "examples" / name))
+    assert isinstance(spec, JobSpec) and isinstance(spec.machine, TpuMachine)
+    compute = name == "compute-slice.yaml"  # v6e: Compute Engine; the v5e examples stay on the Cloud TPU API
+    assert spec.machine.api == ("compute" if compute else "tpu")
+    assert (spec.machine.runtime_version is None) == compute
