@@ -305,11 +305,13 @@ class LocalCloud:
         nodes = self.nodes
 
         def act(name: str, action: StepAction) -> None:
+            assert action.worker is not None  # a worker action names its worker (step_actions)
             nodes.act(name, action.action, action.worker)
 
         chaos = Chaos(
             ready=nodes.ready,
             preempt=nodes.preempt,
+            vms=nodes.vms,
             t0=t0,
             at=options.preempt_at,
             at_steps=options.preempt_at_steps,
@@ -392,8 +394,9 @@ class LocalCloud:
             calls = server.calls
             created = False
             for call in calls[seen_calls:]:
-                if call.verb in ("create", "delete"):
-                    self.timeline.add(f"{call.verb}_call", t=call.time, machine=call.name, zone=call.zone)
+                if call.verb in ("create", "delete"):  # `what`: nodes, queuedResources, instanceGroupManagers ...
+                    where = {"machine": call.name, "zone": call.zone, "what": call.collection}
+                    self.timeline.add(f"{call.verb}_call", t=call.time, **where)
                     created = created or call.verb == "create"
             seen_calls = len(calls)
             current = server.queued_resources()
@@ -463,16 +466,17 @@ class LocalCloud:
         return self.started.server
 
     def machines_left(self) -> int:
-        """Machines the cloud still holds: nodes and VMs, and queued resources (waiting ones have no node yet)."""
-        names = {m.name for m in self.server.machines()} | {q.name for q in self.server.queued_resources()}
-        return len(names)
+        """Objects the cloud still holds of what the attempts created: TPU nodes and queued resources (waiting ones
+        have no node yet), instances, managed instance groups, their templates, workload policies and resize
+        requests (the local API's `leftovers`)."""
+        return len(self.server.leftovers())
 
 
 def _note(e: dict[str, Any], t0: float) -> str | None:
     at = f"[{e['t'] - t0:7.1f}s]"
     kind = e["kind"]
     if kind == "create_call":
-        return f"{at} cloud: create {e['machine']} in {e['zone']}"
+        return f"{at} cloud: create {_object(e.get('what'))} {e['machine']} in {e['zone']}"
     if kind == "state" and e["state"] == "READY":
         return f"{at} cloud: {e['machine']} READY; trainer starting"
     if kind == "notice":
@@ -499,6 +503,22 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
         detail = {k: p[k] for k in ("step", "restored_step", "worker", "error") if p.get(k) is not None}
         return f"{at} trainer {e['machine']}: {p['event']} {json.dumps(detail)}"
     return None
+
+
+# The objects an attempt creates, as a person names them (the API's collection -> its noun).
+_OBJECTS = {
+    "nodes": "TPU node",
+    "queuedResources": "queued resource",
+    "instances": "instance",
+    "resourcePolicies": "workload policy",
+    "instanceTemplates": "instance template",
+    "instanceGroupManagers": "MIG",
+    "resizeRequests": "resize request",
+}
+
+
+def _object(collection: str | None) -> str:
+    return _OBJECTS.get(collection or "", "machine")
 
 
 def _progress_key(job: Job | None) -> tuple[Any, ...] | None:
