@@ -51,8 +51,10 @@ class CloudApiServer(CloudCore):
     """Thread-safe local TPU v2 + Compute REST server with hooks for the local cloud and tests.
 
     Knobs (see CloudCore): `capacity`, `stockouts`, `spot_stockouts`, `queue_waits`, `spot_queue_waits`,
-    `create_delay_s`. Callbacks `on_ready(machine)` / `on_deleted(machine)` run in order on one worker thread,
-    never while the server holds its lock.
+    `create_delay_s`; for MIGs (see ComputeApi) `bulk_models`, `bulk_stockout`, `resize_requests`, where Google's
+    pages leave the rule open, so that respawn can be tested against either reading. Callbacks
+    `on_ready(machine)` / `on_deleted(machine)` run in order on one worker thread, never while the server holds its
+    lock.
     """
 
     def __init__(
@@ -66,12 +68,17 @@ class CloudApiServer(CloudCore):
         queue_waits: dict[str, float | None] | None = None,
         spot_stockouts: dict[str, int | None] | None = None,
         spot_queue_waits: dict[str, float | None] | None = None,
+        bulk_models: frozenset[str] | None = None,
+        bulk_stockout: str = "wait",
+        resize_requests: bool = True,
     ) -> None:
         super().__init__(
             create_delay_s, capacity, stockouts, on_ready, on_deleted, queue_waits, spot_stockouts, spot_queue_waits
         )
         self.tpu = TpuApi(self)
-        self.compute = ComputeApi(self)
+        self.compute = ComputeApi(
+            self, bulk_models=bulk_models, bulk_stockout=bulk_stockout, resize_requests=resize_requests
+        )
         self.apis: list[ApiPart] = [self.tpu, self.compute]
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
         self._httpd.daemon_threads = True
@@ -128,6 +135,13 @@ class CloudApiServer(CloudCore):
     def machine(self, name: str) -> CloudMachine | None:
         with self._lock:
             return next((m for api in self.apis if (m := api.machine(name)) is not None), None)
+
+    def waiting(self) -> list[tuple[str, str]]:
+        """(machine name, zone) of each Compute Engine machine now waiting for capacity in its zone's queue: a
+        flex-start instance, a MIG whose BULK creation or resize request waits. (TPU queued resources: see
+        queued_resources().)"""
+        with self._lock:
+            return self.compute.waiting()
 
     def leftovers(self) -> list[str]:
         """Every object still in the local APIs, as its resource path: nodes, queued resources, instances (a MIG's
