@@ -436,6 +436,9 @@ def test_a_compute_slice_loses_one_vm_to_a_preemption_and_deleting_the_group_end
     with a_started_slice(tmp_path, api="compute") as (nodes, cloud):
         pids = nodes.pids("slice-a3")
         assert nodes.vms("slice-a3") == HOSTS
+        with pytest.raises(ValueError, match=r"slice-a3 has no worker 4; allowed: workers 0\.\.3"):
+            nodes.preempt("slice-a3", 4)
+        assert "slice-a3" in [name for name, _ in nodes.ready()]  # still a chaos target
         nodes.preempt("slice-a3", 2)
         (event,) = cloud.wait_for(1, method="compute.instances.preempted")
         assert gone(pids[2:3])

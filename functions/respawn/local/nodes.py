@@ -281,13 +281,13 @@ class Nodes:
         """Preempt `name`: on a Compute Engine slice the VM of `worker` alone (every VM when None), anywhere else the
         whole machine (`worker` is ignored)."""
         with self._lock:
-            self._ready.pop(name, None)
             node = self._nodes.get(name)
+            vm = node.vm(worker) if node is not None else None
+            if node is not None and vm is not None and not node.machine_slice.has_worker(vm):
+                raise ValueError(f"{name} has no worker {vm}; allowed: {node.machine_slice.workers_allowed()}")
+            self._ready.pop(name, None)
             if node is None or node.preempting:
                 return
-            vm = node.vm(worker)
-            if vm is not None and not node.machine_slice.has_worker(vm):
-                raise ValueError(f"{name} has no worker {vm}; allowed: {node.machine_slice.workers_allowed()}")
             node.preempting = True
         hit = {} if vm is None else {"worker": vm}
         workers = node.machine_slice.hosts if vm is None else 1
