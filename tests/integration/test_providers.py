@@ -534,7 +534,7 @@ def test_server_callbacks_and_call_log() -> None:
         tpu.create(create(tpu_spec()), tpu_spec())
         gce.create(create(gpu_spec()), gpu_spec())
         tpu.delete("llm-1-a1", ZONE, tpu_spec())
-        gce.delete("gpu-1-a1", ZONE)
+        gce.delete("gpu-1-a1", ZONE, gpu_spec())  # with no spec it would look for a slice of that name too
         deadline = time.monotonic() + 5
         while len(deleted) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)

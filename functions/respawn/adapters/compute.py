@@ -1,41 +1,69 @@
-"""GcpComputeProvider: Spot GPU VMs through google-cloud-compute.
+"""GcpComputeProvider: Compute Engine machines through google-cloud-compute: GPU VMs, TPU VMs and TPU slices.
 
-A VM boots a Deep Learning VM image (NVIDIA driver, Docker), whose startup
-script runs the trainer container with `--gpus all`. Spot VMs are deleted on
-preemption (instanceTerminationAction=DELETE) and carry maxRunDuration = the time
-left until the job's TTL (`CreateMachine.deadline`; the whole TTL when it is not
-set), so a VM never outlives its job even if nothing deletes it.
+Every machine is made of instances of one shape (`VmShape`), whose properties one builder writes
+(`vm_properties`) for a GPU VM, a single-host TPU VM and a slice's instance template alike:
+* a GPU VM boots a Deep Learning VM image (NVIDIA driver, Docker), whose startup script runs the trainer with
+  `--gpus all`;
+* a TPU VM is an instance with a TPU machine type and no guestAccelerators (compute/docs/tpus/tpu-machines), booting
+  the job's `machine.image` or the generation's image family;
+* a multi-host TPU slice is a MIG of 4-chip TPU VMs under a workload policy (respawn.adapters.compute_slices).
+Spot VMs are deleted on preemption (instanceTerminationAction=DELETE) and carry maxRunDuration = the time left until
+the job's TTL (`CreateMachine.deadline`; the whole TTL when it is not set), so a VM never outlives its job even if
+nothing deletes it. A slice's VMs stop instead, as Google's TPU Spot page makes a slice's template
+(tpu/docs/spot-compute: `--provisioning-model=SPOT --instance-termination-action=STOP`), so a lost VM stays visible
+in its MIG (see `slice_state`). A flex-start VM (provisioningModel FLEX_START) waits for capacity as PENDING
+(MachineState.QUEUED) for at most the machine's `queue_timeout` and then runs for its max run duration
+(compute/docs/instances/about-flex-start-vms).
 
-Zone operations are awaited with our own ZoneOperationsClient (`operations.wait`):
-the library's `.result()` polls through a client of its own at the default
-endpoint, which would bypass `endpoint`.
+Operations are awaited with our own operations clients (respawn.adapters.compute_operations), within
+`create_wait_s`; a single instance still creating after that is left to the sweep.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-import requests
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from respawn.actions import CreateMachine
+from respawn.adapters.compute_operations import Operations, Scope, operation_error
+from respawn.adapters.compute_slices import ComputeSlices, Slice
 from respawn.adapters.errors import classify, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
-from respawn.model import LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec, MachineState
+from respawn.model import (
+    API_COMPUTE,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    GpuMachine,
+    JobSpec,
+    MachineState,
+    TpuMachine,
+    flex_start_run_s,
+    machine_name,
+)
 from respawn.ports import Machine, PermanentError
+from respawn.topology import ComputeShape, UnknownTpuType, compute_shape
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 # Deep Learning VM image family with CUDA 12.8, the NVIDIA 570 driver and Docker.
 DLVM_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
 DEFAULT_NETWORK = "global/networks/default"
 MIN_RUN_S = 30  # Compute Engine's smallest maxRunDuration
+# A TPU VM "includes a 100 GiB boot disk"; v6e takes Hyperdisk only, v5p Balanced Persistent Disk
+# (tpu/docs/setup-persistent-disk). TPU7x is not in that table: Hyperdisk Balanced, as for v6e, is unverified.
+TPU_BOOT_DISK_GB = 100
+TPU_BOOT_DISK_TYPES = {"ct5p": "pd-balanced"}
+TPU_BOOT_DISK_TYPE = "hyperdisk-balanced"
 STATES: dict[str, MachineState] = {
     "PROVISIONING": MachineState.CREATING,
     "STAGING": MachineState.CREATING,
-    "PENDING": MachineState.CREATING,
+    "PENDING": MachineState.QUEUED,  # "For Flex Start provisioning instance is waiting for available capacity"
     "RUNNING": MachineState.READY,
     "REPAIRING": MachineState.READY,
     "STOPPING": MachineState.TERMINATED,  # a preempted Spot VM goes STOPPING -> TERMINATED (or is deleted)
@@ -49,14 +77,28 @@ STATES: dict[str, MachineState] = {
 _DONE = compute_v1.Operation.Status.DONE
 
 
-def scheduling(provisioning: str, run_s: int) -> compute_v1.Scheduling:
-    """GPUs cannot live-migrate, so host maintenance terminates; respawn, not GCE, restarts the work.
-    A reservation tier runs standard VMs that consume the reservation (`reservation_affinity`)."""
+@dataclass(frozen=True)
+class VmShape:
+    """What each instance of a machine is: machine type, GPUs, boot disk, and metadata beyond the job's."""
+
+    machine_type: str
+    image: str
+    disk_gb: int
+    disk_type: str
+    gpus: tuple[str, int] | None = None  # (accelerator type, count); TPU machine types come with their chips
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+def scheduling(provisioning: str, run_s: int, on_preemption: str = "DELETE") -> compute_v1.Scheduling:
+    """GPUs and TPUs cannot live-migrate, so host maintenance terminates; respawn, not GCE, restarts the work.
+    A reservation tier runs standard VMs that consume the reservation (`reservation_affinity`). `on_preemption` is
+    the instanceTerminationAction of a Spot or standard VM; a flex-start VM is always deleted at its end."""
     if provisioning == "preemptible":  # legacy preemptible VMs: at most 24 h, no maxRunDuration
         return compute_v1.Scheduling(preemptible=True, automatic_restart=False, on_host_maintenance="TERMINATE")
+    flex = provisioning == "flex-start"
     return compute_v1.Scheduling(
-        provisioning_model="SPOT" if provisioning == "spot" else "STANDARD",
-        instance_termination_action="DELETE",
+        provisioning_model="FLEX_START" if flex else "SPOT" if provisioning == "spot" else "STANDARD",
+        instance_termination_action="DELETE" if flex else on_preemption,
         max_run_duration=compute_v1.Duration(seconds=run_s),
         automatic_restart=False,
         on_host_maintenance="TERMINATE",
@@ -64,7 +106,8 @@ def scheduling(provisioning: str, run_s: int) -> compute_v1.Scheduling:
 
 
 class GcpComputeProvider:
-    """MachineProvider for GPU VMs named JOB_ID-aN in projects/PROJECT/zones/ZONE."""
+    """MachineProvider for Compute Engine machines named JOB_ID-aN in projects/PROJECT/zones/ZONE: GPU VMs, TPU VMs
+    and multi-host TPU slices (MIGs)."""
 
     def __init__(
         self,
@@ -76,59 +119,129 @@ class GcpComputeProvider:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.project = project
-        self.client = compute_v1.InstancesClient(**client_options(endpoint))
-        self.operations = compute_v1.ZoneOperationsClient(**client_options(endpoint))
+        options = client_options(endpoint)
+        self.client = compute_v1.InstancesClient(**options)
+        self.operations = Operations(project, options)
+        self.slices = ComputeSlices(project, options, self.operations, settings)
         self.settings = settings
-        self.image = image
+        self.image = image  # the GPU VMs' boot image
         self.timeout = settings.request_timeout_s
         self.retry = read_retry(settings.read_retry_s)
         self.clock = clock
 
-    def instance(self, action: CreateMachine, spec: JobSpec) -> compute_v1.Instance:
+    # ------------------------------------------------------------------------------------------------ requests
+
+    def shape(self, spec: JobSpec) -> tuple[VmShape, ComputeShape | None]:
+        """Each VM of the job's machines, and for a TPU its Compute Engine shape (how many VMs, which topology)."""
         m = spec.machine
-        if not isinstance(m, GpuMachine):
-            raise PermanentError(f"machine.kind: {m.kind!r} cannot run on a GPU VM; allowed: gpu")
+        if isinstance(m, GpuMachine):
+            vm = VmShape(
+                m.machine_type,
+                self.image,
+                m.boot_disk_gb,
+                "pd-balanced",
+                gpus=(m.accelerator_type, m.accelerator_count),
+                metadata=(("install-nvidia-driver", "True"),),
+            )
+            return vm, None
+        if m.api != API_COMPUTE:
+            raise PermanentError(f"machine.api: {m.api!r} is not Compute Engine's; allowed here: {API_COMPUTE}")
+        try:
+            shape = compute_shape(m.accelerator_type)
+        except UnknownTpuType as e:
+            raise PermanentError(f"machine.accelerator_type: {e}") from e
+        disk_type = TPU_BOOT_DISK_TYPES.get(shape.machine_type.split("-", 1)[0], TPU_BOOT_DISK_TYPE)
+        return VmShape(shape.machine_type, m.image or shape.image, TPU_BOOT_DISK_GB, disk_type), shape
+
+    def vm_properties(
+        self, action: CreateMachine, spec: JobSpec, vm: VmShape, *, template: bool = False
+    ) -> compute_v1.InstanceProperties:
+        """One VM's properties as an instance template holds them (`template`: bare type names, and a slice's VMs
+        stop when preempted)."""
+        return compute_v1.InstanceProperties(**self._vm_fields(action, spec, vm, template))
+
+    def run_s(self, action: CreateMachine, spec: JobSpec) -> int:
+        """The maxRunDuration of the attempt's VMs: flex-start, the tier's max run duration or the time left to the
+        TTL deadline (capped at 7 days); otherwise the time left, so that no VM outlives its job."""
+        tier, now = spec.all_tiers[action.tier], self.clock()
+        deadline = action.deadline if action.deadline is not None else now + spec.ttl_s
+        if tier.provisioning == "flex-start":
+            return flex_start_run_s(tier, deadline, now)
+        return max(MIN_RUN_S, int(deadline - now))
+
+    def _vm_fields(self, action: CreateMachine, spec: JobSpec, vm: VmShape, template: bool) -> dict[str, Any]:
+        """The fields an Instance and an InstanceProperties share (the same names), for one VM of the attempt."""
         zone, tier = action.zone, spec.all_tiers[action.tier]
-        left = (action.deadline - self.clock()) if action.deadline is not None else spec.ttl_s
-        metadata = {**machine_metadata(spec, action.attempt), "install-nvidia-driver": "True"}
+        run_s = self.run_s(action, spec)
+        metadata = {**machine_metadata(spec, action.attempt), **dict(vm.metadata)}
         nic = compute_v1.NetworkInterface(network=self.settings.network or DEFAULT_NETWORK)
         if self.settings.external_ips:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        disk_type = _zonal(zone, "diskTypes", vm.disk_type, template)
         disk = compute_v1.AttachedDisk(
             boot=True,
             auto_delete=True,
             initialize_params=compute_v1.AttachedDiskInitializeParams(
-                source_image=self.image, disk_size_gb=m.boot_disk_gb, disk_type=f"zones/{zone}/diskTypes/pd-balanced"
+                source_image=vm.image, disk_size_gb=vm.disk_gb, disk_type=disk_type
             ),
         )
-        instance = compute_v1.Instance(
-            name=action.machine,
-            machine_type=f"zones/{zone}/machineTypes/{m.machine_type}",
-            guest_accelerators=[
-                compute_v1.AcceleratorConfig(
-                    accelerator_type=f"zones/{zone}/acceleratorTypes/{m.accelerator_type}",
-                    accelerator_count=m.accelerator_count,
-                )
-            ],
-            scheduling=scheduling(tier.provisioning, max(MIN_RUN_S, int(left))),
-            disks=[disk],
-            network_interfaces=[nic],
-            metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in metadata.items()]),
-            labels=machine_labels(spec, action.attempt),
-        )
+        fields: dict[str, Any] = {
+            "machine_type": _zonal(zone, "machineTypes", vm.machine_type, template),
+            "scheduling": scheduling(tier.provisioning, run_s, "STOP" if template else "DELETE"),
+            "disks": [disk],
+            "network_interfaces": [nic],
+            "metadata": compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in metadata.items()]),
+            "labels": machine_labels(spec, action.attempt),
+        }
+        if vm.gpus is not None:
+            accelerator, count = vm.gpus
+            accelerator_type = _zonal(zone, "acceleratorTypes", accelerator, template)
+            fields["guest_accelerators"] = [
+                compute_v1.AcceleratorConfig(accelerator_type=accelerator_type, accelerator_count=count)
+            ]
         if tier.reservation:
-            instance.reservation_affinity = compute_v1.ReservationAffinity(
+            fields["reservation_affinity"] = compute_v1.ReservationAffinity(
                 consume_reservation_type="SPECIFIC_RESERVATION",
                 key="compute.googleapis.com/reservation-name",
                 values=[tier.reservation],
             )
         if self.settings.service_account:
             account = compute_v1.ServiceAccount(email=self.settings.service_account, scopes=[CLOUD_PLATFORM])
-            instance.service_accounts = [account]
+            fields["service_accounts"] = [account]
+        return fields
+
+    def instance(self, action: CreateMachine, spec: JobSpec) -> compute_v1.Instance:
+        """The one instance of a GPU VM or single-host TPU VM. Flex-start: it waits for capacity at most the
+        machine's queue_timeout (`params.requestValidForDuration`)."""
+        vm, shape = self.shape(spec)
+        if shape is not None and shape.multi_host:
+            raise PermanentError(
+                f"machine.accelerator_type: {spec.machine.accelerator_type} is a multi-host slice, not one instance"
+            )
+        instance = compute_v1.Instance(name=action.machine, **self._vm_fields(action, spec, vm, template=False))
+        if spec.all_tiers[action.tier].provisioning == "flex-start":
+            wait = compute_v1.Duration(seconds=spec.machine.queue_timeout_s)
+            instance.params = compute_v1.InstanceParams(request_valid_for_duration=wait)
         return instance
 
+    def slice(self, action: CreateMachine, spec: JobSpec) -> Slice:
+        """The multi-host TPU slice of the attempt."""
+        vm, shape = self.shape(spec)
+        if shape is None or not shape.multi_host:
+            raise PermanentError(
+                f"machine.accelerator_type: {spec.machine.accelerator_type} is one instance, not a multi-host slice"
+            )
+        flex = spec.all_tiers[action.tier].provisioning == "flex-start"
+        properties = self.vm_properties(action, spec, vm, template=True)
+        return Slice(self.project, action.machine, action.zone, shape.vms, shape.topology, properties, flex)
+
+    # ------------------------------------------------------------------------------------------------ provider
+
     def create(self, action: CreateMachine, spec: JobSpec) -> None:
-        what = f"create GPU VM {action.machine} in {action.zone}"
+        if _multi_host(spec):
+            self.slices.create(self.slice(action, spec))
+            return
+        what = f"create VM {action.machine} in {action.zone}"
         try:
             op = self.client.insert_unary(
                 project=self.project,
@@ -140,40 +253,46 @@ class GcpComputeProvider:
             if is_already_exists(e):
                 return
             raise classify(e, what) from e
-        deadline = time.monotonic() + self.settings.create_wait_s
-        while op.status != _DONE:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return  # still creating: the sweep observes the VM later
-            try:
-                op = self.operations.wait(project=self.project, zone=action.zone, operation=op.name, timeout=left)
-            except (requests.exceptions.Timeout, gexc.DeadlineExceeded):
-                return
-            except Exception as e:  # waiting itself failed (not the operation)
-                raise classify(e, what) from e
-        if op.error.errors:
-            exc = _operation_error(op)
-            if not is_already_exists(exc):
-                raise classify(exc, what, in_operation=True) from exc
+        try:
+            done = self.operations.wait(op, Scope(zone=action.zone), time.monotonic() + self.settings.create_wait_s)
+        except Exception as e:  # waiting itself failed (not the operation)
+            raise classify(e, what) from e
+        if done is None:
+            return  # still creating: the sweep observes the VM later
+        error = operation_error(done)
+        if error is not None and not is_already_exists(error):
+            raise classify(error, what, in_operation=True) from error
 
     def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
-        try:
-            self.client.delete_unary(project=self.project, zone=zone, instance=name, timeout=self.timeout)
-        except gexc.NotFound:
-            return
-        except Exception as e:
-            raise classify(e, f"delete GPU VM {name} in {zone}") from e
+        """The instance, or the slice (MIG -> template -> policy); with no spec, both ways."""
+        multi_host = _multi_host(spec) if spec is not None else None
+        if multi_host is not True:
+            try:
+                self.client.delete_unary(project=self.project, zone=zone, instance=name, timeout=self.timeout)
+            except gexc.NotFound:
+                pass
+            except Exception as e:
+                raise classify(e, f"delete VM {name} in {zone}") from e
+        if multi_host is not False:
+            self.slices.delete(name, zone)
 
     def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
-        try:
-            vm = self.client.get(project=self.project, zone=zone, instance=name, retry=self.retry, timeout=self.timeout)
-        except gexc.NotFound:
-            return None
-        except Exception as e:
-            raise classify(e, f"get GPU VM {name} in {zone}") from e
-        return _machine(vm, zone)
+        """The instance or the slice of that name; with no spec, whichever exists."""
+        multi_host = _multi_host(spec) if spec is not None else None
+        if multi_host is not True:
+            try:
+                vm = self.client.get(
+                    project=self.project, zone=zone, instance=name, retry=self.retry, timeout=self.timeout
+                )
+                return _machine(vm, zone)
+            except gexc.NotFound:
+                pass
+            except Exception as e:
+                raise classify(e, f"get VM {name} in {zone}") from e
+        return self.slices.get(name, zone) if multi_host is not False else None
 
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
+        """respawn's instances (not a slice's VMs: the slice is listed once, by its MIG) and slices in the zone."""
         query = f'(labels.{LABEL_MANAGED} = "true")'
         if job_id is not None:
             query += f' AND (labels.{LABEL_JOB} = "{job_id}")'
@@ -181,21 +300,39 @@ class GcpComputeProvider:
         try:
             vms = list(self.client.list(request=request, retry=self.retry, timeout=self.timeout))
         except Exception as e:
-            raise classify(e, f"list GPU VMs in {zone}") from e
+            raise classify(e, f"list VMs in {zone}") from e
         return [  # the filter again, client-side: a label value is never trusted to the query language alone
             _machine(vm, zone)
             for vm in vms
-            if vm.labels.get(LABEL_MANAGED) == "true" and (job_id is None or vm.labels.get(LABEL_JOB) == job_id)
-        ]
+            if vm.labels.get(LABEL_MANAGED) == "true"
+            and (job_id is None or vm.labels.get(LABEL_JOB) == job_id)
+            and _machine_instance(vm)
+        ] + self.slices.list(zone, job_id)
 
 
-def _operation_error(op: compute_v1.Operation) -> gexc.GoogleAPICallError:
-    errors = [{"reason": e.code, "message": e.message} for e in op.error.errors]
-    message = "; ".join(f"{e.code}: {e.message}" for e in op.error.errors)
-    exc: gexc.GoogleAPICallError = gexc.from_http_status(  # type: ignore[no-untyped-call]
-        op.http_error_status_code or 500, message, errors=errors
-    )
-    return exc
+def _multi_host(spec: JobSpec) -> bool:
+    """Whether the job's machines are MIG slices (a TPU that Compute Engine makes of more than one VM)."""
+    m = spec.machine
+    if not isinstance(m, TpuMachine) or m.api != API_COMPUTE:
+        return False
+    try:
+        return compute_shape(m.accelerator_type).multi_host
+    except UnknownTpuType:
+        return False  # create says why, as a permanent error
+
+
+def _zonal(zone: str, collection: str, name: str, bare: bool) -> str:
+    """An instance names zonal types by URL; an instance template by name only."""
+    return name if bare else f"zones/{zone}/{collection}/{name}"
+
+
+def _machine_instance(vm: compute_v1.Instance) -> bool:
+    """Whether the instance is a machine itself, not one VM of a slice's MIG (which carries the same labels as its
+    template, under the name NAME-w-XXXX)."""
+    try:
+        return vm.name == machine_name(vm.labels[LABEL_JOB], int(vm.labels[LABEL_ATTEMPT]))
+    except (KeyError, ValueError):
+        return False
 
 
 def _machine(vm: compute_v1.Instance, zone: str) -> Machine:

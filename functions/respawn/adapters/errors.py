@@ -24,7 +24,11 @@ _CAPACITY = re.compile(
     re.I,
 )
 _QUOTA = re.compile(r"quota", re.I)
-_NOT_READY = re.compile(r"not ready|resourcenotready|being (created|deleted)|operation in progress", re.I)
+# Also a template or workload policy still used by a MIG whose deletion is under way: deleting it again later works.
+_NOT_READY = re.compile(
+    r"not ready|resourcenotready|being (created|deleted)|operation in progress|being used by|resourceinusebyanother",
+    re.I,
+)
 _TRANSIENT_TYPES = (
     gexc.TooManyRequests,
     gexc.ServerError,  # 5xx: InternalServerError, ServiceUnavailable, GatewayTimeout, ...
