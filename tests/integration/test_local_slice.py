@@ -463,7 +463,7 @@ def test_a_compute_slice_loses_one_vm_to_a_preemption_and_deleting_the_group_end
         "preempted",
     )
     (notice,) = cloud.timeline.events("notice")
-    assert (notice["worker"], notice["workers"]) == (2, 1)
+    assert (notice["worker"], notice["workers"], notice["instance"]) == (2, 1, "slice-a3-w-zz41")
     (preempted,) = cloud.timeline.events("preempted")
     assert (preempted["worker"], preempted["instances"]) == (2, ["slice-a3-w-zz41"])
     # the others were ended by the deletion: no failures, as on a real MIG deleted under them

@@ -499,6 +499,11 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
         return f"{at} cloud: {e['machine']} waits for capacity in {e['zone']}"
     if kind == "state" and e["state"] == "READY":
         return f"{at} cloud: {e['machine']} READY; trainer starting"
+    if kind == "notice" and "worker" in e:  # one VM of a Compute Engine slice
+        return (
+            f"{at} chaos: preempting VM {e['instance']} (worker {e['worker']}) of {e['machine']} (SIGTERM to its "
+            "worker, grace period running)"
+        )
     if kind == "notice":
         return f"{at} chaos: preempting {e['machine']} (SIGTERM, grace period running)"
     if kind == "preempted":

@@ -289,7 +289,7 @@ class Nodes:
             if node is None or node.preempting:
                 return
             node.preempting = True
-        hit = {} if vm is None else {"worker": vm}
+        hit = {} if vm is None else {"worker": vm, "instance": node.instance(vm)}
         workers = node.machine_slice.hosts if vm is None else 1
         self.timeline.add("notice", machine=name, zone=node.machine.zone, workers=workers, **hit)
         self._spawn(self._preempt, node, vm)
