@@ -125,7 +125,7 @@ def run_one(a: argparse.Namespace, api: str, job: dict[str, Any], plot: str) -> 
     print(f"api {api}:")
     for row in r["recovery"]:
         print(
-            f"{row['machine']:>26} stop {row['stop_s'] or 0:6.2f}s  create {row['create_s'] or 0:6.3f}s  "
+            f"{row['machine']:>32} stop {row['stop_s'] or 0:6.2f}s  create {row['create_s'] or 0:6.3f}s  "
             f"queue {row['queue_s'] or 0:6.3f}s  boot {row['boot_s'] or 0:6.2f}s  "
             f"trainer start {row['start_s'] or 0:6.2f}s  first step {row['first_step_s'] or 0:6.2f}s"
         )
@@ -141,22 +141,24 @@ def run_one(a: argparse.Namespace, api: str, job: dict[str, Any], plot: str) -> 
 def table(by_api: dict[str, dict[str, Any]]) -> str:
     """The APIs' figures side by side, one column per API."""
     apis = list(by_api)
-    lines = [f"{'':32}" + "".join(f"{api:>14}" for api in apis)]
+    lines = [f"{'':36}" + "".join(f"{api:>18}" for api in apis)]
     for label, key, fmt in ROWS:
         cells = ["-" if by_api[api][key] is None else fmt.format(by_api[api][key]) for api in apis]
-        lines.append(f"{label:32}" + "".join(f"{c:>14}" for c in cells))
-    split = ["/".join(f"{v or 0:.1f}" for v in by_api[api]["split_p50_s"].values()) for api in apis]
-    lines.append(f"{'split p50 create/queue/boot/start':32}" + "".join(f"{c:>14}" for c in split))
+        lines.append(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
+    parts = ("create_s", "queue_s", "boot_s", "start_s")
+    split = ["/".join(f"{by_api[api]['split_p50_s'][k] or 0:.1f}" for k in parts) for api in apis]
+    lines.append(f"{'split p50 s create/queue/boot/start':36}" + "".join(f"{c:>18}" for c in split))
     return "\n".join(lines)
 
 
-def plot_path(given: str | None, slice_job: bool, api: str, several: bool) -> str:
-    """The run's timeline PNG: the one given (with `_API` added when several APIs run), else under .respawn/,
+def plot_path(given: str | None, workdir: str, slice_job: bool, api: str, several: bool) -> str:
+    """The run's timeline PNG: the one given (with `_API` added when several APIs run), else in the workdir,
     named as before for the quickstart through the Cloud TPU API."""
     if given:
         return str(Path(given).with_suffix("")) + f"_{api}.png" if several else given
     tag = ("_4hosts" if slice_job else "") + ("" if api == "tpu" and not slice_job else f"_{api}")
-    return str(ROOT / ".respawn" / f"bench_recovery{tag}_timeline.png")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    return str(Path(workdir) / f"bench_recovery{tag}_timeline.png")
 
 
 def main() -> int:
@@ -174,7 +176,7 @@ def main() -> int:
     p.add_argument(
         "--plot",
         default=None,
-        help="the timeline PNG (default .respawn/bench_recovery[_4hosts][_API]_timeline.png; with both APIs, "
+        help="the timeline PNG (default WORKDIR/bench_recovery[_4hosts][_API]_timeline.png; with both APIs, "
         "_API is added before .png)",
     )
     p.add_argument("--workdir", default=str(ROOT / ".respawn"))
@@ -198,7 +200,7 @@ def main() -> int:
             job["args"] += ["--batch-size=16", "--checkpoint-every=10"]
         elif not a.mtbi:  # chaos (goodput) runs the trainer's default interval, as a user's job does
             job["args"] += ["--checkpoint-every=50"]
-        plot = plot_path(a.plot, slice_job, api, len(apis) > 1)
+        plot = plot_path(a.plot, a.workdir, slice_job, api, len(apis) > 1)
         r = run_one(a, api, job, plot)
         if r is None:
             ok = False
