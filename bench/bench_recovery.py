@@ -16,18 +16,24 @@ tiny model's ~15 steps/s, one round of 10 machine lifetimes, so the run sees abo
 default checkpoint interval, as a user's job would (Young/Daly at the default MTBI: local preemptions come
 with their notice and lose nothing); the fixed schedule saves every 50 steps.
 
-With --hosts 4 the job is examples/slice.yaml's 4-host TPU slice (v5litepod-16: 4 trainer processes on
-loopback, 4 CPU devices each, the nano model): every preemption stops all 4 workers and the replacement slice
-starts 4 new ones, which must all come up (JAX's coordinator) before the first new step.
+With --hosts 4 the job is examples/compute-slice.yaml's 4-host TPU slice (v6e-16: 4 trainer processes on
+loopback, 4 CPU devices each, the nano model), run once through each API side by side: `tpu`, the Cloud TPU API
+(a queued resource; every preemption takes the whole node and stops all 4 workers), and `compute`, Compute Engine
+(a workload policy, an instance template and a MIG of 4 VMs; every preemption takes one VM, whose worker gets the
+notice and the others stop with it). Either way the replacement slice starts 4 new workers, which must all come up
+(JAX's coordinator) before the first new step. `--api tpu|compute|both` picks (both by default with --hosts 4;
+tpu with --hosts 1, examples/quickstart.yaml's v5e; compute with --hosts 1 is a v6e-8 Compute Engine instance).
 
 Targets (SPEC section 7): create p95 < 0.5 s, first step p50 < 2.5 s; a 4-host local slice: first step p50 < 8 s.
 The last line printed is one JSON object {"create_p50_s", "create_p95_s", "first_step_p50_s",
 "first_step_p95_s", "split_p50_s" (create / queue / boot / trainer start), "goodput", "lost_steps_per_preemption",
-"hosts", ...}.
+"hosts", "api", ..., "apis": {API: the same figures of that API's run}}; the top-level figures are those of the
+API the job takes by default (compute for v6e, tpu for the quickstart's v5e), or of the one API run.
 
     .venv/bin/python bench/bench_recovery.py [--preemptions 12] [--every 100] [--steps 1500] [--plot FILE.png]
     .venv/bin/python bench/bench_recovery.py --mtbi 60 --steps 9000
-    .venv/bin/python bench/bench_recovery.py --hosts 4      # 10 preemptions of a 4-host slice, one every 30 steps
+    .venv/bin/python bench/bench_recovery.py --hosts 4      # per API: 10 preemptions of a 4-host slice, every 30 steps
+    .venv/bin/python bench/bench_recovery.py --hosts 4 --api compute --preemptions 3 --steps 120
 """
 
 from __future__ import annotations
@@ -38,56 +44,88 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+APIS = ("tpu", "compute")
+# The Cloud TPU API's software version for v6e (https://cloud.google.com/tpu/docs/runtimes): the v6e-16 slice
+# through queued resources, the same job as Compute Engine's MIG but for the API.
+V6E_RUNTIME = "v2-alpha-tpuv6e"
+# The rows of the side-by-side table: (label, key of the figures, format).
+ROWS = (
+    ("preemption -> first step p50", "first_step_p50_s", "{:.2f}s"),
+    ("preemption -> first step p95", "first_step_p95_s", "{:.2f}s"),
+    ("preemption -> create call p50", "create_p50_s", "{:.3f}s"),
+    ("preemption -> create call p95", "create_p95_s", "{:.3f}s"),
+    ("goodput", "goodput", "{:.4f}"),
+    ("lost steps per preemption", "lost_steps_per_preemption", "{:.2f}"),
+    ("preemptions", "preemptions", "{}"),
+    ("exact", "exact", "{}"),
+    ("status", "status", "{}"),
+)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hosts", type=int, default=1, choices=(1, 4), help="1: quickstart.yaml; 4: slice.yaml's slice")
-    p.add_argument("--preemptions", type=int, help="scheduled preemptions (default 12; 10 with --hosts 4)")
-    p.add_argument("--every", type=int, help="training steps between scheduled preemptions (100; 30 with --hosts 4)")
-    p.add_argument("--steps", type=int, help="training steps, more than preemptions x every (1500; 360 with --hosts 4)")
-    p.add_argument("--mtbi", type=float, help="seconds: seeded random machine lifetimes instead of the fixed schedule")
-    p.add_argument("--seed", type=int, default=7, help="seed of --mtbi")
-    p.add_argument("--model", help="the trainer's model (tiny; nano with --hosts 4)")
-    p.add_argument(
-        "--plot", default=None, help="the timeline PNG (default .respawn/bench_recovery[_4hosts]_timeline.png)"
-    )
-    p.add_argument("--workdir", default=str(ROOT / ".respawn"))
-    a = p.parse_args()
-    slice_job = a.hosts > 1
-    preemptions = a.preemptions or (10 if slice_job else 12)
-    every = a.every or (30 if slice_job else 100)
-    total = a.steps or (360 if slice_job else 1500)
-    model = a.model or ("nano" if slice_job else "tiny")
-    plot = a.plot or str(ROOT / ".respawn" / f"bench_recovery{'_4hosts' if slice_job else ''}_timeline.png")
+def job_of(hosts: int, api: str) -> dict[str, Any]:
+    """The job a run measures: a 4-host v6e-16 slice (examples/compute-slice.yaml) through either API, or one host:
+    the quickstart's v5e through the Cloud TPU API, a v6e-8 instance through Compute Engine."""
+    if hosts > 1:
+        job = yaml.safe_load((ROOT / "examples" / "compute-slice.yaml").read_text())
+        if api == "tpu":
+            machine = job["machine"]
+            job["machine"] = {
+                "kind": "tpu",
+                "accelerator_type": machine["accelerator_type"],
+                "api": "tpu",
+                "runtime_version": V6E_RUNTIME,
+            }
+        return dict(job)
+    job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    if api == "compute":
+        job["machine"] = {"kind": "tpu", "accelerator_type": "v6e-8", "api": "compute"}
+    return dict(job)
 
-    job = yaml.safe_load((ROOT / "examples" / ("slice.yaml" if slice_job else "quickstart.yaml")).read_text())
-    job["job_id"] = "bench-recovery-slice" if slice_job else "bench-recovery"
-    job["args"] = [f"--model={model}", f"--steps={total}", "--log-every=1"]
-    if slice_job:  # a global batch over the slice's 16 devices; checkpoints as often as the single-host run's
-        job["args"] += ["--batch-size=16", "--checkpoint-every=10"]
-    elif not a.mtbi:  # chaos (goodput) runs the trainer's default interval, as a user's job does
-        job["args"] += ["--checkpoint-every=50"]
-    steps = ",".join(str(every * (i + 1)) for i in range(preemptions))
+
+def figures(r: dict[str, Any], hosts: int, api: str) -> dict[str, Any]:
+    """What the last JSON line says of one run."""
+    return {
+        "create_p50_s": r["recovery_create_p50_s"],
+        "create_p95_s": r["recovery_create_p95_s"],
+        "first_step_p50_s": r["recovery_first_step_p50_s"],
+        "first_step_p95_s": r["recovery_first_step_p95_s"],
+        "split_p50_s": r["recovery_split_p50_s"],  # create, queue (queued resource), boot, trainer start
+        "goodput": r["goodput"],
+        "preemptions": r["preemptions"],
+        "mtbi_realized_s": r["mtbi_realized_s"],
+        "lost_steps": r["lost_steps"],
+        "lost_steps_per_preemption": r["lost_steps"] / max(r["preemptions"], 1),
+        "exact": r["exact"],
+        "status": r["status"],
+        "hosts": r.get("hosts", hosts),
+        "api": api,
+    }
+
+
+def run_one(a: argparse.Namespace, api: str, job: dict[str, Any], plot: str) -> dict[str, Any] | None:
+    """`respawn local run` of the job with the schedule; its report, or None when it printed none."""
+    steps = ",".join(str(a.every * (i + 1)) for i in range(a.preemptions))
     with tempfile.TemporaryDirectory() as tmp:
         job_file = Path(tmp) / "job.yaml"
         job_file.write_text(yaml.safe_dump(job))
         argv = [sys.executable, "-m", "respawn.cli", "local", "run", str(job_file)]
         argv += ["--mtbi", f"{a.mtbi:g}s", "--seed", str(a.seed)] if a.mtbi else ["--preempt-at-step", steps]
         argv += ["--json", "--plot", plot, "--workdir", a.workdir, "--timeout", "40m"]
-        print("running:", " ".join(argv[1:]), file=sys.stderr, flush=True)
+        print(f"running ({api}):", " ".join(argv[1:]), file=sys.stderr, flush=True)
         proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if not proc.stdout.strip():
-        print(f"the run printed no report (exit code {proc.returncode})", file=sys.stderr)
-        return 1
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"the {api} run printed no report (exit code {proc.returncode})", file=sys.stderr)
+        return None
+    r: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"api {api}:")
     for row in r["recovery"]:
         print(
-            f"{row['machine']:>22} stop {row['stop_s'] or 0:6.2f}s  create {row['create_s'] or 0:6.3f}s  "
+            f"{row['machine']:>32} stop {row['stop_s'] or 0:6.2f}s  create {row['create_s'] or 0:6.3f}s  "
             f"queue {row['queue_s'] or 0:6.3f}s  boot {row['boot_s'] or 0:6.2f}s  "
             f"trainer start {row['start_s'] or 0:6.2f}s  first step {row['first_step_s'] or 0:6.2f}s"
         )
@@ -97,29 +135,90 @@ def main() -> int:
         f"lost steps {r['lost_steps']}, wall {r['wall_s']:.0f}s, bus {r['bus']}, plot {r.get('plot')}"
     )
     print("goodput split (s):", json.dumps(r["goodput_s"]))
-    wanted = min(10, preemptions)
-    if r["preemptions"] < wanted and not a.mtbi:
-        print(f"only {r['preemptions']} preemptions: raise --steps so the job outlasts the schedule", file=sys.stderr)
-    print(
-        json.dumps(
-            {
-                "create_p50_s": r["recovery_create_p50_s"],
-                "create_p95_s": r["recovery_create_p95_s"],
-                "first_step_p50_s": r["recovery_first_step_p50_s"],
-                "first_step_p95_s": r["recovery_first_step_p95_s"],
-                "split_p50_s": r["recovery_split_p50_s"],  # create, queue (queued resource), boot, trainer start
-                "goodput": r["goodput"],
-                "preemptions": r["preemptions"],
-                "mtbi_realized_s": r["mtbi_realized_s"],
-                "lost_steps": r["lost_steps"],
-                "lost_steps_per_preemption": r["lost_steps"] / max(r["preemptions"], 1),
-                "exact": r["exact"],
-                "status": r["status"],
-                "hosts": r.get("hosts", a.hosts),
-            }
-        )
+    return r
+
+
+def table(by_api: dict[str, dict[str, Any]]) -> str:
+    """The APIs' figures side by side, one column per API."""
+    apis = list(by_api)
+    lines = [f"{'':36}" + "".join(f"{api:>18}" for api in apis)]
+    for label, key, fmt in ROWS:
+        cells = ["-" if by_api[api][key] is None else fmt.format(by_api[api][key]) for api in apis]
+        lines.append(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
+    parts = ("create_s", "queue_s", "boot_s", "start_s")
+    split = ["/".join(f"{by_api[api]['split_p50_s'][k] or 0:.1f}" for k in parts) for api in apis]
+    lines.append(f"{'split p50 s create/queue/boot/start':36}" + "".join(f"{c:>18}" for c in split))
+    return "\n".join(lines)
+
+
+def plot_path(given: str | None, workdir: str, slice_job: bool, api: str, several: bool) -> str:
+    """The run's timeline PNG: the one given (with `_API` added when several APIs run), else in the workdir,
+    named as before for the quickstart through the Cloud TPU API."""
+    if given:
+        return str(Path(given).with_suffix("")) + f"_{api}.png" if several else given
+    tag = ("_4hosts" if slice_job else "") + ("" if api == "tpu" and not slice_job else f"_{api}")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    return str(Path(workdir) / f"bench_recovery{tag}_timeline.png")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=1, choices=(1, 4), help="1: quickstart.yaml; 4: compute-slice.yaml")
+    p.add_argument(
+        "--api", choices=(*APIS, "both"), help="the API the machines go through (both with --hosts 4, else tpu)"
     )
-    return 0 if r["status"] == "SUCCEEDED" and (a.mtbi or r["preemptions"] >= wanted) else 1
+    p.add_argument("--preemptions", type=int, help="scheduled preemptions (default 12; 10 with --hosts 4)")
+    p.add_argument("--every", type=int, help="training steps between scheduled preemptions (100; 30 with --hosts 4)")
+    p.add_argument("--steps", type=int, help="training steps, more than preemptions x every (1500; 360 with --hosts 4)")
+    p.add_argument("--mtbi", type=float, help="seconds: seeded random machine lifetimes instead of the fixed schedule")
+    p.add_argument("--seed", type=int, default=7, help="seed of --mtbi")
+    p.add_argument("--model", help="the trainer's model (tiny; nano with --hosts 4)")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="the timeline PNG (default WORKDIR/bench_recovery[_4hosts][_API]_timeline.png; with both APIs, "
+        "_API is added before .png)",
+    )
+    p.add_argument("--workdir", default=str(ROOT / ".respawn"))
+    a = p.parse_args()
+    slice_job = a.hosts > 1
+    a.preemptions = a.preemptions or (10 if slice_job else 12)
+    a.every = a.every or (30 if slice_job else 100)
+    total = a.steps or (360 if slice_job else 1500)
+    model = a.model or ("nano" if slice_job else "tiny")
+    chosen = a.api or ("both" if slice_job else "tpu")
+    apis = list(APIS) if chosen == "both" else [chosen]
+    default_api = "compute" if slice_job else "tpu"  # what the job takes without `api` (v6e-16; the v5e quickstart)
+
+    by_api: dict[str, dict[str, Any]] = {}
+    ok = True
+    for api in apis:
+        job = job_of(a.hosts, api)
+        job["job_id"] = f"bench-recovery{'-slice' if slice_job else ''}{'' if api == 'tpu' else '-compute'}"
+        job["args"] = [f"--model={model}", f"--steps={total}", "--log-every=1"]
+        if slice_job:  # a global batch over the slice's 16 devices; checkpoints as often as the single-host run's
+            job["args"] += ["--batch-size=16", "--checkpoint-every=10"]
+        elif not a.mtbi:  # chaos (goodput) runs the trainer's default interval, as a user's job does
+            job["args"] += ["--checkpoint-every=50"]
+        plot = plot_path(a.plot, a.workdir, slice_job, api, len(apis) > 1)
+        r = run_one(a, api, job, plot)
+        if r is None:
+            ok = False
+            continue
+        by_api[api] = figures(r, a.hosts, api)
+        wanted = min(10, a.preemptions)
+        if r["preemptions"] < wanted and not a.mtbi:
+            print(
+                f"{api}: only {r['preemptions']} preemptions: raise --steps so the job outlasts the schedule",
+                file=sys.stderr,
+            )
+        ok = ok and r["status"] == "SUCCEEDED" and bool(a.mtbi or r["preemptions"] >= wanted)
+    if not by_api:
+        return 1
+    print(table(by_api))
+    top = by_api.get(default_api) or next(iter(by_api.values()))
+    print(json.dumps({**top, "apis": by_api}))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -29,7 +29,19 @@ def machine(tmp_path: Path) -> CloudMachine:
         "respawn-args": json.dumps(["--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1"]),
         "respawn-env": "{}",
     }
-    return CloudMachine("gpu", "crashy-a2", "us-central1-a", "p", {}, metadata, "RUNNING", time.time())
+    return CloudMachine(
+        "gpu",
+        "crashy-a2",
+        "us-central1-a",
+        "p",
+        {},
+        metadata,
+        "RUNNING",
+        time.time(),
+        api="compute",
+        workers=("crashy-a2",),
+        chips_per_host=1,
+    )
 
 
 def nodes(tmp_path: Path, routed: list[dict[str, Any]], got: threading.Event) -> Nodes:
@@ -44,7 +56,7 @@ def nodes(tmp_path: Path, routed: list[dict[str, Any]], got: threading.Event) ->
         log_dir=tmp_path,
         grace_s=5,
         route=route,
-        mark_preempted=lambda name: name,
+        mark_preempted=lambda name, worker: name,
         timeline=Timeline(),
     )
 

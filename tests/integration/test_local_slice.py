@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from respawn import parsing
-from respawn.events import TrainerFailed, ZoneWokeUp
+from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
 from respawn.joblogs import lifecycle_payload
 from respawn.local import cli
 from respawn.local.chaos import (
@@ -41,6 +41,7 @@ from respawn.local.nodes import Nodes
 from respawn.local.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
 from respawn.local.timeline import Timeline
 from respawn.logfilter import LogFilter, load_sink_filter
+from respawn.topology import tpu_topology
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = 4
@@ -155,12 +156,27 @@ def test_job_shapes() -> None:
     assert cli.job_slice({"kind": "tpu", "accelerator_type": "v5litepod-16"}) == LocalSlice(4, 4)
     assert cli.job_slice({"kind": "tpu", "accelerator_type": "v5litepod-8"}) == LocalSlice(1, 8)
     assert cli.job_slice({"kind": "gpu", "machine_type": "g2-standard-8"}) == LocalSlice(1, 1)
+    assert cli.job_slice({"kind": "tpu", "accelerator_type": "v9-7"}) == LocalSlice(1, 1)  # a type the table lacks
+    assert cli.job_slice({"kind": "tpu", "accelerator_type": "v6e-16", "api": "compute"}) == LocalSlice(4, 4)
 
 
 # ---- node mechanics (real processes) ---------------------------------------------------------------------------------
 
 
-def tpu_machine(tmp_path: Path, name: str = "slice-a3", accelerator: str = "v5litepod-16") -> CloudMachine:
+# A MIG names its VMs NAME-w-XXXX, XXXX random: the local cloud takes the names from the machine, never from the index.
+MIG_SUFFIXES = ("k2x9", "a0b1", "zz41", "m3p7")
+
+
+def tpu_machine(
+    tmp_path: Path, name: str = "slice-a3", accelerator: str = "v5litepod-16", api: str = "tpu"
+) -> CloudMachine:
+    """A READY TPU machine of the light trainer: a Cloud TPU node (its hidden worker VMs `t1v-n-...-w-I`), or with
+    api compute a Compute Engine slice (a MIG of VMs `NAME-w-XXXX`) or single VM (`NAME`)."""
+    shape = tpu_topology(accelerator)
+    if api == "tpu":
+        workers = tuple(tpu_worker_name(name, i) for i in range(shape.hosts))
+    else:
+        workers = tuple(f"{name}-w-{s}" for s in MIG_SUFFIXES[: shape.hosts]) if shape.hosts > 1 else (name,)
     metadata = {
         "respawn-job-id": "slice",
         "respawn-attempt": name.rsplit("-a", 1)[1],
@@ -173,7 +189,20 @@ def tpu_machine(tmp_path: Path, name: str = "slice-a3", accelerator: str = "v5li
         "respawn-progress-s": "20",
     }
     resource = {"acceleratorType": accelerator, "runtimeVersion": "v2-alpha-tpuv5-lite"}
-    return CloudMachine("tpu", name, "us-central1-a", "p", {}, metadata, "READY", time.time(), resource)
+    return CloudMachine(
+        "tpu",
+        name,
+        "us-central1-a",
+        "p",
+        {},
+        metadata,
+        "READY",
+        time.time(),
+        resource,
+        api=api,
+        workers=workers,
+        chips_per_host=shape.chips_per_host,
+    )
 
 
 class Cloud:
@@ -221,7 +250,7 @@ class Cloud:
 
 
 @contextlib.contextmanager
-def a_started_slice(tmp_path: Path, *names: str) -> Iterator[tuple[Nodes, Cloud]]:
+def a_started_slice(tmp_path: Path, *names: str, api: str = "tpu") -> Iterator[tuple[Nodes, Cloud]]:
     cloud = Cloud()
     nodes = Nodes(
         project="p",
@@ -235,7 +264,7 @@ def a_started_slice(tmp_path: Path, *names: str) -> Iterator[tuple[Nodes, Cloud]
     )
     try:
         for name in names or ("slice-a3",):
-            nodes.on_ready(tpu_machine(tmp_path, name))
+            nodes.on_ready(tpu_machine(tmp_path, name, api=api))
         # --model=none: every worker is its own trainer and logs `started`
         cloud.wait_for(HOSTS * len(names or "x"), event="started")
         yield nodes, cloud
@@ -251,17 +280,6 @@ def gone(pids: list[int], timeout: float = 15) -> bool:
             return True
         time.sleep(0.1)
     return False
-
-
-def test_shapes_of_machines(tmp_path: Path) -> None:
-    def shape(machine: CloudMachine) -> LocalSlice:
-        return LocalSlice.of(machine.kind, machine.resource.get("acceleratorType"))
-
-    assert shape(tpu_machine(tmp_path)) == LocalSlice(4, 4)
-    assert shape(tpu_machine(tmp_path, accelerator="v5litepod-8")) == LocalSlice(1, 8)
-    assert shape(tpu_machine(tmp_path, accelerator="v9-7")) == LocalSlice(1, 1)  # a type the table does not know
-    gpu = CloudMachine("gpu", "g-a1", "us-central1-a", "p", {}, {}, "RUNNING", 0.0)
-    assert shape(gpu) == LocalSlice(1, 1)
 
 
 def test_a_slice_is_one_process_per_worker_with_a_worker_environment(tmp_path: Path) -> None:
@@ -335,9 +353,11 @@ def test_a_killed_worker_is_reported_failed_by_its_startup_script(tmp_path: Path
 
 
 def test_a_preempted_slice_stops_every_worker_and_each_worker_vm_logs_the_event(tmp_path: Path) -> None:
+    """A Cloud TPU node is preempted whole, whichever worker chaos names: every worker VM gets the notice."""
     with a_started_slice(tmp_path) as (nodes, cloud):
         pids = nodes.pids("slice-a3")
-        nodes.preempt("slice-a3")
+        assert nodes.vms("slice-a3") == 1
+        nodes.preempt("slice-a3", 2)
         events = cloud.wait_for(HOSTS, method="compute.instances.preempted")
         assert gone(pids)
         stopped = cloud.entries(event="stopped")
@@ -346,7 +366,7 @@ def test_a_preempted_slice_stops_every_worker_and_each_worker_vm_logs_the_event(
     for i in range(HOSTS):
         assert "preemption notice (SIGTERM)" in (tmp_path / f"slice-a3-w-{i}.log").read_text()
     assert stopped and {e["code"] for e in cloud.timeline.events("trainer_exit")} == {0}
-    assert ("preempt", ("slice-a3",)) in cloud.log
+    assert ("preempt", ("slice-a3", None)) in cloud.log
     instances = [e["protoPayload"]["resourceName"].rsplit("/", 1)[1] for e in events]
     assert instances == [tpu_worker_name("slice-a3", i) for i in range(HOSTS)]
     sink = LogFilter.parse(load_sink_filter())
@@ -392,7 +412,7 @@ def test_a_host_error_terminates_the_node_then_logs_the_event_then_kills_the_wor
         assert "slice-a3" not in [name for name, _ in nodes.ready()]  # TERMINATED: no chaos target
         order = [verb for verb, what in cloud.log if verb == "set_state" or (verb == "route" and what is event)]
     assert order == ["set_state", "route"]
-    assert ("set_state", ("slice-a3", "TERMINATED")) in cloud.log
+    assert ("set_state", ("slice-a3", "TERMINATED", None)) in cloud.log  # a TPU node: the whole node
     assert alive_when_routed == [True]
     assert event["protoPayload"]["resourceName"].endswith(f"/instances/{tpu_worker_name('slice-a3', 3)}")
     assert LogFilter.parse(load_sink_filter()).matches(event)
@@ -400,3 +420,95 @@ def test_a_host_error_terminates_the_node_then_logs_the_event_then_kills_the_wor
     assert not cloud.entries(event="failed")  # its VM died: nobody was left to say a word
     (chaos,) = cloud.timeline.events("host_error")
     assert chaos["worker"] == 3
+
+
+# ---- a Compute Engine slice: a MIG whose every worker is a VM of its own ---------------------------------------------
+
+
+def routed_instances(entries: list[dict[str, Any]]) -> list[str]:
+    return [e["protoPayload"]["resourceName"].rsplit("/", 1)[1] for e in entries]
+
+
+def test_a_compute_slice_loses_one_vm_to_a_preemption_and_deleting_the_group_ends_the_others(tmp_path: Path) -> None:
+    """Worker 2's VM alone gets the notice, is marked TERMINATED in the API and logs the system event under its own
+    MIG name; the other workers run on (the light trainer's workers are on their own; the real trainer's hosts
+    agree on the notice and stop together) until respawn deletes the group."""
+    with a_started_slice(tmp_path, api="compute") as (nodes, cloud):
+        pids = nodes.pids("slice-a3")
+        assert nodes.vms("slice-a3") == HOSTS
+        with pytest.raises(ValueError, match=r"slice-a3 has no worker 4; allowed: workers 0\.\.3"):
+            nodes.preempt("slice-a3", 4)
+        assert "slice-a3" in [name for name, _ in nodes.ready()]  # still a chaos target
+        nodes.preempt("slice-a3", 2)
+        (event,) = cloud.wait_for(1, method="compute.instances.preempted")
+        assert gone(pids[2:3])
+        time.sleep(1.0)
+        assert [psutil.pid_exists(p) for p in pids] == [True, True, False, True]
+        assert len(cloud.entries(method="compute.instances.preempted")) == 1
+        assert "slice-a3" not in [name for name, _ in nodes.ready()]  # no chaos target any more
+        nodes.preempt("slice-a3", 1)  # a machine being preempted is not preempted again
+        for i in range(HOSTS):
+            noticed = "preemption notice (SIGTERM)" in (tmp_path / f"slice-a3-w-{i}.log").read_text()
+            assert noticed == (i == 2), i
+        nodes.on_deleted("slice-a3")
+        assert gone(pids)
+        time.sleep(0.5)  # the reapers have run
+    assert ("preempt", ("slice-a3", 2)) in cloud.log and len([v for v, _ in cloud.log if v == "preempt"]) == 1
+    assert routed_instances([event]) == ["slice-a3-w-zz41"]  # the MIG's name of worker 2's VM
+    assert LogFilter.parse(load_sink_filter()).matches(event)
+    parsed = parsing.log_entry_event(event)  # a MIG VM's name maps back to its job and attempt
+    assert isinstance(parsed, MachinePreempted) and (parsed.job_id, parsed.attempt, parsed.cause) == (
+        "slice",
+        3,
+        "preempted",
+    )
+    (notice,) = cloud.timeline.events("notice")
+    assert (notice["worker"], notice["workers"], notice["instance"]) == (2, 1, "slice-a3-w-zz41")
+    (preempted,) = cloud.timeline.events("preempted")
+    assert (preempted["worker"], preempted["instances"]) == (2, ["slice-a3-w-zz41"])
+    # the others were ended by the deletion: no failures, as on a real MIG deleted under them
+    assert not [e for e in cloud.entries(event="failed") if "exited with code" in e["jsonPayload"]["error"]]
+
+
+def test_a_host_error_on_a_compute_slice_terminates_that_vm_alone(tmp_path: Path) -> None:
+    with a_started_slice(tmp_path, api="compute") as (nodes, cloud):
+        pids = nodes.pids("slice-a3")
+        nodes.act("slice-a3", HOST_ERROR, 3)
+        (event,) = cloud.wait_for(1, method="compute.instances.hostError")
+        assert gone(pids[3:])
+        assert [psutil.pid_exists(p) for p in pids[:3]] == [True, True, True]
+    assert ("set_state", ("slice-a3", "TERMINATED", 3)) in cloud.log
+    assert routed_instances([event]) == ["slice-a3-w-m3p7"]
+    parsed = parsing.log_entry_event(event)
+    assert isinstance(parsed, MachinePreempted) and (parsed.attempt, parsed.cause) == (3, "hostError")
+    assert not cloud.entries(event="failed")
+
+
+def test_a_single_compute_vm_is_one_process_preempted_whole(tmp_path: Path) -> None:
+    """A v6e-8 instance: one trainer process without a slice environment, its VM the machine itself."""
+    cloud = Cloud()
+    nodes = Nodes(
+        project="p",
+        base_env={**os.environ, "PYTHONPATH": str(REPO)},
+        log_dir=tmp_path,
+        grace_s=30,
+        route=cloud.route,
+        mark_preempted=cloud.api("preempt"),
+        set_state=cloud.api("set_state"),
+        timeline=cloud.timeline,
+    )
+    try:
+        nodes.on_ready(tpu_machine(tmp_path, "one-a1", accelerator="v6e-8", api="compute"))
+        cloud.wait_for(1, event="started")
+        (pid,) = nodes.pids("one-a1")
+        assert "TPU_WORKER_ID" not in psutil.Process(pid).environ()
+        assert nodes.vms("one-a1") == 1
+        nodes.preempt("one-a1", 0)
+        (event,) = cloud.wait_for(1, method="compute.instances.preempted")
+        assert gone([pid])
+    finally:
+        nodes.stop()
+    assert ("preempt", ("one-a1", None)) in cloud.log
+    assert routed_instances([event]) == ["one-a1"]
+    parsed = parsing.log_entry_event(event)
+    assert isinstance(parsed, MachinePreempted) and (parsed.job_id, parsed.attempt) == ("one", 1)

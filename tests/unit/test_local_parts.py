@@ -50,7 +50,7 @@ def test_bad_chaos_options_name_the_option(call, names) -> None:  # type: ignore
 
 def test_fixed_preemption_waits_for_a_ready_machine() -> None:
     ready: list[tuple[str, float]] = []
-    chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=100.0, at=[10.0, 20.0])
+    chaos = Chaos(ready=lambda: ready, preempt=lambda name, vm: None, t0=100.0, at=[10.0, 20.0])
     assert chaos.due(105.0) == []
     assert chaos.due(111.0) == []  # due, but nothing is READY: it waits
     ready.append(("job-a1", 112.0))
@@ -65,7 +65,7 @@ def test_fixed_preemption_waits_for_a_ready_machine() -> None:
 def test_step_preemption_waits_for_the_trainer_to_reach_the_step() -> None:
     ready = [("job-a1", 0.0)]
     steps: dict[str, int] = {}
-    chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=0.0, at_steps=[50, 120], step_of=steps.get)
+    chaos = Chaos(ready=lambda: ready, preempt=lambda name, vm: None, t0=0.0, at_steps=[50, 120], step_of=steps.get)
     assert chaos.due(1.0) == []  # no step reported yet
     steps["job-a1"] = 49
     assert chaos.due(2.0) == []
@@ -82,7 +82,7 @@ def test_step_preemption_waits_for_the_trainer_to_reach_the_step() -> None:
 def test_mtbi_schedule_is_seeded() -> None:
     def lifetimes(seed: int) -> list[float]:
         ready = [(f"job-a{i}", 0.0) for i in range(1, 6)]
-        chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=0.0, mtbi=60.0, seed=seed)
+        chaos = Chaos(ready=lambda: ready, preempt=lambda name, vm: None, t0=0.0, mtbi=60.0, seed=seed)
         chaos.due(0.0)
         return [chaos._deadlines[name] for name, _ in ready]
 
@@ -91,9 +91,30 @@ def test_mtbi_schedule_is_seeded() -> None:
     assert all(t > 0 for t in lifetimes(7))
 
 
+def test_a_preemption_takes_one_vm_of_a_compute_slice_drawn_with_the_seed() -> None:
+    """A Compute Engine slice's workers are VMs of their own: each preemption takes one, drawn from a stream of its
+    own (the same seed, the same VMs; the machine picks and lifetimes unchanged); any other machine goes whole."""
+
+    def preempted(seed: int, vms: int) -> list[tuple[str, int | None]]:
+        ready = [(f"job-a{i}", 0.0) for i in range(1, 9)]
+        chaos = Chaos(ready=lambda: ready, preempt=lambda name, vm: None, t0=0.0, mtbi=1.0, seed=seed,
+                      vms=lambda name: vms)  # fmt: skip
+        return [(name, a.worker) for name, a in chaos.plan(1e6)]
+
+    drawn = preempted(7, 4)
+    assert len(drawn) == 8 and {vm for _, vm in drawn} <= {0, 1, 2, 3} and len({vm for _, vm in drawn}) > 1
+    assert drawn == preempted(7, 4) and drawn != preempted(8, 4)
+    assert preempted(7, 1) == [(name, None) for name, _ in drawn]
+    ready = [("job-a1", 0.0)]
+    chaos = Chaos(ready=lambda: ready, preempt=lambda name, vm: None, t0=0.0, at_steps=[5], step_of=lambda n: 5,
+                  seed=3, vms=lambda name: 4)  # fmt: skip
+    ((name, action),) = chaos.plan(1.0)
+    assert name == "job-a1" and action.action == "preempt" and action.worker in range(4)
+
+
 def test_mtbi_lifetimes_come_in_rounds_that_last_the_mtbi_on_average() -> None:
     ready = [(f"job-a{i}", 0.0) for i in range(1, 3 * MTBI_ROUND + 1)]
-    chaos = Chaos(ready=lambda: ready, preempt=lambda name: None, t0=0.0, mtbi=60.0, seed=7)
+    chaos = Chaos(ready=lambda: ready, preempt=lambda name, vm: None, t0=0.0, mtbi=60.0, seed=7)
     chaos.due(0.0)
     lives = [chaos._deadlines[name] for name, _ in ready]
     rounds = [lives[i : i + MTBI_ROUND] for i in range(0, len(lives), MTBI_ROUND)]
@@ -160,6 +181,24 @@ def test_report_from_a_timeline() -> None:
     assert report.build(events=TIMELINE, job=job, reference_sha="cd", machines_left=0, leftover_processes=0,
                         price=None, timed_out=False)["exact"] is False  # fmt: skip
     assert r["exact_reason"] is None
+    assert [z["api"] for z in r["zones"]] == ["tpu", "tpu"]  # a record from before machines named their API
+
+
+@pytest.mark.parametrize(
+    ("machine", "api"),
+    [
+        ({"kind": "tpu", "accelerator_type": "v6e-16", "api": "compute"}, "compute"),
+        ({"kind": "tpu", "accelerator_type": "v5litepod-8", "api": "tpu"}, "tpu"),
+        ({"kind": "gpu", "machine_type": "g2-standard-8"}, "compute"),
+    ],
+)
+def test_each_attempt_row_says_which_api_provisioned_it(machine: dict[str, str], api: str) -> None:
+    job = {"job_id": "j", "status": "SUCCEEDED", "spec": {"machine": machine},
+           "attempts": [{"n": 1, "zone": "z-a", "end_reason": "preempted"}, {"n": 2, "zone": "z-b"}]}  # fmt: skip
+    r = report.build(events=TIMELINE, job=job, reference_sha=None, machines_left=0, leftover_processes=0,
+                     price=None, timed_out=False)  # fmt: skip
+    assert [z["api"] for z in r["zones"]] == [api, api]
+    assert f"  zones    a1 z-a {api} (preempted) -> a2 z-b {api} (live)" in report.render(r).splitlines()
 
 
 def test_without_a_reference_hash_exact_is_unknown_and_the_report_says_why() -> None:

@@ -16,14 +16,19 @@ for rather than its seed's luck (10 independent exponential draws average under
 notice, which loses nothing, so the trainer's checkpoint interval does not
 follow --mtbi (`RESPAWN_MTBI_S` counts interruptions without a usable notice).
 
-Worker chaos hits one worker (one host) of a TPU slice, once worker 0 of the
+Every preemption takes a whole machine, except on a Compute Engine slice: there each worker is its own Spot VM
+of a managed instance group, and one VM is preempted (the others run on until respawn deletes the group). Which
+VM is drawn from its own stream, seeded, so a run with the same seed preempts the same workers.
+
+Worker chaos hits one worker (one host) of a slice, once worker 0 of the
 READY node reports STEP (`STEP:WORKER`, comma-separated lists allowed):
 `--kill-worker-at-step 300:2` SIGKILLs it (no notice; its startup script logs
 `failed`), `--hang-worker-at-step 450:1` SIGSTOPs it (alive, no progress: only
 hang detection finds it), `--host-error-at-step 600:3` is a host error of its VM
-(the node TERMINATED, the `compute.instances.hostError` event, the process
-killed without a word). Step actions, preemptions at steps included, fire in
-step order, each once, each on a node no earlier step action hit.
+(TERMINATED: a TPU node whole, a Compute Engine slice's VM alone; the
+`compute.instances.hostError` event; the process killed without a word). Step
+actions, preemptions at steps included, fire in step order, each once, each on
+a node no earlier step action hit.
 """
 
 from __future__ import annotations
@@ -118,7 +123,7 @@ class StepAction:
 
     step: int
     action: str  # one of STEP_ACTIONS
-    worker: int = 0
+    worker: int | None = None  # worker actions: always one; a preemption: the VM drawn, None for the whole machine
 
 
 def step_actions(
@@ -132,7 +137,11 @@ def step_actions(
     actions = [StepAction(s, PREEMPT) for s in preempt]
     for kind, pairs in ((KILL_WORKER, kill_worker), (HANG_WORKER, hang_worker), (HOST_ERROR, host_error)):
         actions += [StepAction(s, kind, w) for s, w in pairs]
-    return sorted(actions, key=lambda a: (a.step, STEP_ACTIONS.index(a.action), a.worker))
+    return sorted(actions, key=_order)
+
+
+def _order(action: StepAction) -> tuple[int, int, int]:
+    return action.step, STEP_ACTIONS.index(action.action), action.worker or 0
 
 
 def parse_stockout(text: str, option: str = "--stockout") -> tuple[str, int | None]:
@@ -149,13 +158,15 @@ def parse_stockout(text: str, option: str = "--stockout") -> tuple[str, int | No
 class Chaos:
     """Preempts machines on a schedule. `ready()` lists (machine, became_ready_at) of READY machines; `step_of(machine)`
     is the last training step its trainer (worker 0) reported (None before the first). `actions` are worker chaos
-    at steps, done by `act(machine, action)`; `at_steps` are preemptions at steps, done by `preempt(machine)`."""
+    at steps, done by `act(machine, action)`; `at_steps` are preemptions at steps. A preemption is
+    `preempt(machine, vm)`: `vms(machine)` says how many VMs it may take one of (a Compute Engine slice's workers),
+    1 when it takes the whole machine (vm None)."""
 
     def __init__(
         self,
         *,
         ready: Callable[[], list[tuple[str, float]]],
-        preempt: Callable[[str], None],
+        preempt: Callable[[str, int | None], None],
         t0: float,
         at: list[float] | None = None,
         at_steps: list[int] | None = None,
@@ -165,21 +176,21 @@ class Chaos:
         tick: float = 0.1,
         actions: list[StepAction] | None = None,
         act: Callable[[str, StepAction], None] = lambda name, action: None,
+        vms: Callable[[str], int] = lambda name: 1,
     ) -> None:
         self._ready = ready
         self._preempt = preempt
+        self._vms = vms
         self._t0 = t0
         self._at = list(at or [])
-        self._steps = sorted(
-            [*step_actions(preempt=at_steps or ()), *(actions or ())],
-            key=lambda a: (a.step, STEP_ACTIONS.index(a.action), a.worker),
-        )
+        self._steps = sorted([*step_actions(preempt=at_steps or ()), *(actions or ())], key=_order)
         self._hit: set[str] = set()  # machines a step action hit: the next one waits for another machine
         self._act = act
         self._step_of = step_of
         self._mtbi = mtbi
         self._rng = random.Random(seed)
         self._pick = random.Random(f"pick-{seed}")  # its own stream: --mtbi draws do not depend on the picks
+        self._vm_pick = random.Random(f"vm-{seed}")  # nor on which VM of a slice is taken
         self._deadlines: dict[str, float] = {}
         self._lifetimes: list[float] = []  # what is left of this round
         self._tick = tick
@@ -205,7 +216,7 @@ class Chaos:
 
         def preempt(name: str, step: int = 0) -> None:
             if all(n != name or a.action != PREEMPT for n, a in chosen):
-                chosen.append((name, StepAction(step, PREEMPT)))
+                chosen.append((name, StepAction(step, PREEMPT, self._vm(name))))
 
         if self._at and now - self._t0 >= self._at[0] and live:
             self._at.pop(0)
@@ -216,7 +227,10 @@ class Chaos:
             if reached:  # every action at this step, on the first machine that reached it
                 self._hit.add(reached[0])
                 while self._steps and self._steps[0].step == head:
-                    chosen.append((reached[0], self._steps.pop(0)))
+                    action = self._steps.pop(0)
+                    if action.action == PREEMPT:
+                        action = StepAction(action.step, PREEMPT, self._vm(reached[0]))
+                    chosen.append((reached[0], action))
         if self._mtbi:
             for name, ready_at in live:
                 if name not in self._deadlines:
@@ -224,6 +238,11 @@ class Chaos:
                 if now >= self._deadlines[name]:
                     preempt(name)
         return chosen
+
+    def _vm(self, name: str) -> int | None:
+        """The VM a preemption of `name` takes: one drawn of a Compute Engine slice's, None for a whole machine."""
+        vms = self._vms(name)
+        return self._vm_pick.randrange(vms) if vms > 1 else None
 
     def _lifetime(self) -> float:
         """The next machine's lifetime: the next gap of this round's MTBI_ROUND interruptions in MTBI_ROUND x MTBI."""
@@ -237,6 +256,6 @@ class Chaos:
         while not self._stop.wait(self._tick):
             for name, action in self.plan(time.time()):
                 if action.action == PREEMPT:
-                    self._preempt(name)
+                    self._preempt(name, action.worker)
                 else:
                     self._act(name, action)

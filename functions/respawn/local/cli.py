@@ -35,10 +35,13 @@ that falls when no machine is READY waits for the next machine to become READY.
 --preempt-at-step preempts the READY machine once its trainer reports the step: the same
 run on a fast or a slow machine.
 --mtbi gives every machine a random lifetime from READY (seeded; every 10 machines live 10 x MTBI in all).
+A preemption takes the whole machine, but of a Compute Engine slice (a MIG, each worker its own VM) one VM,
+drawn with --seed: its worker gets the notice, the VM is TERMINATED and logs the event, respawn deletes the MIG.
 worker chaos (STEP:WORKER, comma-separated) hits one worker of a TPU slice once worker 0 of the READY
 node reports STEP: --kill-worker-at-step SIGKILLs it (its startup script logs `failed`),
 --hang-worker-at-step SIGSTOPs it (only hang detection, the job's hang_timeout, finds it),
---host-error-at-step is a host error of its VM (node TERMINATED, hostError event, process killed).
+--host-error-at-step is a host error of its VM (TERMINATED: a TPU node whole, a MIG's VM alone; hostError event,
+process killed).
 Step actions fire in step order, each once, each on a node no earlier step action hit.
 --entrypoint runs your own program on every machine (every worker of a slice) instead of the image's
 `python -m trainer`, with the job's args after it, the same environment, signals and log routing; no image
@@ -120,7 +123,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="deliver every Pub/Sub message N times concurrently (default 1)",
     )
-    r.add_argument("--seed", type=int, default=0, help="seed of --mtbi (default 0)")
+    r.add_argument(
+        "--seed", type=int, default=0, help="seed of --mtbi and of the VMs of a Compute Engine slice preempted (0)"
+    )
     r.add_argument(
         "--creation-delay",
         default="1s",

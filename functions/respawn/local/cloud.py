@@ -52,6 +52,7 @@ PROJECT = "respawn-local"
 STATE_BUCKET = "respawn-local-state"
 JOBS_TOPIC = "respawn-jobs"
 EVENTS_TOPIC = "respawn-events"
+WAITING = "WAITING_FOR_CAPACITY"  # the timeline's `queued` state of a Compute Engine request in its zone's queue
 
 
 @dataclass
@@ -305,11 +306,13 @@ class LocalCloud:
         nodes = self.nodes
 
         def act(name: str, action: StepAction) -> None:
+            assert action.worker is not None  # a worker action names its worker (step_actions)
             nodes.act(name, action.action, action.worker)
 
         chaos = Chaos(
             ready=nodes.ready,
             preempt=nodes.preempt,
+            vms=nodes.vms,
             t0=t0,
             at=options.preempt_at,
             at_steps=options.preempt_at_steps,
@@ -381,19 +384,24 @@ class LocalCloud:
         }
 
     def _watch_calls(self, server: CloudApiServer) -> None:
-        """Copy the API's create calls, queued resources' states and new machines into the timeline as they happen."""
+        """Copy the API's create and delete calls, what waits for capacity and new machines into the timeline as
+        they happen. A machine is CREATING from the moment it exists and waits for nothing: a TPU queued
+        resource's node once provisioned, a Compute Engine flex-start instance or MIG once its zone's queue let it
+        go (`server.waiting()`), so that the report's queue time is the wait for capacity."""
         stop = threading.Event()
         seen_calls = 0
-        known: set[str] = set()
-        queued: dict[str, str] = {}  # queued resource -> its last state
+        known: set[str] = set()  # machines recorded CREATING
+        queued: dict[str, str] = {}  # queued resource or waiting machine -> its last state
+        pending: set[str] = set()  # machines seen waiting and not yet CREATING
 
         def poll() -> None:
             nonlocal seen_calls
             calls = server.calls
             created = False
             for call in calls[seen_calls:]:
-                if call.verb in ("create", "delete"):
-                    self.timeline.add(f"{call.verb}_call", t=call.time, machine=call.name, zone=call.zone)
+                if call.verb in ("create", "delete"):  # `what`: nodes, queuedResources, instanceGroupManagers ...
+                    where = {"machine": call.name, "zone": call.zone, "what": call.collection}
+                    self.timeline.add(f"{call.verb}_call", t=call.time, **where)
                     created = created or call.verb == "create"
             seen_calls = len(calls)
             current = server.queued_resources()
@@ -401,14 +409,27 @@ class LocalCloud:
                 if queued.get(q.name) != q.state:
                     queued[q.name] = q.state
                     self.timeline.add("queued", machine=q.name, zone=q.zone, state=q.state)
-            # a node appears with its create call (the API records both under one lock), or when its queued
-            # resource is provisioned
-            if not created and all(q.name in known for q in current):
+            waiting = dict(server.waiting())
+            for name, zone in waiting.items():
+                if name not in known and queued.get(name) != WAITING:
+                    queued[name] = WAITING
+                    pending.add(name)
+                    self.timeline.add("queued", machine=name, zone=zone, state=WAITING)
+            # a node appears with its create call (the API records both under one lock), when its queued resource
+            # is provisioned, or when the zone's queue lets a waiting machine go
+            if not created and not pending and all(q.name in known for q in current):
                 return
-            for m in server.machines():
-                if m.name not in known:
-                    known.add(m.name)
-                    self.timeline.add("state", t=m.created_at, machine=m.name, zone=m.zone, state="CREATING")
+            machines = server.machines()
+            waiting = dict(server.waiting())  # read after the machines: a machine listed that waits is in it
+            for m in machines:
+                if m.name in known or m.name in waiting:
+                    continue
+                known.add(m.name)
+                waited = m.name in pending
+                pending.discard(m.name)
+                since = time.time() if waited else m.created_at
+                self.timeline.add("state", t=since, machine=m.name, zone=m.zone, state="CREATING")
+            pending.intersection_update(waiting)  # deleted while waiting: nothing comes of it
 
         def loop() -> None:
             while not stop.wait(0.02):
@@ -463,18 +484,26 @@ class LocalCloud:
         return self.started.server
 
     def machines_left(self) -> int:
-        """Machines the cloud still holds: nodes and VMs, and queued resources (waiting ones have no node yet)."""
-        names = {m.name for m in self.server.machines()} | {q.name for q in self.server.queued_resources()}
-        return len(names)
+        """Objects the cloud still holds of what the attempts created: TPU nodes and queued resources (waiting ones
+        have no node yet), instances, managed instance groups, their templates, workload policies and resize
+        requests (the local API's `leftovers`)."""
+        return len(self.server.leftovers())
 
 
 def _note(e: dict[str, Any], t0: float) -> str | None:
     at = f"[{e['t'] - t0:7.1f}s]"
     kind = e["kind"]
     if kind == "create_call":
-        return f"{at} cloud: create {e['machine']} in {e['zone']}"
+        return f"{at} cloud: create {_object(e.get('what'))} {e['machine']} in {e['zone']}"
+    if kind == "queued" and e["state"] == WAITING:
+        return f"{at} cloud: {e['machine']} waits for capacity in {e['zone']}"
     if kind == "state" and e["state"] == "READY":
         return f"{at} cloud: {e['machine']} READY; trainer starting"
+    if kind == "notice" and "worker" in e:  # one VM of a Compute Engine slice
+        return (
+            f"{at} chaos: preempting VM {e['instance']} (worker {e['worker']}) of {e['machine']} (SIGTERM to its "
+            "worker, grace period running)"
+        )
     if kind == "notice":
         return f"{at} chaos: preempting {e['machine']} (SIGTERM, grace period running)"
     if kind == "preempted":
@@ -499,6 +528,22 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
         detail = {k: p[k] for k in ("step", "restored_step", "worker", "error") if p.get(k) is not None}
         return f"{at} trainer {e['machine']}: {p['event']} {json.dumps(detail)}"
     return None
+
+
+# The objects an attempt creates, as a person names them (the API's collection -> its noun).
+_OBJECTS = {
+    "nodes": "TPU node",
+    "queuedResources": "queued resource",
+    "instances": "instance",
+    "resourcePolicies": "workload policy",
+    "instanceTemplates": "instance template",
+    "instanceGroupManagers": "MIG",
+    "resizeRequests": "resize request",
+}
+
+
+def _object(collection: str | None) -> str:
+    return _OBJECTS.get(collection or "", "machine")
 
 
 def _progress_key(job: Job | None) -> tuple[Any, ...] | None:

@@ -5,11 +5,16 @@ and secrets, as its slice's processes (slices.py), each in its own process group
 become the LogEntries google-cloud-logging writes, for the log router; every other line goes to the worker's log
 file (`NODE.log`, `NODE-w-I.log`), worker 0's read for live progress.
 
-Preempting sends SIGTERM to every worker, SIGKILL after the grace period, then marks the machine PREEMPTED and
-emits one `compute.instances.preempted` per worker VM. A trainer that exits on its own leaves its machine READY,
-as on a real VM: the control plane decides. A worker that exits without logging its end gets the
-entry its startup script writes from the exit code (`startup_script_event`); one whose VM has a host error says
-nothing (the node is TERMINATED and `compute.instances.hostError` routed first). Deleting kills every worker.
+The machine names its worker VMs (`CloudMachine.workers`, in worker order): a TPU node's hidden `t1v-n-...-w-I`,
+a Compute Engine slice's MIG VMs `NAME-w-XXXX`, a single VM itself. Preempting a machine sends SIGTERM to every
+worker, SIGKILL after the grace period, then marks the machine PREEMPTED and emits one
+`compute.instances.preempted` per worker VM. On a Compute Engine slice each worker is its own Spot VM, so one VM is
+preempted: its worker alone gets the notice and the grace period, the API marks that VM TERMINATED and only its
+event is routed; the other workers stop with it (the trainer's hosts agree on a notice any of them got) or are
+killed when respawn deletes the group. A trainer that exits on its own leaves its machine READY, as on a real VM:
+the control plane decides. A worker that exits without logging its end gets the entry its startup script writes
+from the exit code (`startup_script_event`); one whose VM has a host error says nothing (its VM, the whole TPU
+node, is TERMINATED and `compute.instances.hostError` routed first). Deleting kills every worker.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import IO, Any
 
 from respawn.events import EXIT_CODE
 from respawn.local.cloudapi import CloudMachine
-from respawn.local.logentries import host_event_entry, preempted_entry, tpu_worker_name, trainer_entry
+from respawn.local.logentries import host_event_entry, preempted_entry, trainer_entry
 from respawn.local.secret_store import SecretUnavailable, secret_env
 from respawn.local.slices import LocalSlice
 from respawn.local.timeline import Timeline
@@ -112,9 +117,18 @@ class Node:
     step: int | None = None  # the last training step worker 0 reported
 
     def instance(self, worker: int) -> str:
-        """The Compute Engine VM of a worker: the hidden `t1v-n-...-w-I` of a TPU node, the GPU VM itself."""
-        m = self.machine
-        return tpu_worker_name(m.name, worker) if m.kind == "tpu" else m.name
+        """The Compute Engine VM of a worker, as the machine names it (`CloudMachine.workers`)."""
+        return self.machine.workers[worker]
+
+    @property
+    def vms(self) -> int:
+        """How many VMs a preemption or a host error may take one of: every worker of a Compute Engine slice is its
+        own VM; a TPU node's worker VMs are lost together, and a single VM is the machine (1)."""
+        return self.machine_slice.hosts if self.machine.api == "compute" else 1
+
+    def vm(self, worker: int | None) -> int | None:
+        """The worker whose VM alone is hit, or None when the whole machine is (see `vms`)."""
+        return worker if self.vms > 1 else None
 
 
 @dataclass(frozen=True)
@@ -149,11 +163,12 @@ class StartupScript:
 @dataclass(frozen=True)
 class CloudHooks:
     """The cloud around the machines: Cloud Logging's router, and the API that marks a machine PREEMPTED or sets
-    its state (each returns None when there is no such machine: deleted meanwhile)."""
+    its state, the whole machine or one worker's VM (`preempt(name, worker)`, `set_state(name, state, worker)`;
+    worker None: every VM; each returns None when there is no such machine: deleted meanwhile)."""
 
     route: Callable[[dict[str, Any]], None]
-    mark_preempted: Callable[[str], object]
-    set_state: Callable[[str, str], object]
+    mark_preempted: Callable[[str, int | None], object]
+    set_state: Callable[[str, str, int | None], object]
 
 
 class Nodes:
@@ -167,13 +182,14 @@ class Nodes:
         log_dir: Path,
         grace_s: float,
         route: Callable[[dict[str, Any]], None],
-        mark_preempted: Callable[[str], object],
+        mark_preempted: Callable[[str, int | None], object],
         timeline: Timeline,
-        set_state: Callable[[str, str], object] = lambda name, state: None,
+        set_state: Callable[[str, str, int | None], object] = lambda name, state, worker: None,
         entrypoint: Sequence[str] | None = None,
         secrets: Mapping[str, str] | None = None,
     ) -> None:
-        """`mark_preempted(name)` and `set_state(name, state)` change the machine in the cloud API (CloudHooks).
+        """`mark_preempted(name, worker)` and `set_state(name, state, worker)` change the machine in the cloud API
+        (CloudHooks).
         `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}."""
         self.startup = StartupScript(dict(base_env), list(entrypoint) if entrypoint else None, dict(secrets or {}))
         self.cloud = CloudHooks(route, mark_preempted, set_state)
@@ -197,7 +213,7 @@ class Nodes:
     def _start_node(self, machine: CloudMachine) -> None:
         meta = machine.metadata
         job_id, attempt = meta.get("respawn-job-id", ""), int(meta.get("respawn-attempt") or 0)
-        node = Node(machine, job_id, attempt, LocalSlice.of(machine.kind, machine.resource.get("acceleratorType")))
+        node = Node(machine, job_id, attempt, LocalSlice(len(machine.workers), machine.chips_per_host))
         self._nodes[machine.name] = node
         try:
             env = self.startup.env(meta)
@@ -255,30 +271,47 @@ class Nodes:
             node = self._nodes.get(name)
         return [w.proc.pid for w in node.workers] if node is not None else []
 
-    def preempt(self, name: str) -> None:
+    def vms(self, name: str) -> int:
+        """How many VMs a preemption of `name` may take one of (Node.vms); 1 for a machine that is gone."""
         with self._lock:
-            self._ready.pop(name, None)
             node = self._nodes.get(name)
+        return node.vms if node is not None else 1
+
+    def preempt(self, name: str, worker: int | None = None) -> None:
+        """Preempt `name`: on a Compute Engine slice the VM of `worker` alone (every VM when None), anywhere else the
+        whole machine (`worker` is ignored)."""
+        with self._lock:
+            node = self._nodes.get(name)
+            vm = node.vm(worker) if node is not None else None
+            if node is not None and vm is not None and not node.machine_slice.has_worker(vm):
+                raise ValueError(f"{name} has no worker {vm}; allowed: {node.machine_slice.workers_allowed()}")
+            self._ready.pop(name, None)
             if node is None or node.preempting:
                 return
             node.preempting = True
-        self.timeline.add("notice", machine=name, zone=node.machine.zone, workers=node.machine_slice.hosts)
-        self._spawn(self._preempt, node)
+        hit = {} if vm is None else {"worker": vm, "instance": node.instance(vm)}
+        workers = node.machine_slice.hosts if vm is None else 1
+        self.timeline.add("notice", machine=name, zone=node.machine.zone, workers=workers, **hit)
+        self._spawn(self._preempt, node, vm)
 
-    def _preempt(self, node: Node) -> None:
-        stoppers = [self._spawn(self._terminate, w, self.grace_s) for w in node.workers]
+    def _preempt(self, node: Node, vm: int | None) -> None:
+        """The notice to the workers on the VMs preempted, SIGKILL after the grace period, the VMs marked in the API,
+        then each VM's system event."""
+        noticed = [w for w in node.workers if vm is None or w.index == vm]
+        stoppers = [self._spawn(self._terminate, w, self.grace_s) for w in noticed]
         for thread in stoppers:
             thread.join()
-        for worker in node.workers:
+        for worker in noticed:
             for reader in worker.readers:
                 reader.join(timeout=5)
         m = node.machine
-        if self.cloud.mark_preempted(m.name) is None:  # deleted meanwhile (the job completed): nothing left to preempt
+        if self.cloud.mark_preempted(m.name, vm) is None:  # deleted meanwhile (the job completed): nothing to preempt
             self.timeline.add("preempt_skipped", machine=m.name, reason="deleted")
             return
-        instances = [node.instance(i) for i in node.machine_slice.workers]
-        self.timeline.add("preempted", machine=m.name, zone=m.zone, instance=instances[0], instances=instances)
-        for instance in instances:  # every worker VM of the slice logs its own system event
+        instances = [node.instance(i) for i in (node.machine_slice.workers if vm is None else (vm,))]
+        hit = {} if vm is None else {"worker": vm}
+        self.timeline.add("preempted", machine=m.name, zone=m.zone, instance=instances[0], instances=instances, **hit)
+        for instance in instances:  # every VM preempted logs its own system event
             self.cloud.route(preempted_entry(project=self.project, zone=m.zone, instance=instance, now=time.time()))
 
     def act(self, name: str, action: str, worker: int) -> None:
@@ -305,13 +338,17 @@ class Nodes:
             raise ValueError(f"{action!r} is not a worker action; allowed: kill-worker, hang-worker, host-error")
 
     def _host_error(self, node: Node, worker: Worker) -> None:
-        """The worker's VM dies: the node TERMINATED in the API, then the system event, then the process is gone."""
+        """The worker's VM dies: TERMINATED in the API (a TPU node whole, a slice's VM alone), then the system event,
+        then the process is gone."""
         m = node.machine
-        if self.cloud.set_state(m.name, "TERMINATED") is None:
+        vm = node.vm(worker.index)
+        if self.cloud.set_state(m.name, "TERMINATED", vm) is None:
             self.timeline.add("chaos_skipped", machine=m.name, action="host-error", worker=worker.index)
             return
         instance = node.instance(worker.index)
-        self.timeline.add("state", machine=m.name, zone=m.zone, state="TERMINATED")
+        self.timeline.add(
+            "state", machine=m.name, zone=m.zone, state="TERMINATED", **({} if vm is None else {"worker": vm})
+        )
         self.timeline.add("host_error", machine=m.name, zone=m.zone, worker=worker.index, instance=instance)
         method = "compute.instances.hostError"
         self.cloud.route(

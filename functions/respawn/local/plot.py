@@ -9,7 +9,7 @@ from respawn.local.report import LIVE_STATES
 
 
 def _spans(events: list[dict[str, Any]], t0: float, end: float) -> list[dict[str, Any]]:
-    """One span per machine: requested (create call), READY, and its end."""
+    """One span per machine: requested (its first create call), READY, and its end; in the zone it came up in."""
     spans: dict[str, dict[str, Any]] = {}
     for e in events:
         name = str(e.get("machine"))
@@ -17,6 +17,7 @@ def _spans(events: list[dict[str, Any]], t0: float, end: float) -> list[dict[str
             spans.setdefault(name, {"machine": name, "zone": e.get("zone"), "start": e["t"] - t0})
         elif e["kind"] == "state" and name in spans:
             s = spans[name]
+            s["zone"] = e.get("zone") or s["zone"]  # a slice's first call may be regional (its workload policy)
             if e["state"] == "READY":
                 s.setdefault("ready", e["t"] - t0)
             elif e["state"] not in LIVE_STATES:

@@ -16,12 +16,17 @@ Definitions:
   cost            machine time (READY until preempted or deleted) at the Spot and on-demand prices of prices.py;
                   `tiers`: each tier's machine time at its own rate (Spot for spot/preemptible, else on-demand)
   hosts           worker VMs of the job's machine (a TPU slice's hosts; 1 for a GPU VM): trainer processes per attempt
+  zones           one row per attempt: its zone, tier, end, restored step, time queued, and `api`, the API that
+                  provisioned its machine: "tpu" (Cloud TPU nodes and queued resources) or "compute" (Compute
+                  Engine instances, and managed instance groups for slices)
   hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
   failures        the job record's failure counter (trainer failures, at most one per attempt)
   chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
   mtbi_realized_s  READY machine seconds (each machine until its notice or deletion) per preemption notice: the
                   mean time between interruptions the run saw, beside the --mtbi it asked for; null without notices
   max_live_machines  the most machines live (CREATING/READY) at once: a slice counts once, whatever its hosts
+  machines_left   every object of the attempts the local APIs still hold at the end (nodes, queued resources,
+                  instances, managed instance groups, instance templates, workload policies, resize requests): 0
   exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
                   reference hash, `exact_reason` saying why (no reference run, it failed, the program sends no hash)
 """
@@ -177,6 +182,13 @@ def machine_seconds(
     return used
 
 
+def machine_api(job: dict[str, Any]) -> str:
+    """The API that provisions the job's machines (every attempt's): the machine's `api`; a GPU VM is Compute
+    Engine's, and a TPU record written before machines had an `api` went through the Cloud TPU API."""
+    machine = (job.get("spec") or {}).get("machine") or {}
+    return str(machine.get("api") or ("tpu" if machine.get("kind", "tpu") == "tpu" else "compute"))
+
+
 def tier_costs(job: dict[str, Any], used: dict[str, float], price: MachinePrice | None) -> list[dict[str, Any]]:
     """Each tier of the job: its provisioning model, how long its machines ran and what that cost at its rate."""
     spec = job.get("spec") or {}
@@ -251,6 +263,7 @@ def build(
                 "end": a.get("end_reason"),
                 "restored_step": a.get("restored_step"),
                 "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
+                "api": machine_api(job),
             }
             for a in job.get("attempts") or ()
         ],
@@ -300,7 +313,7 @@ def render(r: dict[str, Any]) -> str:
         f"capacity errors {r['capacity_errors']}, failures {r['failures']}, hangs detected {r['hangs_detected']}",
         "  zones    "
         + " -> ".join(
-            f"a{z['attempt']} {z['zone']}"
+            f"a{z['attempt']} {z['zone']} {z['api']}"
             + (f" tier {z['tier']}" if len(r["tiers"]) > 1 else "")
             + (f" queued {z['queue_s']:.0f}s" if (z["queue_s"] or 0) >= 0.5 else "")
             + f" ({z['end'] or 'live'})"
