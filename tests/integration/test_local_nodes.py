@@ -12,11 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from respawn import parsing
 from respawn.events import TrainerFailed
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.nodes import Nodes
 from respawn.local.timeline import Timeline
+from respawn.machine import GRACE_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,6 +92,7 @@ def a_started_trainer(tmp_path: Path) -> Iterator[tuple[Nodes, list[dict[str, An
 def test_a_trainer_killed_without_a_word_is_reported_failed(tmp_path: Path) -> None:
     with a_started_trainer(tmp_path) as (n, routed, got):
         (pid,) = n.pids("crashy-a2")
+        assert psutil.Process(pid).environ()["RESPAWN_GRACE_S"] == str(GRACE_S["gpu"])  # a GPU VM's, as in the cloud
         os.killpg(pid, signal.SIGKILL)  # an OOM kill: the trainer says nothing
         entry = wait_for(routed, got, "failed")
     event = parsing.log_entry_event(entry)

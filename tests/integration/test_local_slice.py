@@ -41,6 +41,7 @@ from respawn.local.nodes import Nodes
 from respawn.local.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
 from respawn.local.timeline import Timeline
 from respawn.logfilter import LogFilter, load_sink_filter
+from respawn.machine import GRACE_S
 from respawn.topology import tpu_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -295,6 +296,7 @@ def test_a_slice_is_one_process_per_worker_with_a_worker_environment(tmp_path: P
             assert {e["RESPAWN_HEARTBEAT_TIMEOUT_S"] for e in envs} == {str(HEARTBEAT_TIMEOUT_S)}
             assert {e["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] for e in envs} == {"gloo"}
             assert {e["RESPAWN_PROGRESS_S"] for e in envs} == {"20"}
+            assert {e["RESPAWN_GRACE_S"] for e in envs} == {str(GRACE_S["tpu"])}  # a TPU VM's, as in the cloud
             assert {e["RESPAWN_ATTEMPT"] for e in envs} == {name[-1]}
             (address,) = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
             ports.add(address)

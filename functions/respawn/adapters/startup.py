@@ -37,20 +37,17 @@ import json
 import re
 import shlex
 
+from respawn.machine import CONTAINER, NOTICE_FILE, STARTUP_LOG, TRAINER_LOG
+from respawn.machine import grace_s as kind_grace_s
+from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
-
-# The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
-# a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
-# 10 s in practice (docs/operations.md, Notice windows).
-GRACE_S = {"gpu": 25, "tpu": 8}
 
 
 def grace_s(spec: JobSpec) -> int:
-    return GRACE_S[spec.machine.kind]
+    """The grace period of the job's machine kind (respawn/machine.py)."""
+    return kind_grace_s(spec.machine.kind)
 
 
-CONTAINER = "respawn-trainer"
-NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`
 _ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
 
 
@@ -65,17 +62,15 @@ def progress_s(spec: JobSpec) -> int:
 
 
 def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
-    """The container's environment: the job's env, then respawn's (which the job cannot override)."""
-    own = [
-        ("RESPAWN_JOB_ID", spec.job_id),
-        ("RESPAWN_ATTEMPT", str(attempt)),
-        ("RESPAWN_CHECKPOINT_URI", spec.checkpoint_uri),
-        ("RESPAWN_LOG_SINK", "cloud"),
-        ("RESPAWN_GRACE_S", str(grace_s(spec))),
-        ("RESPAWN_PROGRESS_S", str(progress_s(spec))),
-    ]
-    reserved = {key for key, _ in own}
-    return [(k, v) for k, v in spec.env if k not in reserved] + own
+    """The container's environment (respawn/machine.py): the job's env, then respawn's."""
+    return machine_trainer_env(
+        kind=spec.machine.kind,
+        job_id=spec.job_id,
+        attempt=attempt,
+        checkpoint_uri=spec.checkpoint_uri,
+        progress_s=progress_s(spec),
+        env=spec.env,
+    )
 
 
 # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables in
@@ -210,7 +205,7 @@ read_secret() {  # secret version $1 (projects/P/secrets/S/versions/V), byte for
 # gets a new machine), and no trainer is started. $1 is respawn's own text (no quotes or backslashes).
 _FAIL = """fail() {{
   log "$1"
-  write_entry respawn-trainer ERROR \\
+  write_entry {trainer_log} ERROR \\
     "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \\
       {job_id} {attempt} "$worker" "$1")" \\
     || log "could not log the failure"
@@ -221,7 +216,7 @@ _FAIL = """fail() {{
 # A note for the operator in log `respawn-startup` (not a lifecycle entry: the control plane never reads it), best
 # effort and in the background: it may be Cloud Logging that is out of reach. $1 is the note's kind, $2 its text.
 _NOTE = """note() {{
-  write_entry respawn-startup WARNING \\
+  write_entry {startup_log} WARNING \\
     "$(printf '{{"note": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "detail": "%s"}}' \\
       "$1" {job_id} {attempt} "$worker" "$2")" >/dev/null 2>&1 &
 }}
@@ -327,7 +322,7 @@ log "trainer exited with code $rc"
 say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
   entry=$(printf '{{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "exit-code", '\\
 '"exit_code": %d%s}}' "$1" {job_id} {attempt} "$worker" "$rc" "$3")
-  write_entry respawn-trainer "$2" "$entry" || log "could not log $1"
+  write_entry {trainer_log} "$2" "$entry" || log "could not log $1"
 }}
 noticed=
 if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi  # its system event replaces the machine
@@ -347,8 +342,8 @@ SLICE_METADATA_TRIES = 120
 def startup_script(spec: JobSpec, attempt: int) -> str:
     q = shlex.quote
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
-    parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt)))
-    parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt)))
+    parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt), trainer_log=TRAINER_LOG))
+    parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt), startup_log=STARTUP_LOG))
     parts.append(_DOCKER)
     if isinstance(spec.machine, GpuMachine):
         parts.append(_GPU)
@@ -370,6 +365,7 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
             run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS)),
             job_id=q(spec.job_id),
             attempt=int(attempt),
+            trainer_log=TRAINER_LOG,
         )
     )
     return "".join(parts)

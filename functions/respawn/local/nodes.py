@@ -13,8 +13,8 @@ preempted: its worker alone gets the notice and the grace period, the API marks 
 event is routed; the other workers stop with it (the trainer's hosts agree on a notice any of them got) or are
 killed when respawn deletes the group. A trainer that exits on its own leaves its machine READY, as on a real VM:
 the control plane decides. A worker that exits without logging its end gets the entry its startup script writes
-from the exit code (`startup_script_event`); one whose VM has a host error says nothing (its VM, the whole TPU
-node, is TERMINATED and `compute.instances.hostError` routed first). Deleting kills every worker.
+from the exit code (respawn/machine.py, `exit_code_entry`); one whose VM has a host error says nothing (its VM, the
+whole TPU node, is TERMINATED and `compute.instances.hostError` routed first). Deleting kills every worker.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from respawn.local.logentries import host_event_entry, preempted_entry, trainer_
 from respawn.local.secret_store import SecretUnavailable, secret_env
 from respawn.local.slices import LocalSlice
 from respawn.local.timeline import Timeline
+from respawn.machine import exit_code_entry, grace_s, trainer_env
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
@@ -76,18 +77,6 @@ def lifecycle_entry(line: bytes, job_id: str, attempt: int) -> dict[str, Any] | 
     if payload.get("job_id") != job_id or payload.get("attempt") != attempt or isinstance(payload["attempt"], bool):
         return None
     return payload
-
-
-def startup_script_event(code: int, worker: int, *, noticed: bool) -> str | None:
-    """The event a startup script logs from the exit code of a trainer that logged no end of its own
-    (adapters/startup.py): exit 0 is `stopped` after the notice and `completed` without it (worker 0 speaks for a
-    slice); anything else is `failed` without the notice, and nothing after it (the preemption's system event
-    speaks for it)."""
-    if code != 0:
-        return None if noticed else "failed"
-    if worker != 0:
-        return None
-    return "stopped" if noticed else "completed"
 
 
 @dataclass
@@ -145,18 +134,19 @@ class StartupScript:
         args = json.loads(metadata.get("respawn-args") or "[]")
         return [*(self.entrypoint or TRAINER), *[str(a) for a in args]]
 
-    def env(self, metadata: Mapping[str, str]) -> dict[str, str]:
-        """The trainer's environment with the values of its secrets; SecretUnavailable for a reference without one."""
-        env = {**self.base_env, **json.loads(metadata.get("respawn-env") or "{}")}
-        env.update(
-            RESPAWN_JOB_ID=metadata["respawn-job-id"],
-            RESPAWN_ATTEMPT=str(metadata["respawn-attempt"]),
-            RESPAWN_CHECKPOINT_URI=metadata["respawn-checkpoint-uri"],
-            RESPAWN_LOG_SINK="stdout",
-            PYTHONUNBUFFERED="1",
+    def env(self, metadata: Mapping[str, str], kind: str) -> dict[str, str]:
+        """The trainer's environment on a machine of `kind` (respawn/machine.py: its grace period included), lifecycle
+        entries on stdout, with the values of its secrets; SecretUnavailable for a reference without one."""
+        own = trainer_env(
+            kind=kind,
+            job_id=metadata["respawn-job-id"],
+            attempt=int(metadata["respawn-attempt"]),
+            checkpoint_uri=metadata["respawn-checkpoint-uri"],
+            progress_s=int(metadata.get("respawn-progress-s") or 60),
+            env=json.loads(metadata.get("respawn-env") or "{}").items(),
+            log_sink="stdout",
         )
-        if metadata.get("respawn-progress-s"):
-            env["RESPAWN_PROGRESS_S"] = str(metadata["respawn-progress-s"])
+        env = {**self.base_env, **dict(own), "PYTHONUNBUFFERED": "1"}
         return {**env, **secret_env(metadata, self.secrets)}
 
 
@@ -189,7 +179,8 @@ class Nodes:
         secrets: Mapping[str, str] | None = None,
     ) -> None:
         """`mark_preempted(name, worker)` and `set_state(name, state, worker)` change the machine in the cloud API
-        (CloudHooks).
+        (CloudHooks). `grace_s` is the notice window: a preempted machine is off (its trainer killed) this long after
+        the notice, or sooner where its kind's grace period (respawn/machine.py) is shorter.
         `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}."""
         self.startup = StartupScript(dict(base_env), list(entrypoint) if entrypoint else None, dict(secrets or {}))
         self.cloud = CloudHooks(route, mark_preempted, set_state)
@@ -216,7 +207,7 @@ class Nodes:
         node = Node(machine, job_id, attempt, LocalSlice(len(machine.workers), machine.chips_per_host))
         self._nodes[machine.name] = node
         try:
-            env = self.startup.env(meta)
+            env = self.startup.env(meta, machine.kind)
         except SecretUnavailable as e:  # no trainer: the control plane deletes the machine and decides
             self._emit(node, {"event": "failed", "job_id": job_id, "attempt": attempt, "error": str(e)})
             return
@@ -298,7 +289,9 @@ class Nodes:
         """The notice to the workers on the VMs preempted, SIGKILL after the grace period, the VMs marked in the API,
         then each VM's system event."""
         noticed = [w for w in node.workers if vm is None or w.index == vm]
-        stoppers = [self._spawn(self._terminate, w, self.grace_s) for w in noticed]
+        # `docker stop -t GRACE` kills the trainer after its machine kind's grace period, or the machine is off first
+        grace = min(float(grace_s(node.machine.kind)), self.grace_s)
+        stoppers = [self._spawn(self._terminate, w, grace) for w in noticed]
         for thread in stoppers:
             thread.join()
         for worker in noticed:
@@ -434,8 +427,9 @@ class Nodes:
         # nothing to log for it: it logged its end itself, its VM died with it, or the whole cloud is stopping
         nobody_speaks = worker.logged_its_end or worker.host_error or self._closed
         noticed = node.preempting or node.deleted
-        event = None if nobody_speaks else startup_script_event(code, worker.index, noticed=noticed)
-        if event is not None:  # what its startup script logs for it
+        said = None if nobody_speaks else exit_code_entry(code, worker.index, noticed=noticed)
+        if said is not None:  # what its startup script logs for it
+            event = said[0]
             payload: dict[str, Any] = {"event": event, "job_id": node.job_id, "attempt": node.attempt}
             payload.update(tag)
             payload.update(source=EXIT_CODE, exit_code=code)
