@@ -17,6 +17,7 @@ GRACE_S = {"gpu": 25, "tpu": 8}
 
 CONTAINER = "respawn-trainer"  # the trainer's container, which `docker stop -t GRACE` stops
 NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`
+NOTICE_ENV = "RESPAWN_NOTICE_FILE"  # names another notice file on a machine without /run (the local cloud's)
 TRAINER_LOG = "respawn-trainer"  # the lifecycle entries: the trainer's own and the startup script's
 STARTUP_LOG = "respawn-startup"  # the startup script's notes for the operator (never read by the control plane)
 

@@ -37,7 +37,7 @@ import json
 import re
 import shlex
 
-from respawn.machine import CONTAINER, NOTICE_FILE, STARTUP_LOG, TRAINER_LOG
+from respawn.machine import CONTAINER, NOTICE_ENV, NOTICE_FILE, STARTUP_LOG, TRAINER_LOG
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
@@ -117,7 +117,8 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
 
 def shutdown_script(spec: JobSpec) -> str:
     """Run on the notice (ACPI soft off): marks it, then gives the trainer its grace period to save and exit."""
-    return f"#!/bin/bash\ntouch {shlex.quote(NOTICE_FILE)}\ndocker stop -t {grace_s(spec)} {CONTAINER}\n"
+    notice = f"notice=${{{NOTICE_ENV}:-{shlex.quote(NOTICE_FILE)}}}"
+    return f'#!/bin/bash\n{notice}\ntouch "$notice"\ndocker stop -t {grace_s(spec)} {CONTAINER}\n'
 
 
 def _registry_host(image: str) -> str | None:
@@ -159,8 +160,11 @@ else
 fi
 """
 
-_METADATA = """md() {
-  curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"
+# The metadata server's address: metadata.google.internal, or GCE_METADATA_HOST where the machine names another (the
+# variable Google's client libraries read; the local cloud's machines have a local server).
+_METADATA = """metadata="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
+md() {
+  curl -sf -m 2 -H 'Metadata-Flavor: Google' "$metadata/instance/$1"
 }
 # every worker VM of a slice runs this script; the metadata server says which one this is
 worker=$(md attributes/agent-worker-number || echo 0)
@@ -172,8 +176,7 @@ case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
 # Both write an entry with resource `global`, as `gcloud logging write` does. docs/cloud-contracts.md, The machine.
 _CLOUD = """gcloud_cli=$(command -v gcloud || true)
 token() {  # an OAuth access token of the machine's service account
-  curl -sf -m 10 -H 'Metadata-Flavor: Google' \\
-    http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token \\
+  curl -sf -m 10 -H 'Metadata-Flavor: Google' "$metadata/instance/service-accounts/default/token" \\
     | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p'
 }
 write_entry() {  # an entry in log $1 with severity $2 and jsonPayload $3 (a JSON object)
@@ -182,8 +185,7 @@ write_entry() {  # an entry in log $1 with severity $2 and jsonPayload $3 (a JSO
     return
   fi
   local project
-  project=$(curl -sf -m 2 -H 'Metadata-Flavor: Google' \\
-    http://metadata.google.internal/computeMetadata/v1/project/project-id) || return 1
+  project=$(curl -sf -m 2 -H 'Metadata-Flavor: Google' "$metadata/project/project-id") || return 1
   printf '{"entries": [{"logName": "projects/%s/logs/%s", "resource": {"type": "global"}, "severity": "%s", '\\
 '"jsonPayload": %s}]}' "$project" "$1" "$2" "$3" \\
     | curl -sf -m 30 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/json' \\
@@ -282,7 +284,7 @@ _SECRETS = """secret() {
 """
 
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
-notice={notice}
+notice=${{{notice_env}:-{notice}}}
 rm -f "$notice"
 stopping=
 shutdown() {{
@@ -361,6 +363,7 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
             container=CONTAINER,
             grace=grace_s(spec),
             notice=q(NOTICE_FILE),
+            notice_env=NOTICE_ENV,
             run=shlex.join(docker_run_argv(spec, attempt)),
             run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS)),
             job_id=q(spec.job_id),
