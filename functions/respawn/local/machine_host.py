@@ -128,13 +128,16 @@ _WITH_VALUE = {"--name", "-e", "--env", "--env-file", "--log-driver", "--log-opt
 _WITH_VALUE |= {"--network", "-v", "--volume", "-w", "--workdir", "-u", "--user"}
 
 
-def _options(args: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """(option, value) pairs up to the first argument that is no option, and the rest (IMAGE ARGS...)."""
+def _options(
+    args: Sequence[str], with_value: frozenset[str] | set[str] = _WITH_VALUE
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(option, value) pairs up to the first argument that is no option (`with_value`: the options that take a
+    value), and the rest (IMAGE ARGS..., or the containers' names)."""
     opts: list[tuple[str, str]] = []
     i = 0
     while i < len(args) and args[i].startswith("-"):
         flag, eq, value = args[i].partition("=")
-        if flag in _WITH_VALUE and not eq:
+        if flag in with_value and not eq:
             i += 1
             value = args[i] if i < len(args) else ""
         opts.append((flag, value))
@@ -217,41 +220,51 @@ def _kill(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _stop(args: Sequence[str], state: Path) -> int:
-    opts, names = _options(args)
-    timeout = float(dict(opts).get("-t") or dict(opts).get("--time") or 10)
+def _each(names: Sequence[str], state: Path, act: Callable[[str, int], bool]) -> int:
+    """`act(name, pid)` on each running container named (False: it refused, its message printed); docker's exit
+    code: 1 when a container is missing or refused."""
     code = 0
     for name in names:
         pid = _pid(state, name)
         if pid is None:
             print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
             code = 1
-            continue
+        elif act(name, pid):
+            print(name)
+        else:
+            code = 1
+    return code
+
+
+def _stop(args: Sequence[str], state: Path) -> int:
+    """SIGTERM to each container, SIGKILL when it has not ended `-t` seconds later (docker's default: 10)."""
+    opts, names = _options(args, {"-t", "--time"})
+    timeout = float(dict(opts).get("-t") or dict(opts).get("--time") or 10)
+
+    def stop(name: str, pid: int) -> bool:
         _kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while _pid(state, name) is not None and time.monotonic() < deadline:
             time.sleep(STOP_POLL_S)
         _kill(pid, signal.SIGKILL)
-        print(name)
-    return code
+        return True
+
+    return _each(names, state, stop)
 
 
 def _rm(args: Sequence[str], state: Path) -> int:
+    """`rm -f`: SIGKILL to each container; without -f a running container is refused."""
     opts, names = _options(args)
-    code = 0
-    for name in names:
-        pid = _pid(state, name)
-        if pid is None:
-            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
-            code = 1
-            continue
-        if not any(flag in ("-f", "--force") for flag, _ in opts):
+    force = any(flag in ("-f", "--force") for flag, _ in opts)
+
+    def remove(name: str, pid: int) -> bool:
+        if not force:
             print(f"Error response from daemon: cannot remove container {name}: container is running", file=sys.stderr)
-            code = 1
-            continue
+            return False
         _kill(pid, signal.SIGKILL)
-        print(name)
-    return code
+        return True
+
+    return _each(names, state, remove)
 
 
 def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
