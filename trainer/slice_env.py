@@ -14,16 +14,21 @@ LOOPBACK = "127.0.0.1"
 
 
 def worker_env(worker: int, hosts: int, coordinator_port: int, devices_per_host: int) -> dict[str, str]:
-    """The variables to add to the environment of worker `worker` (0..hosts-1) of a `hosts`-host loopback slice."""
+    """The variables to add to the environment of worker `worker` (0..hosts-1) of a `hosts`-host loopback slice:
+    where it is in the slice (what a TPU VM's metadata says) and what its host gives it (`host_env`)."""
     if hosts < 1 or not 0 <= worker < hosts:
         raise ValueError(f"worker {worker} is not in 0..{hosts - 1}")
+    place = {"TPU_WORKER_ID": str(worker), "TPU_WORKER_HOSTNAMES": ",".join([LOOPBACK] * hosts)}
+    return {**place, **host_env(coordinator_port, devices_per_host)}
+
+
+def host_env(coordinator_port: int, devices_per_host: int) -> dict[str, str]:
+    """What every host of a loopback slice gives its trainer: the coordinator's address, its CPU devices, gloo."""
     if devices_per_host < 1:
         raise ValueError(f"devices_per_host {devices_per_host} is not >= 1")
     if not 0 < coordinator_port < 65536:
         raise ValueError(f"coordinator_port {coordinator_port} is not a TCP port")
     return {
-        "TPU_WORKER_ID": str(worker),
-        "TPU_WORKER_HOSTNAMES": ",".join([LOOPBACK] * hosts),
         "JAX_COORDINATOR_ADDRESS": f"{LOOPBACK}:{coordinator_port}",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_host}",
         "JAX_PLATFORMS": "cpu",

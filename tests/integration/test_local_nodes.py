@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -12,23 +11,32 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from respawn import parsing
+from respawn.adapters.startup import machine_metadata
 from respawn.events import TrainerFailed
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.nodes import Nodes
 from respawn.local.timeline import Timeline
+from respawn.machine import GRACE_S
+from respawn.model import GpuMachine, JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def machine(tmp_path: Path) -> CloudMachine:
-    metadata = {
-        "respawn-job-id": "crashy",
-        "respawn-attempt": "2",
-        "respawn-checkpoint-uri": str(tmp_path / "ckpt"),
-        "respawn-args": json.dumps(["--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1"]),
-        "respawn-env": "{}",
-    }
+def machine(tmp_path: Path, **changes: Any) -> CloudMachine:
+    """A READY GPU VM of job crashy, attempt 2, whose metadata is what respawn gives a real one."""
+    spec = JobSpec(
+        job_id="crashy",
+        machine=GpuMachine("g2-standard-8", "nvidia-l4", 1),
+        zones=("us-central1-a",),
+        image="us-docker.pkg.dev/p/r/trainer:1",
+        checkpoint_uri=str(tmp_path / "ckpt"),
+        args=("--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1"),
+        **changes,
+    )
+    metadata = machine_metadata(spec, 2)
     return CloudMachine(
         "gpu",
         "crashy-a2",
@@ -44,7 +52,9 @@ def machine(tmp_path: Path) -> CloudMachine:
     )
 
 
-def nodes(tmp_path: Path, routed: list[dict[str, Any]], got: threading.Event) -> Nodes:
+def nodes(
+    tmp_path: Path, routed: list[dict[str, Any]], got: threading.Event, secrets: dict[str, str] | None = None
+) -> Nodes:
     def route(entry: dict[str, Any]) -> None:
         routed.append(entry)
         got.set()
@@ -58,6 +68,7 @@ def nodes(tmp_path: Path, routed: list[dict[str, Any]], got: threading.Event) ->
         route=route,
         mark_preempted=lambda name, worker: name,
         timeline=Timeline(),
+        secrets=secrets,
     )
 
 
@@ -89,12 +100,16 @@ def a_started_trainer(tmp_path: Path) -> Iterator[tuple[Nodes, list[dict[str, An
 def test_a_trainer_killed_without_a_word_is_reported_failed(tmp_path: Path) -> None:
     with a_started_trainer(tmp_path) as (n, routed, got):
         (pid,) = n.pids("crashy-a2")
+        assert psutil.Process(pid).environ()["RESPAWN_GRACE_S"] == str(GRACE_S["gpu"])  # a GPU VM's, as in the cloud
         os.killpg(pid, signal.SIGKILL)  # an OOM kill: the trainer says nothing
         entry = wait_for(routed, got, "failed")
     event = parsing.log_entry_event(entry)
     assert isinstance(event, TrainerFailed) and (event.job_id, event.attempt) == ("crashy", 2)
-    assert event.error == "the trainer exited with code -9"
-    assert "worker" not in entry["jsonPayload"]  # a one-host machine: no worker field
+    assert event.error == "the trainer exited with code 137"  # docker's code for a container killed by SIGKILL
+    assert entry["jsonPayload"]["source"] == "exit-code" and entry["jsonPayload"]["worker"] == 0
+    # the machine ran the real startup script, kept in its run directory; its output is the machine's log
+    assert (tmp_path / "crashy-a2" / "startup-script.sh").read_text() == machine(tmp_path).metadata["startup-script"]
+    assert "respawn-startup: trainer exited with code 137" in (tmp_path / "crashy-a2.log").read_text()
 
 
 def test_a_deleted_machine_is_no_failure(tmp_path: Path) -> None:
@@ -108,19 +123,47 @@ def test_a_deleted_machine_is_no_failure(tmp_path: Path) -> None:
     assert "failed" not in [e["jsonPayload"].get("event") for e in routed]
 
 
+REF = "projects/respawn-local/secrets/hf-token/versions/1"
+
+
 def test_a_secret_without_a_value_is_the_attempts_failure_and_no_trainer_starts(tmp_path: Path) -> None:
     routed: list[dict[str, Any]] = []
     got = threading.Event()
     n = nodes(tmp_path, routed, got)
-    ref = "projects/respawn-local/secrets/hf-token/versions/1"
-    m = machine(tmp_path)
-    m.metadata["respawn-secrets"] = json.dumps({"HF_TOKEN": ref})
     try:
-        n.on_ready(m)
+        n.on_ready(machine(tmp_path, secrets=(("HF_TOKEN", REF),)))
         entry = wait_for(routed, got, "failed")
-        assert n.pids("crashy-a2") == [] and not n.alive()
+        assert n.pids("crashy-a2") == []
     finally:
         n.stop()
     event = parsing.log_entry_event(entry)
     assert isinstance(event, TrainerFailed) and (event.job_id, event.attempt) == ("crashy", 2)
-    assert event.error == f"could not read secret HF_TOKEN from {ref}"
+    assert event.error == f"could not read secret HF_TOKEN from {REF}"
+
+
+def test_secrets_reach_the_trainer_through_the_scripts_own_reads(tmp_path: Path) -> None:
+    routed: list[dict[str, Any]] = []
+    got = threading.Event()
+    n = nodes(tmp_path, routed, got, secrets={REF: "hf_s3cret value"})
+    try:
+        n.on_ready(machine(tmp_path, secrets=(("HF_TOKEN", REF),)))
+        wait_for(routed, got, "started")
+        (pid,) = n.pids("crashy-a2")
+        assert psutil.Process(pid).environ()["HF_TOKEN"] == "hf_s3cret value"
+    finally:
+        n.stop()
+    assert "hf_s3cret" not in (tmp_path / "crashy-a2.log").read_text()
+
+
+def test_a_preempted_gpu_vm_runs_its_shutdown_script_and_its_trainer_stops_in_its_grace_period(tmp_path: Path) -> None:
+    with a_started_trainer(tmp_path) as (n, routed, got):
+        n.preempt("crashy-a2")
+        entry = wait_for(routed, got, "stopped")
+        deadline = time.monotonic() + 30
+        while n.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert (tmp_path / "crashy-a2" / "w-0" / "respawn-notice").exists()  # left by the shutdown script
+    assert "failed" not in [(e.get("jsonPayload") or {}).get("event") for e in routed]
+    assert entry["jsonPayload"]["job_id"] == "crashy"
+    methods = [(e.get("protoPayload") or {}).get("methodName") for e in routed]
+    assert methods.count("compute.instances.preempted") == 1  # the VM's system event, after it is off

@@ -7,7 +7,6 @@ local cloud does to processes, entries and the API, not what JAX does about a lo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from respawn import parsing
+from respawn.adapters.startup import machine_metadata
 from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
 from respawn.joblogs import lifecycle_payload
 from respawn.local import cli
@@ -41,6 +41,8 @@ from respawn.local.nodes import Nodes
 from respawn.local.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
 from respawn.local.timeline import Timeline
 from respawn.logfilter import LogFilter, load_sink_filter
+from respawn.machine import GRACE_S
+from respawn.model import JobSpec, TpuMachine
 from respawn.topology import tpu_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,17 +179,17 @@ def tpu_machine(
         workers = tuple(tpu_worker_name(name, i) for i in range(shape.hosts))
     else:
         workers = tuple(f"{name}-w-{s}" for s in MIG_SUFFIXES[: shape.hosts]) if shape.hosts > 1 else (name,)
-    metadata = {
-        "respawn-job-id": "slice",
-        "respawn-attempt": name.rsplit("-a", 1)[1],
-        "respawn-checkpoint-uri": str(tmp_path / f"ckpt-{name}"),
+    spec = JobSpec(
+        job_id="slice",
+        machine=TpuMachine(accelerator, "v2-alpha-tpuv5-lite", api=api),
+        zones=("us-central1-a",),
+        image="us-docker.pkg.dev/p/r/trainer:1",
+        checkpoint_uri=str(tmp_path / f"ckpt-{name}"),
         # no saves but the preemption's: the light trainers of a slice's workers share one progress marker
-        "respawn-args": json.dumps(
-            ["--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1", "--checkpoint-every=100000"]
-        ),
-        "respawn-env": "{}",
-        "respawn-progress-s": "20",
-    }
+        args=("--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1", "--checkpoint-every=100000"),
+        hang_timeout_s=80,  # progress every 20 s
+    )
+    metadata = machine_metadata(spec, int(name.rsplit("-a", 1)[1]))
     resource = {"acceleratorType": accelerator, "runtimeVersion": "v2-alpha-tpuv5-lite"}
     return CloudMachine(
         "tpu",
@@ -295,6 +297,7 @@ def test_a_slice_is_one_process_per_worker_with_a_worker_environment(tmp_path: P
             assert {e["RESPAWN_HEARTBEAT_TIMEOUT_S"] for e in envs} == {str(HEARTBEAT_TIMEOUT_S)}
             assert {e["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] for e in envs} == {"gloo"}
             assert {e["RESPAWN_PROGRESS_S"] for e in envs} == {"20"}
+            assert {e["RESPAWN_GRACE_S"] for e in envs} == {str(GRACE_S["tpu"])}  # a TPU VM's, as in the cloud
             assert {e["RESPAWN_ATTEMPT"] for e in envs} == {name[-1]}
             (address,) = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
             ports.add(address)
@@ -324,7 +327,9 @@ def test_a_one_host_tpu_is_one_process_without_a_slice_environment(tmp_path: Pat
         cloud.wait_for(1, event="started")
         (pid,) = nodes.pids("one-a1")
         env = psutil.Process(pid).environ()
-        assert not {"TPU_WORKER_ID", "JAX_COORDINATOR_ADDRESS", "RESPAWN_HEARTBEAT_TIMEOUT_S"} & set(env)
+        assert not {"JAX_COORDINATOR_ADDRESS", "RESPAWN_HEARTBEAT_TIMEOUT_S"} & set(env)
+        # what the startup script reads from a one-host TPU VM's metadata server: worker 0 of one host
+        assert (env["TPU_WORKER_ID"], env["TPU_WORKER_HOSTNAMES"]) == ("0", "127.0.0.1")
         assert env["RESPAWN_PROGRESS_S"] == "20"
         assert (tmp_path / "one-a1.log").exists()
         assert "worker" not in cloud.timeline.events("trainer_start")[0]
@@ -343,10 +348,10 @@ def test_a_killed_worker_is_reported_failed_by_its_startup_script(tmp_path: Path
     assert entry["jsonPayload"]["worker"] == 2
     event = parsing.log_entry_event(entry)
     assert isinstance(event, TrainerFailed) and (event.job_id, event.attempt) == ("slice", 3)
-    assert event.error == "the trainer exited with code -9"
+    assert event.error == "the trainer exited with code 137"  # docker's code for a container killed by SIGKILL
     assert event.worker == 2
     assert LogFilter.parse(load_sink_filter()).matches(entry)
-    exits = [e for e in cloud.timeline.events("trainer_exit") if e["code"] == -9]
+    exits = [e for e in cloud.timeline.events("trainer_exit") if e["code"] == 137]  # the script exits with it
     assert [e["worker"] for e in exits] == [2]
     last = (tmp_path / "slice-a3-w-2.log").read_text().splitlines()[-1]  # where `respawn logs` finds it
     assert lifecycle_payload(last) == entry["jsonPayload"]
@@ -501,7 +506,7 @@ def test_a_single_compute_vm_is_one_process_preempted_whole(tmp_path: Path) -> N
         nodes.on_ready(tpu_machine(tmp_path, "one-a1", accelerator="v6e-8", api="compute"))
         cloud.wait_for(1, event="started")
         (pid,) = nodes.pids("one-a1")
-        assert "TPU_WORKER_ID" not in psutil.Process(pid).environ()
+        assert "JAX_COORDINATOR_ADDRESS" not in psutil.Process(pid).environ()
         assert nodes.vms("one-a1") == 1
         nodes.preempt("one-a1", 0)
         (event,) = cloud.wait_for(1, method="compute.instances.preempted")

@@ -14,7 +14,7 @@ from respawn.local import report
 from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
 from respawn.local.cli import UsageError, parse_entrypoint, total_steps, with_trainer_args
 from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
-from respawn.local.nodes import lifecycle_entry, progress, startup_script_event
+from respawn.local.nodes import lifecycle_entry, progress
 from respawn.local.slices import HEARTBEAT_TIMEOUT_S, SINGLE_HOST, LocalSlice, local_trainer_env, report_line
 from respawn.logfilter import LogFilter, load_sink_filter
 from respawn.prices import machine_price, tpu_units
@@ -290,25 +290,6 @@ def test_only_json_objects_naming_a_lifecycle_event_of_this_job_and_attempt_are_
     ]
     assert [lifecycle_entry(line, "byo", 2) for line in plain] == [None] * len(plain)
     assert lifecycle_entry(json.dumps({**ours, "attempt": 1}).encode(), "byo", 1) is not None
-
-
-# (exit code, after the notice, worker) -> what the startup script says for a trainer that said nothing
-EXIT_WORDS = [
-    (0, False, 0, "completed"),
-    (0, False, 2, None),  # worker 0 speaks for a slice
-    (0, True, 0, "stopped"),
-    (0, True, 1, None),
-    (3, False, 0, "failed"),
-    (-9, False, 3, "failed"),  # any worker's death recreates the slice
-    (143, True, 0, None),  # after the notice the preemption's system event speaks for it
-]
-
-
-@pytest.mark.parametrize(("code", "noticed", "worker", "word"), EXIT_WORDS)
-def test_the_exit_code_speaks_for_a_trainer_as_the_startup_script_does(
-    code: int, noticed: bool, worker: int, word: str | None
-) -> None:
-    assert startup_script_event(code, worker, noticed=noticed) == word
 
 
 def test_entrypoints_split_like_a_shell_and_python_is_this_interpreter() -> None:

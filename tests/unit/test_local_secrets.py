@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from respawn.local.secret_store import SecretError, SecretUnavailable, leaks, secret_env, secret_values
+from respawn.local.secret_store import SecretError, leaks, secret_values
 
 HF = "projects/respawn-local/secrets/hf-token/versions/1"
 WB = "projects/respawn-local/secrets/wandb/versions/latest"
@@ -43,14 +43,6 @@ def test_a_secret_that_cannot_be_used_is_one_line_without_its_value(
     with pytest.raises(SecretError) as e:
         secret_values(JOB, options, file, environ)
     assert text in str(e.value) and VALUE not in str(e.value) and "\n" not in str(e.value)
-
-
-def test_a_machine_gets_the_values_of_its_references_or_a_failure_naming_the_reference() -> None:
-    metadata = {"respawn-secrets": json.dumps(JOB)}
-    assert secret_env(metadata, {HF: VALUE, WB: "w"}) == {"HF_TOKEN": VALUE, "WANDB_KEY": "w"}
-    assert secret_env({}, {HF: VALUE}) == {}
-    with pytest.raises(SecretUnavailable, match=f"^could not read secret WANDB_KEY from {WB}$"):
-        secret_env(metadata, {HF: VALUE})
 
 
 def test_leaks_finds_a_value_written_as_is_or_json_escaped(tmp_path: Path) -> None:

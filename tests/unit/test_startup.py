@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from respawn.adapters import startup
-from respawn.adapters.startup import GRACE_S, grace_s, machine_labels, machine_metadata, startup_script
+from respawn.adapters.startup import grace_s, machine_labels, machine_metadata, startup_script
 from respawn.events import EXIT_CODE, Event, TrainerCompleted, TrainerFailed
+from respawn.machine import GRACE_S, exit_code_entry
 from respawn.model import GpuMachine, JobSpec, TpuMachine
 from respawn.parsing import log_entry_event
 from respawn.topology import compute_shape
@@ -476,6 +477,8 @@ def test_the_exit_code_speaks_for_the_trainer(
 ) -> None:
     metadata = {"FAKE_AGENT_WORKER_NUMBER": worker, "FAKE_PREEMPTED": preempted}
     extra = {k: v for k, v in metadata.items() if v is not None}
+    contract = exit_code_entry(rc, int(worker or 0), noticed=preempted == "TRUE")  # the one table, respawn/machine.py
+    assert contract == (None if event is None else (event, severity))
     assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RC=str(rc), **extra).returncode == rc
     if event is None:
         assert said(fakes) == []

@@ -37,20 +37,17 @@ import json
 import re
 import shlex
 
+from respawn.machine import CONTAINER, NOTICE_ENV, NOTICE_FILE, STARTUP_LOG, TRAINER_LOG
+from respawn.machine import grace_s as kind_grace_s
+from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
-
-# The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
-# a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
-# 10 s in practice (docs/operations.md, Notice windows).
-GRACE_S = {"gpu": 25, "tpu": 8}
 
 
 def grace_s(spec: JobSpec) -> int:
-    return GRACE_S[spec.machine.kind]
+    """The grace period of the job's machine kind (respawn/machine.py)."""
+    return kind_grace_s(spec.machine.kind)
 
 
-CONTAINER = "respawn-trainer"
-NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`
 _ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
 
 
@@ -65,17 +62,15 @@ def progress_s(spec: JobSpec) -> int:
 
 
 def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
-    """The container's environment: the job's env, then respawn's (which the job cannot override)."""
-    own = [
-        ("RESPAWN_JOB_ID", spec.job_id),
-        ("RESPAWN_ATTEMPT", str(attempt)),
-        ("RESPAWN_CHECKPOINT_URI", spec.checkpoint_uri),
-        ("RESPAWN_LOG_SINK", "cloud"),
-        ("RESPAWN_GRACE_S", str(grace_s(spec))),
-        ("RESPAWN_PROGRESS_S", str(progress_s(spec))),
-    ]
-    reserved = {key for key, _ in own}
-    return [(k, v) for k, v in spec.env if k not in reserved] + own
+    """The container's environment (respawn/machine.py): the job's env, then respawn's."""
+    return machine_trainer_env(
+        kind=spec.machine.kind,
+        job_id=spec.job_id,
+        attempt=attempt,
+        checkpoint_uri=spec.checkpoint_uri,
+        progress_s=progress_s(spec),
+        env=spec.env,
+    )
 
 
 # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables in
@@ -122,7 +117,8 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
 
 def shutdown_script(spec: JobSpec) -> str:
     """Run on the notice (ACPI soft off): marks it, then gives the trainer its grace period to save and exit."""
-    return f"#!/bin/bash\ntouch {shlex.quote(NOTICE_FILE)}\ndocker stop -t {grace_s(spec)} {CONTAINER}\n"
+    notice = f"notice=${{{NOTICE_ENV}:-{shlex.quote(NOTICE_FILE)}}}"
+    return f'#!/bin/bash\n{notice}\ntouch "$notice"\ndocker stop -t {grace_s(spec)} {CONTAINER}\n'
 
 
 def _registry_host(image: str) -> str | None:
@@ -164,8 +160,11 @@ else
 fi
 """
 
-_METADATA = """md() {
-  curl -sf -m 2 -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/instance/$1"
+# The metadata server's address: metadata.google.internal, or GCE_METADATA_HOST where the machine names another (the
+# variable Google's client libraries read; the local cloud's machines have a local server).
+_METADATA = """metadata="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
+md() {
+  curl -sf -m 2 -H 'Metadata-Flavor: Google' "$metadata/instance/$1"
 }
 # every worker VM of a slice runs this script; the metadata server says which one this is
 worker=$(md attributes/agent-worker-number || echo 0)
@@ -177,8 +176,7 @@ case "$worker" in ''|*[!0-9]*) worker=0 ;; esac
 # Both write an entry with resource `global`, as `gcloud logging write` does. docs/cloud-contracts.md, The machine.
 _CLOUD = """gcloud_cli=$(command -v gcloud || true)
 token() {  # an OAuth access token of the machine's service account
-  curl -sf -m 10 -H 'Metadata-Flavor: Google' \\
-    http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token \\
+  curl -sf -m 10 -H 'Metadata-Flavor: Google' "$metadata/instance/service-accounts/default/token" \\
     | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p'
 }
 write_entry() {  # an entry in log $1 with severity $2 and jsonPayload $3 (a JSON object)
@@ -187,8 +185,7 @@ write_entry() {  # an entry in log $1 with severity $2 and jsonPayload $3 (a JSO
     return
   fi
   local project
-  project=$(curl -sf -m 2 -H 'Metadata-Flavor: Google' \\
-    http://metadata.google.internal/computeMetadata/v1/project/project-id) || return 1
+  project=$(curl -sf -m 2 -H 'Metadata-Flavor: Google' "$metadata/project/project-id") || return 1
   printf '{"entries": [{"logName": "projects/%s/logs/%s", "resource": {"type": "global"}, "severity": "%s", '\\
 '"jsonPayload": %s}]}' "$project" "$1" "$2" "$3" \\
     | curl -sf -m 30 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/json' \\
@@ -210,7 +207,7 @@ read_secret() {  # secret version $1 (projects/P/secrets/S/versions/V), byte for
 # gets a new machine), and no trainer is started. $1 is respawn's own text (no quotes or backslashes).
 _FAIL = """fail() {{
   log "$1"
-  write_entry respawn-trainer ERROR \\
+  write_entry {trainer_log} ERROR \\
     "$(printf '{{"event": "failed", "job_id": "%s", "attempt": %d, "worker": %d, "error": "%s"}}' \\
       {job_id} {attempt} "$worker" "$1")" \\
     || log "could not log the failure"
@@ -221,7 +218,7 @@ _FAIL = """fail() {{
 # A note for the operator in log `respawn-startup` (not a lifecycle entry: the control plane never reads it), best
 # effort and in the background: it may be Cloud Logging that is out of reach. $1 is the note's kind, $2 its text.
 _NOTE = """note() {{
-  write_entry respawn-startup WARNING \\
+  write_entry {startup_log} WARNING \\
     "$(printf '{{"note": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "detail": "%s"}}' \\
       "$1" {job_id} {attempt} "$worker" "$2")" >/dev/null 2>&1 &
 }}
@@ -287,7 +284,7 @@ _SECRETS = """secret() {
 """
 
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
-notice={notice}
+notice=${{{notice_env}:-{notice}}}
 rm -f "$notice"
 stopping=
 shutdown() {{
@@ -327,7 +324,7 @@ log "trainer exited with code $rc"
 say() {{  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
   entry=$(printf '{{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "exit-code", '\\
 '"exit_code": %d%s}}' "$1" {job_id} {attempt} "$worker" "$rc" "$3")
-  write_entry respawn-trainer "$2" "$entry" || log "could not log $1"
+  write_entry {trainer_log} "$2" "$entry" || log "could not log $1"
 }}
 noticed=
 if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi  # its system event replaces the machine
@@ -347,8 +344,8 @@ SLICE_METADATA_TRIES = 120
 def startup_script(spec: JobSpec, attempt: int) -> str:
     q = shlex.quote
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
-    parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt)))
-    parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt)))
+    parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt), trainer_log=TRAINER_LOG))
+    parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt), startup_log=STARTUP_LOG))
     parts.append(_DOCKER)
     if isinstance(spec.machine, GpuMachine):
         parts.append(_GPU)
@@ -366,10 +363,12 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
             container=CONTAINER,
             grace=grace_s(spec),
             notice=q(NOTICE_FILE),
+            notice_env=NOTICE_ENV,
             run=shlex.join(docker_run_argv(spec, attempt)),
             run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS)),
             job_id=q(spec.job_id),
             attempt=int(attempt),
+            trainer_log=TRAINER_LOG,
         )
     )
     return "".join(parts)

@@ -139,10 +139,9 @@ class LocalCloud:
         return self.started.store
 
     def trainer_env(self, gcs: FakeGcs) -> dict[str, str]:
-        """What every trainer process of this cloud starts from, fake-gcs-server's address included."""
-        env = {**local_trainer_env(self.options.workdir), **gcs.env()}
-        env["RESPAWN_GRACE_S"] = str(max(1, int(self.options.grace_s) - 5))  # the trainer's own deadline, inside ours
-        return env
+        """What every trainer process of this cloud starts from, fake-gcs-server's address included; its grace period
+        is its machine's (respawn/machine.py), as in the cloud."""
+        return {**local_trainer_env(self.options.workdir), **gcs.env()}
 
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
         """One job to a terminal status (`respawn local run`): start everything, submit, follow, settle, stop."""

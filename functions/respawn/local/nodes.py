@@ -1,20 +1,25 @@
-"""The machines of the local cloud: a READY machine's trainer processes, doing what a VM and Compute Engine do.
+"""The machines of the local cloud: each worker VM of a READY machine runs its real startup script (bash).
 
-A READY machine runs what its startup script would (`python -m trainer`, or `--entrypoint`) from its metadata
-and secrets, as its slice's processes (slices.py), each in its own process group. Lifecycle lines on stdout
-become the LogEntries google-cloud-logging writes, for the log router; every other line goes to the worker's log
-file (`NODE.log`, `NODE-w-I.log`), worker 0's read for live progress.
+A READY machine keeps the startup and shutdown scripts of its metadata in its run directory (`NAME/`) and runs the
+startup script once per worker VM, as Compute Engine does, with local stand-ins for only what a VM gets from outside
+itself (machine_host.py): its metadata server, `docker` and `gcloud`. So the trainer's command, environment and
+grace period, the secrets it reads and the entries it writes from the trainer's exit code are the script's own
+(respawn/machine.py). The script's output (the container's too) goes to the worker's log file (`NAME.log`,
+`NAME-w-I.log`); lifecycle entries on its stdout (the trainer's, and what the script's `gcloud logging write` says)
+become the LogEntries google-cloud-logging writes, for the log router; worker 0's progress lines are read for live
+progress. Each worker's script and its container run in process groups of their own.
 
 The machine names its worker VMs (`CloudMachine.workers`, in worker order): a TPU node's hidden `t1v-n-...-w-I`,
-a Compute Engine slice's MIG VMs `NAME-w-XXXX`, a single VM itself. Preempting a machine sends SIGTERM to every
-worker, SIGKILL after the grace period, then marks the machine PREEMPTED and emits one
-`compute.instances.preempted` per worker VM. On a Compute Engine slice each worker is its own Spot VM, so one VM is
-preempted: its worker alone gets the notice and the grace period, the API marks that VM TERMINATED and only its
-event is routed; the other workers stop with it (the trainer's hosts agree on a notice any of them got) or are
-killed when respawn deletes the group. A trainer that exits on its own leaves its machine READY, as on a real VM:
-the control plane decides. A worker that exits without logging its end gets the entry its startup script writes
-from the exit code (`startup_script_event`); one whose VM has a host error says nothing (its VM, the whole TPU
-node, is TERMINATED and `compute.instances.hostError` routed first). Deleting kills every worker.
+a Compute Engine slice's MIG VMs `NAME-w-XXXX`, a single VM itself. Preempting a machine is what the cloud does:
+the metadata server says `preempted`, each VM runs its shutdown script (the notice, then `docker stop -t GRACE`),
+and the VM is off (every process killed) once the notice window (`grace_s`) is over; then the machine is marked
+PREEMPTED and one `compute.instances.preempted` is emitted per worker VM. On a Compute Engine slice each worker is
+its own Spot VM, so one VM is preempted: its worker alone gets the notice, the API marks that VM TERMINATED and only
+its event is routed; the other workers stop with it (the trainer's hosts agree on a notice any of them got) or are
+stopped when respawn deletes the group. A trainer that exits on its own leaves its machine READY, as on a real VM:
+the control plane decides. A VM with a host error is off at once: nobody speaks for its trainer (its VM, the whole
+TPU node, is TERMINATED and `compute.instances.hostError` routed first). Deleting a machine shuts every VM down
+(SIGTERM to the script, whose trap stops the container), off after a few seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,18 +39,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from respawn.events import EXIT_CODE
+from respawn.local import machine_host
 from respawn.local.cloudapi import CloudMachine
+from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, trainer_entry
-from respawn.local.secret_store import SecretUnavailable, secret_env
+from respawn.local.machine_host import MetadataServer, SecretManager
 from respawn.local.slices import LocalSlice
 from respawn.local.timeline import Timeline
+from respawn.machine import CONTAINER, NOTICE_ENV
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
 
 KILL_WAIT_S = 5.0  # how long SIGKILL may take to be reaped before it is given up on
+BOOT_WAIT_S = 30.0  # how long on_ready waits for each worker's script to start its container (or end)
+DELETE_WINDOW_S = 5.0  # a deleted machine's VMs are off this long after their shutdown begins
+BASH = shutil.which("bash") or "/bin/bash"
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
 
 
@@ -78,29 +89,23 @@ def lifecycle_entry(line: bytes, job_id: str, attempt: int) -> dict[str, Any] | 
     return payload
 
 
-def startup_script_event(code: int, worker: int, *, noticed: bool) -> str | None:
-    """The event a startup script logs from the exit code of a trainer that logged no end of its own
-    (adapters/startup.py): exit 0 is `stopped` after the notice and `completed` without it (worker 0 speaks for a
-    slice); anything else is `failed` without the notice, and nothing after it (the preemption's system event
-    speaks for it)."""
-    if code != 0:
-        return None if noticed else "failed"
-    if worker != 0:
-        return None
-    return "stopped" if noticed else "completed"
-
-
 @dataclass
 class Worker:
-    """One trainer process: worker `index` of its node (0 for a one-host machine)."""
+    """One worker VM of a machine: its startup script's process (`proc`), its metadata server and its home (the
+    notice file, the docker shim's containers)."""
 
     index: int
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
+    metadata: MetadataServer
+    home: Path
+    env: dict[str, str]  # the VM's environment, which its scripts run with
     readers: list[threading.Thread] = field(default_factory=list)
-    logged_its_end: bool = False  # the trainer logged completed, failed or stopped itself
-    stopped: bool = False  # SIGSTOPped: hung
-    host_error: bool = False  # its VM died of a host error: nobody is left to log a word for it
+    stopped: bool = False  # its trainer is SIGSTOPped: hung
+
+    def container(self) -> int | None:
+        """The process of the trainer's container (its process group's leader), None when none runs."""
+        return machine_host.container_pid(self.home / "docker", CONTAINER)
 
 
 @dataclass
@@ -132,32 +137,12 @@ class Node:
 
 
 @dataclass(frozen=True)
-class StartupScript:
-    """What a machine's startup script makes of its metadata (adapters/startup.py): the trainer's command and
-    environment. `entrypoint` replaces the image's `python -m trainer`; `secrets` are {reference: value}."""
+class Image:
+    """The trainer image a local machine's `docker` runs: its command (`python -m trainer`, or the local cloud's
+    `entrypoint`) and its environment (`env`, what every local trainer starts from)."""
 
-    base_env: Mapping[str, str]
-    entrypoint: Sequence[str] | None = None
-    secrets: Mapping[str, str] = field(default_factory=dict)
-
-    def argv(self, metadata: Mapping[str, str]) -> list[str]:
-        """The job's args after the entrypoint."""
-        args = json.loads(metadata.get("respawn-args") or "[]")
-        return [*(self.entrypoint or TRAINER), *[str(a) for a in args]]
-
-    def env(self, metadata: Mapping[str, str]) -> dict[str, str]:
-        """The trainer's environment with the values of its secrets; SecretUnavailable for a reference without one."""
-        env = {**self.base_env, **json.loads(metadata.get("respawn-env") or "{}")}
-        env.update(
-            RESPAWN_JOB_ID=metadata["respawn-job-id"],
-            RESPAWN_ATTEMPT=str(metadata["respawn-attempt"]),
-            RESPAWN_CHECKPOINT_URI=metadata["respawn-checkpoint-uri"],
-            RESPAWN_LOG_SINK="stdout",
-            PYTHONUNBUFFERED="1",
-        )
-        if metadata.get("respawn-progress-s"):
-            env["RESPAWN_PROGRESS_S"] = str(metadata["respawn-progress-s"])
-        return {**env, **secret_env(metadata, self.secrets)}
+    env: Mapping[str, str]
+    command: Sequence[str] = TRAINER
 
 
 @dataclass(frozen=True)
@@ -189,9 +174,12 @@ class Nodes:
         secrets: Mapping[str, str] | None = None,
     ) -> None:
         """`mark_preempted(name, worker)` and `set_state(name, state, worker)` change the machine in the cloud API
-        (CloudHooks).
-        `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}."""
-        self.startup = StartupScript(dict(base_env), list(entrypoint) if entrypoint else None, dict(secrets or {}))
+        (CloudHooks). `grace_s` is the notice window: a preempted VM is off this long after the notice (its trainer
+        has its machine kind's grace period, respawn/machine.py, from its shutdown script's `docker stop -t`).
+        `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}, what the local Secret Manager has."""
+        self.image = Image({**base_env, "PYTHONUNBUFFERED": "1"}, list(entrypoint) if entrypoint else TRAINER)
+        self.secret_manager = SecretManager(secrets or {})
+        self.bin_dir = machine_host.install(log_dir / ".bin")
         self.cloud = CloudHooks(route, mark_preempted, set_state)
         self.project = project
         self.log_dir = log_dir
@@ -206,32 +194,45 @@ class Nodes:
     # ---- hooks of the cloud API -------------------------------------------------------------------------------------
 
     def on_ready(self, machine: CloudMachine) -> None:
+        """Boot the machine: its startup script on every worker VM; returns once each has started its container
+        (or ended), as a VM that has booted (BOOT_WAIT_S at the most)."""
         with self._lock:  # atomic with stop(): a machine that comes up during teardown gets no trainer
-            if not self._closed:
-                self._start_node(machine)
+            if self._closed:
+                return
+            node = self._start_node(machine)
+        deadline = time.monotonic() + BOOT_WAIT_S
+        for worker in node.workers:
+            while worker.container() is None and worker.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
 
-    def _start_node(self, machine: CloudMachine) -> None:
+    def _start_node(self, machine: CloudMachine) -> Node:
         meta = machine.metadata
         job_id, attempt = meta.get("respawn-job-id", ""), int(meta.get("respawn-attempt") or 0)
         node = Node(machine, job_id, attempt, LocalSlice(len(machine.workers), machine.chips_per_host))
         self._nodes[machine.name] = node
-        try:
-            env = self.startup.env(meta)
-        except SecretUnavailable as e:  # no trainer: the control plane deletes the machine and decides
-            self._emit(node, {"event": "failed", "job_id": job_id, "attempt": attempt, "error": str(e)})
-            return
-        pipes = (subprocess.PIPE, subprocess.PIPE)
-        processes = node.machine_slice.start(self.startup.argv(meta), env, lambda _: pipes, stdin=subprocess.DEVNULL)
-        for index, proc in enumerate(processes):
-            worker = Worker(index, proc, (self.log_dir / node.machine_slice.log_name(machine.name, index)).open("ab"))
+        run = self.log_dir / machine.name  # the machine's run directory: the scripts it ran, each worker's home
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "startup-script.sh").write_text(meta.get("startup-script", ""))
+        (run / "shutdown-script.sh").write_text(meta.get("shutdown-script", ""))
+        port = free_port() if node.machine_slice.hosts > 1 else 0  # the slice's JAX coordinator, fresh per boot
+        for index in node.machine_slice.workers:
+            home = run / f"w-{index}"
+            home.mkdir(exist_ok=True)
+            server = MetadataServer(self.project, self._attributes(node, index))
+            env = self._vm_env(node, index, port, home, server)
+            proc = start_group(
+                [BASH, str(run / "startup-script.sh")],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            log = (self.log_dir / node.machine_slice.log_name(machine.name, index)).open("ab")
+            worker = Worker(index, proc, log, server, home, env)
             node.workers.append(worker)
+            tag = node.machine_slice.tag(index)
             self.timeline.add(
-                "trainer_start",
-                machine=machine.name,
-                zone=machine.zone,
-                attempt=attempt,
-                pid=proc.pid,
-                **node.machine_slice.tag(index),
+                "trainer_start", machine=machine.name, zone=machine.zone, attempt=attempt, pid=proc.pid, **tag
             )
             assert proc.stdout is not None and proc.stderr is not None
             worker.readers = [
@@ -240,6 +241,32 @@ class Nodes:
             ]
             self._spawn(self._reap, node, worker)
         self._ready[machine.name] = time.time()
+        return node
+
+    def _attributes(self, node: Node, worker: int) -> dict[str, str]:
+        """The metadata attributes a worker VM's server has: the machine's, and on a TPU VM its place in the slice
+        (`agent-worker-number`, `worker-network-endpoints`: every host is on loopback)."""
+        attributes = dict(node.machine.metadata)
+        if node.machine.kind == "tpu":
+            attributes["agent-worker-number"] = str(worker)
+            attributes["worker-network-endpoints"] = node.machine_slice.endpoints()
+        return attributes
+
+    def _vm_env(self, node: Node, worker: int, port: int, home: Path, server: MetadataServer) -> dict[str, str]:
+        """A worker VM's environment: its tools first on PATH, its metadata server, its notice file, and for its
+        `docker` the image (a slice's worker: with what its host gives the trainer, slices.py)."""
+        image_env = node.machine_slice.host_env(self.image.env, worker, port)
+        return {
+            "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "GCE_METADATA_HOST": server.host,
+            NOTICE_ENV: str(home / "respawn-notice"),
+            machine_host.DOCKER_DIR: str(home / "docker"),
+            machine_host.IMAGE_ENV: json.dumps(image_env),
+            machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),
+            machine_host.SECRET_MANAGER: self.secret_manager.url,
+        }
 
     def on_deleted(self, name: str) -> None:
         with self._lock:
@@ -250,7 +277,7 @@ class Nodes:
             node.deleted = True
         for worker in node.workers:
             if worker.proc.poll() is None:
-                self._spawn(self._terminate, worker, 5.0)
+                self._spawn(self._terminate, worker, DELETE_WINDOW_S)
 
     # ---- chaos ----------------------------------------------------------------------------------------------------
 
@@ -266,10 +293,11 @@ class Nodes:
         return node.step if node is not None else None
 
     def pids(self, name: str) -> list[int]:
-        """The process ids of the workers of `name`, worker 0 first."""
+        """The process ids of the trainers (containers) running on the workers of `name`, worker 0 first."""
         with self._lock:
             node = self._nodes.get(name)
-        return [w.proc.pid for w in node.workers] if node is not None else []
+        found = [w.container() for w in node.workers] if node is not None else []
+        return [pid for pid in found if pid is not None]
 
     def vms(self, name: str) -> int:
         """How many VMs a preemption of `name` may take one of (Node.vms); 1 for a machine that is gone."""
@@ -295,10 +323,13 @@ class Nodes:
         self._spawn(self._preempt, node, vm)
 
     def _preempt(self, node: Node, vm: int | None) -> None:
-        """The notice to the workers on the VMs preempted, SIGKILL after the grace period, the VMs marked in the API,
-        then each VM's system event."""
+        """The notice to the VMs preempted (`preempted` on their metadata servers, their shutdown scripts: the notice
+        file, `docker stop -t GRACE`), each VM off at the end of the notice window, the VMs marked in the API, then
+        each VM's system event."""
         noticed = [w for w in node.workers if vm is None or w.index == vm]
-        stoppers = [self._spawn(self._terminate, w, self.grace_s) for w in noticed]
+        for worker in noticed:
+            worker.metadata.preempted = True
+        stoppers = [self._spawn(self._shut_down, node, w, self.grace_s) for w in noticed]
         for thread in stoppers:
             thread.join()
         for worker in noticed:
@@ -316,6 +347,8 @@ class Nodes:
 
     def act(self, name: str, action: str, worker: int) -> None:
         """Worker chaos (chaos.py): `kill-worker`, `hang-worker` or `host-error` on worker `worker` of `name`."""
+        if action not in ("kill-worker", "hang-worker", "host-error"):
+            raise ValueError(f"{action!r} is not a worker action; allowed: kill-worker, hang-worker, host-error")
         with self._lock:
             node = self._nodes.get(name)
             if node is None or not node.machine_slice.has_worker(worker) or node.deleted:
@@ -324,18 +357,20 @@ class Nodes:
             target = node.workers[worker]
             if action == "host-error":
                 self._ready.pop(name, None)  # its node is TERMINATED: not a target any more
-                target.host_error = True
-        if action == "kill-worker":
-            self.timeline.add("kill_worker", machine=name, worker=worker, pid=target.proc.pid)
-            self._signal(target, signal.SIGKILL)
-        elif action == "hang-worker":
-            target.stopped = True
-            self.timeline.add("hang_worker", machine=name, worker=worker, pid=target.proc.pid)
-            self._signal(target, signal.SIGSTOP)
-        elif action == "host-error":
+        if action == "host-error":
             self._spawn(self._host_error, node, target)
-        else:
-            raise ValueError(f"{action!r} is not a worker action; allowed: kill-worker, hang-worker, host-error")
+            return
+        container = target.container()
+        if container is None:  # its script has not started the trainer, or it ended
+            self.timeline.add("chaos_skipped", machine=name, action=action, worker=worker)
+            return
+        if action == "kill-worker":  # the trainer alone dies (an OOM kill): its script speaks for it
+            self.timeline.add("kill_worker", machine=name, worker=worker, pid=container)
+            self._signal(container, signal.SIGKILL)
+        else:  # hang-worker
+            target.stopped = True
+            self.timeline.add("hang_worker", machine=name, worker=worker, pid=container)
+            self._signal(container, signal.SIGSTOP)
 
     def _host_error(self, node: Node, worker: Worker) -> None:
         """The worker's VM dies: TERMINATED in the API (a TPU node whole, a slice's VM alone), then the system event,
@@ -354,7 +389,7 @@ class Nodes:
         self.cloud.route(
             host_event_entry(method=method, project=self.project, zone=m.zone, instance=instance, now=time.time())
         )
-        self._signal(worker, signal.SIGKILL)
+        self._off(worker)
 
     # ---- processes ------------------------------------------------------------------------------------------------
 
@@ -367,21 +402,45 @@ class Nodes:
         return thread
 
     @staticmethod
-    def _signal(worker: Worker, sig: int) -> None:
+    def _signal(pid: int, sig: int) -> None:
+        """`sig` to the process group `pid` leads (a worker's script, or its container)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(worker.proc.pid, sig)
+            os.killpg(pid, sig)
 
-    @classmethod
-    def _terminate(cls, worker: Worker, grace: float) -> None:
-        """SIGTERM to the worker's process group; SIGKILL when it outlives the grace period (at once when it is
-        stopped: it cannot act on SIGTERM). SIGKILL ends a stopped process too."""
-        cls._signal(worker, signal.SIGTERM)
-        if not worker.stopped:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.proc.wait(timeout=grace)
-        cls._signal(worker, signal.SIGKILL)
+    def _off(self, worker: Worker) -> None:
+        """The worker's VM is off: its script and its container are killed where they stand."""
+        container = worker.container()
+        self._signal(worker.proc.pid, signal.SIGKILL)
+        if container is not None:
+            self._signal(container, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.proc.wait(timeout=KILL_WAIT_S)
+
+    def _terminate(self, worker: Worker, window: float) -> None:
+        """The worker's VM shuts down: SIGTERM to its script (whose trap leaves the notice and stops the container
+        with the grace period), off after `window` (at once when its trainer is stopped: nothing is left to save)."""
+        self._signal(worker.proc.pid, signal.SIGTERM)
+        if not worker.stopped:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=window)
+        self._off(worker)
+
+    def _shut_down(self, node: Node, worker: Worker, window: float) -> None:
+        """A preempted VM: its shutdown script runs (ACPI soft off), and the VM is off after the notice `window`."""
+        deadline = time.monotonic() + window
+        script = self.log_dir / node.machine.name / "shutdown-script.sh"
+        shutdown = start_group(
+            [BASH, str(script)], env=worker.env, stdin=subprocess.DEVNULL, stdout=worker.log, stderr=worker.log
+        )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            shutdown.wait(timeout=window)
+        if not worker.stopped:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        self._signal(shutdown.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            shutdown.wait(timeout=KILL_WAIT_S)
+        self._off(worker)
 
     def _read_stdout(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
         for raw in stream:
@@ -390,8 +449,8 @@ class Nodes:
                 self._log_line(node, worker, raw)
                 continue
             worker.log.write(raw)
-            worker.logged_its_end |= payload["event"] in ("completed", "failed", "stopped")
-            self._emit(node, payload)
+            if not self._closed:  # the whole cloud is stopping: nobody reads entries any more
+                self._emit(node, payload)
 
     def _emit(self, node: Node, payload: dict[str, Any]) -> None:
         """Wrap a lifecycle payload into the LogEntry google-cloud-logging writes and hand it to the router."""
@@ -429,21 +488,11 @@ class Nodes:
         for reader in worker.readers:
             reader.join(timeout=10)
         m = node.machine
-        tag = node.machine_slice.tag(worker.index)
-        self.timeline.add("trainer_exit", machine=m.name, attempt=node.attempt, code=code, **tag)
-        # nothing to log for it: it logged its end itself, its VM died with it, or the whole cloud is stopping
-        nobody_speaks = worker.logged_its_end or worker.host_error or self._closed
-        noticed = node.preempting or node.deleted
-        event = None if nobody_speaks else startup_script_event(code, worker.index, noticed=noticed)
-        if event is not None:  # what its startup script logs for it
-            payload: dict[str, Any] = {"event": event, "job_id": node.job_id, "attempt": node.attempt}
-            payload.update(tag)
-            payload.update(source=EXIT_CODE, exit_code=code)
-            if event == "failed":
-                payload["error"] = f"the trainer exited with code {code}"
-            worker.log.write((json.dumps(payload, separators=(",", ":")) + "\n").encode())  # `respawn logs` reads it
-            self._emit(node, payload)
+        self.timeline.add(
+            "trainer_exit", machine=m.name, attempt=node.attempt, code=code, **node.machine_slice.tag(worker.index)
+        )
         worker.log.close()
+        worker.metadata.close()
 
     def alive(self) -> list[str]:
         """Machines with a live trainer process."""
@@ -465,8 +514,9 @@ class Nodes:
         for thread in stoppers:
             thread.join()
         for worker in workers:
-            self._signal(worker, signal.SIGKILL)
+            self._off(worker)
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
             thread.join(timeout=5)
+        self.secret_manager.close()

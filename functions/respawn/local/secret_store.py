@@ -4,7 +4,8 @@
 value of NAME in this shell's environment, kept off the command line) or a
 `--secrets-file` of `NAME=VALUE` lines, NAME being the job's variable. They are
 held in memory, keyed by the reference, and reach a trainer's environment only
-(nodes.py), as the startup script does on a machine. `leaks` searches files
+through the startup script's own reads (gcloud secrets versions access) from the
+local Secret Manager (machine_host.py), as on a machine. `leaks` searches files
 for them: the run proves no record, log or timeline holds one.
 """
 
@@ -20,10 +21,6 @@ MIN_SEARCHED_BYTES = 8  # shorter values would be found by chance in binary file
 
 class SecretError(ValueError):
     """A secret option or file that cannot be used (the message never holds a value)."""
-
-
-class SecretUnavailable(Exception):
-    """A machine asked for a reference that has no local value: what Secret Manager's NOT_FOUND is on a machine."""
 
 
 def secret_values(
@@ -75,15 +72,6 @@ def _file_values(path: str) -> dict[str, str]:
             raise SecretError(f"--secrets-file {path}: line {number} is not NAME=VALUE")
         values[name.strip()] = value
     return values
-
-
-def secret_env(metadata: Mapping[str, str], values: Mapping[str, str]) -> dict[str, str]:
-    """{variable: value} for the machine's `respawn-secrets` references ({variable: reference})."""
-    refs: dict[str, str] = json.loads(metadata.get("respawn-secrets") or "{}")
-    for name, ref in sorted(refs.items()):
-        if ref not in values:
-            raise SecretUnavailable(f"could not read secret {name} from {ref}")
-    return {name: values[ref] for name, ref in refs.items()}
 
 
 def delivered(environ: Mapping[str, str], expected: Mapping[str, str | None]) -> bool:

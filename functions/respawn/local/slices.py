@@ -84,10 +84,28 @@ class LocalSlice:
             return dict(env)
         from trainer.slice_env import worker_env
 
-        extra = worker_env(worker, self.hosts, coordinator_port, self.chips_per_host)
+        return self._with(env, worker_env(worker, self.hosts, coordinator_port, self.chips_per_host))
+
+    def host_env(self, env: Mapping[str, str], worker: int, coordinator_port: int) -> dict[str, str]:
+        """`worker_env` without the worker's place in the slice, which a machine's startup script reads from the
+        metadata server (`endpoints`): what the host of a loopback slice gives the trainer's image."""
+        if self.hosts == 1:
+            return dict(env)
+        from trainer.slice_env import host_env
+
+        return self._with(env, host_env(coordinator_port, self.chips_per_host))
+
+    def endpoints(self) -> str:
+        """The slice's `worker-network-endpoints` metadata: every host's address (loopback), in worker order."""
+        from trainer.slice_env import LOOPBACK
+
+        return ",".join([LOOPBACK] * self.hosts)
+
+    @staticmethod
+    def _with(env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
         flags = _DEVICE_COUNT.sub("", env.get("XLA_FLAGS", "")).split()
-        extra["XLA_FLAGS"] = " ".join([*flags, *extra.get("XLA_FLAGS", "").split()])
-        return {**env, **extra, "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)}
+        joined = " ".join([*flags, *extra.get("XLA_FLAGS", "").split()])
+        return {**env, **extra, "XLA_FLAGS": joined, "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)}
 
     def start(
         self,

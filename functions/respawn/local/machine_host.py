@@ -1,0 +1,350 @@
+"""What a local machine gets from outside itself, so that it runs the real startup script (adapters/startup.py).
+
+A VM of the cloud has a metadata server, a container runtime and gcloud; a local machine has local stand-ins for
+exactly those, and nothing else differs:
+
+* `MetadataServer`: the VM's metadata server over HTTP on loopback, which the script reaches the way it reaches the
+  real one (`GCE_METADATA_HOST`, as Google's client libraries read it): the machine's metadata attributes, this
+  worker's `agent-worker-number` and the slice's `worker-network-endpoints`, `preempted`, a token, the project.
+* `SecretManager`: Secret Manager's `versions/V:access` over HTTP, answering from the local secret store.
+* `docker` (`python -m respawn.local.machine_host docker ...`): runs the image's command (`python -m trainer`, or
+  the local cloud's entrypoint), or `--entrypoint`'s, as a local process in its own process group with only the
+  image's environment and what `-e`/`--env-file` pass, honouring `run` (`--name`, `--rm`, signals proxied to the
+  container as docker's default `--sig-proxy` does), `stop -t N` (SIGTERM, SIGKILL after N s), `rm -f`, `pull`,
+  `login` and `info`. The container's log driver is the machine's log: its output is the script's output, and the
+  lifecycle entries a trainer sends to Cloud Logging (`RESPAWN_LOG_SINK=cloud`) come on its stdout, which the
+  machine reads (local/nodes.py).
+* `gcloud`: `logging write` prints the entry's payload on stdout, where the machine reads lifecycle entries;
+  `secrets versions access` asks `SecretManager`; `auth configure-docker` has nothing to configure.
+
+The shims learn where things are from the machine's environment (`RESPAWN_LOCAL_*`), never from the script.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from respawn.machine import TRAINER_LOG
+
+DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its containers (NAME.pid)
+IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
+IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
+SECRET_MANAGER = "RESPAWN_LOCAL_SECRET_MANAGER"  # URL of the local Secret Manager
+STOP_POLL_S = 0.05
+
+
+class _Server:
+    """A ThreadingHTTPServer on loopback, served on a daemon thread; `get(path)` answers (status, body)."""
+
+    def __init__(self, get: Callable[[str, Mapping[str, str]], tuple[int, bytes]]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = get(self.path, {k: v for k, v in self.headers.items()})
+                self.send_response(status)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self._httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class MetadataServer(_Server):
+    """One VM's metadata server (https://cloud.google.com/compute/docs/metadata/querying-metadata): answers only
+    requests with `Metadata-Flavor: Google` (403 otherwise), 404 for a key it does not have."""
+
+    def __init__(self, project: str, attributes: Mapping[str, str]) -> None:
+        self.project = project
+        self.attributes = dict(attributes)
+        self.preempted = False  # `instance/preempted`: TRUE from the notice on
+        super().__init__(self._get)
+
+    def _get(self, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        if headers.get("Metadata-Flavor") != "Google":
+            return 403, b"Missing Metadata-Flavor:Google header."
+        key = path.split("?", 1)[0].removeprefix("/computeMetadata/v1/")
+        if key.startswith("instance/attributes/") and key.removeprefix("instance/attributes/") in self.attributes:
+            return 200, self.attributes[key.removeprefix("instance/attributes/")].encode()
+        answers = {
+            "instance/preempted": "TRUE" if self.preempted else "FALSE",
+            "instance/service-accounts/default/token": json.dumps(
+                {"access_token": "local", "expires_in": 3600, "token_type": "Bearer"}
+            ),
+            "project/project-id": self.project,
+        }
+        return (200, answers[key].encode()) if key in answers else (404, b"not found")
+
+
+class SecretManager(_Server):
+    """Secret Manager's `GET /v1/projects/P/secrets/S/versions/V:access` from {reference: value}: the documented
+    answer (`payload.data` base64), or 404 NOT_FOUND for a reference without a value."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self.values = dict(values)
+        super().__init__(self._get)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    def _get(self, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        ref = path.removeprefix("/v1/").removesuffix(":access")
+        if ref not in self.values:
+            return 404, json.dumps({"error": {"code": 404, "status": "NOT_FOUND"}}).encode()
+        data = base64.b64encode(self.values[ref].encode()).decode()
+        return 200, json.dumps({"name": ref, "payload": {"data": data}}).encode()
+
+
+# ---- docker -----------------------------------------------------------------------------------------------------
+
+_WITH_VALUE = {"--name", "-e", "--env", "--env-file", "--log-driver", "--log-opt", "--gpus", "--entrypoint", "--net"}
+_WITH_VALUE |= {"--network", "-v", "--volume", "-w", "--workdir", "-u", "--user"}
+
+
+def _options(
+    args: Sequence[str], with_value: frozenset[str] | set[str] = _WITH_VALUE
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(option, value) pairs up to the first argument that is no option (`with_value`: the options that take a
+    value), and the rest (IMAGE ARGS..., or the containers' names)."""
+    opts: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        flag, eq, value = args[i].partition("=")
+        if flag in with_value and not eq:
+            i += 1
+            value = args[i] if i < len(args) else ""
+        opts.append((flag, value))
+        i += 1
+    return opts, list(args[i:])
+
+
+def container_env(opts: Sequence[tuple[str, str]], environ: Mapping[str, str]) -> dict[str, str]:
+    """The image's environment, then `-e K=V`, `-e K` (this environment's K, when set) and `--env-file` lines."""
+    env = dict(json.loads(environ.get(IMAGE_ENV) or "{}"))
+    for flag, value in opts:
+        if flag in ("-e", "--env"):
+            key, eq, given = value.partition("=")
+            if eq:
+                env[key] = given
+            elif key in environ:
+                env[key] = environ[key]
+        elif flag == "--env-file":
+            for line in Path(value).read_text().splitlines():
+                if line.strip() and not line.lstrip().startswith("#"):
+                    key, _, given = line.partition("=")
+                    env[key.strip()] = given
+    if env.get("RESPAWN_LOG_SINK") == "cloud":  # the machine reads Cloud Logging's lifecycle entries on stdout
+        env["RESPAWN_LOG_SINK"] = "stdout"
+    return env
+
+
+def _pid(state: Path, name: str) -> int | None:
+    try:
+        pid = int((state / f"{name}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+def container_pid(state: Path, name: str) -> int | None:
+    """The process of container `name` under `state` (a machine's docker directory), None when none runs."""
+    return _pid(state, name)
+
+
+def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
+    opts, rest = _options(args)
+    if not rest:
+        print('docker: "docker run" requires at least 1 argument.', file=sys.stderr)
+        return 125
+    given = dict(opts)
+    name = given.get("--name") or f"container-{os.getpid()}"
+    if _pid(state, name) is not None:
+        print(f'docker: Error response from daemon: Conflict. The container name "/{name}" is already in use.')
+        return 125
+    entrypoint = given.get("--entrypoint")
+    command = [entrypoint] if entrypoint else list(json.loads(environ.get(IMAGE_CMD) or "[]"))
+    argv = [*command, *rest[1:]]
+    try:
+        child = subprocess.Popen(
+            argv, env=container_env(opts, environ), stdin=subprocess.DEVNULL, process_group=0, close_fds=True
+        )
+    except OSError as e:
+        print(f"docker: Error response from daemon: failed to create task for container: exec: {e}", file=sys.stderr)
+        return 127
+    state.mkdir(parents=True, exist_ok=True)
+    pidfile = state / f"{name}.pid"
+    pidfile.write_text(str(child.pid))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # docker run's --sig-proxy (on by default)
+        signal.signal(sig, lambda s, _f: _kill(child.pid, s))
+    code = child.wait()
+    with contextlib.suppress(OSError):
+        pidfile.unlink()
+    return 128 - code if code < 0 else code
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _each(names: Sequence[str], state: Path, act: Callable[[str, int], bool]) -> int:
+    """`act(name, pid)` on each running container named (False: it refused, its message printed); docker's exit
+    code: 1 when a container is missing or refused."""
+    code = 0
+    for name in names:
+        pid = _pid(state, name)
+        if pid is None:
+            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+            code = 1
+        elif act(name, pid):
+            print(name)
+        else:
+            code = 1
+    return code
+
+
+def _stop(args: Sequence[str], state: Path) -> int:
+    """SIGTERM to each container, SIGKILL when it has not ended `-t` seconds later (docker's default: 10)."""
+    opts, names = _options(args, {"-t", "--time"})
+    timeout = float(dict(opts).get("-t") or dict(opts).get("--time") or 10)
+
+    def stop(name: str, pid: int) -> bool:
+        _kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid(state, name) is not None and time.monotonic() < deadline:
+            time.sleep(STOP_POLL_S)
+        _kill(pid, signal.SIGKILL)
+        return True
+
+    return _each(names, state, stop)
+
+
+def _rm(args: Sequence[str], state: Path) -> int:
+    """`rm -f`: SIGKILL to each container; without -f a running container is refused."""
+    opts, names = _options(args)
+    force = any(flag in ("-f", "--force") for flag, _ in opts)
+
+    def remove(name: str, pid: int) -> bool:
+        if not force:
+            print(f"Error response from daemon: cannot remove container {name}: container is running", file=sys.stderr)
+            return False
+        _kill(pid, signal.SIGKILL)
+        return True
+
+    return _each(names, state, remove)
+
+
+def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
+    state = Path(environ[DOCKER_DIR])
+    command, rest = (args[0], args[1:]) if args else ("", [])
+    if command == "run":
+        return _run(rest, environ, state)
+    if command == "stop":
+        return _stop(rest, state)
+    if command == "rm":
+        return _rm(rest, state)
+    if command == "pull":
+        print(f"{rest[-1] if rest else ''}: the local machine's image")
+        return 0
+    if command == "login":
+        sys.stdin.read()
+        print("Login Succeeded")
+        return 0
+    if command == "info":
+        print("Server: the local machine's container runtime (respawn local cloud)")
+        return 0
+    print(f"docker: '{command}' is not a docker command the local machine has.", file=sys.stderr)
+    return 1
+
+
+# ---- gcloud -----------------------------------------------------------------------------------------------------
+
+
+def gcloud(args: Sequence[str], environ: Mapping[str, str]) -> int:
+    if list(args[:2]) == ["logging", "write"] and len(args) >= 4:
+        payload = json.loads(args[3])
+        if args[2] == TRAINER_LOG:  # a lifecycle entry: where the machine reads them
+            print(json.dumps(payload, separators=(",", ":")), flush=True)
+        else:
+            print(f"{args[2]}: {json.dumps(payload)}", file=sys.stderr)
+        return 0
+    if list(args[:3]) == ["secrets", "versions", "access"] and len(args) >= 4:
+        ref = args[3]
+        try:
+            with urllib.request.urlopen(f"{environ[SECRET_MANAGER]}/v1/{ref}:access", timeout=30) as answer:
+                data = json.loads(answer.read())["payload"]["data"]
+        except urllib.error.HTTPError:
+            print(
+                f"ERROR: (gcloud.secrets.versions.access) NOT_FOUND: Secret Version [{ref}] not found.", file=sys.stderr
+            )
+            return 1
+        sys.stdout.buffer.write(base64.b64decode(data))
+        return 0
+    if list(args[:2]) == ["auth", "configure-docker"]:
+        return 0
+    print(f"ERROR: (gcloud) the local machine's gcloud has no {' '.join(args[:3])!r}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str]) -> int:
+    tool, args = argv[0], argv[1:]
+    if tool == "docker":
+        return docker(args, os.environ)
+    if tool == "gcloud":
+        return gcloud(args, os.environ)
+    print(f"{tool}: not a tool of the local machine; allowed: docker, gcloud", file=sys.stderr)
+    return 2
+
+
+def install(bin_dir: Path) -> Path:
+    """`docker` and `gcloud` in `bin_dir` (put first on the machine's PATH), run by this interpreter, and the GPU
+    image's `nvidia-smi` / `nvidia-ctk` (its driver and container toolkit are installed: nothing to wait for)."""
+    import shlex
+
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    functions = str(Path(__file__).resolve().parents[2])
+    for tool in ("docker", "gcloud"):
+        run = f"PYTHONPATH={shlex.quote(functions)} exec {shlex.quote(sys.executable)} -m respawn.local.machine_host"
+        (bin_dir / tool).write_text(f'#!/bin/sh\n{run} {tool} "$@"\n')
+    for tool in ("nvidia-smi", "nvidia-ctk"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    return bin_dir
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

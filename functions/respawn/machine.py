@@ -1,0 +1,82 @@
+"""What a machine does for its trainer, in one place: the startup script renders it and the local cloud runs it.
+
+The grace period each kind of machine gives its trainer after the notice, the notice itself (the marker file the
+shutdown script or the startup script's trap leaves), the trainer's environment, the entry the startup script
+writes from the trainer's exit code, and the names of the logs a machine writes to. adapters/startup.py renders the
+bash that does it on a real machine; the local cloud (respawn/local/nodes.py) runs the trainer with this contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
+# a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
+# 10 s in practice (docs/operations.md, Notice windows).
+GRACE_S = {"gpu": 25, "tpu": 8}
+
+CONTAINER = "respawn-trainer"  # the trainer's container, which `docker stop -t GRACE` stops
+NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`
+NOTICE_ENV = "RESPAWN_NOTICE_FILE"  # names another notice file on a machine without /run (the local cloud's)
+TRAINER_LOG = "respawn-trainer"  # the lifecycle entries: the trainer's own and the startup script's
+STARTUP_LOG = "respawn-startup"  # the startup script's notes for the operator (never read by the control plane)
+
+# The variables respawn sets in the trainer's environment, which the job's `env` cannot override.
+RESERVED_ENV = (
+    "RESPAWN_JOB_ID",
+    "RESPAWN_ATTEMPT",
+    "RESPAWN_CHECKPOINT_URI",
+    "RESPAWN_LOG_SINK",
+    "RESPAWN_GRACE_S",
+    "RESPAWN_PROGRESS_S",
+)
+
+
+def grace_s(kind: str) -> int:
+    """The grace period of a machine of `kind` ("gpu" or "tpu")."""
+    if kind not in GRACE_S:
+        raise ValueError(f"machine kind: {kind!r} is not a machine kind; allowed: {', '.join(sorted(GRACE_S))}")
+    return GRACE_S[kind]
+
+
+def trainer_env(
+    *,
+    kind: str,
+    job_id: str,
+    attempt: int,
+    checkpoint_uri: str,
+    progress_s: int,
+    env: Iterable[tuple[str, str]] = (),
+    log_sink: str = "cloud",
+) -> list[tuple[str, str]]:
+    """The trainer's environment: the job's `env`, then respawn's (which the job cannot override).
+
+    `log_sink` is where the trainer sends its lifecycle entries: `cloud` (Cloud Logging) on a real machine."""
+    own = [
+        ("RESPAWN_JOB_ID", job_id),
+        ("RESPAWN_ATTEMPT", str(attempt)),
+        ("RESPAWN_CHECKPOINT_URI", checkpoint_uri),
+        ("RESPAWN_LOG_SINK", log_sink),
+        ("RESPAWN_GRACE_S", str(grace_s(kind))),
+        ("RESPAWN_PROGRESS_S", str(progress_s)),
+    ]
+    return [(k, v) for k, v in env if k not in RESERVED_ENV] + own
+
+
+# (event, severity) the startup script writes for a trainer that exited, from (exit code is 0, noticed, worker 0)
+_EXIT_ENTRIES: dict[tuple[bool, bool, bool], tuple[str, str] | None] = {
+    (True, False, True): ("completed", "INFO"),
+    (True, True, True): ("stopped", "WARNING"),
+    (True, False, False): None,  # worker 0 speaks for a slice
+    (True, True, False): None,
+    (False, False, True): ("failed", "ERROR"),  # failed, or killed without a word (OOM, segfault): any worker
+    (False, False, False): ("failed", "ERROR"),
+    (False, True, True): None,  # after the notice the preemption's system event speaks for it
+    (False, True, False): None,
+}
+
+
+def exit_code_entry(code: int, worker: int, *, noticed: bool) -> tuple[str, str] | None:
+    """The (event, severity) the startup script logs from the exit code of a trainer (docs/trainer-protocol.md,
+    Exit codes), marked `"source": "exit-code"`; None when the script says nothing."""
+    return _EXIT_ENTRIES[(code == 0, noticed, worker == 0)]
