@@ -51,4 +51,4 @@ def test_a_slice_survives_a_preemption_a_killed_worker_and_a_host_error(tmp_path
     starts = [e for e in timeline if e["kind"] == "trainer_start"]
     assert len(starts) == 4 * 4 and {e["worker"] for e in starts} == {0, 1, 2, 3}, detail
     killed = [e["payload"] for e in timeline if e["kind"] == "entry" and e["payload"].get("worker") == 2]
-    assert any(p["event"] == "failed" and p["error"] == "the trainer exited with code -9" for p in killed), detail
+    assert any(p["event"] == "failed" and p["error"] == "the trainer exited with code 137" for p in killed), detail

@@ -136,7 +136,10 @@ def parser() -> argparse.ArgumentParser:
         "--grace",
         default="30s",
         metavar="DURATION",
-        help="preemption notice: SIGKILL this long after SIGTERM (default 30s, as on Compute Engine)",
+        help=(
+            "preemption notice window: the VM is off this long after the notice (default 30s, as on Compute"
+            " Engine); the shutdown script stops the trainer within its machine kind's grace (8s TPU, 25s GPU)"
+        ),
     )
     r.add_argument("--sweep-every", default="5s", metavar="DURATION", help="sweep tick period (default 5s; 0 = off)")
     r.add_argument("--timeout", default="30m", metavar="DURATION", help="give up after this long (default 30m)")

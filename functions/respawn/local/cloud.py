@@ -519,7 +519,7 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
             f"{at} chaos: host error on worker {e['worker']} of {e['machine']}: node TERMINATED, system event on "
             f"{e['instance']} sent to the log router, the worker killed"
         )
-    if kind == "trainer_exit" and e["code"] not in (0, -15):  # -15: SIGTERM (preempted or deleted)
+    if kind == "trainer_exit" and e["code"] not in (0, 143, -15):  # docker's 143 (128 + SIGTERM): preempted or deleted
         worker = f" worker {e['worker']}" if "worker" in e else ""
         return f"{at} trainer on {e['machine']}{worker} exited with code {e['code']}"
     if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):
