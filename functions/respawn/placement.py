@@ -1,0 +1,197 @@
+"""Where Spot lasts: a decayed preemption history per (zone, machine type, provisioning model) and a zone ranking.
+
+The history keeps, per key, machine-seconds and interruptions, both decayed exponentially with the time since they
+were seen (half-life a parameter): interruption rates drift over days, so old evidence should fade. It is one small
+JSON object, meant to live in the state bucket and be updated under compare-and-set, cheap to read on every create.
+
+The expected time to interruption (MTBI) of a key is a Gamma-Poisson posterior mean: the key's own decayed counts on
+top of a prior worth `prior_interruptions` interruptions at the pooled MTBI of its machine type and provisioning
+model (all zones together), so a zone with no data sits at the pooled figure, neither best nor worst; with no data
+at all the pooled figure is `prior_hours` per `prior_interruptions`.
+
+`rank` orders zones by expected useful training per dollar: the useful fraction of a machine-hour from a Young/Daly
+model (checkpoint every sqrt(2 * checkpoint_cost * MTBI); waste = checkpoint_cost / interval, plus per interruption
+the restart cost and half an interval of lost work), over the price. A zone that just interrupted this job is
+penalised by a factor that fades with a half-life (interruptions cluster: a zone that just preempted one machine
+tends to preempt the next soon after). Ties keep the given zone order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a preemption rate is kept for: Spot in us-central1-a is not Spot in us-central1-b, nor standard."""
+
+    zone: str
+    machine_type: str
+    provisioning: str
+
+    def text(self) -> str:
+        return f"{self.zone}|{self.machine_type}|{self.provisioning}"
+
+    @staticmethod
+    def parse(text: str) -> Key:
+        parts = text.split("|")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"history key {text!r}: expected ZONE|MACHINE_TYPE|PROVISIONING, all three non-empty")
+        return Key(*parts)
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """Decayed machine-seconds and interruptions of one key, as of `at` (the time of the last observation)."""
+
+    seconds: float
+    interruptions: float
+    at: float
+
+    def decayed_to(self, now: float, half_life_s: float) -> Exposure:
+        """The same evidence seen from `now`: both counts scaled by 0.5 ** (elapsed / half-life); never grows."""
+        factor = 0.5 ** (max(0.0, now - self.at) / half_life_s)
+        return Exposure(self.seconds * factor, self.interruptions * factor, max(now, self.at))
+
+
+@dataclass(frozen=True)
+class History:
+    """The preemption history of a deployment: per key, its decayed exposure, and the parameters that read it."""
+
+    exposures: Mapping[Key, Exposure] = field(default_factory=dict)
+    half_life_s: float = 3 * DAY
+    prior_interruptions: float = 1.0
+    prior_hours: float = 24.0
+
+    def __post_init__(self) -> None:
+        for name in ("half_life_s", "prior_interruptions", "prior_hours"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"history {name}: {getattr(self, name)!r} must be a positive number")
+
+    def observe(self, key: Key, now: float, *, seconds: float, interruptions: int = 0) -> History:
+        """A new history with `seconds` more machine time and `interruptions` more interruptions of `key` at `now`."""
+        if seconds < 0 or interruptions < 0:
+            raise ValueError(f"observation of {key.text()}: seconds and interruptions must be >= 0")
+        old = self.exposures.get(key, Exposure(0.0, 0.0, now)).decayed_to(now, self.half_life_s)
+        new = Exposure(old.seconds + seconds, old.interruptions + interruptions, old.at)
+        return replace(self, exposures={**self.exposures, key: new})
+
+    def exposure(self, key: Key, now: float) -> Exposure:
+        """The key's evidence as of `now` (zero when never observed)."""
+        seen = self.exposures.get(key)
+        return Exposure(0.0, 0.0, now) if seen is None else seen.decayed_to(now, self.half_life_s)
+
+    def pooled_mtbi_s(self, machine_type: str, provisioning: str, now: float) -> float:
+        """The MTBI of every zone of this machine type and provisioning model together, on the fixed prior."""
+        seconds, interruptions = self.prior_hours * HOUR, self.prior_interruptions
+        for key in self.exposures:
+            if key.machine_type == machine_type and key.provisioning == provisioning:
+                seen = self.exposure(key, now)
+                seconds, interruptions = seconds + seen.seconds, interruptions + seen.interruptions
+        return seconds / interruptions
+
+    def mtbi_s(self, key: Key, now: float) -> float:
+        """Expected seconds to the next interruption in `key`: its own evidence on the pooled prior."""
+        pooled = self.pooled_mtbi_s(key.machine_type, key.provisioning, now)
+        seen = self.exposure(key, now)
+        return (self.prior_interruptions * pooled + seen.seconds) / (self.prior_interruptions + seen.interruptions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "half_life_s": self.half_life_s,
+            "prior_interruptions": self.prior_interruptions,
+            "prior_hours": self.prior_hours,
+            "exposures": {
+                key.text(): {"seconds": e.seconds, "interruptions": e.interruptions, "at": e.at}
+                for key, e in sorted(self.exposures.items(), key=lambda item: item[0].text())
+            },
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> History:
+        exposures = {
+            Key.parse(text): Exposure(float(e["seconds"]), float(e["interruptions"]), float(e["at"]))
+            for text, e in dict(d.get("exposures", {})).items()
+        }
+        return History(
+            exposures=exposures,
+            half_life_s=float(d.get("half_life_s", 3 * DAY)),
+            prior_interruptions=float(d.get("prior_interruptions", 1.0)),
+            prior_hours=float(d.get("prior_hours", 24.0)),
+        )
+
+
+def useful_fraction(mtbi_s: float, checkpoint_cost_s: float, restart_cost_s: float) -> float:
+    """The share of machine time that becomes kept training, first order (Young 1974, Daly 2006): checkpoint every
+    tau = sqrt(2 * C * M); waste = C / tau for saving, plus (R + tau / 2) / M for each interruption's restart and
+    lost work. Clamped to [0, 1]."""
+    tau = math.sqrt(2 * checkpoint_cost_s * mtbi_s) if checkpoint_cost_s > 0 else 0.0
+    saving = checkpoint_cost_s / tau if tau > 0 else 0.0
+    return min(1.0, max(0.0, 1.0 - saving - (restart_cost_s + tau / 2) / mtbi_s))
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One zone in a ranking, with its score (useful hours per dollar after the penalty) and why."""
+
+    zone: str
+    score: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ranking:
+    placed: tuple[Placed, ...]
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return tuple(p.zone for p in self.placed)
+
+
+def rank(
+    zones: Sequence[str],
+    history: History,
+    now: float,
+    *,
+    machine_type: str,
+    provisioning: str,
+    price_per_hour: float | Mapping[str, float],
+    restart_cost_s: float,
+    checkpoint_cost_s: float = 30.0,
+    just_interrupted: Mapping[str, float] | None = None,
+    penalty: float = 0.8,
+    penalty_half_life_s: float = HOUR,
+) -> Ranking:
+    """`zones` best first by expected useful training per dollar; `just_interrupted` maps a zone to when it last
+    interrupted this job, which scales its score by 1 - penalty * 0.5 ** (age / penalty_half_life_s). Equal scores
+    keep the order of `zones`."""
+    if not 0 <= penalty <= 1:
+        raise ValueError(f"placement penalty: {penalty!r} must be between 0 and 1")
+    recent = just_interrupted or {}
+    placed = []
+    for zone in zones:
+        price = price_per_hour[zone] if isinstance(price_per_hour, Mapping) else price_per_hour
+        if not price > 0:
+            raise ValueError(f"placement price_per_hour of {zone}: {price!r} must be a positive number")
+        key = Key(zone, machine_type, provisioning)
+        mtbi, seen = history.mtbi_s(key, now), history.exposure(key, now)
+        useful = useful_fraction(mtbi, checkpoint_cost_s, restart_cost_s)
+        reason = (
+            f"{zone}: MTBI {mtbi / HOUR:.1f}h ({seen.interruptions:.1f} interruptions in "
+            f"{seen.seconds / HOUR:.1f} machine-hours, decayed), useful {useful:.0%} at ${price:.2f}/h"
+        )
+        factor = 1.0
+        if zone in recent:
+            age = max(0.0, now - recent[zone])
+            factor = 1.0 - penalty * 0.5 ** (age / penalty_half_life_s)
+            reason += f"; interrupted this job {age / 60:.0f} min ago (x{factor:.2f})"
+        score = useful / price * factor
+        placed.append(Placed(zone, score, f"{reason} -> {score:.3f} useful h/$"))
+    order = sorted(range(len(placed)), key=lambda i: (-placed[i].score, i))
+    return Ranking(tuple(placed[i] for i in order))
