@@ -98,7 +98,7 @@ def test_json_round_trip_keeps_every_figure() -> None:
 def test_bad_input_names_the_field() -> None:
     with pytest.raises(ValueError, match="half_life_s"):
         History(half_life_s=0)
-    with pytest.raises(ValueError, match="ZONE|MACHINE_TYPE|PROVISIONING"):
+    with pytest.raises(ValueError, match=r"ZONE\|MACHINE_TYPE\|PROVISIONING"):
         History.from_json({"exposures": {"us-central1-a": {"seconds": 1, "interruptions": 0, "at": 0}}})
     with pytest.raises(ValueError, match="price_per_hour of us-central1-a"):
         ranked(History(), price_per_hour=0.0)
