@@ -1,0 +1,380 @@
+"""Placement benchmark: many simulated Spot job-days over real preemption traces, three zone-choice policies.
+
+Traces are in the format of skypilot-org/spot-traces: `{"metadata": {"gap_seconds": N}, "data": [...]}`, per tick
+1 while a Spot instance runs in that zone and 0 while it is preempted or unobtainable; one file per zone, the zone's
+label the file name's part before the first `_`. Every directory holding such files is one set of zones.
+
+Each set runs `--jobs` jobs side by side on one simulated clock (staggered over the first day, `--days` each, the
+traces looped), every decision made by the real `respawn.decide.decide()`: a create, reaching its zone
+CREATE_DELAY_S after the decision, in a zone whose trace is 0 then fails for capacity (CreateFailed), a machine
+whose zone's trace turns 0 is preempted (MachinePreempted),
+a machine up for `RESTART_S` has its trainer started (TrainerStarted), a job waiting out its capacity backoff is
+woken by a listing (MachinesObserved) when it is due.
+
+The policy is injected after decide() and before the create is acted on: decide() today puts the replacement of a
+preempted machine in the same zone and, after a stockout, tries the next listed zone; when it asks for a machine,
+the policy may move that new attempt to another zone of the tier (the attempt's zone and the job's zone_index are
+rewritten in the record, as a decide() given a ranked zone list would have chosen). decide() itself is untouched.
+
+  ordered         decide() as it is: static list order
+  skip-preempted  after a preemption, the next listed zone instead of the same one (SkyPilot's EAGER_NEXT_REGION)
+  respawn         respawn.placement.rank over the tier's zones, its history learned online from this simulation's
+                  outcomes (running machines' time and each preemption), shared by all jobs of the set; a zone
+                  that just preempted the job or had no capacity for it is penalised, the penalty fading
+
+Productive time: a trainer starts RESTART_S after its machine is up (boot, restore), saves every
+CHECKPOINT_INTERVAL_S of training at CHECKPOINT_COST_S; a preemption loses the work since the last save; the job's
+end keeps all of it. goodput = productive / wall time; cost per productive hour = machine-hours (from create to
+preemption) x the price of an a2-highgpu-1g's A100 at Spot from respawn.prices; recoveries = preemptions.
+
+    bench/bench_placement.py [--traces DIR] [--seed N] [--jobs N] [--days D]
+
+Prints a table per set, then as its last line one JSON object {"policies": {POLICY: {"goodput",
+"cost_per_productive_hour", "recoveries", ...}}, "sets": {SET: {"policies": ...}}}, the top level over all sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from respawn.actions import CreateMachine
+from respawn.decide import Policy, decide
+from respawn.events import (
+    CreateFailed,
+    CreateFailure,
+    JobEvent,
+    JobSubmitted,
+    MachinePreempted,
+    MachinesObserved,
+    TrainerStarted,
+)
+from respawn.model import EndReason, GpuMachine, Job, JobSpec, Status
+from respawn.placement import DAY, HOUR, History, Key, rank
+from respawn.prices import machine_price, rate_per_h
+
+POLICIES = ("respawn", "ordered", "skip-preempted")
+MACHINE = GpuMachine("a2-highgpu-1g", "nvidia-tesla-a100", 1)
+PROVISIONING = "spot"
+FALLBACK_PRICE_PER_H = 1.0  # used only when respawn.prices has no row for MACHINE
+RESTART_S = 180.0  # machine up -> training again (boot, image, restore)
+CREATE_DELAY_S = 30.0  # decision -> the create reaches the zone (delete, decide, the API call)
+CREATE_FAIL_S = 20.0  # a create call that finds no capacity answers after this
+CHECKPOINT_INTERVAL_S = 20 * 60.0
+CHECKPOINT_COST_S = 30.0
+DECIDE_POLICY = Policy()
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One zone's trace, looped: `down_at` answers "when does this zone next turn 0" in O(1)."""
+
+    zone: str
+    gap_s: float
+    data: tuple[int, ...]
+    next_zero: tuple[int, ...]  # per tick i, the first tick j >= i (up to 2 * len) that is 0; -1: never
+
+    @staticmethod
+    def load(path: Path) -> Trace:
+        raw = json.loads(path.read_text())
+        data = tuple(int(bool(x)) for x in raw["data"])
+        gap = float(raw["metadata"]["gap_seconds"])
+        if not data or not gap > 0:
+            raise ValueError(f"{path}: data must be non-empty and metadata.gap_seconds positive")
+        n, nxt, following = len(data), [-1] * (2 * len(data)), -1
+        for j in range(2 * n - 1, -1, -1):
+            if data[j % n] == 0:
+                following = j
+            nxt[j] = following
+        return Trace(path.stem.split("_")[0], gap, data, tuple(nxt[:n]))
+
+    def up(self, t: float) -> bool:
+        return self.data[int(t // self.gap_s) % len(self.data)] == 1
+
+    def down_at(self, t: float) -> float:
+        """The time this zone's trace next reads 0 (at or after t); inf when it never does."""
+        tick = int(t // self.gap_s)
+        cycle, i = divmod(tick, len(self.data))
+        j = self.next_zero[i]
+        return math.inf if j < 0 else (cycle * len(self.data) + j) * self.gap_s
+
+
+def trace_sets(root: Path) -> dict[str, dict[str, Trace]]:
+    """Every directory under root (root included) holding *.json traces, by its path relative to root."""
+    sets: dict[str, dict[str, Trace]] = {}
+    for folder in sorted({p.parent for p in root.rglob("*.json")}):
+        traces = [Trace.load(p) for p in sorted(folder.glob("*.json"))]
+        by_zone = {t.zone: t for t in traces}
+        if len(by_zone) != len(traces):  # labels collide: fall back to the whole file name
+            files = sorted(folder.glob("*.json"))
+            by_zone = {p.stem: replace(t, zone=p.stem) for p, t in zip(files, traces, strict=True)}
+        sets[str(folder.relative_to(root)) if folder != root else root.name] = by_zone
+    if not sets:
+        raise SystemExit(f"--traces {root}: no *.json trace files in it or below it")
+    return sets
+
+
+@dataclass
+class Run:
+    """One simulated job: its record and what the simulator knows of its machine."""
+
+    job: Job
+    end_at: float
+    up_since: float | None = None  # the live machine exists since (billed)
+    flushed_at: float | None = None  # its time is in the history up to here (respawn)
+    machine_s: dict[str, float] = field(default_factory=dict)
+    productive_s: float = 0.0
+    recent: dict[str, float] = field(default_factory=dict)  # zone -> when it last preempted or refused this job
+
+
+@dataclass(frozen=True)
+class Outcome:
+    goodput: float
+    cost_per_productive_hour: float
+    recoveries: int
+    capacity_errors: int
+    machine_hours_by_zone: dict[str, float]
+    wall_hours: float
+    productive_hours: float
+    machine_hours: float
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "goodput": round(self.goodput, 4),
+            "cost_per_productive_hour": round(self.cost_per_productive_hour, 4),
+            "recoveries": self.recoveries,
+            "capacity_errors": self.capacity_errors,
+            "machine_hours_by_zone": {z: round(h, 1) for z, h in self.machine_hours_by_zone.items()},
+        }
+
+
+def kept_training_s(trained_s: float, finished: bool) -> float:
+    """Of `trained_s` seconds since the trainer started, the training kept: whole intervals that were saved, and at
+    the job's end everything."""
+    period = CHECKPOINT_INTERVAL_S + CHECKPOINT_COST_S
+    whole, rest = divmod(max(0.0, trained_s), period)
+    return whole * CHECKPOINT_INTERVAL_S + (min(rest, CHECKPOINT_INTERVAL_S) if finished else 0.0)
+
+
+def simulate(
+    traces: dict[str, Trace], policy: str, *, jobs: int, days: float, seed: int, price_per_h: float
+) -> Outcome:
+    """Run `jobs` jobs of `days` each under `policy` on one clock; the same seed gives the same starts for every
+    policy."""
+    zones = tuple(traces)
+    rng = random.Random(seed)
+    origin = rng.uniform(0, max(len(t.data) * t.gap_s for t in traces.values()))  # where in the traces time 0 is
+    starts = sorted(origin + rng.uniform(0, DAY) for _ in range(jobs))
+    queue: list[tuple[float, int, int, str, int]] = []  # (time, seq, run, what, attempt)
+    seq = 0
+    history = History()
+    runs: list[Run] = []
+    ids = iter(range(1, 10**9))
+
+    def at(t: float, i: int, what: str, attempt: int) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(queue, (t, seq, i, what, attempt))
+
+    def flush(now: float) -> None:
+        nonlocal history
+        for run in runs:
+            if run.flushed_at is not None and now > run.flushed_at and run.job.current is not None:
+                key = Key(run.job.current.zone, MACHINE.machine_type, PROVISIONING)
+                history = history.observe(key, now, seconds=now - run.flushed_at)
+                run.flushed_at = now
+
+    def choose(run: Run, now: float) -> str | None:
+        current = run.job.current
+        assert current is not None
+        previous = run.job.attempts[-2] if len(run.job.attempts) > 1 else None
+        if policy == "skip-preempted":
+            if previous is not None and previous.end_reason is EndReason.PREEMPTED and len(zones) > 1:
+                return zones[(zones.index(previous.zone) + 1) % len(zones)]
+            return None
+        if policy == "respawn":
+            flush(now)
+            ranking = rank(zones, history, now, machine_type=MACHINE.machine_type, provisioning=PROVISIONING,
+                           price_per_hour=price_per_h, restart_cost_s=RESTART_S, checkpoint_cost_s=CHECKPOINT_COST_S,
+                           just_interrupted=run.recent)  # fmt: skip
+            return ranking.zones[0]
+        return None
+
+    def feed(i: int, event: JobEvent, now: float) -> None:
+        run = runs[i]
+        before = run.job
+        new, actions = decide(run.job, event, now, DECIDE_POLICY)
+        assert new is not None
+        run.job = new
+        if any(isinstance(action, CreateMachine) for action in actions):
+            act_create(i, now)
+        waits_until = new.next_attempt_at if new.status is Status.PENDING else None
+        if waits_until is not None and waits_until != before.next_attempt_at:
+            at(waits_until, i, "wake", 0)  # the sweep's listing that finds the backoff over
+
+    def act_create(i: int, now: float) -> None:
+        run = runs[i]
+        current = run.job.current
+        assert current is not None
+        chosen = choose(run, now)
+        if chosen is not None and chosen != current.zone:
+            moved = replace(current, zone=chosen)
+            run.job = replace(run.job.with_attempt(moved), zone_index=zones.index(chosen))
+            current = moved
+        trace, t = traces[current.zone], now + CREATE_DELAY_S
+        if not trace.up(t):
+            at(t + CREATE_FAIL_S, i, "refused", current.n)
+            return
+        run.up_since = t
+        run.flushed_at = t if policy == "respawn" else None
+        down = trace.down_at(t)
+        if down > t + RESTART_S:
+            at(t + RESTART_S, i, "started", current.n)
+        at(down, i, "preempted", current.n)
+
+    def machine_gone(run: Run, now: float, *, preempted: bool) -> None:
+        nonlocal history
+        current = run.job.current
+        assert current is not None and run.up_since is not None
+        run.machine_s[current.zone] = run.machine_s.get(current.zone, 0.0) + now - run.up_since
+        run.productive_s += kept_training_s(now - run.up_since - RESTART_S, finished=not preempted)
+        if run.flushed_at is not None:
+            key = Key(current.zone, MACHINE.machine_type, PROVISIONING)
+            history = history.observe(key, now, seconds=now - run.flushed_at, interruptions=int(preempted))
+        run.up_since = run.flushed_at = None
+
+    for i, start in enumerate(starts):
+        spec = JobSpec(job_id=f"job-{i}", machine=MACHINE, zones=zones, image="trainer:1", checkpoint_uri=f"gs://b/{i}",
+                       ttl_s=int((days + 2) * DAY), hang_timeout_s=None)  # fmt: skip
+        submitted, actions = decide(None, JobSubmitted(event_id=f"e{next(ids)}", time=start, spec=spec), start,
+                                    DECIDE_POLICY)  # fmt: skip
+        assert submitted is not None and actions
+        runs.append(Run(job=submitted, end_at=start + days * DAY))
+        at(start, i, "submit", 0)
+
+    while queue:
+        now, _, i, what, attempt = heapq.heappop(queue)
+        run = runs[i]
+        if now >= run.end_at:
+            continue
+        current = run.job.current
+        if what == "submit":
+            act_create(i, now)  # decide asked for the first machine when the job was built above
+        elif what == "wake":
+            if run.job.status is Status.PENDING:
+                feed(i, MachinesObserved(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, machines=()), now)
+        elif current is None or attempt != current.n or current.ended:
+            continue  # about an attempt decide already replaced
+        elif what == "refused":
+            run.recent[current.zone] = now
+            event = CreateFailed(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, attempt=attempt,
+                                 kind=CreateFailure.CAPACITY, error="ZONE_RESOURCE_POOL_EXHAUSTED")  # fmt: skip
+            feed(i, event, now)
+        elif what == "started":
+            feed(i, TrainerStarted(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, attempt=attempt), now)
+        elif what == "preempted":
+            run.recent[current.zone] = now
+            machine_gone(run, now, preempted=True)
+            event = MachinePreempted(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, attempt=attempt,
+                                     machine=current.machine, zone=current.zone, project="p")  # fmt: skip
+            feed(i, event, now)
+    return _outcome(runs, days, price_per_h)
+
+
+def _outcome(runs: list[Run], days: float, price_per_h: float) -> Outcome:
+    for run in runs:  # the job's end: its machine's time so far, all of its training kept
+        if run.up_since is not None:
+            machine_gone_at_end(run)
+    wall = len(runs) * days * DAY
+    productive = sum(r.productive_s for r in runs)
+    by_zone: dict[str, float] = {}
+    for r in runs:
+        for zone, s in r.machine_s.items():
+            by_zone[zone] = by_zone.get(zone, 0.0) + s / HOUR
+    machine_h = sum(by_zone.values())
+    return Outcome(
+        goodput=productive / wall,
+        cost_per_productive_hour=machine_h * price_per_h / (productive / HOUR) if productive else math.inf,
+        recoveries=sum(r.job.counters.preemptions for r in runs),
+        capacity_errors=sum(r.job.counters.capacity_errors for r in runs),
+        machine_hours_by_zone=dict(sorted(by_zone.items())),
+        wall_hours=wall / HOUR,
+        productive_hours=productive / HOUR,
+        machine_hours=machine_h,
+    )
+
+
+def machine_gone_at_end(run: Run) -> None:
+    current = run.job.current
+    assert current is not None and run.up_since is not None
+    run.machine_s[current.zone] = run.machine_s.get(current.zone, 0.0) + run.end_at - run.up_since
+    run.productive_s += kept_training_s(run.end_at - run.up_since - RESTART_S, finished=True)
+    run.up_since = None
+
+
+def price_per_hour() -> tuple[float, str]:
+    row = machine_price(dict(MACHINE.__dict__, kind=MACHINE.kind))
+    rate = rate_per_h(PROVISIONING, row)
+    if rate is None or row is None:
+        return FALLBACK_PRICE_PER_H, f"${FALLBACK_PRICE_PER_H:.2f}/h (no row in respawn.prices)"
+    return rate, f"${rate:.2f}/h Spot ({row.label})"
+
+
+def combined(outcomes: list[Outcome], price_per_h: float) -> dict[str, object]:
+    wall = sum(o.wall_hours for o in outcomes)
+    productive = sum(o.productive_hours for o in outcomes)
+    machine_h = sum(o.machine_hours for o in outcomes)
+    return {
+        "goodput": round(productive / wall, 4),
+        "cost_per_productive_hour": round(machine_h * price_per_h / productive, 4) if productive else math.inf,
+        "recoveries": sum(o.recoveries for o in outcomes),
+        "capacity_errors": sum(o.capacity_errors for o in outcomes),
+    }
+
+
+def default_traces() -> Path:
+    """`../shared/traces` beside the repository (or beside the worktree folder holding it)."""
+    repo = Path(__file__).resolve().parents[1]
+    for candidate in (repo.parent / "shared" / "traces", repo.parent.parent / "shared" / "traces"):
+        if candidate.is_dir():
+            return candidate
+    return repo.parent / "shared" / "traces"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", type=Path, default=default_traces())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--days", type=float, default=7.0)
+    args = parser.parse_args(argv)
+    price, priced_as = price_per_hour()
+    print(f"{args.jobs} jobs x {args.days:g} days per set, seed {args.seed}; {MACHINE.machine_type} at {priced_as}")
+    print(f"restart {RESTART_S:.0f}s, checkpoint every {CHECKPOINT_INTERVAL_S:.0f}s at {CHECKPOINT_COST_S:.0f}s")
+    per_set: dict[str, dict[str, object]] = {}
+    totals: dict[str, list[Outcome]] = {p: [] for p in POLICIES}
+    for name, traces in trace_sets(args.traces).items():
+        print(f"\n{name}: zones {', '.join(traces)}")
+        print(f"  {'policy':<15}{'goodput':>9}{'$/prod h':>10}{'recov':>7}{'stockout':>9}  machine-hours by zone")
+        outcomes = {}
+        for policy in POLICIES:
+            o = simulate(traces, policy, jobs=args.jobs, days=args.days, seed=args.seed, price_per_h=price)
+            outcomes[policy] = o
+            totals[policy].append(o)
+            hours = " ".join(f"{z}={h:.0f}" for z, h in o.machine_hours_by_zone.items())
+            print(f"  {policy:<15}{o.goodput:>9.3f}{o.cost_per_productive_hour:>10.3f}{o.recoveries:>7}"
+                  f"{o.capacity_errors:>9}  {hours}")  # fmt: skip
+        per_set[name] = {"policies": {p: o.summary() for p, o in outcomes.items()}}
+    result = {"policies": {p: combined(totals[p], price) for p in POLICIES}, "sets": per_set}
+    print(json.dumps(result, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
