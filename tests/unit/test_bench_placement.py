@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from bench.bench_placement import Trace, main, simulate
+# bench/ is a folder of scripts, not an installed package: load the script by its path.
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_placement", Path(__file__).resolve().parents[2] / "bench" / "bench_placement.py"
+)
+assert _SPEC is not None and _SPEC.loader is not None
+bench_placement = importlib.util.module_from_spec(_SPEC)
+sys.modules["bench_placement"] = bench_placement  # dataclasses look their module up by name
+_SPEC.loader.exec_module(bench_placement)
+Trace, main, simulate = bench_placement.Trace, bench_placement.main, bench_placement.simulate
 
 
 def write(folder: Path, zone: str, period: int, ticks: int = 12_000) -> None:
