@@ -50,5 +50,10 @@ def test_a_slice_survives_a_preemption_a_killed_worker_and_a_host_error(tmp_path
     timeline = [json.loads(line) for line in (Path(report["run_dir"]) / "timeline.jsonl").read_text().splitlines()]
     starts = [e for e in timeline if e["kind"] == "trainer_start"]
     assert len(starts) == 4 * 4 and {e["worker"] for e in starts} == {0, 1, 2, 3}, detail
-    killed = [e["payload"] for e in timeline if e["kind"] == "entry" and e["payload"].get("worker") == 2]
-    assert any(p["event"] == "failed" and p["error"] == "the trainer exited with code 137" for p in killed), detail
+    # The killed worker's container exits 137 (128 + SIGKILL). Its startup script's `failed` entry races the
+    # peers', whose collectives broke at once: whichever arrives first ends the attempt and the slice's deletion
+    # stops the rest, on a real VM as here. Either way the attempt ends failed, once.
+    killed = [e["code"] for e in timeline if e["kind"] == "trainer_exit" and (e["attempt"], e.get("worker")) == (2, 2)]
+    assert killed == [137], detail
+    failed = [e["payload"] for e in timeline if e["kind"] == "entry" and e["payload"].get("event") == "failed"]
+    assert any(p.get("attempt") == 2 for p in failed), detail
