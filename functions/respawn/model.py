@@ -268,7 +268,7 @@ def parse_machine_name(name: str) -> tuple[str, int] | None:
 
 
 # A managed instance group names its VMs from its baseInstanceName and a random suffix: a slice MIG named NAME has
-# baseInstanceName NAME-w, so its VMs are NAME-w-XXXX (the suffix is 4 lowercase letters or digits).
+# baseInstanceName NAME-w, so its VMs are NAME-w-x7k2 (the suffix is 4 lowercase letters or digits).
 SLICE_VM_BASE = "-w"
 SLICE_VM_RE = re.compile(r"^(.+)-w-[a-z0-9]{4}$")
 

@@ -281,7 +281,7 @@ def _system_event(entry: dict[str, Any], event_id: str, when: float) -> Event:
         return Ignored(f"zone {show(zone)} is not a zone")
     if TPU_WORKER_RE.fullmatch(instance):
         return ZoneWokeUp(event_id, when, zone, project, instance, cause)
-    # a GPU VM or single-host TPU VM is named JOB-aN; a VM of a slice's MIG JOB-aN-w-XXXX: either is attempt N's
+    # a GPU VM or single-host TPU VM is named JOB-aN; a VM of a slice's MIG JOB-aN-w-x7k2: either is attempt N's
     parsed = parse_instance_name(instance)
     if parsed is None or not JOB_ID_RE.fullmatch(parsed[0]):
         return Ignored(f"instance {show(instance)} is not a respawn machine")

@@ -53,7 +53,7 @@ APIS = (API_COMPUTE, API_TPU)
 # 2 hours: "must be at least 90 and less or equal to 7200 seconds" is the API's own error as users report it; no
 # Google page states the range, so a flex-start job's queue_timeout stays inside it.
 FLEX_START_QUEUE_MAX_S = 2 * 3600
-# A slice's MIG names its VMs JOB-aN-w-XXXX: a job id ending in -aN-w could name an instance the same way.
+# A slice's MIG names its VMs JOB-aN-w-x7k2: a job id ending in -aN-w could name an instance the same way.
 SLICE_VM_LIKE_RE = re.compile(r"-a[1-9][0-9]*-w$")
 # A boot image or image family: projects/PROJECT/global/images/(family/)NAME, optionally as a full API URL.
 BOOT_IMAGE_RE = re.compile(
@@ -199,7 +199,7 @@ def _job_id(value: Any, path: str) -> str:
         "a valid job id",
     )
     if SLICE_VM_LIKE_RE.search(job_id):
-        _fail(path, f"{show(job_id)} ends like a slice's VM names (JOB-aN-w-XXXX)", "a job id not ending in -aN-w")
+        _fail(path, f"{show(job_id)} ends like a slice's VM names (JOB-aN-w-x7k2)", "a job id not ending in -aN-w")
     return job_id
 
 

@@ -32,7 +32,7 @@ from google.cloud import compute_v1
 from respawn.actions import CreateMachine
 from respawn.adapters.compute_operations import Operations, Scope, operation_error
 from respawn.adapters.compute_slices import ComputeSlices, Slice
-from respawn.adapters.errors import classify, is_already_exists, read_retry
+from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
 from respawn.model import (
@@ -283,12 +283,10 @@ class GcpComputeProvider:
         """The instance, or the slice (MIG -> template -> policy); with no spec, both ways."""
         multi_host = _multi_host(spec) if spec is not None else None
         if multi_host is not True:
-            try:
-                self.client.delete_unary(project=self.project, zone=zone, instance=name, timeout=self.timeout)
-            except gexc.NotFound:
-                pass
-            except Exception as e:
-                raise classify(e, f"delete VM {name} in {zone}") from e
+            deleting(
+                lambda: self.client.delete_unary(project=self.project, zone=zone, instance=name, timeout=self.timeout),
+                f"delete VM {name} in {zone}",
+            )
         if multi_host is not False:
             self.slices.delete(name, zone)
 
@@ -344,7 +342,7 @@ def _zonal(zone: str, collection: str, name: str, bare: bool) -> str:
 
 def _machine_instance(vm: compute_v1.Instance) -> bool:
     """Whether the instance is a machine itself, not one VM of a slice's MIG (which carries the same labels as its
-    template, under the name NAME-w-XXXX)."""
+    template, under the name NAME-w-x7k2)."""
     try:
         return vm.name == machine_name(vm.labels[LABEL_JOB], int(vm.labels[LABEL_ATTEMPT]))
     except (KeyError, ValueError):

@@ -38,7 +38,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from respawn.adapters.compute_operations import Operations, Scope, api_error, operation_error
-from respawn.adapters.errors import classify, error_text, is_already_exists, read_retry
+from respawn.adapters.errors import classify, deleting, error_text, is_already_exists, read_retry
 from respawn.adapters.settings import ProviderSettings
 from respawn.model import MachineState, parse_machine_name, slice_vm_base
 from respawn.ports import CapacityError, Machine, PermanentError, ProviderError, TransientError
@@ -320,14 +320,12 @@ class ComputeSlices:
         is DONE: when it is not within `create_wait_s`, they are left to the sweep, which lists them (leftovers)."""
         region = region_of(zone)
         what = f"delete TPU slice {name} in {zone}"
-        try:
-            op: compute_v1.Operation | None = self.migs.delete_unary(
+        op = deleting(
+            lambda: self.migs.delete_unary(
                 project=self.project, zone=zone, instance_group_manager=name, timeout=self.timeout
-            )
-        except gexc.NotFound:
-            op = None
-        except Exception as e:
-            raise classify(e, what) from e
+            ),
+            what,
+        )
         if op is not None:
             try:
                 done = self.operations.wait(op, Scope(zone=zone), time.monotonic() + self.settings.create_wait_s)
@@ -338,18 +336,16 @@ class ComputeSlices:
             error = operation_error(done)
             if error is not None and not isinstance(error, gexc.NotFound):
                 raise classify(error, what, in_operation=True) from error
-        try:
-            self.templates.delete_unary(project=self.project, instance_template=name, timeout=self.timeout)
-        except gexc.NotFound:
-            pass
-        except Exception as e:
-            raise classify(e, f"delete instance template {name}") from e
-        try:
-            self.policies.delete_unary(project=self.project, region=region, resource_policy=name, timeout=self.timeout)
-        except gexc.NotFound:
-            pass
-        except Exception as e:
-            raise classify(e, f"delete workload policy {name} in {region}") from e
+        deleting(
+            lambda: self.templates.delete_unary(project=self.project, instance_template=name, timeout=self.timeout),
+            f"delete instance template {name}",
+        )
+        deleting(
+            lambda: self.policies.delete_unary(
+                project=self.project, region=region, resource_policy=name, timeout=self.timeout
+            ),
+            f"delete workload policy {name} in {region}",
+        )
 
     # ------------------------------------------------------------------------------------------------ observe
 

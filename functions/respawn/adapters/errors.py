@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import requests
 from google.api_core import exceptions as gexc
@@ -87,6 +89,19 @@ def classify(exc: BaseException, what: str, in_operation: bool = False) -> Provi
     if isinstance(exc, gexc.ClientError):
         return PermanentError(detail)
     return TransientError(detail)  # unknown: let Pub/Sub retry (dead-lettered after N attempts)
+
+
+_T = TypeVar("_T")
+
+
+def deleting(call: Callable[[], _T], what: str) -> _T | None:
+    """Run a delete call: NotFound is done (None), any other error classified as `what`."""
+    try:
+        return call()
+    except gexc.NotFound:
+        return None
+    except Exception as e:
+        raise classify(e, what) from e
 
 
 def read_retry(seconds: float) -> gretry.Retry | None:

@@ -10,7 +10,7 @@ become the LogEntries google-cloud-logging writes, for the log router; worker 0'
 progress. Each worker's script and its container run in process groups of their own.
 
 The machine names its worker VMs (`CloudMachine.workers`, in worker order): a TPU node's hidden `t1v-n-...-w-I`,
-a Compute Engine slice's MIG VMs `NAME-w-XXXX`, a single VM itself. Preempting a machine is what the cloud does:
+a Compute Engine slice's MIG VMs `NAME-w-x7k2`, a single VM itself. Preempting a machine is what the cloud does:
 the metadata server says `preempted`, each VM runs its shutdown script (the notice, then `docker stop -t GRACE`),
 and the VM is off (every process killed) once the notice window (`grace_s`) is over; then the machine is marked
 PREEMPTED and one `compute.instances.preempted` is emitted per worker VM. On a Compute Engine slice each worker is
