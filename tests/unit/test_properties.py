@@ -234,7 +234,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.clock = FakeClock(T0)
         self.store = InMemoryJobStore()
         self.checked = CheckedStore(self.store, self)
-        self.providers = fake_providers()
+        # Machines come up at once, so the rules that drive a job forward find them READY; slow_create puts a
+        # machine in every state on the way (QUEUED, CREATING, READY, FAILED) where a history asks for it.
+        self.providers = fake_providers(creating_reads=0)
         self.notifier = RecordingNotifier()
         self.changes: dict[str, list[tuple[str | None, str]]] = {}  # job -> status changes written, in order
         self.crashes = 0
