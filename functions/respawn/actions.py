@@ -23,6 +23,9 @@ class CreateMachine:
     # the outlook's expected seconds to interruption of the zone: the machine's metadata respawn-mtbi-s, from which
     # the trainer takes its checkpoint interval (RESPAWN_MTBI_S); None without an outlook
     mtbi_s: float | None = None
+    # a head start (respawn.decide): the machine boots and pulls its image at once, but starts its trainer only after
+    # this time (epoch s; metadata respawn-start-after), once the noticed machine it replaces is off; None: at once
+    start_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ _KINDS: dict[str, type[CreateMachine] | type[DeleteMachine]] = {"create": Create
 
 
 # Fields written only when set: intent and log lines of a create without an outlook stay as they were.
-_OMITTED_WHEN_NONE = frozenset({"mtbi_s"})
+_OMITTED_WHEN_NONE = frozenset({"mtbi_s", "start_after"})
 
 
 def action_to_dict(action: Action) -> dict[str, Any]:

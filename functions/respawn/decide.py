@@ -8,9 +8,15 @@ then the TTL (a live job past its deadline is EXPIRED and its machine deleted);
 then events naming an older attempt are stale and change nothing; then the
 event itself, by the rule for its type (RULES; what a listing says of the live machine by LIVE_MACHINE_RULES).
 On a SUCCEEDED job only the trainer's own `completed` entry does anything: it fills in the result
-of one its startup script sent on exit code 0. Last, a trainer's goodput split is kept on the attempt its entry
-names, stale or not (the only thing a stale event may change: that older attempt's split). A decision that
-changes nothing returns the same record and no actions, and the event id is not recorded.
+of one its startup script sent on exit code 0. Then a draining machine whose drain is over is deleted
+(_drain_over). Last, a trainer's goodput split is kept on the attempt its entry names, stale or not (the only
+things a stale event may change: that older attempt's split, and the deletion of its draining machine). A decision
+that changes nothing returns the same record and no actions, and the event id is not recorded.
+
+The head start (_head_start): a running machine's notice ends its attempt as the preemption it is and requests
+the replacement at once, in another zone, to start its trainer once the noticed machine is off (drain_until). The
+noticed machine is kept for its final save (it drains) until its trainer's last entry, a listing after
+drain_until, or the end of the job; at most one attempt drains, so a job has at most two machines.
 
 Where each new attempt goes (PLACEMENT_RULES): its tier (back to Spot, on to the next tier, or the same), then its
 zone. With an outlook (respawn.placement.Outlook: the deployment's preemption history, advice, prices) and
@@ -37,6 +43,7 @@ from respawn.events import (
     JobEvent,
     JobRejected,
     JobSubmitted,
+    MachineNoticed,
     MachinePreempted,
     MachinesObserved,
     ResultSource,
@@ -45,6 +52,7 @@ from respawn.events import (
     TrainerProgressed,
     TrainerStarted,
 )
+from respawn.machine import notice_s
 from respawn.model import (
     COUNTED_AS_PREEMPTION,
     NO_CAPACITY,
@@ -75,6 +83,9 @@ class Policy:
     stuck_creating_s: float = 900.0  # a machine CREATING this long is given up for the next zone
     lost_grace_s: float = 60.0  # a machine younger than this may not be listed yet: not lost
     seen_events_max: int = 256  # event ids remembered for de-duplication
+    # A head start: a noticed machine is kept this long past its notice window before its replacement's trainer
+    # starts (the two machines' clocks may differ by a little)
+    drain_margin_s: float = 5.0
     restart_cost_s: float = 300.0  # what an interruption costs before training resumes (create, boot, restore)
     # A fallback tier goes back to Spot only when the outlook expects Spot's best zone to run at least this long
     # without an interruption: with the default restart and checkpoint costs, 4 h keeps over 90% of Spot's time.
@@ -112,6 +123,8 @@ def decide(
         new, actions = job, []
     else:
         new, actions = _step(job, event, now, ctx)
+    new, drained = _drain_over(new, event, now)
+    actions = [*actions, *drained]
     new = _with_goodput(new, event)
     if outlook is not None:  # a service that reads a history keeps it: what the ended attempts showed goes to it
         new = _with_observations(job, new)
@@ -231,6 +244,22 @@ def _preempted(job: Job, live: Attempt, event: MachinePreempted, now: float, ctx
     return _lost(job, now, EndReason.PREEMPTED, ctx)
 
 
+def _head_start(job: Job, live: Attempt, event: MachineNoticed, now: float, ctx: Context) -> Decision:
+    """The notice reached the live attempt's machine: the cloud has decided to take it, so its replacement is
+    requested now, in another zone, and starts its trainer once the noticed machine is off (drain_until: the notice
+    plus the machine kind's notice window and a margin), so that its create, boot and image pull overlap the final
+    save and it restores what that save completed. Counted as the preemption it is: the attempt ends PREEMPTED, and
+    the system event or listing that follows names an older attempt. Not with head_start off, before the trainer
+    started (nothing to save), nor while another attempt drains (never more than two machines of a job): then the
+    preemption's own event or a listing replaces the machine, as without a notice."""
+    spec = job.spec
+    assert spec is not None
+    if not spec.head_start or live.started_at is None or _draining(job) is not None:
+        return job, []
+    drain_until = event.time + notice_s(spec.machine.kind) + ctx.policy.drain_margin_s
+    return _lost(job, now, EndReason.PREEMPTED, ctx, drain_until=drain_until)
+
+
 def _started(job: Job, live: Attempt, event: TrainerStarted, now: float, ctx: Context) -> Decision:
     restored = event.restored_step
     started = replace(
@@ -318,15 +347,17 @@ def _observed(job: Job, event: MachinesObserved, now: float, ctx: Context) -> De
 
 def _orphans_deleted(job: Job, event: MachinesObserved, live: Attempt | None) -> tuple[Job, list[Action]]:
     """Deletes for the listed machines of this job's attempts other than the live one (not of later attempts: a
-    listing may be older than the record), each marked deleted."""
+    listing may be older than the record), each marked deleted; a draining machine is spared (_drain_over)."""
     current_n = job.current.n if job.current else 0
+    draining = _draining(job)
     deletes: list[Action] = []
     for name, zone, state in sorted(event.machines):
         parsed = parse_machine_name(name)
         if parsed is None or parsed[0] != job.job_id or parsed[1] > current_n:
             continue
         n = parsed[1]
-        if (live is None or n != live.n) and state is not MachineState.DELETING:
+        spared = (live is not None and n == live.n) or (draining is not None and n == draining.n)
+        if not spared and state is not MachineState.DELETING:
             deletes.append(DeleteMachine(job.job_id, n, name, zone))
             job = _mark_deleted(job, n)
     return job, deletes
@@ -358,6 +389,7 @@ RULES: dict[type, Rule] = {
     CheckpointSaved: _while_open(_trained),
     TrainerProgressed: _while_open(_trained),
     MachinePreempted: _on_live_attempt(_preempted),
+    MachineNoticed: _on_live_attempt(_head_start),
     TrainerStarted: _on_live_attempt(_started),
     TrainerFailed: _on_live_attempt(_trainer_failed),
     CreateFailed: _on_live_attempt(_create_failed),
@@ -506,21 +538,26 @@ def _live_machine_rules(seen: _Sighting) -> Decision:
 # -- transitions -----------------------------------------------------------------------------------------------------
 
 
-def _lost(job: Job, now: float, end_reason: EndReason, ctx: Context) -> Decision:
+def _lost(job: Job, now: float, end_reason: EndReason, ctx: Context, *, drain_until: float | None = None) -> Decision:
     """The live machine was preempted or vanished: delete it, replace it (the same zone in list order, else where
     the outlook ranks best with this zone penalised). Counts against max_preemptions, never against max_failures:
-    the cloud took it, the trainer did nothing wrong."""
+    the cloud took it, the trainer did nothing wrong. With `drain_until` (a head start on its notice) the machine is
+    kept for its final save until its drain is over (_drain_over), and the replacement goes to another zone."""
     live, spec = _live(job), job.spec
     assert live is not None and spec is not None
-    job = _end(job, now, end_reason)
+    job = _end(job, now, end_reason, drain_until=drain_until)
     job = replace(job, counters=replace(job.counters, preemptions=job.counters.preemptions + 1))
     delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
     limit = spec.max_preemptions
     if limit is not None and job.counters.preemptions > limit:
         reason = f"{live.machine} {end_reason}; {job.counters.preemptions} preemptions exceed max_preemptions={limit}"
-        return replace(job, status=Status.FAILED, reason=reason), [delete]
-    job, attempt = _with_new_attempt(job, now, ctx, _zone_index(job, live.zone))
+        return replace(_mark_deleted(job, live.n), status=Status.FAILED, reason=reason), [delete]
+    avoid = live.zone if drain_until is not None else None
+    job, attempt = _with_new_attempt(job, now, ctx, _zone_index(job, live.zone), avoid=avoid)
     where = "" if (attempt.tier, attempt.zone) == (live.tier, live.zone) else f" in {_where(job, attempt)}"
+    if drain_until is not None:
+        reason = f"{live.machine} noticed; its replacement is requested now{where}, to start after its final save"
+        return replace(job, status=Status.RECOVERING, reason=reason), [_create(job, attempt)]
     return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {end_reason}; replacing it{where}"), [
         delete,
         _create(job, attempt),
@@ -589,12 +626,41 @@ def _live(job: Job) -> Attempt | None:
     return current if current is not None and not current.ended and not job.status.terminal else None
 
 
-def _end(job: Job, now: float, end_reason: EndReason) -> Job:
+def _end(job: Job, now: float, end_reason: EndReason, *, drain_until: float | None = None) -> Job:
     """The current attempt ended; its machine is deleted with it (the delete is among the decision's actions, or
-    there never was a machine)."""
+    there never was a machine), or with `drain_until` kept for its final save (a head start)."""
     current = job.current
     assert current is not None
-    return job.with_attempt(replace(current, ended_at=now, end_reason=end_reason, machine_deleted=True))
+    ended = replace(current, ended_at=now, end_reason=end_reason, machine_deleted=drain_until is None)
+    return job.with_attempt(replace(ended, drain_until=drain_until))
+
+
+def _draining(job: Job) -> Attempt | None:
+    """The attempt ended on its machine's notice whose machine is kept for its final save (at most one)."""
+    return next((a for a in job.attempts if a.draining), None)
+
+
+def _drain_over(job: Job, event: JobEvent, now: float) -> Decision:
+    """The draining attempt's machine is deleted once its drain is over: its trainer's last entry came (`stopped`,
+    `completed` or `failed`: the one effect of a stale event besides the goodput split), a listing came after its
+    drain_until, or the job is over."""
+    draining = _draining(job)
+    if draining is None or draining.drain_until is None:
+        return job, []
+    over = (
+        job.status.terminal
+        or (isinstance(event, MachinesObserved) and now >= draining.drain_until)
+        or _last_word(event, draining.n)
+    )
+    if not over:
+        return job, []
+    return _mark_deleted(job, draining.n), [DeleteMachine(job.job_id, draining.n, draining.machine, draining.zone)]
+
+
+def _last_word(event: JobEvent, n: int) -> bool:
+    """A trainer's last entry of attempt n: it saved on the notice (`stopped`), completed or failed."""
+    last = isinstance(event, (TrainerCompleted, TrainerFailed)) or (isinstance(event, CheckpointSaved) and event.final)
+    return last and isinstance(event, AboutAttempt) and event.attempt == n
 
 
 def _observation(job: Job, ended: Attempt) -> Observation | None:
@@ -629,12 +695,12 @@ def _progressed(attempt: Attempt, at: float) -> Attempt:
 
 
 def _with_new_attempt(
-    job: Job, now: float, ctx: Context, zone_index: int, *, same_zone: bool = False
+    job: Job, now: float, ctx: Context, zone_index: int, *, same_zone: bool = False, avoid: str | None = None
 ) -> tuple[Job, Attempt]:
     """The next attempt: its tier first (back to Spot, or on to the next tier when it is time, else this one), then
     its zone. In list order (no outlook, or placement ordered) that is `zone_index` of the tier, or a new tier's first
     zone; ranked, the outlook's best zone not yet tried in this walk, or the same zone again for a `same_zone` retry
-    in the same tier."""
+    in the same tier. Zone `avoid` (a head start's dying machine's) is taken only when the tier has no other."""
     spec = job.spec
     assert spec is not None
     tier = _spot_tier_to_return_to(job, now, ctx)
@@ -642,10 +708,12 @@ def _with_new_attempt(
     if tier is not None:
         job, zone_index, same_zone = replace(job, tier_index=tier, capacity_round=0), 0, False
     zones, outlook = _tier(job).zones, ctx.outlook
+    if len(zones) > 1 and zones[zone_index] == avoid:
+        zone_index = (zone_index + 1) % len(zones)
     placement, mtbi = "", None
     if outlook is not None:
         if _ranked(job) and not same_zone:
-            placed, placement = _best_untried(job, now, ctx)
+            placed, placement = _best_untried(job, now, ctx, avoid)
             zone_index = zones.index(placed.zone)
         else:
             why = "the same zone: a crash says nothing of the zone" if same_zone else "list order (placement ordered)"
@@ -665,6 +733,8 @@ def _with_new_attempt(
 
 
 def _create(job: Job, attempt: Attempt) -> CreateMachine:
+    """The attempt's create; while an older attempt drains (a head start), its trainer starts after that drain."""
+    draining = _draining(job)
     return CreateMachine(
         job.job_id,
         attempt.n,
@@ -673,6 +743,7 @@ def _create(job: Job, attempt: Attempt) -> CreateMachine:
         deadline=job.deadline,
         tier=attempt.tier,
         mtbi_s=attempt.mtbi_s,
+        start_after=draining.drain_until if draining is not None else None,
     )
 
 
@@ -701,19 +772,22 @@ def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
     return ranking.placed
 
 
-def _best_untried(job: Job, now: float, ctx: Context) -> tuple[Placed, str]:
-    """The best-ranked zone not tried in the current walk of stockouts, and the one-line reason: its figures, the
-    runner-up's, the zones skipped as tried, and what the outlook lacked."""
+def _best_untried(job: Job, now: float, ctx: Context, avoid: str | None = None) -> tuple[Placed, str]:
+    """The best-ranked zone not tried in the current walk of stockouts (nor `avoid`, while another is left), and the
+    one-line reason: its figures, the runner-up's, the zones skipped as tried, and what the outlook lacked."""
     assert ctx.outlook is not None
     placed = _ranking(job, now, ctx)
     tried = _tried_in_walk(job)
     untried = [p for p in placed if p.zone not in tried] or list(placed)
-    best = untried[0]
+    elsewhere = [p for p in untried if p.zone != avoid] or untried
+    best = elsewhere[0]
     reason = f"{best.reason}"
-    if len(untried) > 1:
-        reason += f"; runner-up {untried[1].zone} at {untried[1].score:.3f} useful h/$"
+    if len(elsewhere) > 1:
+        reason += f"; runner-up {elsewhere[1].zone} at {elsewhere[1].score:.3f} useful h/$"
     if tried:
         reason += f"; no capacity this walk in {', '.join(sorted(tried))}"
+    if len(elsewhere) < len(untried):
+        reason += f"; not {avoid}: its machine is on notice"
     notes = [n for n in (ctx.outlook.note, _advice_note(job, ctx)) if n]
     return best, reason + "".join(f"; {n}" for n in notes)
 

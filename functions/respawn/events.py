@@ -86,11 +86,21 @@ class TrainerStarted(AboutAttempt):
 
 @dataclass(frozen=True)
 class CheckpointSaved(AboutAttempt):
-    """A save completed: the trainer's `checkpoint` entry, or its `stopped` entry (saved on the notice), which
-    carries the trainer's goodput split of the attempt (accounting.py)."""
+    """A save completed: the trainer's `checkpoint` entry, or its `stopped` entry (`final`: saved on the notice, its
+    last word), which carries the trainer's goodput split of the attempt (accounting.py)."""
 
     step: int
     goodput: dict[str, float] | None = None
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class MachineNoticed(AboutAttempt):
+    """The preemption notice reached a worker VM of attempt N's machine: its shutdown script's `notice` entry
+    (written as the soft off begins, whatever the trainer). The cloud has decided to take the machine; it is off at
+    the end of its notice window (respawn.machine.NOTICE_S)."""
+
+    worker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,7 @@ JobEvent = (
     | JobRejected
     | CancelRequested
     | MachinePreempted
+    | MachineNoticed
     | TrainerStarted
     | CheckpointSaved
     | TrainerProgressed

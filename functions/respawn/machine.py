@@ -14,6 +14,10 @@ from collections.abc import Iterable
 # a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
 # 10 s in practice (docs/operations.md, Notice windows).
 GRACE_S = {"gpu": 25, "tpu": 8}
+# The notice window itself, from the notice to the hard stop (docs/operations.md, Notice windows): Compute Engine
+# documents 30 s for Spot VMs; for Spot TPU VMs Google documents none, and about 10 s is what users report. A head
+# start (respawn.decide) keeps a noticed machine this long (plus a margin) before its replacement's trainer starts.
+NOTICE_S = {"gpu": 30, "tpu": 10}
 
 CONTAINER = "respawn-trainer"  # the trainer's container, which `docker stop -t GRACE` stops
 NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`
@@ -37,6 +41,13 @@ def grace_s(kind: str) -> int:
     if kind not in GRACE_S:
         raise ValueError(f"machine kind: {kind!r} is not a machine kind; allowed: {', '.join(sorted(GRACE_S))}")
     return GRACE_S[kind]
+
+
+def notice_s(kind: str) -> int:
+    """The notice window of a machine of `kind` ("gpu" or "tpu"): the machine is off this long after its notice."""
+    if kind not in NOTICE_S:
+        raise ValueError(f"machine kind: {kind!r} is not a machine kind; allowed: {', '.join(sorted(NOTICE_S))}")
+    return NOTICE_S[kind]
 
 
 def trainer_env(

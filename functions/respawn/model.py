@@ -202,6 +202,9 @@ class JobSpec:
     tiers: tuple[Tier, ...] = ()  # () = one tier of `provisioning` in `zones`; else zones/provisioning are tier 0's
     max_run_duration_s: int | None = None  # provisioning flex-start: as Tier's; with tiers, tier 0's
     placement: str = "ranked"  # ranked: zones by the outlook (decide); ordered: the list's order, same zone again
+    # On a running machine's notice, request its replacement at once (in another zone, starting once the noticed
+    # machine is off) instead of when the preemption's event comes (decide's head start)
+    head_start: bool = True
 
     @property
     def all_tiers(self) -> tuple[Tier, ...]:
@@ -246,6 +249,7 @@ class JobSpec:
             tiers=tuple(Tier.from_dict(t) for t in d.get("tiers", ())),
             max_run_duration_s=d.get("max_run_duration_s"),
             placement=d.get("placement", "ranked"),
+            head_start=d.get("head_start", True),
         )
 
 
@@ -339,6 +343,10 @@ class Attempt:
     goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
     placement: str = ""  # why this zone: the chosen zone's figures and the runner-up ("" without an outlook)
     mtbi_s: float | None = None  # the outlook's expected seconds to interruption of its zone, handed to the machine
+    # Ended on its machine's notice (a head start): the machine is kept for its trainer's final save until its
+    # trainer's last entry comes, a listing comes after this time (epoch s), or the job ends; the next attempt's
+    # machine starts its trainer only after it
+    drain_until: float | None = None
 
     def __post_init__(self) -> None:
         if self.end_reason is not None and not isinstance(self.end_reason, EndReason):  # as read back from JSON
@@ -347,6 +355,11 @@ class Attempt:
     @property
     def ended(self) -> bool:
         return self.ended_at is not None
+
+    @property
+    def draining(self) -> bool:
+        """Ended on its machine's notice, and that machine, finishing its final save, is not deleted yet."""
+        return self.drain_until is not None and not self.machine_deleted
 
 
 @dataclass(frozen=True)

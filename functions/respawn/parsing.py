@@ -34,6 +34,7 @@ from respawn.events import (
     Ignored,
     JobRejected,
     JobSubmitted,
+    MachineNoticed,
     MachinePreempted,
     ResultSource,
     SweepTicked,
@@ -55,7 +56,9 @@ HOST_EVENTS = {
     "compute.instances.hostError": "hostError",
     "compute.instances.terminateOnHostMaintenance": "terminateOnHostMaintenance",
 }
-TRAINER_EVENTS = ("started", "checkpoint", "progress", "completed", "failed", "stopped")
+# the lifecycle entries of log respawn-trainer: the trainer's own and its startup script's, and (notice) the shutdown
+# script's as the preemption notice comes
+TRAINER_EVENTS = ("started", "checkpoint", "progress", "completed", "failed", "stopped", "notice")
 SWEEP_TICK = "sweep_tick"
 RESOURCE_NAME_RE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 TPU_WORKER_RE = re.compile(r"t1v-n-[0-9a-f]+-w-[0-9]+")
@@ -194,7 +197,8 @@ def events_event(msg: PubSubMessage) -> Event:
 
 
 def log_entry_event(entry: Any) -> Event:
-    """A LogEntry (JSON dict) -> MachinePreempted / ZoneWokeUp / Trainer* / CheckpointSaved, else Ignored."""
+    """A LogEntry (JSON dict) -> MachinePreempted / ZoneWokeUp / Trainer* / CheckpointSaved / MachineNoticed, else
+    Ignored."""
     try:
         return _log_entry_event(entry)
     except Exception as e:  # a defect must not turn one odd entry into endless redelivery
@@ -314,7 +318,7 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
     if kind in ("checkpoint", "stopped"):
         if step is None:
             return Ignored(f"trainer {kind} entry has no step")
-        return CheckpointSaved(event_id, when, job_id, attempt, step, split)
+        return CheckpointSaved(event_id, when, job_id, attempt, step, split, final=kind == "stopped")
     if kind == "progress":
         if step is None:
             return Ignored("trainer progress entry has no step")
@@ -324,10 +328,12 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
             return TrainerCompleted(event_id, when, job_id, attempt, step, source=ResultSource.EXIT_CODE)
         result = {k: payload[k] for k in ("final_loss", "params_sha256", "goodput") if k in payload}
         return TrainerCompleted(event_id, when, job_id, attempt, step, result, split)
-    error = payload.get("error")
     worker = _as_int(payload.get("worker"))
-    text = error if isinstance(error, str) else show(error, 500)
     worker = worker if worker is not None and worker >= 0 else None
+    if kind == "notice":  # the shutdown script's, on the worker VM the notice reached
+        return MachineNoticed(event_id, when, job_id, attempt, worker)
+    error = payload.get("error")
+    text = error if isinstance(error, str) else show(error, 500)
     return TrainerFailed(event_id, when, job_id, attempt, text, worker, goodput=split)
 
 

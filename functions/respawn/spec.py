@@ -188,6 +188,11 @@ def _one_of(options: tuple[str, ...], what: str) -> Parse:
     return parse
 
 
+def _boolean(value: Any, path: str) -> bool:
+    _expect_type(path, value, bool, "true or false")
+    return bool(value)
+
+
 def _optional(parse: Parse) -> Parse:
     """A parser that also takes null, as None."""
     return lambda value, path: None if value is None else parse(value, path)
@@ -812,6 +817,8 @@ SUBMIT = Shape(
             omitted_when_default=True,
         ),
         Field("placement", _one_of(PLACEMENTS, "a placement"), omitted_when_default=True),
+        # on a running machine's notice, request the next machine at once (decide's head start)
+        Field("head_start", _boolean, omitted_when_default=True),
     ),
     "required for action submit",
     tag=("action", "submit"),

@@ -20,6 +20,7 @@ from respawn.events import (
     JobEvent,
     JobRejected,
     JobSubmitted,
+    MachineNoticed,
     MachinePreempted,
     MachinesObserved,
     TrainerCompleted,
@@ -148,6 +149,7 @@ KINDS: dict[str, Callable[[Job], tuple[JobEvent, float]]] = {
     "reject": lambda j: (JobRejected(eid(), T0, "llm", "bad"), NOW),
     "cancel": lambda j: (CancelRequested(eid(), T0, "llm"), NOW),
     "preempted": lambda j: (preempted(current_n(j)), NOW),
+    "notice": lambda j: (MachineNoticed(eid(), T0, "llm", current_n(j), 0), NOW),  # a head start: the next at once
     "started": lambda j: (started(current_n(j), 40), NOW),
     "checkpoint": lambda j: (CheckpointSaved(eid(), T0, "llm", current_n(j), 70), NOW),
     "completed": lambda j: (TrainerCompleted(eid(), T0, "llm", current_n(j), 100, {"final_loss": 0.1}), NOW),
@@ -172,6 +174,7 @@ submit           -                -              -              -              -
 reject           -                -              -              -              -         -
 cancel           CANCELLED:       CANCELLED:d    CANCELLED:d    CANCELLED:d    -         -
 preempted        -                RECOVERING:dc  RECOVERING:dc  :dc            -         -
+notice           -                -              RECOVERING:c   -              -         -
 started          -                RUNNING:       -              RUNNING:       -         -
 checkpoint       -                -              -              -              -         -
 completed        -                SUCCEEDED:d    SUCCEEDED:d    SUCCEEDED:d    -         -
@@ -246,7 +249,7 @@ def test_replacement_stays_in_the_zone_and_gets_the_next_name() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["preempted", "started", "checkpoint", "completed", "exit_0", "failed", "capacity", "permanent"]
+    "kind", ["preempted", "notice", "started", "checkpoint", "completed", "exit_0", "failed", "capacity", "permanent"]
 )
 def test_an_event_for_an_older_attempt_changes_nothing(kind: str) -> None:
     job = run(build(Status.RECOVERING), started(2))  # attempt 2 running; the events below name attempt 1

@@ -20,6 +20,7 @@ from respawn.events import (
     Ignored,
     JobRejected,
     JobSubmitted,
+    MachineNoticed,
     MachinePreempted,
     MachinesObserved,
     SweepTicked,
@@ -168,7 +169,9 @@ EXPECTED: dict[str, Event] = {
             "wasted_s": 0.0,
             "total_s": 1336.2,
         },
+        final=True,
     ),
+    "logentry_trainer_notice.json": MachineNoticed("log:1x7kq3f2b9ab4", 1741950151.512774, "gemma-tune-2", 4, 0),
     "logentry_trainer_progress.json": TrainerProgressed(
         "log:1c8xk2vf3n9r2e", 1741945332.041877, "llm-small-001", 3, 1460
     ),
@@ -284,6 +287,28 @@ def trainer(payload: dict[str, Any]) -> dict[str, Any]:
 def test_odd_entries_are_ignored_with_the_reason(changed: dict[str, Any], reason: str) -> None:
     got = log_entry_event(changed)
     assert isinstance(got, Ignored) and reason in got.reason
+
+
+@pytest.mark.parametrize(("worker", "read"), [(3, 3), (3.0, 3), (None, None), (-1, None), ("2", None), (True, None)])
+def test_a_notice_names_the_worker_vm_it_reached_when_it_says_which(worker: Any, read: int | None) -> None:
+    """The shutdown script's `notice` entry: one per worker VM the notice reached (any worker of a slice)."""
+    payload = {"event": "notice", "job_id": "llm", "attempt": 2, **({} if worker is None else {"worker": worker})}
+    e = trainer(payload)
+    assert log_entry_event(e) == MachineNoticed(
+        f"log:{e['insertId']}", rfc3339(e["timestamp"]) or 0.0, "llm", 2, read
+    ) and sink_filter().matches(e)
+
+
+def test_only_a_stopped_entry_is_the_trainers_last_save() -> None:
+    """`stopped` (saved on the notice, then the trainer exits) ends a drain; `checkpoint` does not."""
+    saved = [
+        log_entry_event(trainer({"event": kind, "job_id": "a", "attempt": 1, "step": 5}))
+        for kind in ("checkpoint", "stopped")
+    ]
+    assert [(type(e).__name__, getattr(e, "final", None)) for e in saved] == [
+        ("CheckpointSaved", False),
+        ("CheckpointSaved", True),
+    ]
 
 
 def terminated(**changes: Any) -> dict[str, Any]:

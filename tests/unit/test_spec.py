@@ -402,7 +402,7 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     assert str(err) == (
         'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
         "image, args, env, secrets, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers, "
-        "max_run_duration, placement"
+        "max_run_duration, placement, head_start"
     )
     err = error_of(with_change("machine.topology", "2x4"))
     assert (

@@ -16,7 +16,7 @@ import pytest
 
 from respawn.adapters import startup
 from respawn.adapters.startup import grace_s, machine_labels, machine_metadata, startup_script
-from respawn.events import EXIT_CODE, Event, TrainerCompleted, TrainerFailed
+from respawn.events import EXIT_CODE, Event, MachineNoticed, TrainerCompleted, TrainerFailed
 from respawn.machine import GRACE_S, exit_code_entry
 from respawn.model import GpuMachine, JobSpec, TpuMachine
 from respawn.parsing import log_entry_event
@@ -85,6 +85,7 @@ case "$key" in
   agent-worker-number) answer=${FAKE_AGENT_WORKER_NUMBER-} ;;
   preempted) answer=${FAKE_PREEMPTED-} ;;
   worker-network-endpoints) answer=${FAKE_ENDPOINTS-} ;;
+  respawn-start-after) answer=${FAKE_START_AFTER-} ;;
   *) answer= ;;
 esac
 [ -n "$answer" ] || exit 22
@@ -540,8 +541,83 @@ def test_after_the_shutdown_script_a_clean_exit_is_stopped_not_completed(tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert [(p["event"], p["source"]) for p, _ in said(fakes)] == [("stopped", "exit-code")]
+    # the shutdown script's notice (for respawn's head start), and the startup script's word for the exit code
+    assert sorted((p["event"], p.get("source")) for p, _ in said(fakes)) == [("notice", None), ("stopped", "exit-code")]
     assert Path(startup.NOTICE_FILE).exists()
+
+
+@pytest.mark.parametrize(("worker", "said_worker"), [("2", 2), ("", 0)])
+def test_the_shutdown_script_tells_respawn_of_the_notice_whatever_the_trainer(
+    tmp_path: Path, fakes: dict[str, str], worker: str, said_worker: int
+) -> None:
+    """The `notice` entry comes from the machine, not the trainer: it names the attempt and the worker VM (the
+    metadata's agent-worker-number; a single VM is worker 0), and the trainer is stopped with its grace all the same."""
+    shutdown = tmp_path / "shutdown.sh"
+    shutdown.write_text(machine_metadata(spec(tpu="v5litepod-16"), 4)["shutdown-script"])
+    env = {**fakes, "FAKE_AGENT_WORKER_NUMBER": worker}
+    subprocess.run([BASH, str(shutdown)], env=env, check=True, timeout=30, capture_output=True)
+
+    assert said(fakes) == [({"event": "notice", "job_id": "job-1", "attempt": 4, "worker": said_worker}, "WARNING")]
+    assert parsed(said(fakes)[0][0]) == MachineNoticed("log:x1", 1795255200.0, "job-1", 4, said_worker)
+    assert ["docker", "stop", "-t", str(GRACE_S["tpu"]), "respawn-trainer"] in calls(fakes)
+    assert Path(startup.NOTICE_FILE).exists()
+
+
+# sleep, recorded in the calls; with FAKE_SLEEP_REAL it sleeps too (else it returns at once)
+FAKE_SLEEP = """#!/bin/sh
+printf '["sleep", "%s"]\\n' "$1" >> "$FAKE_LOG"
+[ -z "${{FAKE_SLEEP_REAL-}}" ] || exec {sleep} "$1"
+"""
+
+
+def fake_sleep(env: dict[str, str]) -> None:
+    path = Path(env["PATH"].split(":")[0]) / "sleep"
+    path.write_text(FAKE_SLEEP.format(sleep=shutil.which("sleep") or "/bin/sleep"))
+    path.chmod(0o755)
+
+
+def test_a_head_starts_machine_pulls_its_image_then_waits_until_start_after_to_run_the_trainer(
+    tmp_path: Path, fakes: dict[str, str]
+) -> None:
+    fake_sleep(fakes)
+    result = run_script(tmp_path, fakes, spec(), FAKE_START_AFTER=str(int(time.time()) + 40))
+
+    assert result.returncode == 0, result.stderr
+    seq = [c[:2] for c in calls(fakes) if c[0] in ("docker", "sleep")]
+    assert seq[0] == ["docker", "pull"] and seq[-2:] == [["docker", "rm"], ["docker", "run"]]
+    ((waited,),) = [c[1:] for c in calls(fakes) if c[0] == "sleep"]
+    assert 38 <= int(waited) <= 40 and "until the machine this one replaces is off" in result.stderr
+
+
+@pytest.mark.parametrize("start_after", ["", "1000", "soon", "12.5"])
+def test_without_a_start_after_to_come_the_trainer_runs_at_once(
+    tmp_path: Path, fakes: dict[str, str], start_after: str
+) -> None:
+    """No respawn-start-after (not a head start), one already past, or one that is not whole epoch seconds."""
+    fake_sleep(fakes)
+    result = run_script(tmp_path, fakes, spec(), FAKE_START_AFTER=start_after)
+
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in calls(fakes) if c[0] == "sleep"] and len(runs(fakes)) == 1
+
+
+def test_a_machine_shut_down_while_it_waits_to_start_runs_no_trainer(tmp_path: Path, fakes: dict[str, str]) -> None:
+    fake_sleep(fakes)
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(spec(), 3))
+    env = {**fakes, "FAKE_START_AFTER": str(int(time.time()) + 60), "FAKE_SLEEP_REAL": "1"}
+    proc = subprocess.Popen([BASH, str(script)], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not [c for c in calls(fakes) if c[0] == "sleep"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert runs(fakes) == [] and said(fakes) == []  # nothing ran, so nothing to say
+    assert proc.stderr is not None and "shut down before the trainer started" in proc.stderr.read()
 
 
 def test_a_notice_left_by_an_earlier_boot_is_cleared(tmp_path: Path, fakes: dict[str, str]) -> None:
@@ -625,6 +701,10 @@ def test_metadata_and_labels() -> None:
     assert meta["respawn-image"] == s.image and meta["respawn-checkpoint-uri"] == s.checkpoint_uri
     assert f"docker stop -t {GRACE_S['tpu']} respawn-trainer" in meta["shutdown-script"]
     assert "docker stop -t 25 respawn-trainer" in machine_metadata(spec("gpu"), 2)["shutdown-script"]
+    head_start = machine_metadata(s, 2, start_after=1_700_000_000.2)  # whole seconds, never earlier
+    assert head_start["respawn-start-after"] == "1700000001" and head_start.keys() - meta.keys() == {
+        "respawn-start-after"
+    }
     assert (grace_s(s), grace_s(spec("gpu"))) == (8, 25)  # inside the 10 s a TPU gets and the 30 s a Spot VM gets
     assert machine_labels(s, 2) == {
         "team": "nlp",

@@ -23,7 +23,11 @@ nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
 notice and `completed` without it (worker 0 speaks for a slice), anything else
 without the notice is `failed` (any worker), each marked `"source": "exit-code"`.
 The notice is the marker file the shutdown script (or the script's own SIGTERM
-trap) leaves, or the metadata server's `instance/preempted`.
+trap) leaves, or the metadata server's `instance/preempted`. The shutdown script
+also writes the `notice` entry at once, trainer or not, so that respawn can
+request the next machine while this one saves (a head start); that next machine
+boots and pulls its image at once but starts its trainer only after metadata
+`respawn-start-after`, when the noticed machine is off.
 
 The container's lines go to Cloud Logging through docker's gcplogs driver; when
 that driver cannot reach Cloud Logging as the container starts (`docker run`
@@ -34,6 +38,7 @@ script says so (LOCAL_LOGS, docs/operations.md): never a failure of the trainer.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 
@@ -99,11 +104,16 @@ def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_L
     return [*argv, spec.image, *spec.args]
 
 
-def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
-    """TPU node `metadata` map / GCE metadata items."""
+# The metadata item of a head start's machine: the epoch second before which its trainer may not start.
+START_AFTER_METADATA = "respawn-start-after"
+
+
+def machine_metadata(spec: JobSpec, attempt: int, *, start_after: float | None = None) -> dict[str, str]:
+    """TPU node `metadata` map / GCE metadata items; `start_after` (CreateMachine.start_after, epoch s) holds the
+    trainer back until the noticed machine this one replaces is off."""
     return {
         "startup-script": startup_script(spec, attempt),
-        "shutdown-script": shutdown_script(spec),
+        "shutdown-script": shutdown_script(spec, attempt),
         "respawn-job-id": spec.job_id,
         "respawn-attempt": str(attempt),
         "respawn-checkpoint-uri": spec.checkpoint_uri,
@@ -112,13 +122,35 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
         "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
         "respawn-progress-s": str(progress_s(spec)),
         **({"respawn-secrets": json.dumps(dict(spec.secrets), sort_keys=True)} if spec.secrets else {}),  # references
+        **({START_AFTER_METADATA: str(math.ceil(start_after))} if start_after is not None else {}),
     }
 
 
-def shutdown_script(spec: JobSpec) -> str:
-    """Run on the notice (ACPI soft off): marks it, then gives the trainer its grace period to save and exit."""
-    notice = f"notice=${{{NOTICE_ENV}:-{shlex.quote(NOTICE_FILE)}}}"
-    return f'#!/bin/bash\n{notice}\ntouch "$notice"\ndocker stop -t {grace_s(spec)} {CONTAINER}\n'
+# Run on the notice (ACPI soft off) by every worker VM it reaches, and on any other shutdown: the marker first, then
+# the trainer's grace period to save and exit, and meanwhile the `notice` entry (docs/trainer-protocol.md), whatever
+# the trainer, so that respawn may request the next machine at once. A deleted machine writes it too; respawn reads
+# it only for the running attempt it names.
+_SHUTDOWN = """#!/bin/bash
+# respawn: the notice of attempt {attempt}: marked, the trainer stopped within its grace, and respawn told.
+notice=${{{notice_env}:-{notice}}}
+touch "$notice"
+docker stop -t {grace} {container} &
+"""
+_NOTICE_ENTRY = """write_entry {trainer_log} WARNING \\
+  "$(printf '{{"event": "notice", "job_id": "%s", "attempt": %d, "worker": %d}}' {job_id} {attempt} "$worker")" \\
+  || echo "respawn-shutdown: could not log the notice" >&2
+wait
+"""
+
+
+def shutdown_script(spec: JobSpec, attempt: int) -> str:
+    """The shutdown script of attempt `attempt`'s machine (_SHUTDOWN)."""
+    q = shlex.quote
+    header = _SHUTDOWN.format(
+        attempt=int(attempt), notice_env=NOTICE_ENV, notice=q(NOTICE_FILE), grace=grace_s(spec), container=CONTAINER
+    )
+    entry = _NOTICE_ENTRY.format(trainer_log=TRAINER_LOG, job_id=q(spec.job_id), attempt=int(attempt))
+    return header + _METADATA + _CLOUD + entry
 
 
 def _registry_host(image: str) -> str | None:
@@ -283,6 +315,24 @@ _SECRETS = """secret() {
 }
 """
 
+# A head start (respawn.decide): this machine replaces one that got the notice and may still be saving; its trainer
+# starts only after metadata respawn-start-after (epoch s), when that machine is off, so it restores what the final
+# save completed. Boot, readying and the image pull come first and overlap that save. Returns 1 when this machine is
+# shut down meanwhile (its trap ran): then no trainer starts.
+_START_AFTER = """wait_to_start() {{
+  local after left
+  after=$(md attributes/{key} || true)
+  case "$after" in ''|*[!0-9]*) return 0 ;; esac
+  left=$((after - $(date +%s)))
+  if [ "$left" -gt 0 ] && [ -z "$stopping" ]; then
+    log "waiting ${{left}}s until the machine this one replaces is off ({key} $after)"
+    sleep "$left" &
+    wait $! || kill $! 2>/dev/null
+  fi
+  [ -z "$stopping" ]
+}}
+"""
+
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
 notice=${{{notice_env}:-{notice}}}
 rm -f "$notice"
@@ -304,6 +354,7 @@ trainer() {{  # runs the container (the command line in "$@") in the background,
     rc=$?
   done
 }}
+wait_to_start || {{ log "shut down before the trainer started"; exit 143; }}
 trainer {run}
 # 125: docker itself failed. If the cause is the gcplogs driver (a probe container that runs nothing fails the same
 # way), Cloud Logging is out of reach (no external IP nor Private Google Access, a hiccup), or this docker has no
@@ -346,6 +397,7 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt), trainer_log=TRAINER_LOG))
     parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt), startup_log=STARTUP_LOG))
+    parts.append(_START_AFTER.format(key=START_AFTER_METADATA))
     parts.append(_DOCKER)
     if isinstance(spec.machine, GpuMachine):
         parts.append(_GPU)
