@@ -124,7 +124,7 @@ def decide(
     else:
         new, actions = _step(job, event, now, ctx)
     new, drained = _drain_over(new, event, now)
-    actions = [*actions, *drained]
+    actions = [*drained, *actions]  # a machine's delete before any create, as everywhere
     new = _with_goodput(new, event)
     if outlook is not None:  # a service that reads a history keeps it: what the ended attempts showed goes to it
         new = _with_observations(job, new)

@@ -6,7 +6,10 @@ cloud), an InMemoryJobStore, a FakeClock and two function instances (each
 Service keeps its own cache of records). Hypothesis plays random histories of
 submits, rejected messages, cancels, preemptions (a GCE entry naming the VM, or
 a TPU zone wake-up from every worker VM of a 4-host slice; sometimes notices are
-lost), host errors on one worker of a slice (its peers' trainers then report
+lost), preemption notices reaching a running machine's worker VMs ahead of the
+preemption (the shutdown script's `notice` entry: a head start, the next machine
+at once and the noticed one draining, its trainer's `stopped` or `failed` entry
+mid-save), host errors on one worker of a slice (its peers' trainers then report
 `failed` from any subset of workers), creations that stall or fail, trainer
 entries (progress among them) for current and older attempts, a `completed`
 from the trainer, from its startup script's exit code, or both, hangs (no progress
@@ -20,15 +23,17 @@ clock running past leases, backoffs, stuck-creation limits and TTLs.
 Checked on every record write: a legal status transition, terminal statuses
 never left (except REJECTED -> PROVISIONING on a valid resubmit), ended attempts
 never reopened, each replacement in the same zone (the next zone after no
-capacity, never before the backoff), max_failures and max_preemptions honoured,
-counters that tally the attempts' end reasons, and every
+capacity or a head start, never before the backoff), at most one attempt
+draining, max_failures and max_preemptions honoured, counters that tally the attempts' end reasons, and every
 counted preemption or failure caused by the world (a preempted machine, a
 trainer `failed` entry, no acknowledged progress entry within the hang timeout).
-After every step: at most one live machine per job,
-no machine without a record that asked for it, and a record without intent in
-flight owns every live machine of its job. After every acknowledged delivery:
+After every step: at most two live machines per job, the second
+only an attempt's kept on its notice (draining), no machine without a record that asked for it, and a record
+without intent in flight owns every live machine of its job (a draining one too); once a sweep after its
+drain_until was acknowledged, the draining machine is gone. After every acknowledged delivery:
 the same event again changes nothing, an older attempt's event changes nothing
-but that attempt's goodput split (which only grows),
+but that attempt's goodput split (which only grows) and, for a draining attempt's last entry, the deletion of its
+machine, a notice of the running attempt starts one head start (counted as its preemption, its machine kept),
 a preemption or failure of the live attempt is counted exactly once (and never
 as the other), completion, cancel and TTL expiry end the job with its machine
 deleted, and a trainer's own result is never replaced (it fills in an exit code's).
@@ -50,8 +55,10 @@ Each history is labelled once by what its jobs counted, summed (a quiet one:
 SUCCEEDED`, ...); `--hypothesis-show-statistics` prints the shares, over every
 generated case (invalid ones, about a seventh, carry no label). Expect the quiet
 share under 20% (four histories in five count a preemption or failure), `ended
-SUCCEEDED` at 40-50%, and about 8% getting a job to SUCCEEDED through 2+
-preemptions or failures, half of them in a history with crashes and duplicates too.
+SUCCEEDED` near 40% (notices add preemptions, and bert fails at its second),
+about 8% getting a job to SUCCEEDED through 2+ preemptions or failures (some of
+them in a history with crashes and duplicates too), a head start in over 10% and
+a job SUCCEEDED through one in about 5%.
 
 Examples are seeded (the same histories on every run). Explore new ones with
 `RESPAWN_EXPLORE=2000 .venv/bin/pytest --timeout=0 tests/unit/test_properties.py --hypothesis-show-statistics`.
@@ -93,6 +100,7 @@ from respawn.events import (
     Event,
     JobRejected,
     JobSubmitted,
+    MachineNoticed,
     MachinePreempted,
     SweepTicked,
     TrainerCompleted,
@@ -103,6 +111,7 @@ from respawn.events import (
 )
 from respawn.model import (
     LEGAL_TRANSITIONS,
+    Attempt,
     GpuMachine,
     Job,
     JobSpec,
@@ -191,10 +200,23 @@ def split(pick: int) -> dict[str, float]:
     return {"startup_s": other, "productive_s": productive, "total_s": productive + other}
 
 
-def without_split(job: Job, n: int) -> Job:
-    """The record less attempt n's goodput split and the bookkeeping every applied event changes."""
-    attempts = tuple(replace(a, goodput=None) if a.n == n else a for a in job.attempts)
+def without_split(job: Job, n: int, deleted: bool = False) -> Job:
+    """The record less attempt n's goodput split and the bookkeeping every applied event changes (with `deleted`,
+    attempt n's machine as deleted: the one other change a stale event may make)."""
+    attempts = tuple(
+        replace(a, goodput=None, machine_deleted=a.machine_deleted or deleted) if a.n == n else a for a in job.attempts
+    )
     return replace(job, attempts=attempts, updated_at=0.0, seen_events=())
+
+
+def draining(job: Job) -> Attempt | None:
+    """The attempt ended on its machine's notice whose machine the record keeps for its final save."""
+    return next((a for a in job.attempts if a.draining), None)
+
+
+def last_word(event: Event) -> bool:
+    """A trainer's last entry: saved on the notice (`stopped`), completed or failed."""
+    return isinstance(event, (TrainerCompleted, TrainerFailed)) or (isinstance(event, CheckpointSaved) and event.final)
 
 
 def attempt_of(m: Machine) -> tuple[str, int]:
@@ -248,7 +270,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.ids = itertools.count(1)
         self.inbox: list[Event] = []  # published, not yet acknowledged
         self.published: list[Event] = []  # everything ever published: Pub/Sub may deliver any of it again
-        self.preempted: set[str] = set()  # machines the world preempted (or deleted on preemption)
+        self.preempted: set[str] = set()  # machines the world preempted (or deleted on preemption), or noticed
+        self.noticed: set[str] = set()  # machines that got the preemption notice
         self.failed: set[tuple[str, int]] = set()  # (job, attempt) whose trainer wrote a `failed` entry
         self.accepted: set[str] = set()  # jobs whose submit was acknowledged
         self.must_succeed: set[str] = set()  # jobs whose live attempt's `completed` was acknowledged
@@ -279,7 +302,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     @initialize(
         jobs=st.sets(JOB_IDS, min_size=1),
         delivered=st.sampled_from([True, True, True, False]),
-        trouble=st.sampled_from(["preempted", "preempted", "failed", None]),
+        trouble=st.sampled_from(["preempted", "preempted", "noticed", "failed", None]),
         pick=PICK,
     )
     def submit_some(self, jobs: set[str], delivered: bool, trouble: str | None, pick: int) -> None:
@@ -297,6 +320,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.at_once(0, lambda: self.entry(job, n, "started", pick))
         if trouble == "preempted":
             self.at_once(0, lambda: self.take_back(kind, m, pick, notify=True, vanish=False))
+        elif trouble == "noticed":
+            self.at_once(0, lambda: self.give_notice(m, pick))
         else:
             self.at_once(0, lambda: self.entry(job, n, "failed", pick))
 
@@ -345,6 +370,48 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         if notify:
             cause = "preempted" if vanish else "hostError"
             self.publish(MachinePreempted(self.eid("preempted"), now, job, n, m.name, m.zone, "p", cause))
+
+    def give_notice(self, m: Machine, pick: int) -> None:
+        """The cloud decides to take a machine back: the notice reaches its worker VMs (one VM of a slice, or
+        several), whose shutdown scripts each write a `notice` entry; the machine runs on to the end of its notice
+        window (the preemption itself comes later, by the rules that take machines back)."""
+        job, n = attempt_of(m)
+        self.preempted.add(m.name)
+        self.noticed.add(m.name)
+        hosts = SPECS[job].machine.hosts
+        for worker in sorted({pick % hosts, (pick >> 3) % hosts}):
+            self.publish(MachineNoticed(self.eid("notice"), self.clock.now(), job, n, worker))
+
+    @precondition(lambda self: self.ready(spoke=True))
+    @rule(pick=PICK, instance=st.sampled_from([0, 1]), at_once=st.booleans())
+    def notice(self, pick: int, instance: int, at_once: bool) -> None:
+        """A running machine gets the preemption notice; its entries are delivered at once, or wait in the inbox."""
+        machines = self.ready(spoke=True)
+        _, m = machines[pick % len(machines)]
+        if at_once:
+            self.at_once(instance, lambda: self.give_notice(m, pick))
+        else:
+            self.give_notice(m, pick)
+
+    def on_notice(self) -> list[tuple[str, Machine]]:
+        """The machines that got the notice and are not stopped yet: their trainers make their final save."""
+        return [(kind, m) for kind, m in self.machines() if m.state in LIVE and m.name in self.noticed]
+
+    @precondition(lambda self: self.on_notice())
+    @rule(pick=PICK, instance=st.sampled_from([0, 1]), kind=st.sampled_from(["stopped", "stopped", "failed"]))
+    def final_save(self, pick: int, instance: int, kind: str) -> None:
+        """A noticed machine's trainer saves and says so (`stopped`), or fails doing it; delivered at once."""
+        noticed = self.on_notice()
+        job, n = attempt_of(noticed[pick % len(noticed)][1])
+        self.at_once(instance, lambda: self.entry(job, n, kind, pick))
+
+    @precondition(lambda self: self.on_notice())
+    @rule(pick=PICK, notify=st.booleans(), vanish=st.booleans())
+    def hard_stop(self, pick: int, notify: bool, vanish: bool) -> None:
+        """The notice window of a noticed machine ends: the cloud stops it (or deletes it); its event may follow."""
+        noticed = self.on_notice()
+        kind, m = noticed[pick % len(noticed)]
+        self.take_back(kind, m, pick, notify=notify, vanish=vanish)
 
     @precondition(
         lambda self: any(m.state in LIVE and SPECS[m.name.split("-a")[0]].machine.hosts > 1 for _, m in self.tpus())
@@ -410,7 +477,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         elif kind == "progress":
             self.publish(TrainerProgressed(event_id, now, job, n, pick % 1000))
         elif kind == "stopped":  # saved on the notice; the machine is about to go
-            self.publish(CheckpointSaved(event_id, now, job, n, pick % 1000, split(pick)))
+            self.publish(CheckpointSaved(event_id, now, job, n, pick % 1000, split(pick), final=True))
         elif kind == "completed":  # the trainer's own entry (with its split), its startup script's on exit 0, or both
             if pick % 3:
                 self.publish(TrainerCompleted(self.eid("exit-0"), now, job, n, source=EXIT_CODE))
@@ -438,8 +505,11 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     # -- a job's life driven forward, each step delivered at once: without these few histories get far ------------
 
     def ready(self, *, spoke: bool | None = None) -> list[tuple[str, Machine]]:
-        """The READY machines; or only those whose trainer has (or has not yet) written an entry."""
-        ready = [(kind, m) for kind, m in self.machines() if m.state is MachineState.READY]
+        """The READY machines that run on (not noticed: those only save, until the cloud stops them); or only those
+        whose trainer has (or has not yet) written an entry."""
+        ready = [
+            (kind, m) for kind, m in self.machines() if m.state is MachineState.READY and m.name not in self.noticed
+        ]
         return [(kind, m) for kind, m in ready if spoke is None or (m.name in self.spoke) == spoke]
 
     def deliver_new(self, since: int, instance: int) -> None:
@@ -609,6 +679,19 @@ class ServiceUnderChaos(RuleBasedStateMachine):
                 if (parse_machine_name(name) or ("",))[0] == job_id
             ]
             self.check_delivery(event, outcome, job_id, old, generation, states, touched)
+        if isinstance(event, SweepTicked):
+            self.check_drains_swept()
+
+    def check_drains_swept(self) -> None:
+        """After an acknowledged sweep, a machine kept on its notice whose drain_until has passed is gone, and its
+        record says so (unless the record's intent is still in flight)."""
+        for job_id in SPECS:
+            job, _ = peek(self.store, job_id)
+            if job is None or job.pending:
+                continue
+            for a in job.attempts:
+                if a.drain_until is not None and a.drain_until <= self.clock.now():
+                    assert a.machine_deleted and a.machine not in self.live_machines(job_id), (a, self.machines())
 
     # -- checks -------------------------------------------------------------------------------------------------------
 
@@ -655,13 +738,37 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             if unchanged:
                 assert outcome.result == "stale", f"{event} for an older attempt: {outcome.result}"
                 return
-            # the one thing it may change: the trainer's goodput split of its own attempt
-            assert not touched and outcome.result == "applied", f"{event} for an older attempt acted on {job_id}"
-            assert new.attempts[attempt - 1].goodput == getattr(event, "goodput", None), f"{event} changed {job_id}"
-            assert without_split(new, attempt) == without_split(old, attempt), f"{event} changed more of {job_id}"
-            label("an older attempt's goodput split kept")
+            # what it may change: the trainer's goodput split of its own attempt, and a draining machine's last entry
+            # ends its drain (the machine is deleted)
+            assert outcome.result == "applied", f"{event} for an older attempt: {outcome.result}"
+            was, now_is = old.attempts[attempt - 1], new.attempts[attempt - 1]
+            if was.draining and last_word(event):
+                assert now_is.machine_deleted and touched in ([], [("delete", was.machine)]), (event, touched)
+                label("a draining machine deleted on its trainer's last entry")
+            else:
+                assert not touched, f"{event} for an older attempt acted on {job_id}"
+                assert now_is.goodput == getattr(event, "goodput", None), f"{event} changed {job_id}"
+                label("an older attempt's goodput split kept")
+            assert without_split(new, attempt) == without_split(old, attempt, now_is.machine_deleted), (
+                f"{event} changed more of {job_id}"
+            )
             return
         before, after = old.counters, new.counters
+        if isinstance(event, MachineNoticed) and live is not None and attempt == live:
+            assert old.spec is not None and old.current is not None
+            head_start = old.spec.head_start and old.current.started_at is not None and draining(old) is None
+            if not head_start:  # another attempt drains, or nothing to save yet: the preemption's event decides
+                assert unchanged, f"{event} changed {job_id} without a head start"
+                return
+            noticed = new.attempts[live - 1]
+            assert noticed.end_reason == "preempted" and after.preemptions == before.preemptions + 1
+            if new.status is Status.FAILED:  # max_preemptions reached: nothing to wait for
+                assert noticed.machine_deleted and not self.live_machines(job_id)
+            else:
+                assert noticed.draining and ("delete", noticed.machine) not in touched, (event, touched)
+                assert new.current is not None and new.current.n == live + 1
+                label("a head start on the notice")
+            return
         ended = {a.n: a.end_reason for a in new.attempts}
         if isinstance(event, (TrainerFailed, MachinePreempted)) and live is not None and attempt == live:
             # a `failed` entry from a machine the API shows dead (or no longer lists) is a loss, not a failure
@@ -702,6 +809,9 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         assert all(a.machine == machine_name(new.job_id, a.n) for a in new.attempts)
         if new.status.terminal:
             assert live_attempt(new) is None
+        drains = [a for a in new.attempts if a.drain_until is not None]
+        assert all(a.ended and a.end_reason == "preempted" for a in drains), f"{new.job_id}: {drains}"
+        assert sum(a.draining for a in drains) <= 1 and not (new.status.terminal and draining(new)), new.attempts
         if new.status in (Status.PROVISIONING, Status.RUNNING, Status.RECOVERING):
             assert new.current is not None and not new.current.ended, f"{new.job_id}: {new.status} without a machine"
         if new.status is Status.RUNNING:
@@ -748,7 +858,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
                     assert (rule.after_preemptions is not None and preempted >= rule.after_preemptions) or stockout
                     continue
                 zones = tiers[a.tier].zones
-                walk = a.end_reason in NO_CAPACITY
+                walk = a.end_reason in NO_CAPACITY or a.drain_until is not None  # a head start leaves the dying zone
                 want = zones[(zones.index(a.zone) + 1) % len(zones)] if walk else a.zone
                 assert b.zone == want, f"{b.machine} in {b.zone} after {a.machine} ended {a.end_reason} in {a.zone}"
         if old is None or old.status is Status.REJECTED:
@@ -779,6 +889,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         preemptions = sum(job.counters.preemptions for job in jobs)
         failures = sum(job.counters.failures for job in jobs)
         label(f"{min(preemptions, 3)} preemptions, {min(failures, 3)} failures counted")
+        if any(j.status is Status.SUCCEEDED and any(a.drain_until is not None for a in j.attempts) for j in jobs):
+            label("a job SUCCEEDED through a head start")
         if any(j.status is Status.SUCCEEDED and j.counters.preemptions + j.counters.failures >= 2 for j in jobs):
             label("a job SUCCEEDED after 2+ preemptions or failures")
             if self.crashes and self.duplicates:
@@ -792,11 +904,18 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         records = {job_id: peek(self.store, job_id)[0] for job_id in SPECS}
         for job_id, job in records.items():
             live = self.live_machines(job_id)
-            assert len(live) <= 1, f"{job_id} has live machines {live}"
+            assert len(live) <= 2, f"{job_id} has live machines {live}"
+            if len(live) == 2:  # a head start's overlap: one of them is kept on its notice (or its delete in flight)
+                assert job is not None and any(a.drain_until is not None and a.machine in live for a in job.attempts)
             if job is not None and not job.pending:
                 # A capacity error after an earlier try of the create succeeded may leave its machine: the record
-                # counts it as never made, and the next sweep deletes it as an orphan.
-                allowed = [a.machine for a in job.attempts if a.n == live_attempt(job) or a.end_reason == "capacity"]
+                # counts it as never made, and the next sweep deletes it as an orphan. A draining machine is the
+                # record's until its drain is over.
+                allowed = [
+                    a.machine
+                    for a in job.attempts
+                    if a.n == live_attempt(job) or a.end_reason == "capacity" or a.draining
+                ]
                 assert set(live) <= set(allowed), f"{job_id} ({job.status}) leaks {live}"
         for kind, m in self.machines():
             parsed = parse_machine_name(m.name)
