@@ -24,6 +24,8 @@ NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the start
 NOTICE_ENV = "RESPAWN_NOTICE_FILE"  # names another notice file on a machine without /run (the local cloud's)
 TRAINER_LOG = "respawn-trainer"  # the lifecycle entries: the trainer's own and the startup script's
 STARTUP_LOG = "respawn-startup"  # the startup script's notes for the operator (never read by the control plane)
+# A head start's machine (respawn.decide): the epoch second before which its startup script starts no trainer
+START_AFTER_METADATA = "respawn-start-after"
 
 # The variables respawn sets in the trainer's environment, which the job's `env` cannot override.
 RESERVED_ENV = (

@@ -42,7 +42,7 @@ import math
 import re
 import shlex
 
-from respawn.machine import CONTAINER, NOTICE_ENV, NOTICE_FILE, STARTUP_LOG, TRAINER_LOG
+from respawn.machine import CONTAINER, NOTICE_ENV, NOTICE_FILE, START_AFTER_METADATA, STARTUP_LOG, TRAINER_LOG
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
@@ -102,10 +102,6 @@ def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_L
     for key, _ in spec.secrets:  # the value comes from the script's environment (see _SECRETS)
         argv += ["-e", key]
     return [*argv, spec.image, *spec.args]
-
-
-# The metadata item of a head start's machine: the epoch second before which its trainer may not start.
-START_AFTER_METADATA = "respawn-start-after"
 
 
 def machine_metadata(spec: JobSpec, attempt: int, *, start_after: float | None = None) -> dict[str, str]:

@@ -46,7 +46,7 @@ from respawn.local.logentries import host_event_entry, preempted_entry, trainer_
 from respawn.local.machine_host import MetadataServer, SecretManager
 from respawn.local.slices import LocalSlice
 from respawn.local.timeline import Timeline
-from respawn.machine import CONTAINER, NOTICE_ENV
+from respawn.machine import CONTAINER, NOTICE_ENV, START_AFTER_METADATA
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
@@ -214,6 +214,10 @@ class Nodes:
         run.mkdir(parents=True, exist_ok=True)
         (run / "startup-script.sh").write_text(meta.get("startup-script", ""))
         (run / "shutdown-script.sh").write_text(meta.get("shutdown-script", ""))
+        if START_AFTER_METADATA in meta:  # a head start: its trainers wait until the noticed machine is off
+            self.timeline.add(
+                "start_after", machine=machine.name, attempt=attempt, until=float(meta[START_AFTER_METADATA])
+            )
         port = free_port() if node.machine_slice.hosts > 1 else 0  # the slice's JAX coordinator, fresh per boot
         for index in node.machine_slice.workers:
             home = run / f"w-{index}"
@@ -426,12 +430,15 @@ class Nodes:
         self._off(worker)
 
     def _shut_down(self, node: Node, worker: Worker, window: float) -> None:
-        """A preempted VM: its shutdown script runs (ACPI soft off), and the VM is off after the notice `window`."""
+        """A preempted VM: its shutdown script runs (ACPI soft off), and the VM is off after the notice `window`. The
+        script's `notice` entry (its `gcloud logging write` on stdout) goes to the router as the VM's other entries."""
         deadline = time.monotonic() + window
         script = self.log_dir / node.machine.name / "shutdown-script.sh"
         shutdown = start_group(
-            [BASH, str(script)], env=worker.env, stdin=subprocess.DEVNULL, stdout=worker.log, stderr=worker.log
+            [BASH, str(script)], env=worker.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=worker.log
         )
+        assert shutdown.stdout is not None
+        reader = self._spawn(self._read_stdout, node, worker, shutdown.stdout)
         with contextlib.suppress(subprocess.TimeoutExpired):
             shutdown.wait(timeout=window)
         if not worker.stopped:
@@ -440,15 +447,19 @@ class Nodes:
         self._signal(shutdown.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             shutdown.wait(timeout=KILL_WAIT_S)
+        reader.join(timeout=KILL_WAIT_S)
         self._off(worker)
 
     def _read_stdout(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
+        """A worker's script's stdout (its startup script's, or its shutdown script's): lifecycle entries to the
+        router, every line to the worker's log (while it is open: a shutdown script may outlive the startup script)."""
         for raw in stream:
             payload = lifecycle_entry(raw, node.job_id, node.attempt)
             if payload is None:
                 self._log_line(node, worker, raw)
                 continue
-            worker.log.write(raw)
+            with contextlib.suppress(ValueError):  # the log closed with the startup script
+                worker.log.write(raw)
             if not self._closed:  # the whole cloud is stopping: nobody reads entries any more
                 self._emit(node, payload)
 
@@ -474,7 +485,8 @@ class Nodes:
 
     def _log_line(self, node: Node, worker: Worker, raw: bytes) -> None:
         """A plain log line: to the worker's log file; worker 0's are read for progress (step, loss)."""
-        worker.log.write(raw)
+        with contextlib.suppress(ValueError):  # the log closed with the startup script
+            worker.log.write(raw)
         if worker.index != 0:
             return
         found = progress(raw.decode(errors="replace"))

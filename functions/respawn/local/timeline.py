@@ -10,9 +10,12 @@ Kinds recorded (each with `t`, seconds since the epoch, and `machine` where it a
                                 worker VM; `instance` the first)
   trainer_start / trainer_exit  a trainer process of `machine` started (`pid`) / exited (`code`); `worker` on a
                                 multi-host slice
+  start_after                   `machine` (attempt `attempt`) is a head start's: its startup script runs no trainer
+                                before `until` (epoch s), when the noticed machine it replaces is off
   kill_worker / hang_worker     chaos SIGKILLed / SIGSTOPped `worker` of `machine`
   host_error                    `worker`'s VM (`instance`) had a host error: `machine` TERMINATED, its event emitted
-  entry                         a lifecycle entry of `machine`'s trainer (`payload`)
+  entry                         a lifecycle entry of `machine` (`payload`): its trainer's, its startup script's, or
+                                its shutdown script's `notice`
   step                          a training step of `machine`'s trainer, worker 0 (`step`, `loss`)
   secrets                       a trainer process (`pid`) of `machine` holds its secrets (`names`, `delivered`:
                                 whether its environment has every value; never a value)
