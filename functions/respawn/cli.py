@@ -81,6 +81,7 @@ def describe(job: Job, now: float | None = None) -> str:
             if not spec.tiers
             else "tiers        "
             + "; ".join(f"{i}: {t.provisioning} in {', '.join(t.zones)}" for i, t in enumerate(spec.all_tiers)),
+            f"placement    {spec.placement}",
             f"checkpoints  {spec.checkpoint_uri}",
         ]
     lines += [f"submitted    {when(job.submitted_at)}", f"updated      {when(job.updated_at)}"]
@@ -105,6 +106,9 @@ def describe(job: Job, now: float | None = None) -> str:
         headers = ("#", "zone", "tier", "machine", "requested", "waited", "started", "ended", "end", "restored",
                    "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
+        placed = [f"  {a.n}  {a.placement}" for a in job.attempts if a.placement]
+        if placed:  # why each attempt went where it did (the outlook's figures, the runner-up)
+            lines += ["", "placement", *placed]
         if spec is not None:
             accounting = job_accounting(job, time.time() if now is None else now)
             lines += ["", *_goodput_lines(accounting), "", "machine time by tier", _tier_costs(accounting)]
