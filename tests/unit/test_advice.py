@@ -11,8 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from respawn.adapters.advice import TPU_NOTE, GcpAdvisor, is_tpu
+from respawn.adapters.advice import TPU_NOTE, GcpAdvisor, accelerators, advise_regions, is_tpu
 from respawn.local.cloudapi import CloudApiServer
+from respawn.model import GpuMachine, TpuMachine
 from respawn.placement import ZoneAdvice
 
 PROJECT, REGION = "proj", "us-central1"
@@ -184,3 +185,32 @@ def test_an_unreachable_endpoint() -> None:
     advice = GcpAdvisor(f"http://127.0.0.1:{port}").advise(PROJECT, REGION, GPU, "spot", [A])
     assert advice.zones == {}
     assert advice.note is not None and advice.note.startswith("Advice API unavailable: unreachable (")
+
+
+def test_zones_of_several_regions_are_asked_region_by_region(server: CloudApiServer) -> None:
+    advice = advise_regions(GcpAdvisor(server.url), PROJECT, GPU, "spot", [A, "us-west1-b", B])
+    assert advice.note is None
+    assert advice.zones.keys() == {A, B, "us-west1-b"}
+    assert advice.zones["us-west1-b"].price_per_hour == server.advice.price_per_hour("us-west1", GPU)
+    assert [r.split("/regions/")[1] for r in server.requests] == [
+        "us-central1/advice/capacity",
+        "us-central1/advice/capacity",
+        "us-central1/advice/capacityHistory",
+        "us-west1/advice/capacity",
+        "us-west1/advice/capacityHistory",
+    ]
+
+
+def test_prices_are_used_for_every_zone_or_none(server: CloudApiServer) -> None:
+    server.fail_next("advice", code=503, status="UNAVAILABLE", message="later", collection="capacityHistory")
+    advice = advise_regions(GcpAdvisor(server.url), PROJECT, GPU, "spot", [A, "us-west1-b"])
+    assert {z.price_per_hour for z in advice.zones.values()} == {None}
+    assert advice.zones[A].estimated_uptime_s == 7200.0
+    assert advice.note is not None
+    assert advice.note.endswith("; Advice API prices not used: none for us-central1-a; list prices used")
+
+
+def test_accelerators_are_named_for_n1_only() -> None:
+    assert accelerators(GpuMachine("n1-standard-8", "nvidia-tesla-t4", 2)) == (("nvidia-tesla-t4", 2),)
+    assert accelerators(GpuMachine("a2-highgpu-1g", "nvidia-tesla-a100", 1)) == ()
+    assert accelerators(TpuMachine("v6e-8")) == ()

@@ -34,6 +34,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,7 +44,9 @@ from google.cloud import compute_v1
 
 from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
+from respawn.model import GpuMachine, MachineSpec
 from respawn.placement import Advice, ZoneAdvice
+from respawn.ports import Advisor
 from respawn.topology import UnknownTpuType, tpu_topology
 
 HOUR = 3600.0
@@ -78,6 +81,44 @@ def is_tpu(machine_type: str) -> bool:
 def region_of(zone: str) -> str:
     """us-central1-a -> us-central1."""
     return zone.rpartition("-")[0]
+
+
+def accelerators(machine: MachineSpec) -> tuple[tuple[str, int], ...]:
+    """The GPUs to name in a request: an N1 machine type's attached GPUs; none for the accelerator-optimized types
+    (a2, a3, g2, ...), whose machine type names its GPUs, nor for TPUs."""
+    if isinstance(machine, GpuMachine) and machine.machine_type.startswith("n1-"):
+        return ((machine.accelerator_type, machine.accelerator_count),)
+    return ()
+
+
+def advise_regions(
+    advisor: Advisor,
+    project: str,
+    machine_type: str,
+    provisioning: str,
+    zones: Sequence[str],
+    *,
+    accelerators: Sequence[tuple[str, int]] = (),
+) -> Advice:
+    """One Advice for zones of any regions: the advisor asked once per region (the API is regional), the zones'
+    figures together, the notes joined (each once). Prices are kept only when every zone has one: an Advice API
+    price is the whole machine type's and the list table's may be the GPUs' alone, so a ranking must not mix them."""
+    by_region: dict[str, list[str]] = {}
+    for zone in zones:
+        by_region.setdefault(region_of(zone), []).append(zone)
+    answers = [
+        advisor.advise(project, region, machine_type, provisioning, zs, accelerators=accelerators)
+        for region, zs in by_region.items()
+    ]
+    if not answers:
+        return Advice({}, time.time())
+    notes = list(dict.fromkeys(a.note for a in answers if a.note))
+    merged = {zone: said for a in answers for zone, said in a.zones.items()}
+    unpriced = [zone for zone in zones if zone not in merged or merged[zone].price_per_hour is None]
+    if unpriced and len(unpriced) < len(zones):
+        merged = {zone: replace(said, price_per_hour=None) for zone, said in merged.items()}
+        notes.append(f"Advice API prices not used: none for {', '.join(unpriced)}; list prices used")
+    return Advice(merged, min(a.fetched_at for a in answers), "; ".join(notes) or None)
 
 
 class GcpAdvisor:
