@@ -78,6 +78,36 @@ class Exposure:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """What one ended attempt adds to the history: its machine time and whether it was interrupted. `id` (JOB/N)
+    makes adding it idempotent: a history remembers the ids it has counted (History.seen)."""
+
+    id: str
+    key: Key
+    seconds: float
+    interruptions: int
+    at: float  # when the attempt ended
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "key": self.key.text(),
+            "seconds": self.seconds,
+            "interruptions": self.interruptions,
+            "at": self.at,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Observation:
+        return Observation(
+            str(d["id"]), Key.parse(str(d["key"])), float(d["seconds"]), int(d["interruptions"]), float(d["at"])
+        )
+
+
+SEEN_MAX = 1024  # observation ids a history remembers: far more than can wait in the records at once
+
+
+@dataclass(frozen=True)
 class History:
     """The preemption history of a deployment: per key, its decayed exposure, and the parameters that read it."""
 
@@ -85,6 +115,7 @@ class History:
     half_life_s: float = 3 * DAY
     prior_interruptions: float = 1.0
     prior_hours: float = 24.0
+    seen: tuple[str, ...] = ()  # the newest SEEN_MAX observation ids counted, newest last
 
     def __post_init__(self) -> None:
         for name in ("half_life_s", "prior_interruptions", "prior_hours"):
@@ -96,8 +127,25 @@ class History:
         if seconds < 0 or interruptions < 0:
             raise ValueError(f"observation of {key.text()}: seconds and interruptions must be >= 0")
         old = self.exposures.get(key, Exposure(0.0, 0.0, now)).decayed_to(now, self.half_life_s)
-        new = Exposure(old.seconds + seconds, old.interruptions + interruptions, old.at)
+        late = Exposure(float(seconds), float(interruptions), now).decayed_to(old.at, self.half_life_s)
+        new = Exposure(old.seconds + late.seconds, old.interruptions + late.interruptions, old.at)
         return replace(self, exposures={**self.exposures, key: new})
+
+    def record(self, observations: Sequence[Observation]) -> History:
+        """The history with each observation not counted yet: a duplicate (its id seen) changes nothing, and evidence
+        older than the key's newest is decayed to it, so any order of the same observations gives the same counts."""
+        history, seen = self, list(self.seen)
+        for observation in observations:
+            if observation.id in seen:
+                continue
+            history = history.observe(
+                observation.key,
+                observation.at,
+                seconds=observation.seconds,
+                interruptions=observation.interruptions,
+            )
+            seen.append(observation.id)
+        return history if history is self else replace(history, seen=tuple(seen[-SEEN_MAX:]))
 
     def exposure(self, key: Key, now: float) -> Exposure:
         """The key's evidence as of `now` (zero when never observed)."""
@@ -124,6 +172,7 @@ class History:
             "half_life_s": self.half_life_s,
             "prior_interruptions": self.prior_interruptions,
             "prior_hours": self.prior_hours,
+            "seen": list(self.seen),
             "exposures": {
                 key.text(): {"seconds": e.seconds, "interruptions": e.interruptions, "at": e.at}
                 for key, e in sorted(self.exposures.items(), key=lambda item: item[0].text())
@@ -141,6 +190,7 @@ class History:
             half_life_s=float(d.get("half_life_s", 3 * DAY)),
             prior_interruptions=float(d.get("prior_interruptions", 1.0)),
             prior_hours=float(d.get("prior_hours", 24.0)),
+            seen=tuple(str(i) for i in d.get("seen", ())),
         )
 
 
