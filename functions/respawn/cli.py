@@ -354,6 +354,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
     bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
     from respawn import plan
+    from respawn.decide import Policy
     from respawn.model import JobSpec
     from respawn.placement import Outlook
     from respawn.spec import SpecError, load_job_file, parse_job_message
@@ -369,7 +370,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     now = time.time()
     history, history_note, where = _plan_history(s)
     outlook = Outlook(history, _plan_advice(s, spec), note=history_note)
-    built = plan.build(spec, outlook, now, history=where, restart_cost_s=_restart_cost_s())
+    built = plan.build(spec, outlook, now, history=where, restart_cost_s=Policy().restart_cost_s)
     emit(args, plan.to_json(built), plan.text(built, table))
     return 0
 
@@ -408,10 +409,6 @@ def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
         return {(kind, p): Advice({}, now, note) for p in zones}
     gpus = accelerators(spec.machine)
     return {(kind, p): advise_regions(advisor, s.project, kind, p, zs, accelerators=gpus) for p, zs in zones.items()}
-
-
-def _restart_cost_s() -> float:
-    return 300.0
 
 
 def run_local(argv: list[str]) -> int:

@@ -77,8 +77,7 @@ def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_
         )
         advice = outlook.advice.get((kind, tier.provisioning))
         placed = {p.zone: p for p in ranking.placed}
-        placement = str(getattr(spec, "placement", "ranked"))
-        order = ranking.zones if placement == "ranked" else tier.zones
+        order = ranking.zones if spec.placement == "ranked" else tier.zones
         zones = []
         for zone in order:
             p = placed[zone]
@@ -94,7 +93,7 @@ def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_
             obtainability = said.obtainability if said is not None else None
             zones.append(ZonePlan(zone, p.mtbi_s, source, p.useful, price, obtainability, p.reason))
         note = advice.note if advice is not None else None
-        tiers.append(TierPlan(index, tier.provisioning, placement, tuple(zones), note))
+        tiers.append(TierPlan(index, tier.provisioning, spec.placement, tuple(zones), note))
     return Plan(spec.job_id, describe_machine(spec), kind, history, tuple(tiers))
 
 

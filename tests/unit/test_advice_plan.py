@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from respawn import plan
 from respawn.model import GpuMachine, JobSpec, Tier, TpuMachine
 from respawn.placement import HOUR, Advice, History, Key, Outlook, ZoneAdvice
@@ -61,3 +63,14 @@ def test_priced_prefers_the_advice_price() -> None:
     assert priced("spot", table, 0.0, NOW) == Priced(0.44, LIST_SOURCE)
     assert priced("spot", None) is None
     assert Priced(0.61, LIST_SOURCE).text() == "$0.61/h (list price table 2025-06)"
+
+
+def test_placement_ordered_keeps_the_list() -> None:
+    history = History().observe(Key(A, "a2-highgpu-1g", "spot"), NOW, seconds=HOUR, interruptions=9)
+    ordered = replace(spec(), placement="ordered")
+    built = plan.build(ordered, Outlook(history), NOW, history="test", restart_cost_s=300)
+    assert [z.zone for z in built.tiers[0].zones] == [A, B, C]
+    assert built.tiers[0].placement == "ordered"
+    ranked = plan.build(spec(), Outlook(history), NOW, history="test", restart_cost_s=300)
+    assert [z.zone for z in ranked.tiers[0].zones] == [B, C, A]
+    assert "in list order (ordered)" in plan.text(built, lambda headers, rows: "")
