@@ -45,11 +45,10 @@ from google.cloud import compute_v1
 from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
 from respawn.model import GpuMachine, MachineSpec
-from respawn.placement import Advice, ZoneAdvice
+from respawn.placement import HOUR, Advice, ZoneAdvice
 from respawn.ports import Advisor
 from respawn.topology import UnknownTpuType, tpu_topology
 
-HOUR = 3600.0
 CACHE_S = HOUR  # how long an answer is reused
 FAILURE_CACHE_S = 600.0  # how long a failure is reused before the API is asked again
 DEADLINE_S = 5.0  # all the calls of one advise() together
@@ -60,7 +59,7 @@ SPOT_MODELS = {"spot": "SPOT", "preemptible": "SPOT"}
 _COMPUTE_TPU = re.compile(r"^(ct\d+[a-z]*|tpu\d+[a-z]*)-")  # ct5p-hightpu-4t, ct6e-standard-8t, tpu7x-standard-4t
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
-Key = tuple[str, str, str, tuple[tuple[str, int], ...], str, tuple[str, ...]]
+CacheKey = tuple[str, str, str, tuple[tuple[str, int], ...], str, tuple[str, ...]]
 
 
 class AdviceUnavailable(Exception):
@@ -132,12 +131,11 @@ class GcpAdvisor:
         cache_s: float = CACHE_S,
         failure_cache_s: float = FAILURE_CACHE_S,
         clock: Callable[[], float] = time.time,
-        client: Any = None,
     ) -> None:
-        self.client = client if client is not None else compute_v1.AdviceClient(**client_options(endpoint))
+        self.client = compute_v1.AdviceClient(**client_options(endpoint))
         self.deadline_s, self.cache_s, self.failure_cache_s = deadline_s, cache_s, failure_cache_s
         self.clock = clock
-        self._cache: dict[Key, tuple[float, Advice]] = {}
+        self._cache: dict[CacheKey, tuple[float, Advice]] = {}
         self._lock = threading.Lock()
 
     def advise(
@@ -158,7 +156,7 @@ class GcpAdvisor:
             return Advice({}, now, f"Advice API advises Spot VMs only; {provisioning}: history only")
         if not zones:
             return Advice({}, now)
-        key: Key = (project, region, machine_type, tuple(accelerators), provisioning, tuple(zones))
+        key: CacheKey = (project, region, machine_type, tuple(accelerators), provisioning, tuple(zones))
         with self._lock:
             cached = self._cache.get(key)
         if cached is not None and cached[0] > now:
