@@ -376,13 +376,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
-    """(history, the outlook's note when it is empty for want of a store, where it came from)."""
+    """(the deployment's history, the outlook's note when it is empty for want of one, where it came from): from the
+    state bucket when one is set and readable, else an empty history, saying why."""
+    from respawn.bootstrap import history_store
     from respawn.placement import History
 
     if not s.state_bucket:
         why = f"no history: {VARIABLES['state_bucket'][0]} is not set (or pass --bucket); an empty history"
         return History(), why, why
-    return History(), None, f"gs://{s.state_bucket}: history not read (this respawn has no history store)"
+    where = f"gs://{s.state_bucket}/placement/history.json"
+    try:
+        history, generation = history_store(s).load()
+    except Exception as e:  # unreadable: the plan still shows the advice and the prices
+        why = f"no history: {where} could not be read ({cloud_error(e)}); an empty history"
+        return History(), why, why
+    if generation == 0:
+        return history, None, f"{where} not written yet (no attempt has ended): an empty history"
+    return history, None, f"{where} (generation {generation}, {len(history.exposures)} zone/machine keys)"
 
 
 def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
