@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from respawn.config import Settings
 
 if TYPE_CHECKING:
+    from respawn.acting import AdviceSource
     from respawn.adapters.cloud_logging import CloudLoggingReader
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
     from respawn.ports import MachineProvider, StatusNotifier
@@ -32,7 +33,20 @@ def service(settings: Settings) -> Service:
         SystemClock(),
         notifier=status_notifier(settings),
         history=history_store(settings, in_functions=True),
+        advice=advice_source(settings),
     )
+
+
+def advice_source(settings: Settings) -> AdviceSource | None:
+    """The Advice API's word on a GPU job's machines, for placement (Google's Advice API covers no TPUs; a TPU job
+    places by the history alone, without a note repeated in every placement reason). None without a project."""
+    if not settings.project:
+        return None
+    from respawn.adapters.advice import GcpAdvisor, advice_for
+    from respawn.model import GpuMachine
+
+    advisor, project = GcpAdvisor(settings.compute_endpoint), settings.project
+    return lambda spec: advice_for(advisor, project, spec) if isinstance(spec.machine, GpuMachine) else {}
 
 
 def job_store(settings: Settings, *, in_functions: bool = False) -> GcsJobStore:

@@ -400,29 +400,21 @@ def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
 
 
 def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
-    """What the Advice API says for each provisioning model of the job's tiers, over all their zones: one Advice
-    per (machine type, provisioning), as the outlook keys it. TPUs and a missing project: a note, no call."""
-    from respawn.adapters.advice import TPU_NOTE, is_tpu
+    """What the Advice API says for each provisioning model of the job's tiers (adapters.advice.advice_for). A
+    missing project or client: a note, no call."""
     from respawn.placement import Advice, machine_kind
 
-    kind, now = machine_kind(spec), time.time()
-    zones: dict[str, list[str]] = {}
-    for tier in spec.all_tiers:
-        zones.setdefault(tier.provisioning, []).extend(z for z in tier.zones if z not in zones[tier.provisioning])
-    if is_tpu(kind):
-        return {(kind, p): Advice({}, now, TPU_NOTE) for p in zones}
     if not s.project:
         note = f"Advice API not asked: {VARIABLES['project'][0]} is not set (or pass --project); history only"
-        return {(kind, p): Advice({}, now, note) for p in zones}
-    try:
-        from respawn.adapters.advice import GcpAdvisor, accelerators, advise_regions
+    else:
+        try:
+            from respawn.adapters.advice import GcpAdvisor, advice_for
 
-        advisor = GcpAdvisor(s.compute_endpoint)
-    except Exception as e:  # no credentials: plan still prints the history's figures
-        note = f"Advice API not asked: {cloud_error(e)}; history only"
-        return {(kind, p): Advice({}, now, note) for p in zones}
-    gpus = accelerators(spec.machine)
-    return {(kind, p): advise_regions(advisor, s.project, kind, p, zs, accelerators=gpus) for p, zs in zones.items()}
+            return advice_for(GcpAdvisor(s.compute_endpoint), s.project, spec)
+        except Exception as e:  # no credentials: plan still prints the history's figures
+            note = f"Advice API not asked: {cloud_error(e)}; history only"
+    now = time.time()
+    return {(machine_kind(spec), tier.provisioning): Advice({}, now, note) for tier in spec.all_tiers}
 
 
 def run_local(argv: list[str]) -> int:

@@ -44,8 +44,8 @@ from google.cloud import compute_v1
 
 from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
-from respawn.model import GpuMachine, MachineSpec
-from respawn.placement import HOUR, Advice, ZoneAdvice
+from respawn.model import GpuMachine, JobSpec, MachineSpec
+from respawn.placement import HOUR, Advice, ZoneAdvice, machine_kind
 from respawn.ports import Advisor
 from respawn.topology import UnknownTpuType, tpu_topology
 
@@ -118,6 +118,19 @@ def advise_regions(
         merged = {zone: replace(said, price_per_hour=None) for zone, said in merged.items()}
         notes.append(f"Advice API prices not used: none for {', '.join(unpriced)}; list prices used")
     return Advice(merged, min(a.fetched_at for a in answers), "; ".join(notes) or None)
+
+
+def advice_for(advisor: Advisor, project: str, spec: JobSpec) -> dict[tuple[str, str], Advice]:
+    """What the Advice API says of a job's machines: one Advice per (machine type, provisioning model) of its tiers,
+    over all their zones, as the outlook keys it. A TPU: the note, no call."""
+    kind, now = machine_kind(spec), time.time()
+    zones: dict[str, list[str]] = {}
+    for tier in spec.all_tiers:
+        zones.setdefault(tier.provisioning, []).extend(z for z in tier.zones if z not in zones[tier.provisioning])
+    if is_tpu(kind):
+        return {(kind, p): Advice({}, now, TPU_NOTE) for p in zones}
+    gpus = accelerators(spec.machine)
+    return {(kind, p): advise_regions(advisor, project, kind, p, zs, accelerators=gpus) for p, zs in zones.items()}
 
 
 class GcpAdvisor:
