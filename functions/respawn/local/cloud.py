@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from respawn import bootstrap
 from respawn.config import Settings
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
-from respawn.local.chaos import Chaos, StepAction, step_actions
+from respawn.local.chaos import Chaos, Mtbi, StepAction, step_actions
 from respawn.local.cloudapi import CloudApiServer, CloudMachine
 from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
 from respawn.local.functions import FunctionServers
@@ -62,7 +62,7 @@ class Options:
     kill_worker_at_steps: list[tuple[int, int]] = field(default_factory=list)  # (step, worker)
     hang_worker_at_steps: list[tuple[int, int]] = field(default_factory=list)
     host_error_at_steps: list[tuple[int, int]] = field(default_factory=list)
-    mtbi_s: float | None = None
+    mtbi: Mtbi | None = None  # --mtbi: machine lifetimes by zone
     # zone -> N: node/VM creates: the next N fail (None: all); TPU queued requests: each waits N s (None: forever)
     stockouts: dict[str, int | None] = field(default_factory=dict)
     spot_stockouts: dict[str, int | None] = field(default_factory=dict)  # the same, Spot/preemptible requests only
@@ -126,6 +126,7 @@ class LocalCloud:
         self.timeline = Timeline(self.run_dir / "timeline.jsonl")
         self._stack = contextlib.ExitStack()
         self._started: Started | None = None
+        self._zones: dict[str, str] = {}  # machine -> its zone, from the moment it is READY (chaos reads it)
 
     @property
     def started(self) -> Started:
@@ -234,6 +235,7 @@ class LocalCloud:
 
         def on_ready(machine: CloudMachine) -> None:
             timeline.add("state", machine=machine.name, zone=machine.zone, state="READY")
+            self._zones[machine.name] = machine.zone
             nodes.on_ready(machine)
             self._check_secrets(nodes, machine)
 
@@ -316,7 +318,8 @@ class LocalCloud:
             at=options.preempt_at,
             at_steps=options.preempt_at_steps,
             step_of=nodes.step,
-            mtbi=options.mtbi_s,
+            mtbi=options.mtbi,
+            zone_of=self.zone_of,
             seed=options.seed,
             actions=step_actions(
                 kill_worker=options.kill_worker_at_steps,
@@ -327,6 +330,10 @@ class LocalCloud:
         )
         self._stack.callback(chaos.start().stop)
         return chaos
+
+    def zone_of(self, machine: str) -> str | None:
+        """The zone of a machine that has been READY (None before)."""
+        return self._zones.get(machine)
 
     def _dir(self, name: str) -> Path:
         path = self.run_dir / name

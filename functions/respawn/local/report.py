@@ -21,6 +21,11 @@ Definitions:
                   Engine instances, and managed instance groups for slices)
   hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
   failures        the job record's failure counter (trainer failures, at most one per attempt)
+  by_zone         one row per zone the job used (its listed zones first): `attempts` there, `machine_s` (READY
+                  machine seconds, as `machine_hours`), `interruptions` (preemption notices and host errors the cloud
+                  sent its machines) and `productive_steps`, the steps its attempts trained that the final parameters
+                  keep: an attempt's run from the step it restored to the step the next attempt restored (the last
+                  attempt: to the final step), so the rows add up to the final step
   chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
   mtbi_realized_s  READY machine seconds (each machine until its notice or deletion) per preemption notice: the
                   mean time between interruptions the run saw, beside the --mtbi it asked for; null without notices
@@ -182,6 +187,61 @@ def machine_seconds(
     return used
 
 
+def restored_steps(job: dict[str, Any], events: list[dict[str, Any]]) -> dict[int, int]:
+    """attempt -> the step its trainer began from: the record's restored step, else its `started` entry's, else (a
+    program that sends none) the step before its first progress line; attempts that never trained are absent."""
+    began: dict[int, int] = {}
+    for e in events:
+        if e["kind"] == "entry" and e["payload"].get("event") == "started" and _attempt_of(e):
+            began.setdefault(_attempt_of(e), int(e["payload"].get("restored_step") or 0))
+        elif e["kind"] == "step" and _attempt_of(e):
+            began.setdefault(_attempt_of(e), int(e["step"]) - 1)
+    for a in job.get("attempts") or ():
+        if a.get("restored_step") is not None and a["n"] in began:
+            began[a["n"]] = int(a["restored_step"])
+    return began
+
+
+def productive_steps(began: dict[int, int], final_step: int | None) -> dict[int, int]:
+    """attempt -> the steps it trained that the final parameters keep (see `by_zone` above)."""
+    order = sorted(began)
+    kept: dict[int, int] = {}
+    for i, n in enumerate(order):
+        until = began[order[i + 1]] if i + 1 < len(order) else final_step
+        kept[n] = max(0, (until if until is not None else began[n]) - began[n])
+    return kept
+
+
+def zone_rows(
+    job: dict[str, Any], events: list[dict[str, Any]], used: dict[str, float], final_step: int | None
+) -> list[dict[str, Any]]:
+    """Per zone: attempts, READY machine seconds, interruptions and productive steps (see `by_zone` above)."""
+    spec = job.get("spec") or {}
+    listed = [*spec.get("zones", ()), *(z for tier in spec.get("tiers") or () for z in tier.get("zones", ()))]
+    attempts = job.get("attempts") or ()
+    zone_of = {str(e["machine"]): str(e["zone"]) for e in events if e.get("machine") and e.get("zone")}
+    zone_of.update({str(a["machine"]): str(a["zone"]) for a in attempts if a.get("machine")})
+    seen = [*(a["zone"] for a in attempts), *zone_of.values()]
+    kept = productive_steps(restored_steps(job, events), final_step)
+    rows = []
+    for zone in dict.fromkeys([*listed, *seen]):
+        here = [a for a in attempts if a["zone"] == zone]
+        if not here and zone not in zone_of.values():
+            continue
+        rows.append(
+            {
+                "zone": zone,
+                "attempts": len(here),
+                "machine_s": round(sum(s for m, s in used.items() if zone_of.get(m) == zone), 3),
+                "interruptions": sum(
+                    1 for e in events if e["kind"] in ("notice", "host_error") and e.get("zone") == zone
+                ),
+                "productive_steps": sum(kept.get(a["n"], 0) for a in here),
+            }
+        )
+    return rows
+
+
 def machine_api(job: dict[str, Any]) -> str:
     """The API that provisions the job's machines (every attempt's): the machine's `api`; a GPU VM is Compute
     Engine's, and a TPU record written before machines had an `api` went through the Cloud TPU API."""
@@ -241,6 +301,7 @@ def build(
     steps = [e["step"] for e in events if e["kind"] == "step"]
     notices = sum(1 for e in events if e["kind"] == "notice")
     lived = sum(machine_seconds(events, end, until=("deleted", "preempted", "notice")).values())
+    final_step = result.get("step", max(steps) if steps else None)
     return {
         "job_id": job.get("job_id"),
         "status": "TIMEOUT" if timed_out and not job.get("status") else job.get("status", "UNKNOWN"),
@@ -267,8 +328,9 @@ def build(
             }
             for a in job.get("attempts") or ()
         ],
+        "by_zone": zone_rows(job, events, used, final_step),
         "tiers": tier_costs(job, used, price),
-        "final_step": result.get("step", max(steps) if steps else None),
+        "final_step": final_step,
         "final_loss": result.get("final_loss"),
         "lost_steps": lost_steps(events),
         "wall_s": round(wall, 3),
@@ -318,6 +380,11 @@ def render(r: dict[str, Any]) -> str:
             + (f" queued {z['queue_s']:.0f}s" if (z["queue_s"] or 0) >= 0.5 else "")
             + f" ({z['end'] or 'live'})"
             for z in r["zones"]
+        ),
+        *(
+            f"  zone     {z['zone']}: {z['attempts']} attempts, {z['machine_s']:.0f}s machine time, "
+            f"{z['interruptions']} interruptions, {z['productive_steps']} productive steps"
+            for z in r["by_zone"]
         ),
         f"  steps    {r['final_step']} (final loss {r['final_loss']}), lost steps {r['lost_steps']}",
         f"  wall     {r['wall_s']:.1f}s, goodput {100 * r['goodput']:.1f}%",
