@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from respawn.local.apicore import (
@@ -28,12 +28,16 @@ from respawn.local.apicore import (
     Call,
     CloudCore,
     CloudMachine,
+    CoreKnobs,
     Fault,
     Hook,
     MachineCall,
 )
 from respawn.local.compute_api import ComputeApi
 from respawn.local.tpu_api import QueuedResource, TpuApi
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "GPU",
@@ -74,22 +78,14 @@ class CloudApiServer(CloudCore):
     def __init__(
         self,
         port: int = 0,
-        create_delay_s: float = 0.0,
-        capacity: dict[str, int | None] | None = None,
-        stockouts: dict[str, int] | None = None,
-        on_ready: Hook | None = None,
-        on_deleted: Hook | None = None,
-        queue_waits: dict[str, float | None] | None = None,
-        spot_stockouts: dict[str, int | None] | None = None,
-        spot_queue_waits: dict[str, float | None] | None = None,
+        *,
         bulk_models: frozenset[str] | None = None,
         bulk_stockout: str = "wait",
         resize_requests: bool = True,
         record: bool = False,
+        **knobs: Unpack[CoreKnobs],
     ) -> None:
-        super().__init__(
-            create_delay_s, capacity, stockouts, on_ready, on_deleted, queue_waits, spot_stockouts, spot_queue_waits
-        )
+        super().__init__(**knobs)
         self.tpu = TpuApi(self)
         self.compute = ComputeApi(
             self, bulk_models=bulk_models, bulk_stockout=bulk_stockout, resize_requests=resize_requests
