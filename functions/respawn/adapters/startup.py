@@ -37,7 +37,17 @@ import json
 import re
 import shlex
 
-from respawn.machine import CONTAINER, NOTICE_ENV, NOTICE_FILE, STARTUP_LOG, TRAINER_LOG
+from respawn.machine import (
+    CONTAINER,
+    MTBI_ENV,
+    MTBI_METADATA,
+    NOTICE_ENV,
+    NOTICE_FILE,
+    STARTUP_LOG,
+    TRAINER_LOG,
+    mtbi_metadata,
+    takes_handed_mtbi,
+)
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
@@ -83,7 +93,9 @@ CLOUD_LOGS = ("--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTE
 LOCAL_LOGS = ("--log-driver=json-file", "--log-opt=max-size=100m", "--log-opt=max-file=3")
 
 
-def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS) -> list[str]:
+def docker_run_argv(
+    spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS, *, mtbi_s: float | None = None
+) -> list[str]:
     if spec.image.startswith("-"):
         raise ValueError(f"image: {spec.image!r} starts with '-'; allowed: a container image reference")
     gpu = isinstance(spec.machine, GpuMachine)
@@ -94,15 +106,18 @@ def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_L
         argv += ["-e", f"{key}={value}"]
     if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
         argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
+    if mtbi_s is not None and takes_handed_mtbi(spec.env):  # the figure handed in the metadata (see _MTBI)
+        argv += ["-e", MTBI_ENV]
     for key, _ in spec.secrets:  # the value comes from the script's environment (see _SECRETS)
         argv += ["-e", key]
     return [*argv, spec.image, *spec.args]
 
 
-def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
-    """TPU node `metadata` map / GCE metadata items."""
+def machine_metadata(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> dict[str, str]:
+    """TPU node `metadata` map / GCE metadata items; `mtbi_s` is the expected time to interruption respawn hands the
+    trainer (CreateMachine.mtbi_s; respawn/machine.py)."""
     return {
-        "startup-script": startup_script(spec, attempt),
+        "startup-script": startup_script(spec, attempt, mtbi_s),
         "shutdown-script": shutdown_script(spec),
         "respawn-job-id": spec.job_id,
         "respawn-attempt": str(attempt),
@@ -112,6 +127,7 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
         "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
         "respawn-progress-s": str(progress_s(spec)),
         **({"respawn-secrets": json.dumps(dict(spec.secrets), sort_keys=True)} if spec.secrets else {}),  # references
+        **mtbi_metadata(mtbi_s),
     }
 
 
@@ -283,6 +299,13 @@ _SECRETS = """secret() {
 }
 """
 
+# The expected time to interruption respawn handed this machine (respawn/machine.py, MTBI_METADATA), exported for
+# `docker run -e RESPAWN_MTBI_S` when it is a number of seconds; rendered only when respawn handed one and the job's
+# env does not set the variable. Anything else there leaves it unset: the trainer keeps its default.
+_MTBI = """mtbi=$(md attributes/{key} || true)
+if [[ "$mtbi" =~ ^[0-9]+(\\.[0-9]+)?$ ]]; then export {env}="$mtbi"; fi
+"""
+
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
 notice=${{{notice_env}:-{notice}}}
 rm -f "$notice"
@@ -341,7 +364,7 @@ exit "$rc"
 SLICE_METADATA_TRIES = 120
 
 
-def startup_script(spec: JobSpec, attempt: int) -> str:
+def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> str:
     q = shlex.quote
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt), trainer_log=TRAINER_LOG))
@@ -357,6 +380,8 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
     if spec.secrets:
         parts.append(_SECRETS)
         parts += [f"secret {q(name)} {q(ref)}\n" for name, ref in spec.secrets]
+    if mtbi_s is not None and takes_handed_mtbi(spec.env):
+        parts.append(_MTBI.format(key=MTBI_METADATA, env=MTBI_ENV))
     parts.append(
         _RUN.format(
             image=q(spec.image),
@@ -364,8 +389,8 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
             grace=grace_s(spec),
             notice=q(NOTICE_FILE),
             notice_env=NOTICE_ENV,
-            run=shlex.join(docker_run_argv(spec, attempt)),
-            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS)),
+            run=shlex.join(docker_run_argv(spec, attempt, mtbi_s=mtbi_s)),
+            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS, mtbi_s=mtbi_s)),
             job_id=q(spec.job_id),
             attempt=int(attempt),
             trainer_log=TRAINER_LOG,
