@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
 from respawn.model import Job, JobSpec, MachineState
+from respawn.placement import History
 
 
 class ProviderError(Exception):
@@ -72,6 +73,17 @@ class JobStore(Protocol):
 
     def list_ids(self) -> list[str]:
         """Every job id in the store."""
+
+
+class HistoryStore(Protocol):
+    """The deployment's preemption history (respawn.placement.History): one object, written with compare-and-set."""
+
+    def load(self) -> tuple[History, int]:
+        """(history, generation); (History(), 0) when none was written yet."""
+
+    def save(self, history: History, generation: int) -> int:
+        """Write iff the stored generation is still `generation` (0: create). Returns the new generation.
+        Raises ConflictError otherwise."""
 
 
 class Clock(Protocol):
