@@ -15,14 +15,14 @@ from respawn.config import Settings
 
 if TYPE_CHECKING:
     from respawn.adapters.cloud_logging import CloudLoggingReader
-    from respawn.adapters.gcs_store import GcsJobStore
+    from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
     from respawn.ports import MachineProvider, StatusNotifier
     from respawn.service import Service
 
 
 def service(settings: Settings) -> Service:
-    """The Service of the deployed functions: the records in the state bucket, TPUs and GPUs, status notices when
-    a status topic is set."""
+    """The Service of the deployed functions: the records and the preemption history in the state bucket, TPUs and
+    GPUs, status notices when a status topic is set."""
     from respawn.adapters.clock import SystemClock
     from respawn.service import Service
 
@@ -31,6 +31,7 @@ def service(settings: Settings) -> Service:
         machine_providers(settings),
         SystemClock(),
         notifier=status_notifier(settings),
+        history=history_store(settings, in_functions=True),
     )
 
 
@@ -44,6 +45,17 @@ def job_store(settings: Settings, *, in_functions: bool = False) -> GcsJobStore:
     from google.cloud import storage
 
     return GcsJobStore(settings.state_bucket, storage.Client(project=settings.project or None))
+
+
+def history_store(settings: Settings, *, in_functions: bool = False) -> GcsHistoryStore:
+    """The deployment's preemption history, `placement/history.json` in the state bucket (clients as job_store's)."""
+    from respawn.adapters.gcs_store import GcsHistoryStore, function_client
+
+    if in_functions:
+        return GcsHistoryStore(settings.state_bucket, function_client(settings.project or None))
+    from google.cloud import storage
+
+    return GcsHistoryStore(settings.state_bucket, storage.Client(project=settings.project or None))
 
 
 def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
