@@ -1,4 +1,4 @@
-"""The `respawn` command: submit, status, list, cancel, logs, parse-event, and `local` (the local cloud).
+"""The `respawn` command: submit, status, list, cancel, logs, parse-event, plan, and `local` (the local cloud).
 
 Readable tables by default, `--json` everywhere. Project, topic and bucket come
 from flags or the environment (RESPAWN_PROJECT, RESPAWN_JOBS_TOPIC,
@@ -350,6 +350,67 @@ def _local_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
+    bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
+    from respawn import plan
+    from respawn.decide import Policy
+    from respawn.model import JobSpec
+    from respawn.placement import Outlook
+    from respawn.spec import SpecError, load_job_file, parse_job_message
+
+    try:
+        spec = parse_job_message(load_job_file(args.file))
+    except SpecError as e:
+        raise UserError(f"{args.file}: {e}") from e
+    if not isinstance(spec, JobSpec):
+        raise UserError(f"{args.file}: a cancel message has no placement; plan takes a submit message")
+    s = Settings.from_env()
+    s = replace(s, **{k: getattr(args, k) for k in ("project", "state_bucket") if getattr(args, k, None)})
+    now = time.time()
+    history, history_note, where = _plan_history(s)
+    outlook = Outlook(history, _plan_advice(s, spec), note=history_note)
+    built = plan.build(spec, outlook, now, history=where, restart_cost_s=Policy().restart_cost_s)
+    emit(args, plan.to_json(built), plan.text(built, table))
+    return 0
+
+
+def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
+    """(history, the outlook's note when it is empty for want of a store, where it came from)."""
+    from respawn.placement import History
+
+    if not s.state_bucket:
+        why = f"no history: {VARIABLES['state_bucket'][0]} is not set (or pass --bucket); an empty history"
+        return History(), why, why
+    return History(), None, f"gs://{s.state_bucket}: history not read (this respawn has no history store)"
+
+
+def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
+    """What the Advice API says for each provisioning model of the job's tiers, over all their zones: one Advice
+    per (machine type, provisioning), as the outlook keys it. TPUs and a missing project: a note, no call."""
+    from respawn.adapters.advice import TPU_NOTE, is_tpu
+    from respawn.placement import Advice, machine_kind
+
+    kind, now = machine_kind(spec), time.time()
+    zones: dict[str, list[str]] = {}
+    for tier in spec.all_tiers:
+        zones.setdefault(tier.provisioning, []).extend(z for z in tier.zones if z not in zones[tier.provisioning])
+    if is_tpu(kind):
+        return {(kind, p): Advice({}, now, TPU_NOTE) for p in zones}
+    if not s.project:
+        note = f"Advice API not asked: {VARIABLES['project'][0]} is not set (or pass --project); history only"
+        return {(kind, p): Advice({}, now, note) for p in zones}
+    try:
+        from respawn.adapters.advice import GcpAdvisor, accelerators, advise_regions
+
+        advisor = GcpAdvisor(s.compute_endpoint)
+    except Exception as e:  # no credentials: plan still prints the history's figures
+        note = f"Advice API not asked: {cloud_error(e)}; history only"
+        return {(kind, p): Advice({}, now, note) for p in zones}
+    gpus = accelerators(spec.machine)
+    return {(kind, p): advise_regions(advisor, s.project, kind, p, zs, accelerators=gpus) for p, zs in zones.items()}
+
+
 def run_local(argv: list[str]) -> int:
     try:
         local_cli = importlib.import_module("respawn.local.cli")
@@ -407,6 +468,14 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--attempt", type=int, metavar="N", help="only attempt N")
     logs.add_argument("--local", action="store_true", help="read the local cloud's runs even with a bucket set")
     logs.add_argument("--workdir", default=".respawn", help="the local cloud's workdir (default .respawn)")
+    add(
+        "plan",
+        cmd_plan,
+        "show how respawn would place a job file: each tier and zone with its expected time to interruption, "
+        "goodput, cost per productive hour, the source of each figure, and the order respawn would try them",
+        project,
+        bucket,
+    ).add_argument("file", help="job file")
     sub.add_parser("local", help="run jobs on the local cloud (respawn local --help)", add_help=False)
     return p
 
