@@ -32,28 +32,6 @@ RESERVED_ENV = (
 )
 
 
-# The expected time to interruption of the attempt's zone and machine type, from respawn's placement outlook: the
-# provider puts it in the machine's metadata (CreateMachine.mtbi_s) and the startup script hands it to the trainer
-# as RESPAWN_MTBI_S, its Young/Daly checkpoint interval's MTBI (docs/trainer-protocol.md), unless the job's env
-# sets RESPAWN_MTBI_S itself (the job's own figure wins: it is not in RESERVED_ENV).
-MTBI_METADATA = "respawn-mtbi-s"
-MTBI_ENV = "RESPAWN_MTBI_S"
-
-
-def mtbi_metadata(mtbi_s: float | None) -> dict[str, str]:
-    """The metadata item handing `mtbi_s` to the machine: whole seconds, at least 1; none without a figure."""
-    if mtbi_s is None:
-        return {}
-    if not mtbi_s > 0:
-        raise ValueError(f"mtbi_s: {mtbi_s!r} is not a positive number of seconds")
-    return {MTBI_METADATA: str(max(1, round(mtbi_s)))}
-
-
-def takes_handed_mtbi(env: Iterable[tuple[str, str]]) -> bool:
-    """Whether the trainer's RESPAWN_MTBI_S comes from the machine's metadata: the job's env does not set it."""
-    return all(key != MTBI_ENV for key, _ in env)
-
-
 def grace_s(kind: str) -> int:
     """The grace period of a machine of `kind` ("gpu" or "tpu")."""
     if kind not in GRACE_S:

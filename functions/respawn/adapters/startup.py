@@ -37,17 +37,7 @@ import json
 import re
 import shlex
 
-from respawn.machine import (
-    CONTAINER,
-    MTBI_ENV,
-    MTBI_METADATA,
-    NOTICE_ENV,
-    NOTICE_FILE,
-    STARTUP_LOG,
-    TRAINER_LOG,
-    mtbi_metadata,
-    takes_handed_mtbi,
-)
+from respawn.machine import CONTAINER, NOTICE_ENV, NOTICE_FILE, STARTUP_LOG, TRAINER_LOG
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
@@ -71,9 +61,16 @@ def progress_s(spec: JobSpec) -> int:
     return 60 if spec.hang_timeout_s is None else max(10, min(60, spec.hang_timeout_s // 4))
 
 
-def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
-    """The container's environment (respawn/machine.py): the job's env, then respawn's."""
-    return machine_trainer_env(
+# The expected seconds to interruption of the machine's zone (the placement outlook's, CreateMachine.mtbi_s): the
+# trainer's Young/Daly checkpoint interval comes from it. A job's env cannot set it (RESPAWN_ names are reserved).
+MTBI_ENV = "RESPAWN_MTBI_S"
+MTBI_METADATA = "respawn-mtbi-s"
+
+
+def trainer_env(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> list[tuple[str, str]]:
+    """The container's environment (respawn/machine.py): the job's env, then respawn's, and the zone's MTBI when
+    the placement outlook gave one."""
+    env = machine_trainer_env(
         kind=spec.machine.kind,
         job_id=spec.job_id,
         attempt=attempt,
@@ -81,6 +78,11 @@ def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
         progress_s=progress_s(spec),
         env=spec.env,
     )
+    return env if mtbi_s is None else [*env, (MTBI_ENV, _seconds(mtbi_s))]
+
+
+def _seconds(mtbi_s: float) -> str:
+    return str(max(1, round(mtbi_s)))
 
 
 # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables in
@@ -94,7 +96,7 @@ LOCAL_LOGS = ("--log-driver=json-file", "--log-opt=max-size=100m", "--log-opt=ma
 
 
 def docker_run_argv(
-    spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS, *, mtbi_s: float | None = None
+    spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS, mtbi_s: float | None = None
 ) -> list[str]:
     if spec.image.startswith("-"):
         raise ValueError(f"image: {spec.image!r} starts with '-'; allowed: a container image reference")
@@ -102,20 +104,18 @@ def docker_run_argv(
     argv = ["docker", "run", "--rm", "--name", CONTAINER, "--net=host"]
     argv += ["--gpus", "all"] if gpu else ["--privileged"]  # TPU VMs expose the chips as /dev/accel*
     argv += logs
-    for key, value in trainer_env(spec, attempt):
+    for key, value in trainer_env(spec, attempt, mtbi_s):
         argv += ["-e", f"{key}={value}"]
     if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
         argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
-    if mtbi_s is not None and takes_handed_mtbi(spec.env):  # the figure handed in the metadata (see _MTBI)
-        argv += ["-e", MTBI_ENV]
     for key, _ in spec.secrets:  # the value comes from the script's environment (see _SECRETS)
         argv += ["-e", key]
     return [*argv, spec.image, *spec.args]
 
 
 def machine_metadata(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> dict[str, str]:
-    """TPU node `metadata` map / GCE metadata items; `mtbi_s` is the expected time to interruption respawn hands the
-    trainer (CreateMachine.mtbi_s; respawn/machine.py)."""
+    """TPU node `metadata` map / GCE metadata items; `mtbi_s`, the placement outlook's expected seconds to
+    interruption of the machine's zone, as `respawn-mtbi-s` and in the trainer's environment."""
     return {
         "startup-script": startup_script(spec, attempt, mtbi_s),
         "shutdown-script": shutdown_script(spec),
@@ -127,7 +127,7 @@ def machine_metadata(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -
         "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
         "respawn-progress-s": str(progress_s(spec)),
         **({"respawn-secrets": json.dumps(dict(spec.secrets), sort_keys=True)} if spec.secrets else {}),  # references
-        **mtbi_metadata(mtbi_s),
+        **({MTBI_METADATA: _seconds(mtbi_s)} if mtbi_s is not None else {}),
     }
 
 
@@ -299,13 +299,6 @@ _SECRETS = """secret() {
 }
 """
 
-# The expected time to interruption respawn handed this machine (respawn/machine.py, MTBI_METADATA), exported for
-# `docker run -e RESPAWN_MTBI_S` when it is a number of seconds; rendered only when respawn handed one and the job's
-# env does not set the variable. Anything else there leaves it unset: the trainer keeps its default.
-_MTBI = """mtbi=$(md attributes/{key} || true)
-if [[ "$mtbi" =~ ^[0-9]+(\\.[0-9]+)?$ ]]; then export {env}="$mtbi"; fi
-"""
-
 _RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
 notice=${{{notice_env}:-{notice}}}
 rm -f "$notice"
@@ -380,8 +373,6 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
     if spec.secrets:
         parts.append(_SECRETS)
         parts += [f"secret {q(name)} {q(ref)}\n" for name, ref in spec.secrets]
-    if mtbi_s is not None and takes_handed_mtbi(spec.env):
-        parts.append(_MTBI.format(key=MTBI_METADATA, env=MTBI_ENV))
     parts.append(
         _RUN.format(
             image=q(spec.image),
@@ -390,7 +381,7 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
             notice=q(NOTICE_FILE),
             notice_env=NOTICE_ENV,
             run=shlex.join(docker_run_argv(spec, attempt, mtbi_s=mtbi_s)),
-            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS, mtbi_s=mtbi_s)),
+            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS, mtbi_s)),
             job_id=q(spec.job_id),
             attempt=int(attempt),
             trainer_log=TRAINER_LOG,
