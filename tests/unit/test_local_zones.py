@@ -8,6 +8,8 @@ import pytest
 from respawn.local import report
 from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, Mtbi, parse_mtbi
 from respawn.local.cli import main
+from respawn.model import JobSpec, TpuMachine
+from respawn.placement import History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 
@@ -146,3 +148,22 @@ def test_attempts_that_send_no_started_entry_begin_before_their_first_progress_l
     assert report.restored_steps({}, events) == {1: 0, 2: 10}
     assert report.productive_steps({1: 0, 2: 10}, 30) == {1: 10, 2: 20}
     assert report.productive_steps({1: 0, 2: 10}, None) == {1: 10, 2: 0}  # unfinished: the last kept nothing known
+
+
+def test_the_report_says_what_the_history_learned_of_each_zone_and_why_each_attempt_went_where() -> None:
+    spec = JobSpec(job_id="j", machine=TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"), zones=(A, B, C),
+                   image="trainer:1", checkpoint_uri="gs://b/j")  # fmt: skip
+    history = History().observe(Key(A, "v5litepod-8", "spot"), 100.0, seconds=40.0, interruptions=2)
+    job = {"job_id": "j", "status": "SUCCEEDED", "spec": spec.to_dict(),
+           "attempts": [{"n": 1, "zone": C, "placement": f"{C}: MTBI 24.0h (history ...)"}]}  # fmt: skip
+    events = [_ev(0.0, "submitted"), _ev(100.0, "step", machine="j-a1", attempt=1, step=1)]
+    r = report.build(events=events, job=job, reference_sha=None, machines_left=0, leftover_processes=0, price=None,
+                     timed_out=False, history=history)  # fmt: skip
+    rows = {h["zone"]: h for h in r["history"]}
+    assert (rows[A]["interruptions"], rows[A]["machine_s"]) == (2, 40.0) and rows[C]["interruptions"] == 0
+    assert rows[A]["mtbi_s"] < rows[B]["mtbi_s"] == rows[C]["mtbi_s"]  # the unseen zones sit at the pooled figure
+    text = report.render(r)
+    assert f"placed   a1 {C}: MTBI 24.0h" in text
+    assert f"history  {A} spot: 2 interruptions in 40 machine-seconds" in text
+    assert report.build(events=events, job=job, reference_sha=None, machines_left=0, leftover_processes=0,
+                        price=None, timed_out=False)["history"] == []  # fmt: skip

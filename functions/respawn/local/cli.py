@@ -356,6 +356,7 @@ def run(ns: argparse.Namespace) -> int:
         timed_out=outcome.timed_out,
         machine_slice=machine_slice,
         reference_note=note,
+        history=outcome.history,
     )
     summary["bus"] = outcome.bus
     summary["run_dir"] = str(outcome.run_dir)

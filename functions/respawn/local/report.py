@@ -26,6 +26,10 @@ Definitions:
                   sent its machines) and `productive_steps`, the steps its attempts trained that the final parameters
                   keep: an attempt's run from the step it restored to the step the next attempt restored (the last
                   attempt: to the final step), so the rows add up to the final step
+  history         what the deployment's preemption history (placement/history.json, kept by the functions) says at
+                  the end of each zone the job allows, per tier's provisioning model: machine_s and interruptions
+                  (decayed), and mtbi_s, the expected seconds to the next interruption placement reads; each
+                  `zones` row has the attempt's `placement`, decide's one-line reason for its zone ("" in list order)
   chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
   mtbi_realized_s  READY machine seconds (each machine until its notice or deletion) per preemption notice: the
                   mean time between interruptions the run saw, beside the --mtbi it asked for; null without notices
@@ -43,7 +47,8 @@ from typing import Any
 
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.local.slices import SINGLE_HOST, LocalSlice, report_line
-from respawn.model import EndReason
+from respawn.model import EndReason, JobSpec
+from respawn.placement import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
 LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})
@@ -242,6 +247,28 @@ def zone_rows(
     return rows
 
 
+def history_rows(history: History | None, record_spec: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+    """Per allowed zone and tier provisioning model of the record's spec: the history's decayed evidence and the MTBI
+    placement reads."""
+    if history is None or not record_spec:
+        return []
+    spec = JobSpec.from_dict(record_spec)
+    outlook, kind, rows = Outlook(history), machine_kind(spec), []
+    for provisioning in dict.fromkeys(t.provisioning for t in spec.all_tiers):
+        for zone in dict.fromkeys(z for t in spec.all_tiers if t.provisioning == provisioning for z in t.zones):
+            seen = history.exposure(Key(zone, kind, provisioning), now)
+            rows.append(
+                {
+                    "zone": zone,
+                    "provisioning": provisioning,
+                    "machine_s": round(seen.seconds, 3),
+                    "interruptions": round(seen.interruptions, 3),
+                    "mtbi_s": round(outlook.mtbi_s(zone, kind, provisioning, now), 1),
+                }
+            )
+    return rows
+
+
 def machine_api(job: dict[str, Any]) -> str:
     """The API that provisions the job's machines (every attempt's): the machine's `api`; a GPU VM is Compute
     Engine's, and a TPU record written before machines had an `api` went through the Cloud TPU API."""
@@ -280,8 +307,10 @@ def build(
     timed_out: bool,
     machine_slice: LocalSlice = SINGLE_HOST,
     reference_note: str = "no reference run",
+    history: History | None = None,
 ) -> dict[str, Any]:
-    """The report; `reference_note` says why there is no `reference_sha` (exact is then unknown)."""
+    """The report; `reference_note` says why there is no `reference_sha` (exact is then unknown); `history` is the
+    preemption history the run left (None: not read)."""
     events = sorted(events, key=lambda e: e["t"])
     t0 = next((e["t"] for e in events if e["kind"] == "submitted"), events[0]["t"] if events else 0.0)
     completed = [e for e in events if e["kind"] == "entry" and e["payload"].get("event") == "completed"]
@@ -325,10 +354,12 @@ def build(
                 "restored_step": a.get("restored_step"),
                 "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
                 "api": machine_api(job),
+                "placement": a.get("placement", ""),
             }
             for a in job.get("attempts") or ()
         ],
         "by_zone": zone_rows(job, events, used, final_step),
+        "history": history_rows(history, job.get("spec"), end),
         "tiers": tier_costs(job, used, price),
         "final_step": final_step,
         "final_loss": result.get("final_loss"),
@@ -393,6 +424,14 @@ def render(r: dict[str, Any]) -> str:
         + ", "
         + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "wasted_s", "idle_s")),
     ]
+    for a in r["zones"]:
+        if a.get("placement"):
+            lines.append(f"  placed   a{a['attempt']} {a['placement']}")
+    for h in r.get("history") or ():
+        lines.append(
+            f"  history  {h['zone']} {h['provisioning']}: {h['interruptions']:g} interruptions in "
+            f"{h['machine_s']:.0f} machine-seconds (decayed): expected {h['mtbi_s'] / 3600:.1f}h to the next"
+        )
     if r.get("notifications") is not None:
         lines.append(f"  notices  {r['notifications']} status notices on respawn-status (status.jsonl)")
     if r.get("secrets"):
