@@ -61,7 +61,7 @@ examples:
   respawn local run examples/slice.yaml --preempt-at-step 30 --kill-worker-at-step 70:2 \
       --hang-worker-at-step 110:1 --host-error-at-step 150:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
-  respawn local run examples/three-zones.yaml --mtbi us-central1-a=20s,us-central1-b=30s,us-central1-c=5m --seed 5
+  respawn local run examples/three-zones.yaml --mtbi us-central1-a=20s,us-central1-b=20s,us-central1-c=5m --seed 5
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
   respawn local run examples/byo/job.yaml --entrypoint "python examples/byo/train.py" --preempt-at-step 40
 """
