@@ -216,9 +216,9 @@ class FakeProvider:
         )
 
 
-def fake_providers() -> dict[str, FakeProvider]:
+def fake_providers(creating_reads: int = 1) -> dict[str, FakeProvider]:
     """A FakeProvider per API, keyed as bootstrap.machine_providers keys the real ones (`spec.machine.api`)."""
-    return {"tpu": FakeProvider(), "compute": FakeProvider()}
+    return {api: FakeProvider(creating_reads=creating_reads) for api in ("tpu", "compute")}
 
 
 class RecordingNotifier:

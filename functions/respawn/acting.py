@@ -16,7 +16,7 @@ crash between its write and the record's counts nothing twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,10 +25,10 @@ from respawn.actions import Action, CreateMachine, action_from_dict, action_to_d
 from respawn.decide import Policy, decide
 from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
 from respawn.machines import Machines
-from respawn.model import Job
+from respawn.model import Job, JobSpec
 from respawn.notices import status_notice
 from respawn.outcome import Retryable
-from respawn.placement import History, Observation, Outlook
+from respawn.placement import Advice, History, Observation, Outlook
 from respawn.ports import (
     CapacityError,
     ConflictError,
@@ -43,6 +43,10 @@ from respawn.records import Read, Records
 # get an outlook without reading the history (its presence alone has the attempts they end observed).
 _PLACES_NOTHING = (TrainerProgressed, CheckpointSaved, TrainerStarted)
 
+# What Google's Advice API says for a job's machines, per (machine type, provisioning model) of its tiers: built by
+# bootstrap around the Advisor adapter, which answers GPU machine types only, caches and never raises.
+AdviceSource = Callable[[JobSpec], Mapping[tuple[str, str], Advice]]
+
 
 def has_intent(job: Job) -> bool:
     """The record holds intent not yet carried out: machine actions, status notices or history observations."""
@@ -56,12 +60,21 @@ class Histories:
     reads are cached `cache_s` (60 s). A read that fails gives an outlook without history and a note saying why (the
     zones then rank on no data: list order, the penalty aside): a store hiccup never fails an event."""
 
-    def __init__(self, store: HistoryStore, *, cache_s: float = 60.0, tries: int = 5) -> None:
-        self.store, self.cache_s, self.tries = store, cache_s, tries
+    def __init__(
+        self, store: HistoryStore, *, advice: AdviceSource | None = None, cache_s: float = 60.0, tries: int = 5
+    ) -> None:
+        self.store, self.advice, self.cache_s, self.tries = store, advice, cache_s, tries
         self._cached: tuple[float, Outlook] | None = None
 
-    def outlook(self, now: float, *, read: bool = True) -> Outlook:
-        """The outlook of the history as of at most `cache_s` ago; without `read`, whatever is cached (no I/O)."""
+    def outlook(self, now: float, *, read: bool = True, spec: JobSpec | None = None) -> Outlook:
+        """The outlook of the history as of at most `cache_s` ago, with the Advice API's word on `spec`'s machines
+        when there is an advice source; without `read`, whatever history is cached and no advice (no I/O)."""
+        history = self._history(now, read)
+        if not read or spec is None or self.advice is None:
+            return history
+        return replace(history, advice=self.advice(spec))
+
+    def _history(self, now: float, read: bool) -> Outlook:
         if self._cached is not None and (not read or now - self._cached[0] < self.cache_s):
             return self._cached[1]
         if not read:
@@ -107,12 +120,12 @@ class Acting:
     lease_s: float
     histories: Histories | None = None  # None: no history is kept, decide gets no outlook
 
-    def outlook(self, now: float, event: JobEvent | None = None) -> Outlook | None:
-        """What decide reads to place machines for `event`: the cached history (read only for events that may place
-        one); None without a history store."""
+    def outlook(self, now: float, event: JobEvent, spec: JobSpec | None) -> Outlook | None:
+        """What decide reads to place `spec`'s machines for `event`: the cached history and advice (read only for
+        events that may place one); None without a history store."""
         if self.histories is None:
             return None
-        return self.histories.outlook(now, read=not isinstance(event, _PLACES_NOTHING))
+        return self.histories.outlook(now, read=not isinstance(event, _PLACES_NOTHING), spec=spec)
 
     def intent(self, old: Job | None, new: Job, actions: Sequence[Action], now: float) -> Job:
         """The record to persist for a decision: `new` with its actions pending and its status notice in the outbox,
@@ -172,7 +185,7 @@ class Acting:
         """What `decide` makes of a create that failed: the record (with its status notice) and the next actions."""
         kind = CreateFailure.CAPACITY if isinstance(error, CapacityError) else CreateFailure.PERMANENT
         failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(error))
-        decided, more = decide(job, failed, now, self.policy, outlook=self.outlook(now, failed))
+        decided, more = decide(job, failed, now, self.policy, outlook=self.outlook(now, failed, job.spec))
         assert decided is not None
         return self._with_status_notice(job, decided, now), more
 

@@ -81,6 +81,7 @@ def describe(job: Job, now: float | None = None) -> str:
             if not spec.tiers
             else "tiers        "
             + "; ".join(f"{i}: {t.provisioning} in {', '.join(t.zones)}" for i, t in enumerate(spec.all_tiers)),
+            f"placement    {spec.placement}",
             f"checkpoints  {spec.checkpoint_uri}",
         ]
     lines += [f"submitted    {when(job.submitted_at)}", f"updated      {when(job.updated_at)}"]
@@ -105,6 +106,9 @@ def describe(job: Job, now: float | None = None) -> str:
         headers = ("#", "zone", "tier", "machine", "requested", "waited", "started", "ended", "end", "restored",
                    "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
+        placed = [f"  {a.n}  {a.placement}" for a in job.attempts if a.placement]
+        if placed:  # why each attempt went where it did (the outlook's figures, the runner-up)
+            lines += ["", "placement", *placed]
         if spec is not None:
             accounting = job_accounting(job, time.time() if now is None else now)
             lines += ["", *_goodput_lines(accounting), "", "machine time by tier", _tier_costs(accounting)]
@@ -376,13 +380,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
-    """(history, the outlook's note when it is empty for want of a store, where it came from)."""
+    """(the deployment's history, the outlook's note when it is empty for want of one, where it came from): from the
+    state bucket when one is set and readable, else an empty history, saying why."""
+    from respawn.bootstrap import history_store
     from respawn.placement import History
 
     if not s.state_bucket:
         why = f"no history: {VARIABLES['state_bucket'][0]} is not set (or pass --bucket); an empty history"
         return History(), why, why
-    return History(), None, f"gs://{s.state_bucket}: history not read (this respawn has no history store)"
+    where = f"gs://{s.state_bucket}/placement/history.json"
+    try:
+        history, generation = history_store(s).load()
+    except Exception as e:  # unreadable: the plan still shows the advice and the prices
+        why = f"no history: {where} could not be read ({cloud_error(e)}); an empty history"
+        return History(), why, why
+    if generation == 0:
+        return history, None, f"{where} not written yet (no attempt has ended): an empty history"
+    return history, None, f"{where} (generation {generation}, {len(history.exposures)} zone/machine keys)"
 
 
 def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from respawn import service_log
-from respawn.acting import Acting, Histories
+from respawn.acting import Acting, AdviceSource, Histories
 from respawn.decide import Policy
 from respawn.events import Event, Ignored, JobEvent, JobRejected, JobSubmitted, SweepTicked, ZoneWokeUp
 from respawn.machines import Machines
@@ -52,13 +52,15 @@ class Service:
         *,
         settings: ServiceSettings = DEFAULT_SETTINGS,
         history: HistoryStore | None = None,
+        advice: AdviceSource | None = None,
     ) -> None:
         """Without a `notifier` no status notice is kept or published. Without a `history` store no preemption history
-        is kept and decide places machines in list order (no outlook)."""
+        is kept and decide places machines in list order (no outlook); `advice` adds the Advice API's word on a
+        job's machines to its outlook."""
         self.providers, self.notifier, self.history = providers, notifier, history  # what it was wired with
         records = Records(store, settings.cached_records)
         machines = Machines(providers)
-        histories = Histories(history) if history is not None else None
+        histories = Histories(history, advice=advice) if history is not None else None
         acting = Acting(records, machines, notifier, policy, settings.lease_s, histories)
         self._one_job = OneJob(records, machines, acting, clock, policy, settings.max_conflicts)
         self._sweep = Sweep(records, machines, self._one_job, clock)

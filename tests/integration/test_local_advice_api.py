@@ -1,18 +1,22 @@
 """`respawn plan` against the local cloud's Advice API, found as every respawn client finds the local cloud: through
 RESPAWN_PROJECT and RESPAWN_COMPUTE_ENDPOINT. A GPU job shows the Advice API's figures, each naming its source; a
-TPU job the history only, saying so, without a call to the API."""
+TPU job the history only, saying so, without a call to the API. With a state bucket (on fake-gcs-server), the
+deployment's preemption history from it."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from respawn.adapters.gcs_store import GcsHistoryStore
 from respawn.cli import main
 from respawn.local.cloudapi import CloudApiServer
+from respawn.placement import HOUR, History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-west1-b"
 GPU_JOB = {
@@ -152,3 +156,47 @@ def test_a_bad_job_file_is_one_error_line(tmp_path: Path, capsys: pytest.Capture
     assert main(["plan", str(path)]) == 2
     _, err = capsys.readouterr()
     assert err.startswith(f"respawn: error: {path}: ") and err.count("\n") == 1
+
+
+@pytest.mark.emulator
+def test_the_history_in_the_state_bucket_is_read(
+    server: CloudApiServer,
+    bucket: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On fake-gcs-server (STORAGE_EMULATOR_HOST, as the local cloud's functions see it): the zone with history shows
+    it, the others the pooled history; the Advice API's figures still join in."""
+    monkeypatch.setenv("RESPAWN_STATE_BUCKET", bucket)
+    store = GcsHistoryStore(bucket)
+    now = time.time()
+    seen = History().observe(Key(A, "a2-highgpu-1g", "spot"), now, seconds=2 * HOUR, interruptions=6)
+    generation = store.save(seen, 0)
+    code, out = plan(tmp_path, capsys, GPU_JOB, "--json")
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["history"] == f"gs://{bucket}/placement/history.json (generation {generation}, 1 zone/machine keys)"
+    spot = shown["tiers"][0]
+    sources = {z["zone"]: z["mtbi_source"] for z in spot["zones"]}
+    assert sources == {A: "history + advice", B: "pooled history + advice", C: "pooled history + advice"}
+    assert spot["order"][-1] == A  # six interruptions in two hours
+
+
+@pytest.mark.emulator
+def test_a_state_bucket_without_a_history_says_so(
+    server: CloudApiServer,
+    bucket: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RESPAWN_STATE_BUCKET", bucket)
+    code, out = plan(tmp_path, capsys, TPU_JOB, "--json")
+    assert code == 0
+    shown = json.loads(out)
+    assert (
+        shown["history"]
+        == f"gs://{bucket}/placement/history.json not written yet (no attempt has ended): an empty history"
+    )
+    assert shown["tiers"][0]["note"] == "Advice API does not cover TPUs; history only"

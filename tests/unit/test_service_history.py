@@ -172,3 +172,21 @@ def test_observations_in_any_order_and_repeated_give_the_same_history() -> None:
     a, b = one.exposure(first.key, T0 + 24 * HOUR), other.exposure(first.key, T0 + 24 * HOUR)
     assert (a.seconds, a.interruptions) == pytest.approx((b.seconds, b.interruptions))
     assert a.seconds == pytest.approx((3600 * 0.5 ** (1 / 72) + 7200) * 0.5 ** (23 / 72))
+
+
+def test_advice_for_the_jobs_machines_joins_the_history_in_its_outlook() -> None:
+    from respawn.placement import Advice, ZoneAdvice
+
+    asked: list[str] = []
+
+    def advice(spec: JobSpec) -> dict[tuple[str, str], Advice]:
+        asked.append(spec.job_id)
+        return {(TPU, "spot"): Advice({B: ZoneAdvice(price_per_hour=0.01)}, T0, note="seeded figures")}
+
+    store, provider, clock = InMemoryJobStore(), FakeProvider(), FakeClock(T0)
+    service = Service(store, {"tpu": provider}, clock, history=InMemoryHistoryStore(), advice=advice)
+    service.handle(JobSubmitted("submit-1", T0, spec()))
+    service.handle(TrainerProgressed("progress-1", T0, "llm", 1, 5))  # places nothing: no advice asked
+    placement = store.job("llm").attempts[0].placement
+    assert asked == ["llm"] and placement.startswith(f"{B}: MTBI") and "$0.01/h (advice)" in placement
+    assert placement.endswith("; seeded figures")
