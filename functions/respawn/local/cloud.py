@@ -8,7 +8,7 @@
   Secret Manager         the values given for the job's secret references, into trainer environments only
   log router             the sink filter applied to every LogEntry -> respawn-events (router.py)
   Cloud Scheduler        a sweep tick every few seconds (scheduler.py)
-  chaos                  preemptions at fixed times, steps or a seeded MTBI; workers killed, hung or lost to a
+  chaos                  preemptions at fixed times, steps or a seeded MTBI per zone; workers killed, hung or lost to a
                          host error at steps (chaos.py)
 
 `run()` takes one job through it (`respawn local run`). For many jobs (bench/load_test.py):
