@@ -18,11 +18,12 @@ the replacement at once, in another zone, to start its trainer once the noticed 
 noticed machine is kept for its final save (it drains) until its trainer's last entry, a listing after
 drain_until, or the end of the job; at most one attempt drains, so a job has at most two machines.
 
-Where each new attempt goes (PLACEMENT_RULES): its tier (back to Spot, on to the next tier, or the same), then its
-zone. With an outlook (respawn.placement.Outlook: the deployment's preemption history, advice, prices) and
-`placement: ranked`, the zone is the best-ranked of the tier's zones not yet tried in the current walk of stockouts,
-a zone that just interrupted the job penalised; without one, or with `placement: ordered`, the list's order: the
-same zone after a preemption, the next zone after a stockout.
+Where each new attempt goes (`_with_new_attempt` and the placement section below): its tier first (back to Spot,
+on to the next tier, or the same), then its zone. With an outlook (respawn.placement.Outlook: the deployment's
+preemption history, advice, prices) and `placement: ranked`, the zone is the best-ranked of the tier's zones not yet
+tried in the current walk of stockouts, a zone that just interrupted the job penalised, and the same zone again after
+a crash; without an outlook, or with `placement: ordered`, the list's order: the same zone after a preemption or a
+crash, the next zone after a stockout. Ended attempts leave observations for the history only with an outlook.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from respawn.local.chaos import (
     ChaosError,
     check_workers,
     parse_duration,
+    parse_mtbi,
     parse_steps,
     parse_stockout,
     parse_times,
@@ -34,7 +35,9 @@ chaos times (--preempt-at) count from the moment the job message is published; a
 that falls when no machine is READY waits for the next machine to become READY.
 --preempt-at-step preempts the READY machine once its trainer reports the step: the same
 run on a fast or a slow machine.
---mtbi gives every machine a random lifetime from READY (seeded; every 10 machines live 10 x MTBI in all).
+--mtbi gives every machine a random lifetime from READY (seeded; every 10 machines live 10 x MTBI in all);
+ZONE=DURATION pairs give each zone named its own (--mtbi us-central1-a=20s,us-central1-c=5m; a zone not named
+is not interrupted, unless a plain DURATION beside the pairs covers it).
 A preemption takes the whole machine, but of a Compute Engine slice (a MIG, each worker its own VM) one VM,
 drawn with --seed: its worker gets the notice, the VM is TERMINATED and logs the event, respawn deletes the MIG.
 worker chaos (STEP:WORKER, comma-separated) hits one worker of a TPU slice once worker 0 of the READY
@@ -58,6 +61,7 @@ examples:
   respawn local run examples/slice.yaml --preempt-at-step 30 --kill-worker-at-step 70:2 \
       --hang-worker-at-step 110:1 --host-error-at-step 150:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
+  respawn local run examples/three-zones.yaml --mtbi us-central1-a=20s,us-central1-b=20s,us-central1-c=5m --seed 5
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
   respawn local run examples/byo/job.yaml --entrypoint "python examples/byo/train.py" --preempt-at-step 40
 """
@@ -100,7 +104,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="STEP:WORKER",
         help="a host error on that worker's VM once worker 0 reports STEP: node TERMINATED, process gone (e.g. 600:3)",
     )
-    r.add_argument("--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)")
+    r.add_argument(
+        "--mtbi",
+        metavar="[ZONE=]DURATION",
+        help="mean time between interruptions per machine, in every zone (60s) or per zone "
+        "(us-central1-a=20s,us-central1-c=5m)",
+    )
     r.add_argument(
         "--stockout",
         metavar="ZONE[:N]",
@@ -246,7 +255,7 @@ def options(ns: argparse.Namespace) -> Any:
         kill_worker_at_steps=worker_steps(ns.kill_worker_at_step, "--kill-worker-at-step"),
         hang_worker_at_steps=worker_steps(ns.hang_worker_at_step, "--hang-worker-at-step"),
         host_error_at_steps=worker_steps(ns.host_error_at_step, "--host-error-at-step"),
-        mtbi_s=parse_duration(ns.mtbi, "--mtbi") if ns.mtbi else None,
+        mtbi=parse_mtbi(ns.mtbi) if ns.mtbi is not None else None,
         stockouts=stockouts,
         spot_stockouts=spot_stockouts,
         duplicate_deliveries=ns.duplicate_deliveries,
@@ -347,6 +356,7 @@ def run(ns: argparse.Namespace) -> int:
         timed_out=outcome.timed_out,
         machine_slice=machine_slice,
         reference_note=note,
+        history=outcome.history,
     )
     summary["bus"] = outcome.bus
     summary["run_dir"] = str(outcome.run_dir)
