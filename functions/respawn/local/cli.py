@@ -14,6 +14,7 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,10 @@ from respawn.local.chaos import (
     parse_times,
     parse_worker_steps,
 )
+from respawn.local.profiles import Timings, profile
 from respawn.local.secret_store import SecretError, secret_values
 from respawn.local.slices import LocalSlice, local_trainer_env
+from respawn.model import JobSpec
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption
@@ -127,10 +130,29 @@ def parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed of --mtbi and of the VMs of a Compute Engine slice preempted (0)"
     )
     r.add_argument(
+        "--profile",
+        default="local",
+        metavar="NAME",
+        help="the recovery timings: local (default), or real-cloud figures scaled to a second a minute: cloud, "
+        "cloud-baked, cloud-nocache (respawn/local/profiles.py); the options below replace one of its figures",
+    )
+    r.add_argument(
         "--creation-delay",
-        default="1s",
         metavar="DURATION",
-        help="time a machine spends CREATING before READY (default 1s)",
+        help="time a machine spends CREATING before READY (the profile's; local: 1s)",
+    )
+    r.add_argument("--boot-delay", metavar="DURATION", help="READY -> the machine's startup script runs")
+    r.add_argument(
+        "--docker-install",
+        metavar="DURATION",
+        help="the machine boots without Docker and its startup script installs it in this time",
+    )
+    r.add_argument("--image-pull", metavar="DURATION", help="a docker pull of the image a machine lacks")
+    r.add_argument("--image-refresh", metavar="DURATION", help="a docker pull of the image a machine has")
+    r.add_argument(
+        "--trainer-start-delay",
+        metavar="DURATION",
+        help="docker run -> the trainer's process starts (runtime init, a real compile and restore)",
     )
     r.add_argument(
         "--grace",
@@ -233,7 +255,35 @@ def check_chaos_workers(opts: Any, message: dict[str, Any]) -> None:
         check_workers(option, pairs, job_slice(machine), machine_words(machine))
 
 
-def options(ns: argparse.Namespace) -> Any:
+def timings(ns: argparse.Namespace, message: dict[str, Any]) -> Timings:
+    """The run's timings: the profile's for the job's machine, each given option replacing its figure."""
+    from respawn.spec import parse_job_message
+
+    try:
+        chosen = profile(ns.profile)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    spec = parse_job_message(message)
+    assert isinstance(spec, JobSpec)  # load_message allows submit only
+    base = chosen.timings(spec.machine)
+    given: dict[str, Any] = {
+        field: parse_duration(text, option)
+        for field, option, text in (
+            ("boot_s", "--boot-delay", ns.boot_delay),
+            ("docker_install_s", "--docker-install", ns.docker_install),
+            ("image_pull_s", "--image-pull", ns.image_pull),
+            ("image_refresh_s", "--image-refresh", ns.image_refresh),
+            ("trainer_start_s", "--trainer-start-delay", ns.trainer_start_delay),
+        )
+        if text is not None
+    }
+    creation = base.creation_delay_s
+    if ns.creation_delay is not None:
+        creation = parse_duration(ns.creation_delay, "--creation-delay")
+    return replace(base, creation_delay_s=creation, machine=replace(base.machine, **given))
+
+
+def options(ns: argparse.Namespace, run_timings: Timings) -> Any:
     from respawn.local.cloud import Options
 
     if ns.duplicate_deliveries < 1:
@@ -251,7 +301,8 @@ def options(ns: argparse.Namespace) -> Any:
         spot_stockouts=spot_stockouts,
         duplicate_deliveries=ns.duplicate_deliveries,
         seed=ns.seed,
-        creation_delay_s=parse_duration(ns.creation_delay, "--creation-delay"),
+        creation_delay_s=run_timings.creation_delay_s,
+        machine_timings=run_timings.machine,
         grace_s=parse_duration(ns.grace, "--grace"),
         sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
         timeout_s=parse_duration(ns.timeout, "--timeout"),
@@ -297,8 +348,10 @@ def run(ns: argparse.Namespace) -> int:
     from respawn.local.reference import ReferenceFailed, reference_run
     from respawn.prices import machine_price
 
-    opts = options(ns)
-    message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
+    entrypoint = parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None
+    message = load_message(ns.job, ns.trainer_arg, entrypoint is not None)
+    run_timings = timings(ns, message)
+    opts = options(ns, run_timings)
     opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
     check_chaos_workers(opts, message)
     machine_slice = job_slice(message["machine"])
@@ -349,6 +402,7 @@ def run(ns: argparse.Namespace) -> int:
         reference_note=note,
     )
     summary["bus"] = outcome.bus
+    summary["timings"] = asdict(run_timings)  # local seconds; `scale` turns them into the real ones
     summary["run_dir"] = str(outcome.run_dir)
     summary["notifications"] = outcome.notifications
     if outcome.secrets is not None:
