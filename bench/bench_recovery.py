@@ -30,9 +30,10 @@ real minute; `cloud-baked` and `cloud-nocache` show what a boot image holding Do
 persistent compilation cache, save. Each API's run then prints the recovery from the notice, split into its steps
 (detect, queue, create, boot, install, pull, start: respawn/local/recovery_split.py), in local seconds and in the
 real-cloud minutes they stand for; goodput at a realistic MTBI (--mtbi-hours, scaled the same way), modelled from
-the measured recoveries; and, per trainer process, the programs compiled after the first attempt's first step (0:
-every restart of every process read its program from the persistent compilation cache). --head-start asks for the
-job option head_start (a head start on the notice); this respawn has none yet, and says so.
+the measured recoveries and lost work (the job's periodic checkpoints left out: recovery_split.goodput_at); and,
+per trainer process, the programs compiled after the first attempt's first step (0: every restart of every process
+read its program from the persistent compilation cache). --head-start asks for the job option head_start (a head
+start on the notice); this respawn has none yet, and says so.
 
 Targets (SPEC section 7): create p95 < 0.5 s, first step p50 < 2.5 s; a 4-host local slice: first step p50 < 8 s.
 The last line printed is one JSON object {"create_p50_s", "create_p95_s", "first_step_p50_s",
@@ -137,8 +138,7 @@ def from_the_notice(r: dict[str, Any], events: list[dict[str, Any]], workdir: st
     s = summary(rows)
     split = s["split_p50_s"]
     after_ready = [sum(row[k] for k in ("boot_s", "install_s", "pull_s", "start_s")) for row in rows]
-    g = r["goodput_s"]
-    steady = g["productive_s"] / max(g["productive_s"] + g["checkpoint_s"], 1e-9)
+    wasted = r["goodput_s"]["wasted_s"]
     first_step = next((e["t"] for e in sorted(events, key=lambda e: e["t"]) if e["kind"] == "step"), None)
     compiled = programs_written(Path(workdir) / "compile-cache", first_step) if first_step is not None else {}
     return {
@@ -159,8 +159,7 @@ def from_the_notice(r: dict[str, Any], events: list[dict[str, Any]], workdir: st
             mtbi_h * 3600 * scale,
             s["first_step_p50_s"] or 0.0,
             sorted(after_ready)[(len(after_ready) - 1) // 2],
-            g["wasted_s"] / max(r["preemptions"], 1),
-            steady,
+            wasted / max(r["preemptions"], 1),
         ),
         "programs_compiled_on_restart": compiled,
     }

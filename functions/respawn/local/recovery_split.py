@@ -95,18 +95,18 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def goodput_at(mtbi_s: float, recovery_s: float, boot_to_step_s: float, lost_s: float, steady: float) -> float:
+def goodput_at(mtbi_s: float, recovery_s: float, boot_to_step_s: float, lost_s: float) -> float:
     """Goodput at a mean time between interruptions of `mtbi_s` (a machine's READY -> its notice), from one
     recovery's figures: `recovery_s` the notice -> the next first step, `boot_to_step_s` its READY -> first step
-    (part of the machine's lifetime, not training), `lost_s` the work trained again per preemption and `steady`
-    the share of a running trainer's time that trains (checkpoints take the rest).
+    (part of the machine's lifetime, not training) and `lost_s` the work trained again per preemption.
 
     A cycle is one machine's lifetime and the wait for the next: mtbi + recovery - boot_to_step, of which
-    steady x (mtbi - boot_to_step) - lost trains."""
+    mtbi - boot_to_step - lost trains. What periodic checkpoints cost a running trainer is left out: that is the
+    job's own interval, not its recoveries'."""
     training = mtbi_s - boot_to_step_s
     if training <= 0:
         return 0.0
-    return round(max(0.0, steady * training - lost_s) / (training + recovery_s), 4)
+    return round(max(0.0, training - lost_s) / (training + recovery_s), 4)
 
 
 def programs_written(cache: Path, since: float) -> dict[str, int]:
