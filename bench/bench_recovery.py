@@ -140,7 +140,8 @@ def from_the_notice(r: dict[str, Any], events: list[dict[str, Any]], workdir: st
     after_ready = [sum(row[k] for k in ("boot_s", "install_s", "pull_s", "start_s")) for row in rows]
     wasted = r["goodput_s"]["wasted_s"]
     first_step = next((e["t"] for e in sorted(events, key=lambda e: e["t"]) if e["kind"] == "step"), None)
-    compiled = programs_written(Path(workdir) / "compile-cache", first_step) if first_step is not None else {}
+    cache = Path(workdir) / "compile-cache"
+    compiled = programs_written(cache, first_step, int(r.get("hosts", 1))) if first_step is not None else {}
     return {
         "profile": timings["profile"],
         "scale": scale,

@@ -95,4 +95,6 @@ def test_programs_written_after_a_moment_are_the_ones_compiled_then(tmp_path: Pa
     new.write_text("y")
     os.utime(old, (1000, 1000))
     os.utime(new, (3000, 3000))
-    assert programs_written(tmp_path, 2000) == {"p0": 0, "p1": 1}
+    assert programs_written(tmp_path, 2000, 2) == {"p0": 0, "p1": 1}
+    assert programs_written(tmp_path, 2000, 1) == {"p0": 0}  # a one-process run: another run's p1 is not its
+    assert programs_written(tmp_path / "none", 0, 1) == {"p0": 0}

@@ -211,7 +211,8 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             "cloud-baked",
-            "as cloud, on a boot image that holds Docker and the trainer image: no install, a pull of the manifest",
+            "as cloud, on a boot image that holds Docker and the trainer image: no install, a pull of the manifest "
+            "(respawn boots a job's own image on Compute Engine TPUs, machine.image; elsewhere what one would save)",
             CLOUD_SCALE,
             _TPU,
             _GPU,

@@ -109,12 +109,13 @@ def goodput_at(mtbi_s: float, recovery_s: float, boot_to_step_s: float, lost_s: 
     return round(max(0.0, training - lost_s) / (training + recovery_s), 4)
 
 
-def programs_written(cache: Path, since: float) -> dict[str, int]:
-    """Per trainer process (`p0`, `p1`, ...): the compiled programs it stored in the compilation cache after
-    `since` (seconds since the epoch). A process stores a program only when it compiled it (trainer
-    respawn_trainer/runtime.py, `compiled`): 0 everywhere means every process read its programs from the cache."""
-    counts: dict[str, int] = {}
-    for directory in sorted(cache.glob("*/respawn-programs/p*")):
-        written = sum(1 for f in directory.iterdir() if f.is_file() and f.stat().st_mtime > since)
-        counts[directory.name] = counts.get(directory.name, 0) + written
+def programs_written(cache: Path, since: float, processes: int) -> dict[str, int]:
+    """Per trainer process of a run (`p0` .. `pN-1`): the compiled programs it stored in the compilation cache
+    after `since` (seconds since the epoch), in any of the cache's directories (one per device shape and JAX). A
+    process stores a program only when it compiled it (trainer respawn_trainer/runtime.py, `compiled`): 0
+    everywhere means every process read its programs from the cache."""
+    counts = {f"p{i}": 0 for i in range(processes)}
+    for name in counts:
+        for directory in cache.glob(f"*/respawn-programs/{name}"):
+            counts[name] += sum(1 for f in directory.iterdir() if f.is_file() and f.stat().st_mtime > since)
     return counts
