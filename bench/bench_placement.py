@@ -11,16 +11,20 @@ whose zone's trace turns 0 is preempted (MachinePreempted),
 a machine up for `RESTART_S` has its trainer started (TrainerStarted), a job waiting out its capacity backoff is
 woken by a listing (MachinesObserved) when it is due.
 
-The policy is injected after decide() and before the create is acted on: decide() today puts the replacement of a
-preempted machine in the same zone and, after a stockout, tries the next listed zone; when it asks for a machine,
-the policy may move that new attempt to another zone of the tier (the attempt's zone and the job's zone_index are
-rewritten in the record, as a decide() given a ranked zone list would have chosen). decide() itself is untouched.
+Placement is decide()'s own: the respawn policy hands it an Outlook (respawn.placement) built from this set's
+preemption history, which learns as the service's does: each decision that ends an attempt leaves its observation
+(Job.observations: the trainer's running time, and whether the cloud took the machine) and the simulator drains it
+into the history shared by all jobs of the set, then clears it, as Acting does under the lease. decide() then ranks
+the tier's zones at every create (first machine, after a preemption with the zone just lost penalised, after a
+stockout among the zones not yet tried).
 
-  ordered         decide() as it is: static list order
-  skip-preempted  after a preemption, the next listed zone instead of the same one (SkyPilot's EAGER_NEXT_REGION)
-  respawn         respawn.placement.rank over the tier's zones, its history learned online from this simulation's
-                  outcomes (running machines' time and each preemption), shared by all jobs of the set; a zone
-                  that just preempted the job or had no capacity for it is penalised, the penalty fading
+  ordered         decide() without an outlook: static list order (the same zone after a preemption, the next
+                  listed zone after a stockout)
+  skip-preempted  decide() without an outlook, its replacement after a preemption moved to the next listed zone
+                  (SkyPilot's EAGER_NEXT_REGION): the attempt's zone and the job's zone_index rewritten in the record
+                  before the create is acted on
+  respawn         decide() with the outlook: the deployment's history, the zone just lost penalised, the penalty
+                  fading
 
 Productive time: a trainer starts RESTART_S after its machine is up (boot, restore), saves every
 CHECKPOINT_INTERVAL_S of training at CHECKPOINT_COST_S; a preemption loses the work since the last save; the job's
@@ -56,7 +60,7 @@ from respawn.events import (
     TrainerStarted,
 )
 from respawn.model import EndReason, GpuMachine, Job, JobSpec, Status
-from respawn.placement import DAY, HOUR, History, Key, rank
+from respawn.placement import DAY, HOUR, History, Observation, Outlook
 from respawn.prices import machine_price, rate_per_h
 
 POLICIES = ("respawn", "ordered", "skip-preempted")
@@ -68,7 +72,7 @@ CREATE_DELAY_S = 30.0  # decision -> the create reaches the zone (delete, decide
 CREATE_FAIL_S = 20.0  # a create call that finds no capacity answers after this
 CHECKPOINT_INTERVAL_S = 20 * 60.0
 CHECKPOINT_COST_S = 30.0
-DECIDE_POLICY = Policy()
+DECIDE_POLICY = Policy(restart_cost_s=RESTART_S + CREATE_DELAY_S)  # what decide's ranking charges an interruption
 
 
 @dataclass(frozen=True)
@@ -122,15 +126,20 @@ def trace_sets(root: Path) -> dict[str, dict[str, Trace]]:
 
 @dataclass
 class Run:
-    """One simulated job: its record and what the simulator knows of its machine."""
+    """One simulated job: its record (from its submit on) and what the simulator knows of its machine."""
 
-    job: Job
+    spec: JobSpec
     end_at: float
+    record: Job | None = None
     up_since: float | None = None  # the live machine exists since (billed)
-    flushed_at: float | None = None  # its time is in the history up to here (respawn)
     machine_s: dict[str, float] = field(default_factory=dict)
     productive_s: float = 0.0
-    recent: dict[str, float] = field(default_factory=dict)  # zone -> when it last preempted or refused this job
+
+    @property
+    def job(self) -> Job:
+        if self.record is None:
+            raise RuntimeError(f"{self.spec.job_id} is not submitted yet")
+        return self.record
 
 
 @dataclass(frozen=True)
@@ -182,80 +191,65 @@ def simulate(
         seq += 1
         heapq.heappush(queue, (t, seq, i, what, attempt))
 
-    def flush(now: float) -> None:
+    def decided(job: Job | None, event: JobEvent, now: float) -> tuple[Job, list[object]]:
+        """decide(), with the outlook under the respawn policy; the observations it leaves go into the history."""
         nonlocal history
-        for run in runs:
-            if run.flushed_at is not None and now > run.flushed_at and run.job.current is not None:
-                key = Key(run.job.current.zone, MACHINE.machine_type, PROVISIONING)
-                history = history.observe(key, now, seconds=now - run.flushed_at)
-                run.flushed_at = now
+        outlook = Outlook(history=history, checkpoint_cost_s=CHECKPOINT_COST_S) if policy == "respawn" else None
+        new, actions = decide(job, event, now, DECIDE_POLICY, outlook=outlook)
+        assert new is not None
+        if new.observations:
+            history = history.record([Observation.from_dict(o) for o in new.observations])
+            new = replace(new, observations=())
+        return new, list(actions)
 
-    def choose(run: Run, now: float) -> str | None:
-        current = run.job.current
-        assert current is not None
+    def skip_preempted(run: Run) -> str | None:
+        """The skip-preempted baseline's zone for the attempt decide just requested (None: decide's own)."""
         previous = run.job.attempts[-2] if len(run.job.attempts) > 1 else None
-        if policy == "skip-preempted":
-            if previous is not None and previous.end_reason is EndReason.PREEMPTED and len(zones) > 1:
-                return zones[(zones.index(previous.zone) + 1) % len(zones)]
-            return None
-        if policy == "respawn":
-            flush(now)
-            ranking = rank(zones, history, now, machine_type=MACHINE.machine_type, provisioning=PROVISIONING,
-                           price_per_hour=price_per_h, restart_cost_s=RESTART_S, checkpoint_cost_s=CHECKPOINT_COST_S,
-                           just_interrupted=run.recent)  # fmt: skip
-            return ranking.zones[0]
+        if policy == "skip-preempted" and previous is not None and previous.end_reason is EndReason.PREEMPTED:
+            return zones[(zones.index(previous.zone) + 1) % len(zones)]
         return None
 
     def feed(i: int, event: JobEvent, now: float) -> None:
         run = runs[i]
-        before = run.job
-        new, actions = decide(run.job, event, now, DECIDE_POLICY)
-        assert new is not None
-        run.job = new
+        before = run.record.next_attempt_at if run.record is not None else None
+        new, actions = decided(run.record, event, now)
+        run.record = new
         if any(isinstance(action, CreateMachine) for action in actions):
             act_create(i, now)
         waits_until = new.next_attempt_at if new.status is Status.PENDING else None
-        if waits_until is not None and waits_until != before.next_attempt_at:
+        if waits_until is not None and waits_until != before:
             at(waits_until, i, "wake", 0)  # the sweep's listing that finds the backoff over
 
     def act_create(i: int, now: float) -> None:
         run = runs[i]
         current = run.job.current
         assert current is not None
-        chosen = choose(run, now)
+        chosen = skip_preempted(run)
         if chosen is not None and chosen != current.zone:
             moved = replace(current, zone=chosen)
-            run.job = replace(run.job.with_attempt(moved), zone_index=zones.index(chosen))
+            run.record = replace(run.job.with_attempt(moved), zone_index=zones.index(chosen))
             current = moved
         trace, t = traces[current.zone], now + CREATE_DELAY_S
         if not trace.up(t):
             at(t + CREATE_FAIL_S, i, "refused", current.n)
             return
         run.up_since = t
-        run.flushed_at = t if policy == "respawn" else None
         down = trace.down_at(t)
         if down > t + RESTART_S:
             at(t + RESTART_S, i, "started", current.n)
         at(down, i, "preempted", current.n)
 
     def machine_gone(run: Run, now: float, *, preempted: bool) -> None:
-        nonlocal history
         current = run.job.current
         assert current is not None and run.up_since is not None
         run.machine_s[current.zone] = run.machine_s.get(current.zone, 0.0) + now - run.up_since
         run.productive_s += kept_training_s(now - run.up_since - RESTART_S, finished=not preempted)
-        if run.flushed_at is not None:
-            key = Key(current.zone, MACHINE.machine_type, PROVISIONING)
-            history = history.observe(key, now, seconds=now - run.flushed_at, interruptions=int(preempted))
-        run.up_since = run.flushed_at = None
+        run.up_since = None
 
     for i, start in enumerate(starts):
         spec = JobSpec(job_id=f"job-{i}", machine=MACHINE, zones=zones, image="trainer:1", checkpoint_uri=f"gs://b/{i}",
                        ttl_s=int((days + 2) * DAY), hang_timeout_s=None)  # fmt: skip
-        submitted, actions = decide(None, JobSubmitted(event_id=f"e{next(ids)}", time=start, spec=spec), start,
-                                    DECIDE_POLICY)  # fmt: skip
-        assert submitted is not None and actions
-        runs.append(Run(job=submitted, end_at=start + days * DAY))
+        runs.append(Run(spec=spec, end_at=start + days * DAY))
         at(start, i, "submit", 0)
 
     while queue:
@@ -263,23 +257,22 @@ def simulate(
         run = runs[i]
         if now >= run.end_at:
             continue
+        if what == "submit":  # the first machine, placed with what the history knows by now
+            feed(i, JobSubmitted(event_id=f"e{next(ids)}", time=now, spec=run.spec), now)
+            continue
         current = run.job.current
-        if what == "submit":
-            act_create(i, now)  # decide asked for the first machine when the job was built above
-        elif what == "wake":
+        if what == "wake":
             if run.job.status is Status.PENDING:
                 feed(i, MachinesObserved(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, machines=()), now)
         elif current is None or attempt != current.n or current.ended:
             continue  # about an attempt decide already replaced
         elif what == "refused":
-            run.recent[current.zone] = now
             event = CreateFailed(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, attempt=attempt,
                                  kind=CreateFailure.CAPACITY, error="ZONE_RESOURCE_POOL_EXHAUSTED")  # fmt: skip
             feed(i, event, now)
         elif what == "started":
             feed(i, TrainerStarted(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, attempt=attempt), now)
         elif what == "preempted":
-            run.recent[current.zone] = now
             machine_gone(run, now, preempted=True)
             event = MachinePreempted(event_id=f"e{next(ids)}", time=now, job_id=run.job.job_id, attempt=attempt,
                                      machine=current.machine, zone=current.zone, project="p")  # fmt: skip

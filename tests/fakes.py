@@ -20,7 +20,8 @@ from typing import Any
 from respawn.actions import CreateMachine
 from respawn.events import Event
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
-from respawn.ports import CapacityError, ConflictError, JobStore, Machine, MachineProvider, StatusNotifier
+from respawn.placement import History
+from respawn.ports import CapacityError, ConflictError, HistoryStore, JobStore, Machine, MachineProvider, StatusNotifier
 from respawn.service import Outcome, Retryable
 
 
@@ -75,6 +76,43 @@ class InMemoryJobStore:
         job, _ = self.load(job_id)
         assert job is not None
         return job
+
+
+class InMemoryHistoryStore:
+    """HistoryStore: the history as JSON with a generation; `conflicts` and `errors` as InMemoryJobStore's."""
+
+    def __init__(self, history: History | None = None) -> None:
+        self._text, self._generation = ("", 0) if history is None else (json.dumps(history.to_json()), 1)
+        self._lock = threading.Lock()
+        self.conflicts = 0
+        self.errors: list[Exception] = []
+        self.loads = 0
+        self.saves = 0
+
+    def load(self) -> tuple[History, int]:
+        with self._lock:
+            self.loads += 1
+            if self.errors:
+                raise self.errors.pop(0)
+            if not self._generation:
+                return History(), 0
+            return History.from_json(json.loads(self._text)), self._generation
+
+    def save(self, history: History, generation: int) -> int:
+        text = json.dumps(history.to_json())
+        with self._lock:
+            if self.errors:
+                raise self.errors.pop(0)
+            if self.conflicts > 0 or self._generation != generation:
+                self.conflicts = max(0, self.conflicts - 1)
+                raise ConflictError(f"history: generation {generation} is not {self._generation}")
+            self._text, self._generation = text, self._generation + 1
+            self.saves += 1
+            return self._generation
+
+    @property
+    def history(self) -> History:
+        return self.load()[0]
 
 
 class FakeProvider:
@@ -178,9 +216,9 @@ class FakeProvider:
         )
 
 
-def fake_providers() -> dict[str, FakeProvider]:
+def fake_providers(creating_reads: int = 1) -> dict[str, FakeProvider]:
     """A FakeProvider per API, keyed as bootstrap.machine_providers keys the real ones (`spec.machine.api`)."""
-    return {"tpu": FakeProvider(), "compute": FakeProvider()}
+    return {api: FakeProvider(creating_reads=creating_reads) for api in ("tpu", "compute")}
 
 
 class RecordingNotifier:
@@ -273,6 +311,18 @@ class CrashingStore:
 
     def list_ids(self) -> list[str]:
         return self.store.list_ids()
+
+
+class CrashingHistoryStore:
+    def __init__(self, store: HistoryStore, plan: CrashPlan) -> None:
+        self.store, self.plan = store, plan
+
+    def load(self) -> tuple[History, int]:
+        return self.store.load()
+
+    def save(self, history: History, generation: int) -> int:
+        result: int = self.plan.step("save history", lambda: self.store.save(history, generation))
+        return result
 
 
 class CrashingProvider:

@@ -7,28 +7,101 @@ publishes and clears both. A handler that crashes in between leaves the intent
 to whoever loads the record after the lease ran out (a redelivery, the sweep):
 every action is idempotent and a notice's `id` deterministic, so carrying it
 out again is safe.
+
+The observations of ended attempts (`Job.observations`) are intent too: the lease
+holder adds them to the deployment's preemption history (`Histories`) under
+compare-and-set, then clears them. The history remembers the ids it counted, so a
+crash between its write and the record's counts nothing twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
 from respawn.decide import Policy, decide
-from respawn.events import CreateFailed, CreateFailure
+from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
 from respawn.machines import Machines
-from respawn.model import Job
+from respawn.model import Job, JobSpec
 from respawn.notices import status_notice
 from respawn.outcome import Retryable
-from respawn.ports import CapacityError, ConflictError, ProviderError, StatusNotifier, TransientError
+from respawn.placement import Advice, History, Observation, Outlook
+from respawn.ports import (
+    CapacityError,
+    ConflictError,
+    HistoryStore,
+    ProviderError,
+    StatusNotifier,
+    TransientError,
+)
 from respawn.records import Read, Records
+
+# The events most jobs send most often, none of which requests a machine: decide ranks nothing for them, so they
+# get an outlook without reading the history (its presence alone has the attempts they end observed).
+_PLACES_NOTHING = (TrainerProgressed, CheckpointSaved, TrainerStarted)
+
+# What Google's Advice API says for a job's machines, per (machine type, provisioning model) of its tiers: built by
+# bootstrap around the Advisor adapter, which answers GPU machine types only, caches and never raises.
+AdviceSource = Callable[[JobSpec], Mapping[tuple[str, str], Advice]]
 
 
 def has_intent(job: Job) -> bool:
-    """The record holds intent not yet carried out: machine actions or status notices."""
-    return bool(job.pending or job.outbox)
+    """The record holds intent not yet carried out: machine actions, status notices or history observations."""
+    return bool(job.pending or job.outbox or job.observations)
+
+
+class Histories:
+    """The deployment's preemption history: read for decide through an in-process cache, written from observations.
+
+    Every decision that may place a machine reads it; a history a minute old ranks zones as well as a fresh one, so
+    reads are cached `cache_s` (60 s). A read that fails gives an outlook without history and a note saying why (the
+    zones then rank on no data: list order, the penalty aside): a store hiccup never fails an event."""
+
+    def __init__(
+        self, store: HistoryStore, *, advice: AdviceSource | None = None, cache_s: float = 60.0, tries: int = 5
+    ) -> None:
+        self.store, self.advice, self.cache_s, self.tries = store, advice, cache_s, tries
+        self._cached: tuple[float, Outlook] | None = None
+
+    def outlook(self, now: float, *, read: bool = True, spec: JobSpec | None = None) -> Outlook:
+        """The outlook of the history as of at most `cache_s` ago, with the Advice API's word on `spec`'s machines
+        when there is an advice source; without `read`, whatever history is cached and no advice (no I/O)."""
+        history = self._history(now, read)
+        if not read or spec is None or self.advice is None:
+            return history
+        return replace(history, advice=self.advice(spec))
+
+    def _history(self, now: float, read: bool) -> Outlook:
+        if self._cached is not None and (not read or now - self._cached[0] < self.cache_s):
+            return self._cached[1]
+        if not read:
+            return Outlook(History(), note="the preemption history was not read for this event")
+        try:
+            outlook = Outlook(self.store.load()[0])
+        except Exception as e:  # any failure to read: rank on no data and say so, never fail the event
+            outlook = Outlook(History(), note=f"preemption history unreadable ({type(e).__name__}: {e}); no data")
+        self._cached = (now, outlook)
+        return outlook
+
+    def record(self, observations: Sequence[Mapping[str, Any]], now: float) -> None:
+        """Add the observations not counted yet, under compare-and-set (a conflict: reload and again, `tries` times).
+        Raises TransientError when the store keeps failing or changing; anything else the store raises."""
+        parsed = [Observation.from_dict(o) for o in observations]
+        for _ in range(self.tries):
+            history, generation = self.store.load()
+            new = history.record(parsed)
+            if new is history:
+                return  # every one counted already: a crash after the history's write, before the record's
+            try:
+                self.store.save(new, generation)
+            except ConflictError:
+                continue
+            self._cached = (self._cached[0] if self._cached else now, Outlook(new))
+            return
+        raise TransientError(f"the preemption history kept changing under {self.tries} tries")
 
 
 def lease_expired(job: Job, now: float) -> bool:
@@ -45,12 +118,20 @@ class Acting:
     notifier: StatusNotifier | None
     policy: Policy
     lease_s: float
+    histories: Histories | None = None  # None: no history is kept, decide gets no outlook
+
+    def outlook(self, now: float, event: JobEvent, spec: JobSpec | None) -> Outlook | None:
+        """What decide reads to place `spec`'s machines for `event`: the cached history and advice (read only for
+        events that may place one); None without a history store."""
+        if self.histories is None:
+            return None
+        return self.histories.outlook(now, read=not isinstance(event, _PLACES_NOTHING), spec=spec)
 
     def intent(self, old: Job | None, new: Job, actions: Sequence[Action], now: float) -> Job:
         """The record to persist for a decision: `new` with its actions pending and its status notice in the outbox,
         leased to this handler while there is anything to carry out."""
         new = self._with_status_notice(old, new, now)
-        leased = bool(actions or new.outbox)
+        leased = bool(actions or new.outbox or new.observations)
         return replace(new, pending=_dicts(actions), pending_lease_until=now + self.lease_s if leased else None)
 
     def _with_status_notice(self, old: Job | None, new: Job, now: float) -> Job:
@@ -94,7 +175,8 @@ class Acting:
                 continue
             done.append(action)
         self._publish(job, generation, now)
-        job = replace(job, pending=(), outbox=(), pending_lease_until=None)
+        self._observe(job, generation, now)
+        job = replace(job, pending=(), outbox=(), observations=(), pending_lease_until=None)
         return Read(job, self._save_held(job, generation)), done
 
     def _create_failed(
@@ -103,7 +185,7 @@ class Acting:
         """What `decide` makes of a create that failed: the record (with its status notice) and the next actions."""
         kind = CreateFailure.CAPACITY if isinstance(error, CapacityError) else CreateFailure.PERMANENT
         failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(error))
-        decided, more = decide(job, failed, now, self.policy)
+        decided, more = decide(job, failed, now, self.policy, outlook=self.outlook(now, failed, job.spec))
         assert decided is not None
         return self._with_status_notice(job, decided, now), more
 
@@ -119,6 +201,21 @@ class Acting:
                 raise Retryable(f"publishing the status notice {notice.get('id')}: {e}") from e
             except ProviderError as e:
                 service_log.error(job.job_id, f"status notice {notice.get('id')} dropped: {e}")
+
+    def _observe(self, job: Job, generation: int, now: float) -> None:
+        """Add the record's observations to the history (without a history store they are dropped). A transient
+        failure keeps them for the next handler; any other is logged and they are dropped: the history is advice,
+        it never holds up a job."""
+        if not job.observations or self.histories is None:
+            return
+        try:
+            self.histories.record(job.observations, now)
+        except TransientError as e:
+            held = replace(job, pending=(), outbox=(), pending_lease_until=now)
+            self._save_held(held, generation)
+            raise Retryable(f"recording {len(job.observations)} observations in the preemption history: {e}") from e
+        except Exception as e:  # a store that refuses for good (permission): drop, say so
+            service_log.error(job.job_id, f"observations dropped: the preemption history refused them: {e}")
 
     def _save_held(self, job: Job, generation: int) -> int:
         """Save a record whose lease we hold; losing it means another handler took over."""

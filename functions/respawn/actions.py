@@ -20,6 +20,9 @@ class CreateMachine:
     zone: str
     deadline: float | None = None  # the job's TTL deadline (epoch s): a GPU VM's own hard stop (maxRunDuration)
     tier: int = 0  # index into the spec's tiers: provisioning model, reservation
+    # the outlook's expected seconds to interruption of the zone: the machine's metadata respawn-mtbi-s, from which
+    # the trainer takes its checkpoint interval (RESPAWN_MTBI_S); None without an outlook
+    mtbi_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,14 @@ Action = CreateMachine | DeleteMachine
 _KINDS: dict[str, type[CreateMachine] | type[DeleteMachine]] = {"create": CreateMachine, "delete": DeleteMachine}
 
 
+# Fields written only when set: intent and log lines of a create without an outlook stay as they were.
+_OMITTED_WHEN_NONE = frozenset({"mtbi_s"})
+
+
 def action_to_dict(action: Action) -> dict[str, Any]:
     kind = "create" if isinstance(action, CreateMachine) else "delete"
-    return {"kind": kind, **asdict(action)}
+    fields = {k: v for k, v in asdict(action).items() if not (k in _OMITTED_WHEN_NONE and v is None)}
+    return {"kind": kind, **fields}
 
 
 def action_from_dict(d: dict[str, Any]) -> Action:

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Any
 from respawn.config import Settings
 
 if TYPE_CHECKING:
+    from respawn.acting import AdviceSource
     from respawn.adapters.cloud_logging import CloudLoggingReader
-    from respawn.adapters.gcs_store import GcsJobStore
+    from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
     from respawn.ports import MachineProvider, StatusNotifier
     from respawn.service import Service
 
 
 def service(settings: Settings) -> Service:
-    """The Service of the deployed functions: the records in the state bucket, TPUs and GPUs, status notices when
-    a status topic is set."""
+    """The Service of the deployed functions: the records and the preemption history in the state bucket, TPUs and
+    GPUs, status notices when a status topic is set."""
     from respawn.adapters.clock import SystemClock
     from respawn.service import Service
 
@@ -31,7 +32,21 @@ def service(settings: Settings) -> Service:
         machine_providers(settings),
         SystemClock(),
         notifier=status_notifier(settings),
+        history=history_store(settings, in_functions=True),
+        advice=advice_source(settings),
     )
+
+
+def advice_source(settings: Settings) -> AdviceSource | None:
+    """The Advice API's word on a GPU job's machines, for placement (Google's Advice API covers no TPUs; a TPU job
+    places by the history alone, without a note repeated in every placement reason). None without a project."""
+    if not settings.project:
+        return None
+    from respawn.adapters.advice import GcpAdvisor, advice_for
+    from respawn.model import GpuMachine
+
+    advisor, project = GcpAdvisor(settings.compute_endpoint), settings.project
+    return lambda spec: advice_for(advisor, project, spec) if isinstance(spec.machine, GpuMachine) else {}
 
 
 def job_store(settings: Settings, *, in_functions: bool = False) -> GcsJobStore:
@@ -44,6 +59,17 @@ def job_store(settings: Settings, *, in_functions: bool = False) -> GcsJobStore:
     from google.cloud import storage
 
     return GcsJobStore(settings.state_bucket, storage.Client(project=settings.project or None))
+
+
+def history_store(settings: Settings, *, in_functions: bool = False) -> GcsHistoryStore:
+    """The deployment's preemption history, `placement/history.json` in the state bucket (clients as job_store's)."""
+    from respawn.adapters.gcs_store import GcsHistoryStore, function_client
+
+    if in_functions:
+        return GcsHistoryStore(settings.state_bucket, function_client(settings.project or None))
+    from google.cloud import storage
+
+    return GcsHistoryStore(settings.state_bucket, storage.Client(project=settings.project or None))
 
 
 def machine_providers(settings: Settings) -> dict[str, MachineProvider]:

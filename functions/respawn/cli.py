@@ -1,4 +1,4 @@
-"""The `respawn` command: submit, status, list, cancel, logs, parse-event, and `local` (the local cloud).
+"""The `respawn` command: submit, status, list, cancel, logs, parse-event, plan, and `local` (the local cloud).
 
 Readable tables by default, `--json` everywhere. Project, topic and bucket come
 from flags or the environment (RESPAWN_PROJECT, RESPAWN_JOBS_TOPIC,
@@ -81,6 +81,7 @@ def describe(job: Job, now: float | None = None) -> str:
             if not spec.tiers
             else "tiers        "
             + "; ".join(f"{i}: {t.provisioning} in {', '.join(t.zones)}" for i, t in enumerate(spec.all_tiers)),
+            f"placement    {spec.placement}",
             f"checkpoints  {spec.checkpoint_uri}",
         ]
     lines += [f"submitted    {when(job.submitted_at)}", f"updated      {when(job.updated_at)}"]
@@ -105,6 +106,9 @@ def describe(job: Job, now: float | None = None) -> str:
         headers = ("#", "zone", "tier", "machine", "requested", "waited", "started", "ended", "end", "restored",
                    "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
+        placed = [f"  {a.n}  {a.placement}" for a in job.attempts if a.placement]
+        if placed:  # why each attempt went where it did (the outlook's figures, the runner-up)
+            lines += ["", "placement", *placed]
         if spec is not None:
             accounting = job_accounting(job, time.time() if now is None else now)
             lines += ["", *_goodput_lines(accounting), "", "machine time by tier", _tier_costs(accounting)]
@@ -350,6 +354,69 @@ def _local_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
+    bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
+    from respawn import plan
+    from respawn.decide import Policy
+    from respawn.model import JobSpec
+    from respawn.placement import Outlook
+    from respawn.spec import SpecError, load_job_file, parse_job_message
+
+    try:
+        spec = parse_job_message(load_job_file(args.file))
+    except SpecError as e:
+        raise UserError(f"{args.file}: {e}") from e
+    if not isinstance(spec, JobSpec):
+        raise UserError(f"{args.file}: a cancel message has no placement; plan takes a submit message")
+    s = Settings.from_env()
+    s = replace(s, **{k: getattr(args, k) for k in ("project", "state_bucket") if getattr(args, k, None)})
+    now = time.time()
+    history, history_note, where = _plan_history(s)
+    outlook = Outlook(history, _plan_advice(s, spec), note=history_note)
+    built = plan.build(spec, outlook, now, history=where, restart_cost_s=Policy().restart_cost_s)
+    emit(args, plan.to_json(built), plan.text(built, table))
+    return 0
+
+
+def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
+    """(the deployment's history, the outlook's note when it is empty for want of one, where it came from): from the
+    state bucket when one is set and readable, else an empty history, saying why."""
+    from respawn.bootstrap import history_store
+    from respawn.placement import History
+
+    if not s.state_bucket:
+        why = f"no history: {VARIABLES['state_bucket'][0]} is not set (or pass --bucket); an empty history"
+        return History(), why, why
+    where = f"gs://{s.state_bucket}/placement/history.json"
+    try:
+        history, generation = history_store(s).load()
+    except Exception as e:  # unreadable: the plan still shows the advice and the prices
+        why = f"no history: {where} could not be read ({cloud_error(e)}); an empty history"
+        return History(), why, why
+    if generation == 0:
+        return history, None, f"{where} not written yet (no attempt has ended): an empty history"
+    return history, None, f"{where} (generation {generation}, {len(history.exposures)} zone/machine keys)"
+
+
+def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
+    """What the Advice API says for each provisioning model of the job's tiers (adapters.advice.advice_for). A
+    missing project or client: a note, no call."""
+    from respawn.placement import Advice, machine_kind
+
+    if not s.project:
+        note = f"Advice API not asked: {VARIABLES['project'][0]} is not set (or pass --project); history only"
+    else:
+        try:
+            from respawn.adapters.advice import GcpAdvisor, advice_for
+
+            return advice_for(GcpAdvisor(s.compute_endpoint), s.project, spec)
+        except Exception as e:  # no credentials: plan still prints the history's figures
+            note = f"Advice API not asked: {cloud_error(e)}; history only"
+    now = time.time()
+    return {(machine_kind(spec), tier.provisioning): Advice({}, now, note) for tier in spec.all_tiers}
+
+
 def run_local(argv: list[str]) -> int:
     try:
         local_cli = importlib.import_module("respawn.local.cli")
@@ -407,6 +474,14 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--attempt", type=int, metavar="N", help="only attempt N")
     logs.add_argument("--local", action="store_true", help="read the local cloud's runs even with a bucket set")
     logs.add_argument("--workdir", default=".respawn", help="the local cloud's workdir (default .respawn)")
+    add(
+        "plan",
+        cmd_plan,
+        "show how respawn would place a job file: each tier and zone with its expected time to interruption, "
+        "goodput, cost per productive hour, the source of each figure, and the order respawn would try them",
+        project,
+        bucket,
+    ).add_argument("file", help="job file")
     sub.add_parser("local", help="run jobs on the local cloud (respawn local --help)", add_help=False)
     return p
 

@@ -1,4 +1,4 @@
-"""The pure core: `decide(job, event, now, policy) -> (job, actions)`.
+"""The pure core: `decide(job, event, now, policy, *, outlook=None) -> (job, actions)`.
 
 No I/O, no clock: time comes only from `now`. The service loads the record,
 calls decide, persists the result with the actions as intent, then acts.
@@ -11,6 +11,13 @@ On a SUCCEEDED job only the trainer's own `completed` entry does anything: it fi
 of one its startup script sent on exit code 0. Last, a trainer's goodput split is kept on the attempt its entry
 names, stale or not (the only thing a stale event may change: that older attempt's split). A decision that
 changes nothing returns the same record and no actions, and the event id is not recorded.
+
+Where each new attempt goes (`_with_new_attempt` and the placement section below): its tier first (back to Spot,
+on to the next tier, or the same), then its zone. With an outlook (respawn.placement.Outlook: the deployment's
+preemption history, advice, prices) and `placement: ranked`, the zone is the best-ranked of the tier's zones not yet
+tried in the current walk of stockouts, a zone that just interrupted the job penalised, and the same zone again after
+a crash; without an outlook, or with `placement: ordered`, the list's order: the same zone after a preemption or a
+crash, the next zone after a stockout. Ended attempts leave observations for the history only with an outlook.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ from respawn.model import (
     machine_name,
     parse_machine_name,
 )
+from respawn.placement import Key, Observation, Outlook, Placed, machine_kind
+from respawn.prices import SPOT_MODELS, machine_price, rate_per_h
 
 # What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
 DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
@@ -67,6 +76,19 @@ class Policy:
     stuck_creating_s: float = 900.0  # a machine CREATING this long is given up for the next zone
     lost_grace_s: float = 60.0  # a machine younger than this may not be listed yet: not lost
     seen_events_max: int = 256  # event ids remembered for de-duplication
+    restart_cost_s: float = 300.0  # what an interruption costs before training resumes (create, boot, restore)
+    # A fallback tier goes back to Spot only when the outlook expects Spot's best zone to run at least this long
+    # without an interruption: with the default restart and checkpoint costs, 4 h keeps over 90% of Spot's time.
+    spot_min_mtbi_s: float = 4 * 3600.0
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a decision reads besides the record, the event and the time: the knobs, and the outlook when the service
+    has one (None: zones in list order, no back to Spot, exactly as before placement knew anything)."""
+
+    policy: Policy
+    outlook: Outlook | None = None
 
 
 def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:
@@ -77,9 +99,12 @@ def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:
     return wait * (1 + policy.jitter * (2 * unit - 1))
 
 
-def decide(job: Job | None, event: JobEvent, now: float, policy: Policy) -> tuple[Job | None, list[Action]]:
+def decide(
+    job: Job | None, event: JobEvent, now: float, policy: Policy, *, outlook: Outlook | None = None
+) -> tuple[Job | None, list[Action]]:
+    ctx = Context(policy, outlook)
     if job is None or (job.status is Status.REJECTED and isinstance(event, JobSubmitted)):
-        return _first(event, now)  # a rejected job id may be submitted again once the message is fixed
+        return _first(event, now, ctx)  # a rejected job id may be submitted again once the message is fixed
     if event.event_id in job.seen_events:
         return job, []
     if not job.status.terminal and now >= job.deadline:
@@ -87,12 +112,23 @@ def decide(job: Job | None, event: JobEvent, now: float, policy: Policy) -> tupl
     elif is_stale(job, event):
         new, actions = job, []
     else:
-        new, actions = _step(job, event, now, policy)
+        new, actions = _step(job, event, now, ctx)
     new = _with_goodput(new, event)
+    if outlook is not None:  # a service that reads a history keeps it: what the ended attempts showed goes to it
+        new = _with_observations(job, new)
     if new == job and not actions:
         return job, []
     seen = (*new.seen_events, event.event_id)[-policy.seen_events_max :]
     return replace(new, updated_at=now, seen_events=seen), actions
+
+
+def _with_observations(old: Job, new: Job) -> Job:
+    """`new` with the evidence of each attempt this decision ended, for the preemption history (Job.observations:
+    intent, carried out under the lease like the machine actions)."""
+    before = {a.n: a.ended for a in old.attempts}
+    ended = [a for a in new.attempts if a.ended and not before.get(a.n, False)]
+    observations = [o.to_dict() for o in (_observation(new, a) for a in ended) if o is not None]
+    return replace(new, observations=(*new.observations, *observations)) if observations else new
 
 
 def is_stale(job: Job, event: JobEvent) -> bool:
@@ -117,15 +153,14 @@ def _with_goodput(job: Job, event: JobEvent) -> Job:
 # -- a job's first event ---------------------------------------------------------------------------------------------
 
 
-def _first(event: JobEvent, now: float) -> tuple[Job | None, list[Action]]:
+def _first(event: JobEvent, now: float, ctx: Context) -> tuple[Job | None, list[Action]]:
     """A submit makes the record and requests its first machine; a rejection with a usable job id makes a REJECTED
     record (so the sender can see why); anything else about an unknown job is dropped."""
     if isinstance(event, JobSubmitted):
         spec = event.spec
-        reason = f"machine requested in {spec.zones[0]}"
-        job = _new_record(event, now, spec.job_id, spec, Status.PROVISIONING, reason)
-        job, attempt = _with_new_attempt(job, 0, now)
-        return job, [_create(job, attempt)]
+        job = _new_record(event, now, spec.job_id, spec, Status.PROVISIONING, "")
+        job, attempt = _with_new_attempt(job, now, ctx, 0)
+        return replace(job, reason=f"machine requested in {attempt.zone}"), [_create(job, attempt)]
     if isinstance(event, JobRejected) and event.job_id:
         return _new_record(event, now, event.job_id, None, Status.REJECTED, event.error), []
     return None, []
@@ -145,23 +180,23 @@ def _new_record(event: JobEvent, now: float, job_id: str, spec: JobSpec | None, 
 
 # -- one event on an existing record: a rule per event type ----------------------------------------------------------
 
-# A rule takes (job, event, now, policy) for the events of its type. Rules of the same shape make the table below
+# A rule takes (job, event, now, ctx) for the events of its type. Rules of the same shape make the table below
 # one lookup; an event type without a rule (a submit or rejection naming an existing job) changes nothing.
-Rule = Callable[[Job, Any, float, Policy], Decision]
-# A rule about the live attempt also takes that attempt: (job, live, event, now, policy).
-LiveRule = Callable[[Job, Attempt, Any, float, Policy], Decision]
+Rule = Callable[[Job, Any, float, Context], Decision]
+# A rule about the live attempt also takes that attempt: (job, live, event, now, ctx).
+LiveRule = Callable[[Job, Attempt, Any, float, Context], Decision]
 
 
-def _step(job: Job, event: JobEvent, now: float, policy: Policy) -> Decision:
+def _step(job: Job, event: JobEvent, now: float, ctx: Context) -> Decision:
     rule = RULES.get(type(event))
-    return rule(job, event, now, policy) if rule is not None else (job, [])
+    return rule(job, event, now, ctx) if rule is not None else (job, [])
 
 
 def _while_open(rule: Rule) -> Rule:
     """The rule, while the job is not over: a terminal job changes no more."""
 
-    def guarded(job: Job, event: Any, now: float, policy: Policy) -> Decision:
-        return (job, []) if job.status.terminal else rule(job, event, now, policy)
+    def guarded(job: Job, event: Any, now: float, ctx: Context) -> Decision:
+        return (job, []) if job.status.terminal else rule(job, event, now, ctx)
 
     return guarded
 
@@ -170,20 +205,20 @@ def _on_live_attempt(rule: LiveRule) -> Rule:
     """The rule, for an event about the live attempt; about an attempt that is over (or a job without a live one),
     an event changes nothing."""
 
-    def guarded(job: Job, event: Any, now: float, policy: Policy) -> Decision:
+    def guarded(job: Job, event: Any, now: float, ctx: Context) -> Decision:
         live = _live(job)
         if live is None or event.attempt != live.n:
             return job, []
-        return rule(job, live, event, now, policy)
+        return rule(job, live, event, now, ctx)
 
     return guarded
 
 
-def _cancelled(job: Job, event: CancelRequested, now: float, policy: Policy) -> Decision:
+def _cancelled(job: Job, event: CancelRequested, now: float, ctx: Context) -> Decision:
     return _finish(job, now, Status.CANCELLED, EndReason.CANCELLED, "cancelled by the user")
 
 
-def _trained(job: Job, event: CheckpointSaved | TrainerProgressed, now: float, policy: Policy) -> Decision:
+def _trained(job: Job, event: CheckpointSaved | TrainerProgressed, now: float, ctx: Context) -> Decision:
     """The current attempt trained on: its newest step and sign of progress, and for a save, its newest save."""
     current = job.current
     if current is None or event.attempt != current.n:
@@ -193,11 +228,11 @@ def _trained(job: Job, event: CheckpointSaved | TrainerProgressed, now: float, p
     return _with_step(job, _progressed(current, event.time), event.step), []
 
 
-def _preempted(job: Job, live: Attempt, event: MachinePreempted, now: float, policy: Policy) -> Decision:
-    return _lost(job, now, EndReason.PREEMPTED)
+def _preempted(job: Job, live: Attempt, event: MachinePreempted, now: float, ctx: Context) -> Decision:
+    return _lost(job, now, EndReason.PREEMPTED, ctx)
 
 
-def _started(job: Job, live: Attempt, event: TrainerStarted, now: float, policy: Policy) -> Decision:
+def _started(job: Job, live: Attempt, event: TrainerStarted, now: float, ctx: Context) -> Decision:
     restored = event.restored_step
     started = replace(
         _progressed(live, event.time),
@@ -211,32 +246,33 @@ def _started(job: Job, live: Attempt, event: TrainerStarted, now: float, policy:
     return replace(job.with_attempt(started), status=Status.RUNNING, reason=reason, capacity_round=0), []
 
 
-def _completed(job: Job, event: TrainerCompleted, now: float, policy: Policy) -> Decision:
+def _completed(job: Job, event: TrainerCompleted, now: float, ctx: Context) -> Decision:
     """The live attempt's trainer completed: the job SUCCEEDED. On a job that already SUCCEEDED, the trainer's own
     entry may still fill in the result (_filled_in)."""
     if job.status is Status.SUCCEEDED:
         return _filled_in(job, event), []
-    return _on_live_attempt(_succeeded)(job, event, now, policy)
+    return _on_live_attempt(_succeeded)(job, event, now, ctx)
 
 
-def _succeeded(job: Job, live: Attempt, event: TrainerCompleted, now: float, policy: Policy) -> Decision:
+def _succeeded(job: Job, live: Attempt, event: TrainerCompleted, now: float, ctx: Context) -> Decision:
     done, actions = _finish(job, now, Status.SUCCEEDED, EndReason.COMPLETED, "")
     return _with_result(done, event), actions
 
 
-def _trainer_failed(job: Job, live: Attempt, event: TrainerFailed, now: float, policy: Policy) -> Decision:
+def _trainer_failed(job: Job, live: Attempt, event: TrainerFailed, now: float, ctx: Context) -> Decision:
     if event.machine_state in DEAD:  # the machine went first (a host error on one worker kills its peers)
-        return _lost(job, now, EndReason.PREEMPTED)
+        return _lost(job, now, EndReason.PREEMPTED, ctx)
     on = f"{live.machine}" + ("" if event.worker is None else f" worker {event.worker}")
-    return _crashed(job, now, EndReason.FAILED, f"trainer failed on {on}" + (f": {event.error}" if event.error else ""))
+    error = f"trainer failed on {on}" + (f": {event.error}" if event.error else "")
+    return _crashed(job, now, EndReason.FAILED, error, ctx)
 
 
-def _create_failed(job: Job, live: Attempt, event: CreateFailed, now: float, policy: Policy) -> Decision:
+def _create_failed(job: Job, live: Attempt, event: CreateFailed, now: float, ctx: Context) -> Decision:
     if live.started_at is not None:  # a started trainer proves the create worked
         return job, []
     if event.kind == CreateFailure.CAPACITY:
         reason = f"no capacity in {live.zone}: {event.error}"
-        return _no_capacity(job, now, EndReason.CAPACITY, reason, policy, delete=False)
+        return _no_capacity(job, now, EndReason.CAPACITY, reason, ctx, delete=False)
     # An earlier try of this create may have made the machine after all (a crash before the intent was
     # cleared, then a 403 on redelivery): delete it now rather than leave it to the sweep.
     ended = _end(job, now, EndReason.ERROR)
@@ -266,7 +302,7 @@ def _filled_in(job: Job, event: TrainerCompleted) -> Job:
     return _with_result(job, event)
 
 
-def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> Decision:
+def _observed(job: Job, event: MachinesObserved, now: float, ctx: Context) -> Decision:
     """What the API lists: every machine of an older attempt still there is deleted (even for a job that is over);
     then a job waiting out a capacity backoff requests its machine once it is due, and for a live attempt the
     first rule about its machine that holds (LIVE_MACHINE_RULES) decides."""
@@ -275,9 +311,9 @@ def _observed(job: Job, event: MachinesObserved, now: float, policy: Policy) -> 
     if job.status.terminal:
         return job, deletes
     if live is None:
-        job, more = _backoff_over(job, now)
+        job, more = _backoff_over(job, now, ctx)
     else:
-        job, more = _live_machine_rules(_Sighting(job, live, _state_of(job, live, event), event, now, policy))
+        job, more = _live_machine_rules(_Sighting(job, live, _state_of(job, live, event), event, now, ctx))
     return job, deletes + more
 
 
@@ -304,12 +340,12 @@ def _state_of(job: Job, live: Attempt, event: MachinesObserved) -> MachineState 
     return states[-1] if states else None
 
 
-def _backoff_over(job: Job, now: float) -> Decision:
+def _backoff_over(job: Job, now: float, ctx: Context) -> Decision:
     """A PENDING job whose capacity backoff is over requests its next machine."""
     due = job.status is Status.PENDING and job.next_attempt_at is not None and job.next_attempt_at <= now
     if not due or job.spec is None:
         return job, []
-    job, attempt = _with_new_attempt(job, job.zone_index, now)
+    job, attempt = _with_new_attempt(job, now, ctx, job.zone_index)
     return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {_where(job, attempt)}"), [
         _create(job, attempt)
     ]
@@ -341,7 +377,11 @@ class _Sighting:
     state: MachineState | None  # None: the listing does not show the machine
     event: MachinesObserved
     now: float
-    policy: Policy
+    ctx: Context
+
+    @property
+    def policy(self) -> Policy:
+        return self.ctx.policy
 
     @property
     def age(self) -> float:
@@ -397,36 +437,52 @@ def _silent_too_long(seen: _Sighting) -> bool:
     return _hung_for(seen.job, seen.live, seen.now) is not None
 
 
+def _spot_lasts_again(seen: _Sighting) -> bool:
+    """A fallback attempt whose trainer runs, on a tier the job has used long enough, while Spot looks lasting."""
+    return seen.live.started_at is not None and _spot_tier_to_return_to(seen.job, seen.now, seen.ctx) is not None
+
+
 def _vanished(seen: _Sighting) -> Decision:
-    return _lost(seen.job, seen.now, EndReason.LOST)
+    return _lost(seen.job, seen.now, EndReason.LOST, seen.ctx)
 
 
 def _taken(seen: _Sighting) -> Decision:
-    return _lost(seen.job, seen.now, EndReason.PREEMPTED)
+    return _lost(seen.job, seen.now, EndReason.PREEMPTED, seen.ctx)
 
 
 def _failed_to_come_up(seen: _Sighting) -> Decision:
     live = seen.live
     api_says = dict(seen.event.details).get(live.machine)
     reason = f"{live.machine} failed to come up in {live.zone}" + (f": {api_says}" if api_says else "")
-    return _no_capacity(seen.job, seen.now, EndReason.CAPACITY, reason, seen.policy, delete=True)
+    return _no_capacity(seen.job, seen.now, EndReason.CAPACITY, reason, seen.ctx, delete=True)
 
 
 def _queue_given_up(seen: _Sighting) -> Decision:
     reason = f"{seen.live.machine} waited {seen.age:.0f}s in the queue of {seen.live.zone}"
-    return _no_capacity(seen.job, seen.now, EndReason.QUEUED, reason, seen.policy, delete=True)
+    return _no_capacity(seen.job, seen.now, EndReason.QUEUED, reason, seen.ctx, delete=True)
 
 
 def _creating_given_up(seen: _Sighting) -> Decision:
     reason = f"{seen.live.machine} was still creating after {seen.age:.0f}s in {seen.live.zone}"
-    return _no_capacity(seen.job, seen.now, EndReason.STUCK, reason, seen.policy, delete=True)
+    return _no_capacity(seen.job, seen.now, EndReason.STUCK, reason, seen.ctx, delete=True)
 
 
 def _hung(seen: _Sighting) -> Decision:
     silent = _hung_for(seen.job, seen.live, seen.now)
     assert silent is not None
     reason = f"hung: no training progress for {silent:.0f}s on {seen.live.machine}"
-    return _crashed(seen.job, seen.now, EndReason.HUNG, reason)
+    return _crashed(seen.job, seen.now, EndReason.HUNG, reason, seen.ctx)
+
+
+def _back_to_spot(seen: _Sighting) -> Decision:
+    """End the fallback attempt (not a preemption, not a failure: no counter moves) and request Spot again."""
+    live, now = seen.live, seen.now
+    on_tier = now - _on_tier_since(seen.job, now)
+    job = _end(seen.job, now, EndReason.BACK_TO_SPOT)
+    job, attempt = _with_new_attempt(job, now, seen.ctx, 0)
+    reason = f"back to Spot after {on_tier / 3600:.1f}h on {_tier_name(seen.job)}: requested {_where(job, attempt)}"
+    delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
+    return replace(job, status=Status.RECOVERING, reason=reason), [delete, _create(job, attempt)]
 
 
 # The first rule whose state is the machine's and whose guard holds decides; when none does, nothing is due yet.
@@ -439,6 +495,7 @@ LIVE_MACHINE_RULES: tuple[_MachineRule, ...] = (
     _MachineRule(MachineState.QUEUED, _queued_too_long, _queue_given_up),
     _MachineRule(MachineState.CREATING, _stuck_creating, _creating_given_up),
     _MachineRule(MachineState.READY, _silent_too_long, _hung),
+    _MachineRule(MachineState.READY, _spot_lasts_again, _back_to_spot),
 )
 
 
@@ -450,9 +507,10 @@ def _live_machine_rules(seen: _Sighting) -> Decision:
 # -- transitions -----------------------------------------------------------------------------------------------------
 
 
-def _lost(job: Job, now: float, end_reason: EndReason) -> Decision:
-    """The live machine was preempted or vanished: delete it, replace it in the same zone. Counts against
-    max_preemptions, never against max_failures: the cloud took it, the trainer did nothing wrong."""
+def _lost(job: Job, now: float, end_reason: EndReason, ctx: Context) -> Decision:
+    """The live machine was preempted or vanished: delete it, replace it (the same zone in list order, else where
+    the outlook ranks best with this zone penalised). Counts against max_preemptions, never against max_failures:
+    the cloud took it, the trainer did nothing wrong."""
     live, spec = _live(job), job.spec
     assert live is not None and spec is not None
     job = _end(job, now, end_reason)
@@ -462,17 +520,17 @@ def _lost(job: Job, now: float, end_reason: EndReason) -> Decision:
     if limit is not None and job.counters.preemptions > limit:
         reason = f"{live.machine} {end_reason}; {job.counters.preemptions} preemptions exceed max_preemptions={limit}"
         return replace(job, status=Status.FAILED, reason=reason), [delete]
-    job, attempt = _with_new_attempt(job, _zone_index(job, live.zone), now)
-    where = "" if attempt.tier == live.tier else f" in {_where(job, attempt)}"
+    job, attempt = _with_new_attempt(job, now, ctx, _zone_index(job, live.zone))
+    where = "" if (attempt.tier, attempt.zone) == (live.tier, live.zone) else f" in {_where(job, attempt)}"
     return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {end_reason}; replacing it{where}"), [
         delete,
         _create(job, attempt),
     ]
 
 
-def _crashed(job: Job, now: float, end_reason: EndReason, reason: str) -> Decision:
-    """The trainer failed or hung (not a preemption): counts against max_failures. `reason` says what happened;
-    the job's reason adds whether it is retried."""
+def _crashed(job: Job, now: float, end_reason: EndReason, reason: str, ctx: Context) -> Decision:
+    """The trainer failed or hung (not a preemption): counts against max_failures, retried in the same zone (a
+    crash says nothing of the zone). `reason` says what happened; the job's reason adds whether it is retried."""
     live, spec = _live(job), job.spec
     assert live is not None and spec is not None
     job = _end(job, now, end_reason)
@@ -483,13 +541,14 @@ def _crashed(job: Job, now: float, end_reason: EndReason, reason: str) -> Decisi
         return replace(job, status=Status.FAILED, reason=f"{reason} (failure {failures} of {spec.max_failures})"), [
             delete
         ]
-    job, attempt = _with_new_attempt(job, _zone_index(job, live.zone), now)
+    job, attempt = _with_new_attempt(job, now, ctx, _zone_index(job, live.zone), same_zone=True)
     return replace(job, status=Status.RECOVERING, reason=f"{reason}; retrying"), [delete, _create(job, attempt)]
 
 
-def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, policy: Policy, *, delete: bool) -> Decision:
-    """No machine in the live attempt's zone: try the next zone (or the next tier) now, or after a full walk of the
-    tier's zones wait in PENDING. `delete`: a machine was made (it failed or waited too long) and must go."""
+def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, ctx: Context, *, delete: bool) -> Decision:
+    """No machine in the live attempt's zone: try another zone not tried in this walk (the next in list order, or
+    the best-ranked) or the next tier now, or after a full walk of the tier's zones wait in PENDING. `delete`: a
+    machine was made (it failed or waited too long) and must go."""
     live = _live(job)
     assert live is not None and job.spec is not None
     zones = _tier(job).zones
@@ -497,8 +556,9 @@ def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, polic
     job = replace(job, counters=replace(job.counters, capacity_errors=job.counters.capacity_errors + 1))
     actions: list[Action] = [DeleteMachine(job.job_id, live.n, live.machine, live.zone)] if delete else []
     following = (_zone_index(job, live.zone) + 1) % len(zones)
-    if _no_capacity_streak(job) % len(zones) == 0 and _next_tier(job, now) is None:
-        wait = backoff_s(job.job_id, job.capacity_round, policy)
+    walked = _no_capacity_streak(job) % len(zones) == 0
+    if walked and _next_tier(job, now) is None and _spot_tier_to_return_to(job, now, ctx) is None:
+        wait = backoff_s(job.job_id, job.capacity_round, ctx.policy)
         return replace(
             job,
             status=Status.PENDING,
@@ -507,7 +567,7 @@ def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, polic
             next_attempt_at=now + wait,
             reason=f"{reason}; no capacity in any zone, next try in {wait:.0f}s",
         ), actions
-    job, attempt = _with_new_attempt(job, following, now)
+    job, attempt = _with_new_attempt(job, now, ctx, following)
     return replace(job, reason=f"{reason}; trying {_where(job, attempt)}"), [*actions, _create(job, attempt)]
 
 
@@ -538,6 +598,17 @@ def _end(job: Job, now: float, end_reason: EndReason) -> Job:
     return job.with_attempt(replace(current, ended_at=now, end_reason=end_reason, machine_deleted=True))
 
 
+def _observation(job: Job, ended: Attempt) -> Observation | None:
+    """The evidence of an ended attempt: its trainer's running time and whether the cloud took the machine. An
+    attempt that never ran and was not taken (a stockout, a create error) says nothing of how long machines last."""
+    interrupted = ended.end_reason in COUNTED_AS_PREEMPTION
+    if job.spec is None or ended.ended_at is None or (ended.started_at is None and not interrupted):
+        return None
+    key = Key(ended.zone, machine_kind(job.spec), job.spec.all_tiers[ended.tier].provisioning)
+    seconds = max(0.0, ended.ended_at - ended.started_at) if ended.started_at is not None else 0.0
+    return Observation(f"{job.job_id}/{ended.n}", key, seconds, int(interrupted), ended.ended_at)
+
+
 def _mark_deleted(job: Job, n: int) -> Job:
     for attempt in job.attempts:
         if attempt.n == n and not attempt.machine_deleted:
@@ -558,20 +629,145 @@ def _progressed(attempt: Attempt, at: float) -> Attempt:
     return replace(attempt, progress_at=at)
 
 
-def _with_new_attempt(job: Job, zone_index: int, now: float) -> tuple[Job, Attempt]:
-    """The next attempt in the tier's zone `zone_index`, or in the first zone of the next tier when it is time."""
-    assert job.spec is not None
-    tier = _next_tier(job, now)
+def _with_new_attempt(
+    job: Job, now: float, ctx: Context, zone_index: int, *, same_zone: bool = False
+) -> tuple[Job, Attempt]:
+    """The next attempt: its tier first (back to Spot, or on to the next tier when it is time, else this one), then
+    its zone. In list order (no outlook, or placement ordered) that is `zone_index` of the tier, or a new tier's first
+    zone; ranked, the outlook's best zone not yet tried in this walk, or the same zone again for a `same_zone` retry
+    in the same tier."""
+    spec = job.spec
+    assert spec is not None
+    tier = _spot_tier_to_return_to(job, now, ctx)
+    tier = tier if tier is not None else _next_tier(job, now)
     if tier is not None:
-        job, zone_index = replace(job, tier_index=tier, capacity_round=0), 0
+        job, zone_index, same_zone = replace(job, tier_index=tier, capacity_round=0), 0, False
+    zones, outlook = _tier(job).zones, ctx.outlook
+    placement, mtbi = "", None
+    if outlook is not None:
+        if _ranked(job) and not same_zone:
+            placed, placement = _best_untried(job, now, ctx)
+            zone_index = zones.index(placed.zone)
+        else:
+            why = "the same zone: a crash says nothing of the zone" if same_zone else "list order (placement ordered)"
+            placement = f"{zones[zone_index]}: {why}"
+        mtbi = outlook.mtbi_s(zones[zone_index], machine_kind(spec), _tier(job).provisioning, now)
     n = job.current.n + 1 if job.current else 1
-    zone = _tier(job).zones[zone_index]
-    attempt = Attempt(n=n, zone=zone, machine=machine_name(job.job_id, n), requested_at=now, tier=job.tier_index)
+    attempt = Attempt(
+        n=n,
+        zone=zones[zone_index],
+        machine=machine_name(job.job_id, n),
+        requested_at=now,
+        tier=job.tier_index,
+        placement=placement,
+        mtbi_s=mtbi,
+    )
     return replace(job.with_attempt(attempt), zone_index=zone_index, next_attempt_at=None), attempt
 
 
 def _create(job: Job, attempt: Attempt) -> CreateMachine:
-    return CreateMachine(job.job_id, attempt.n, attempt.machine, attempt.zone, deadline=job.deadline, tier=attempt.tier)
+    return CreateMachine(
+        job.job_id,
+        attempt.n,
+        attempt.machine,
+        attempt.zone,
+        deadline=job.deadline,
+        tier=attempt.tier,
+        mtbi_s=attempt.mtbi_s,
+    )
+
+
+# -- placement: which zone, and when a fallback goes back to Spot ----------------------------------------------------
+
+
+def _ranked(job: Job) -> bool:
+    return job.spec is not None and job.spec.placement == "ranked"
+
+
+def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
+    """The current tier's zones, best first by the outlook; a zone that just interrupted the job is penalised (the
+    newest end of a preempted or lost attempt of the job there)."""
+    spec, tier, outlook = job.spec, _tier(job), ctx.outlook
+    assert spec is not None and outlook is not None
+    interrupted = {a.zone: a.ended_at for a in job.attempts if a.end_reason in COUNTED_AS_PREEMPTION and a.ended_at}
+    ranking = outlook.rank(
+        tier.zones,
+        now,
+        machine_type=machine_kind(spec),
+        provisioning=tier.provisioning,
+        list_price_per_hour=rate_per_h(tier.provisioning, machine_price(dict(spec.machine.__dict__))),
+        restart_cost_s=ctx.policy.restart_cost_s,
+        just_interrupted=interrupted,
+    )
+    return ranking.placed
+
+
+def _best_untried(job: Job, now: float, ctx: Context) -> tuple[Placed, str]:
+    """The best-ranked zone not tried in the current walk of stockouts, and the one-line reason: its figures, the
+    runner-up's, the zones skipped as tried, and what the outlook lacked."""
+    assert ctx.outlook is not None
+    placed = _ranking(job, now, ctx)
+    tried = _tried_in_walk(job)
+    untried = [p for p in placed if p.zone not in tried] or list(placed)
+    best = untried[0]
+    reason = f"{best.reason}"
+    if len(untried) > 1:
+        reason += f"; runner-up {untried[1].zone} at {untried[1].score:.3f} useful h/$"
+    if tried:
+        reason += f"; no capacity this walk in {', '.join(sorted(tried))}"
+    notes = [n for n in (ctx.outlook.note, _advice_note(job, ctx)) if n]
+    return best, reason + "".join(f"; {n}" for n in notes)
+
+
+def _advice_note(job: Job, ctx: Context) -> str | None:
+    assert job.spec is not None and ctx.outlook is not None
+    advice = ctx.outlook.advice.get((machine_kind(job.spec), _tier(job).provisioning))
+    return advice.note if advice is not None else None
+
+
+def _tried_in_walk(job: Job) -> set[str]:
+    """The zones of the current tier that found no capacity since the last full walk of its zones."""
+    walk = _no_capacity_streak(job) % len(_tier(job).zones)
+    return {a.zone for a in job.attempts[len(job.attempts) - walk :]} if walk else set()
+
+
+def _spot_tier_to_return_to(job: Job, now: float, ctx: Context) -> int | None:
+    """The first Spot tier, when a job on a later tier that is not Spot goes back to it: the tier's
+    back_to_spot_after has passed since the job came to it, the Spot tier's deadline rule would not move it on again
+    at once, and the outlook expects Spot's best zone to last at least Policy.spot_min_mtbi_s. Never without an
+    outlook."""
+    spec = job.spec
+    if ctx.outlook is None or spec is None:
+        return None
+    tier = _tier(job)
+    if tier.provisioning in SPOT_MODELS or tier.back_to_spot_after_s is None:
+        return None
+    spot = next((i for i, t in enumerate(spec.all_tiers[: job.tier_index]) if t.provisioning in SPOT_MODELS), None)
+    if spot is None or now - _on_tier_since(job, now) < tier.back_to_spot_after_s:
+        return None
+    spot_tier = spec.all_tiers[spot]
+    if spot_tier.deadline_within_s is not None and job.deadline - now <= spot_tier.deadline_within_s:
+        return None
+    best = _ranking(replace(job, tier_index=spot), now, ctx)[0]
+    return spot if best.mtbi_s >= ctx.policy.spot_min_mtbi_s else None
+
+
+def _stint(job: Job) -> tuple[Attempt, ...]:
+    """The attempts since the job last went back to Spot: within a stint, tiers only move forward."""
+    attempts, start = job.attempts, 0
+    for i in range(1, len(attempts)):
+        if attempts[i].tier < attempts[i - 1].tier:
+            start = i
+    return attempts[start:]
+
+
+def _on_tier_since(job: Job, now: float) -> float:
+    """When the job came to its current tier: the request of the stint's first attempt on it (`now` if none yet)."""
+    return next((a.requested_at for a in _stint(job) if a.tier == job.tier_index), now)
+
+
+def _tier_name(job: Job) -> str:
+    return f"the {_tier(job).provisioning} tier"
 
 
 def _tier(job: Job) -> Tier:
@@ -595,7 +791,7 @@ def _next_tier(job: Job, now: float) -> int | None:
 
 
 def _moves_on(job: Job, tier: Tier, index: int, now: float) -> bool:
-    mine = [a for a in job.attempts if a.tier == index]
+    mine = [a for a in _stint(job) if a.tier == index]
     if tier.after_preemptions is not None:
         preempted = sum(a.end_reason in COUNTED_AS_PREEMPTION for a in mine)
         if preempted >= tier.after_preemptions:

@@ -32,10 +32,10 @@ class JobSubmitted(Stamped):
 
 @dataclass(frozen=True)
 class JobRejected(Stamped):
-    """A job message that failed validation. job_id is set when it was usable."""
+    """A job message that failed validation."""
 
-    job_id: str | None
-    error: str
+    job_id: str | None  # None: the message named no usable job id, so no record can say why
+    error: str  # one line: the field, what was wrong, what is allowed
 
 
 @dataclass(frozen=True)

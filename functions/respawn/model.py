@@ -65,7 +65,8 @@ TRANSITIONS: dict[Status | None, dict[Status, str]] = {
         **_ENDINGS,
     },
     Status.RUNNING: {
-        Status.RECOVERING: "preempted, lost, hung or crashed: a replacement is requested",
+        Status.RECOVERING: "preempted, lost, hung or crashed, or back to Spot from a fallback tier: a replacement is "
+        "requested",
         Status.SUCCEEDED: "the trainer reported `completed`",
         **_ENDINGS,
     },
@@ -167,6 +168,9 @@ class Tier:
     after_preemptions: int | None = None  # move on once this tier's machines were preempted this often
     after_stockout_s: int | None = None  # ... once this tier found no capacity anywhere for this long
     deadline_within_s: int | None = None  # ... once the job's TTL deadline is this close
+    # A later tier that is not Spot: how long the job stays on it before it may go back to the first Spot tier
+    # (decide's back-to-Spot rule, when the outlook expects Spot to last); None: it never goes back.
+    back_to_spot_after_s: int | None = 2 * 3600
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "zones": list(self.zones)}
@@ -197,6 +201,7 @@ class JobSpec:
     hang_timeout_s: int | None = 30 * 60  # a RUNNING attempt without progress this long is hung; None: off
     tiers: tuple[Tier, ...] = ()  # () = one tier of `provisioning` in `zones`; else zones/provisioning are tier 0's
     max_run_duration_s: int | None = None  # provisioning flex-start: as Tier's; with tiers, tier 0's
+    placement: str = "ranked"  # ranked: zones by the outlook (decide); ordered: the list's order, same zone again
 
     @property
     def all_tiers(self) -> tuple[Tier, ...]:
@@ -240,6 +245,7 @@ class JobSpec:
             hang_timeout_s=d.get("hang_timeout_s"),
             tiers=tuple(Tier.from_dict(t) for t in d.get("tiers", ())),
             max_run_duration_s=d.get("max_run_duration_s"),
+            placement=d.get("placement", "ranked"),
         )
 
 
@@ -301,6 +307,7 @@ class EndReason(enum.StrEnum):
     CANCELLED = "cancelled"  # the user cancelled the job
     EXPIRED = "expired"  # the job's TTL ran out
     ERROR = "error"  # the create call failed for good (a permanent API error): the job FAILED
+    BACK_TO_SPOT = "back-to-spot"  # a fallback tier's machine ended to go back to Spot: not a preemption nor a failure
 
 
 # The zone had no machine for us: these drive the walk to the next zone and count as capacity errors.
@@ -330,6 +337,8 @@ class Attempt:
     machine_deleted: bool = False
     checkpoint_at: float | None = None  # time of the newest `checkpoint` / `stopped` entry: a save completed
     goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
+    placement: str = ""  # why this zone: the chosen zone's figures and the runner-up ("" without an outlook)
+    mtbi_s: float | None = None  # the outlook's expected seconds to interruption of its zone, handed to the machine
 
     def __post_init__(self) -> None:
         if self.end_reason is not None and not isinstance(self.end_reason, EndReason):  # as read back from JSON
@@ -349,8 +358,9 @@ class Counters:
 
 @dataclass(frozen=True)
 class Job:
-    """The job record. `pending` (machine actions) and `outbox` (status notices) hold intent persisted before its
-    side effects, owned by the handler whose lease (`pending_lease_until`) is live."""
+    """The job record. `pending` (machine actions), `outbox` (status notices) and `observations` (what ended attempts
+    add to the preemption history) hold intent persisted before its side effects, owned by the handler whose lease
+    (`pending_lease_until`) is live."""
 
     job_id: str
     spec: JobSpec | None  # None only for REJECTED records
@@ -360,7 +370,8 @@ class Job:
     reason: str = ""  # human-readable reason for the current status
     attempts: tuple[Attempt, ...] = ()
     counters: Counters = field(default_factory=Counters)
-    tier_index: int = 0  # index into spec.all_tiers: the tier the next create uses (only ever moves forward)
+    # index into spec.all_tiers: the tier the next create uses (moves forward, and back only to the first Spot tier)
+    tier_index: int = 0
     zone_index: int = 0  # index into the tier's zones for the next create
     capacity_round: int = 0  # full walks of the zone list that met no capacity (drives backoff)
     next_attempt_at: float | None = None  # capacity backoff: create no sooner than this
@@ -368,6 +379,8 @@ class Job:
     pending_lease_until: float | None = None
     outbox: tuple[dict[str, Any], ...] = ()  # status notices not yet published (respawn.notices), under the lease
     seen_events: tuple[str, ...] = ()  # bounded, newest last
+    # ended attempts' evidence for the preemption history (respawn.placement.Observation dicts), under the lease
+    observations: tuple[dict[str, Any], ...] = ()
     result: dict[str, Any] = field(default_factory=dict)  # completed: final_step, final_loss, params_sha256
 
     @property
@@ -393,6 +406,7 @@ class Job:
         d["counters"] = dict(self.counters.__dict__)
         d["pending"] = [dict(p) for p in self.pending]
         d["outbox"] = [dict(n) for n in self.outbox]
+        d["observations"] = [dict(o) for o in self.observations]
         d["seen_events"] = list(self.seen_events)
         d["result"] = dict(self.result)
         d["hosts"] = self.spec.machine.hosts if self.spec else None  # shown, not read back: the spec decides
@@ -416,6 +430,7 @@ class Job:
             pending=tuple(d.get("pending", ())),
             pending_lease_until=d.get("pending_lease_until"),
             outbox=tuple(d.get("outbox", ())),
+            observations=tuple(d.get("observations", ())),
             seen_events=tuple(d.get("seen_events", ())),
             result=d.get("result", {}),
         )

@@ -84,12 +84,13 @@ class OneJob:
             if event_id in job.seen_events:
                 return Outcome(Result.DUPLICATE, (job_id,), tuple(done))
         judged = self._as_judged(event, read)
-        new, actions = decide(job, judged, now, self.policy)
+        spec = judged.spec if isinstance(judged, JobSubmitted) else job.spec if job is not None else None
+        new, actions = decide(job, judged, now, self.policy, outlook=self.acting.outlook(now, judged, spec))
         if new is None or (new == job and not actions):
             return None if read.cached else Outcome(_result_of_no_change(job, judged), (job_id,), tuple(done))
         intent = self.acting.intent(job, new, actions, now)
         generation = self.records.save(intent, read.generation)
-        if actions or intent.outbox:
+        if has_intent(intent):
             _, acted = self.acting.carry_out(intent, generation, actions, now)
             done += acted
         return Outcome(Result.APPLIED, (job_id,), tuple(done))

@@ -14,6 +14,10 @@ model (checkpoint every sqrt(2 * checkpoint_cost * MTBI); waste = checkpoint_cos
 the restart cost and half an interval of lost work), over the price. A zone that just interrupted this job is
 penalised by a factor that fades with a half-life (interruptions cluster: a zone that just preempted one machine
 tends to preempt the next soon after). Ties keep the given zone order.
+
+`Outlook` is what decide reads: the history plus, for GPU machine types, what Google's Advice API said (an estimated
+uptime that enters a zone's MTBI as extra prior evidence, a price that replaces the list price). Every figure in a
+ranking's reason names its source.
 """
 
 from __future__ import annotations
@@ -23,8 +27,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from respawn.model import GpuMachine, JobSpec
+
 HOUR = 3600.0
 DAY = 24 * HOUR
+# Where a price comes from when the Advice API gave none (respawn.prices' table).
+LIST_PRICE = "list price 2025-06"
+# How many interruptions' worth of evidence an Advice API uptime estimate counts for in a zone's MTBI.
+ADVICE_WEIGHT = 1.0
+
+
+def machine_kind(spec: JobSpec) -> str:
+    """The history key's machine type of a job: a TPU's accelerator type (`v6e-8`), a GPU's machine type
+    (`a3-highgpu-8g`). Both say exactly what the cloud takes back on a preemption."""
+    machine = spec.machine
+    return machine.machine_type if isinstance(machine, GpuMachine) else machine.accelerator_type
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,36 @@ class Exposure:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """What one ended attempt adds to the history: its machine time and whether it was interrupted. `id` (JOB/N)
+    makes adding it idempotent: a history remembers the ids it has counted (History.seen)."""
+
+    id: str
+    key: Key
+    seconds: float
+    interruptions: int
+    at: float  # when the attempt ended
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "key": self.key.text(),
+            "seconds": self.seconds,
+            "interruptions": self.interruptions,
+            "at": self.at,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Observation:
+        return Observation(
+            str(d["id"]), Key.parse(str(d["key"])), float(d["seconds"]), int(d["interruptions"]), float(d["at"])
+        )
+
+
+SEEN_MAX = 1024  # observation ids a history remembers: far more than can wait in the records at once
+
+
+@dataclass(frozen=True)
 class History:
     """The preemption history of a deployment: per key, its decayed exposure, and the parameters that read it."""
 
@@ -68,6 +115,7 @@ class History:
     half_life_s: float = 3 * DAY
     prior_interruptions: float = 1.0
     prior_hours: float = 24.0
+    seen: tuple[str, ...] = ()  # the newest SEEN_MAX observation ids counted, newest last
 
     def __post_init__(self) -> None:
         for name in ("half_life_s", "prior_interruptions", "prior_hours"):
@@ -79,8 +127,25 @@ class History:
         if seconds < 0 or interruptions < 0:
             raise ValueError(f"observation of {key.text()}: seconds and interruptions must be >= 0")
         old = self.exposures.get(key, Exposure(0.0, 0.0, now)).decayed_to(now, self.half_life_s)
-        new = Exposure(old.seconds + seconds, old.interruptions + interruptions, old.at)
+        late = Exposure(float(seconds), float(interruptions), now).decayed_to(old.at, self.half_life_s)
+        new = Exposure(old.seconds + late.seconds, old.interruptions + late.interruptions, old.at)
         return replace(self, exposures={**self.exposures, key: new})
+
+    def record(self, observations: Sequence[Observation]) -> History:
+        """The history with each observation not counted yet: a duplicate (its id seen) changes nothing, and evidence
+        older than the key's newest is decayed to it, so any order of the same observations gives the same counts."""
+        history, seen = self, list(self.seen)
+        for observation in observations:
+            if observation.id in seen:
+                continue
+            history = history.observe(
+                observation.key,
+                observation.at,
+                seconds=observation.seconds,
+                interruptions=observation.interruptions,
+            )
+            seen.append(observation.id)
+        return history if history is self else replace(history, seen=tuple(seen[-SEEN_MAX:]))
 
     def exposure(self, key: Key, now: float) -> Exposure:
         """The key's evidence as of `now` (zero when never observed)."""
@@ -107,6 +172,7 @@ class History:
             "half_life_s": self.half_life_s,
             "prior_interruptions": self.prior_interruptions,
             "prior_hours": self.prior_hours,
+            "seen": list(self.seen),
             "exposures": {
                 key.text(): {"seconds": e.seconds, "interruptions": e.interruptions, "at": e.at}
                 for key, e in sorted(self.exposures.items(), key=lambda item: item[0].text())
@@ -124,6 +190,7 @@ class History:
             half_life_s=float(d.get("half_life_s", 3 * DAY)),
             prior_interruptions=float(d.get("prior_interruptions", 1.0)),
             prior_hours=float(d.get("prior_hours", 24.0)),
+            seen=tuple(str(i) for i in d.get("seen", ())),
         )
 
 
@@ -137,21 +204,126 @@ def useful_fraction(mtbi_s: float, checkpoint_cost_s: float, restart_cost_s: flo
 
 
 @dataclass(frozen=True)
+class ZoneAdvice:
+    """What Google's Advice API said of one zone for one machine type and provisioning model."""
+
+    estimated_uptime_s: float | None = None  # expected seconds a Spot VM runs before it is preempted
+    obtainability: float | None = None  # 0..1: how likely a create gets a machine now
+    price_per_hour: float | None = None  # newest price of the capacity history, where it answers
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What the Advice API said for one (machine type, provisioning model), or why it said nothing (`note`)."""
+
+    zones: Mapping[str, ZoneAdvice]
+    fetched_at: float
+    note: str | None = None  # e.g. "Advice API does not cover TPUs; history only"
+
+
+@dataclass(frozen=True)
 class Placed:
-    """One zone in a ranking, with its score (useful hours per dollar after the penalty) and why."""
+    """One zone in a ranking, with its score (useful hours per dollar after the penalty), its figures and why."""
 
     zone: str
     score: float
     reason: str
+    mtbi_s: float = 0.0
+    useful: float = 0.0
+    price_per_hour: float = 0.0
 
 
 @dataclass(frozen=True)
 class Ranking:
     placed: tuple[Placed, ...]
+    note: str | None = None  # what the ranking lacked (advice unavailable, history unreadable), said once
 
     @property
     def zones(self) -> tuple[str, ...]:
         return tuple(p.zone for p in self.placed)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """History + advice + prices: everything decide reads to rank zones. Pure data, built by the service."""
+
+    history: History = field(default_factory=History)
+    advice: Mapping[tuple[str, str], Advice] = field(default_factory=dict)  # (machine_type, provisioning) -> Advice
+    note: str | None = None  # why the history is missing (e.g. the store could not be read)
+    checkpoint_cost_s: float = 30.0  # seconds one checkpoint save costs, for the Young/Daly useful fraction
+    penalty: float = 0.8  # how much a zone that just interrupted the job loses, fading with penalty_half_life_s
+    penalty_half_life_s: float = HOUR
+
+    def _zone_advice(self, zone: str, machine_type: str, provisioning: str) -> ZoneAdvice | None:
+        advice = self.advice.get((machine_type, provisioning))
+        return advice.zones.get(zone) if advice is not None else None
+
+    def mtbi_s(self, zone: str, machine_type: str, provisioning: str, now: float) -> float:
+        """Expected seconds to the next interruption: the history's posterior, with an Advice API uptime estimate
+        added as ADVICE_WEIGHT interruptions' worth of prior evidence at that uptime."""
+        key = Key(zone, machine_type, provisioning)
+        history = self.history
+        seen = history.exposure(key, now)
+        seconds = history.prior_interruptions * history.pooled_mtbi_s(machine_type, provisioning, now) + seen.seconds
+        interruptions = history.prior_interruptions + seen.interruptions
+        said = self._zone_advice(zone, machine_type, provisioning)
+        if said is not None and said.estimated_uptime_s is not None and said.estimated_uptime_s > 0:
+            seconds, interruptions = seconds + ADVICE_WEIGHT * said.estimated_uptime_s, interruptions + ADVICE_WEIGHT
+        return seconds / interruptions
+
+    def rank(
+        self,
+        zones: Sequence[str],
+        now: float,
+        *,
+        machine_type: str,
+        provisioning: str,
+        list_price_per_hour: float | Mapping[str, float] | None,
+        restart_cost_s: float,
+        just_interrupted: Mapping[str, float] | None = None,
+    ) -> Ranking:
+        """`zones` best first by expected useful training per dollar; `just_interrupted` maps a zone to when it
+        last interrupted this job, which scales its score by 1 - penalty * 0.5 ** (age / penalty_half_life_s).
+        An Advice API price replaces the list price; without either every zone costs the same (ranked by useful
+        fraction alone). Equal scores keep the order of `zones`. Each reason names its figures' sources."""
+        if not 0 <= self.penalty <= 1:
+            raise ValueError(f"placement penalty: {self.penalty!r} must be between 0 and 1")
+        recent = just_interrupted or {}
+        advice = self.advice.get((machine_type, provisioning))
+        placed = []
+        for zone in zones:
+            said = advice.zones.get(zone) if advice is not None else None
+            listed = list_price_per_hour.get(zone) if isinstance(list_price_per_hour, Mapping) else list_price_per_hour
+            if said is not None and said.price_per_hour is not None and said.price_per_hour > 0:
+                price, price_source = said.price_per_hour, "advice"
+            elif listed is not None:
+                price, price_source = listed, LIST_PRICE
+            else:
+                price, price_source = 1.0, "no price"
+            if not price > 0:
+                raise ValueError(f"placement price_per_hour of {zone}: {price!r} must be a positive number")
+            key = Key(zone, machine_type, provisioning)
+            mtbi, seen = self.mtbi_s(zone, machine_type, provisioning, now), self.history.exposure(key, now)
+            useful = useful_fraction(mtbi, self.checkpoint_cost_s, restart_cost_s)
+            uptime = said.estimated_uptime_s if said is not None else None
+            sources = "history" + (f" + advice uptime {uptime / HOUR:.1f}h" if uptime else "")
+            reason = (
+                f"{zone}: MTBI {mtbi / HOUR:.1f}h ({sources}: {seen.interruptions:.1f} interruptions in "
+                f"{seen.seconds / HOUR:.1f} machine-hours, decayed), useful {useful:.0%}"
+            )
+            reason += f" at ${price:.2f}/h ({price_source})" if price_source != "no price" else " (no price known)"
+            if said is not None and said.obtainability is not None:
+                reason += f", obtainability {said.obtainability:.2f} (advice)"
+            factor = 1.0
+            if zone in recent:
+                age = max(0.0, now - recent[zone])
+                factor = 1.0 - self.penalty * 0.5 ** (age / self.penalty_half_life_s)
+                reason += f"; interrupted this job {age / 60:.0f} min ago (x{factor:.2f})"
+            score = useful / price * factor
+            placed.append(Placed(zone, score, f"{reason} -> {score:.3f} useful h/$", mtbi, useful, price))
+        order = sorted(range(len(placed)), key=lambda i: (-placed[i].score, i))
+        notes = [n for n in (self.note, advice.note if advice is not None else None) if n]
+        return Ranking(tuple(placed[i] for i in order), "; ".join(notes) or None)
 
 
 def rank(
@@ -168,30 +340,16 @@ def rank(
     penalty: float = 0.8,
     penalty_half_life_s: float = HOUR,
 ) -> Ranking:
-    """`zones` best first by expected useful training per dollar; `just_interrupted` maps a zone to when it last
-    interrupted this job, which scales its score by 1 - penalty * 0.5 ** (age / penalty_half_life_s). Equal scores
-    keep the order of `zones`."""
-    if not 0 <= penalty <= 1:
-        raise ValueError(f"placement penalty: {penalty!r} must be between 0 and 1")
-    recent = just_interrupted or {}
-    placed = []
-    for zone in zones:
-        price = price_per_hour[zone] if isinstance(price_per_hour, Mapping) else price_per_hour
-        if not price > 0:
-            raise ValueError(f"placement price_per_hour of {zone}: {price!r} must be a positive number")
-        key = Key(zone, machine_type, provisioning)
-        mtbi, seen = history.mtbi_s(key, now), history.exposure(key, now)
-        useful = useful_fraction(mtbi, checkpoint_cost_s, restart_cost_s)
-        reason = (
-            f"{zone}: MTBI {mtbi / HOUR:.1f}h ({seen.interruptions:.1f} interruptions in "
-            f"{seen.seconds / HOUR:.1f} machine-hours, decayed), useful {useful:.0%} at ${price:.2f}/h"
-        )
-        factor = 1.0
-        if zone in recent:
-            age = max(0.0, now - recent[zone])
-            factor = 1.0 - penalty * 0.5 ** (age / penalty_half_life_s)
-            reason += f"; interrupted this job {age / 60:.0f} min ago (x{factor:.2f})"
-        score = useful / price * factor
-        placed.append(Placed(zone, score, f"{reason} -> {score:.3f} useful h/$"))
-    order = sorted(range(len(placed)), key=lambda i: (-placed[i].score, i))
-    return Ranking(tuple(placed[i] for i in order))
+    """The ranking of `zones` on `history` alone (Outlook.rank without advice)."""
+    outlook = Outlook(
+        history, checkpoint_cost_s=checkpoint_cost_s, penalty=penalty, penalty_half_life_s=penalty_half_life_s
+    )
+    return outlook.rank(
+        zones,
+        now,
+        machine_type=machine_type,
+        provisioning=provisioning,
+        list_price_per_hour=price_per_hour,
+        restart_cost_s=restart_cost_s,
+        just_interrupted=just_interrupted,
+    )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
 from respawn.model import Job, JobSpec, MachineState
+from respawn.placement import Advice, History
 
 
 class ProviderError(Exception):
@@ -74,6 +75,17 @@ class JobStore(Protocol):
         """Every job id in the store."""
 
 
+class HistoryStore(Protocol):
+    """The deployment's preemption history (respawn.placement.History): one object, written with compare-and-set."""
+
+    def load(self) -> tuple[History, int]:
+        """(history, generation); (History(), 0) when none was written yet."""
+
+    def save(self, history: History, generation: int) -> int:
+        """Write iff the stored generation is still `generation` (0: create). Returns the new generation.
+        Raises ConflictError otherwise."""
+
+
 class Clock(Protocol):
     def now(self) -> float: ...
 
@@ -91,3 +103,21 @@ class StatusNotifier(Protocol):
     def notify(self, notice: dict[str, Any]) -> None:
         """Publish one notice (respawn.notices). Raises TransientError when a later try may succeed,
         PermanentError when it cannot (no such topic, no permission)."""
+
+
+class Advisor(Protocol):
+    """What Google's Advice API says of a machine type's zones (respawn.placement.Advice); never raises: a failure
+    is an Advice without zones whose `note` says why."""
+
+    def advise(
+        self,
+        project: str,
+        region: str,
+        machine_type: str,
+        provisioning: str,
+        zones: Sequence[str],
+        *,
+        accelerators: Sequence[tuple[str, int]] = (),
+    ) -> Advice:
+        """Advice for `machine_type` (with `accelerators` attached: (accelerator type, count), N1 machine types)
+        under `provisioning` (respawn's word: spot, standard, ...) in `zones` of `region`."""

@@ -10,16 +10,39 @@ multiplied by the chips of the slice; GPU prices are per GPU-hour and cover the 
 only (the host machine type is billed on top and is left out here). Spot prices are dynamic
 (Google may change them up to once every 30 days, always 60-91% below on-demand), so treat
 the figures as indicative: the report prints which row it used.
+
+Where Google's Advice API answers (respawn/adapters/advice.py: the newest Spot list price of the machine type's
+price history), that price is used instead; `Priced` carries a rate with its source, so that every cost printed
+says which it came from: "Advice API price history (DATE)" or "list price table 2025-06". The Advice API's price is
+for the whole machine type (an accelerator-optimized type's GPUs included); the table's GPU rows are the GPUs alone.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from respawn.topology import UnknownTpuType, tpu_topology
 
 PRICES_AS_OF = "2025-06 (us-central1 list prices)"
+LIST_SOURCE = "list price table 2025-06"
+
+
+def advice_source(fetched_at: float) -> str:
+    """The source of a price from the Advice API's price history, dated by when respawn read it (UTC)."""
+    return f"Advice API price history ({time.strftime('%Y-%m-%d', time.gmtime(fetched_at))})"
+
+
+@dataclass(frozen=True)
+class Priced:
+    """An hourly rate and where it comes from (LIST_SOURCE or advice_source(...))."""
+
+    rate_per_h: float
+    source: str
+
+    def text(self) -> str:
+        return f"${self.rate_per_h:.2f}/h ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -98,6 +121,17 @@ def rate_per_h(provisioning: str, price: MachinePrice | None) -> float | None:
     return price.spot_per_h if provisioning in SPOT_MODELS else price.on_demand_per_h
 
 
+def priced(
+    provisioning: str, price: MachinePrice | None, advice_per_h: float | None = None, advice_at: float = 0.0
+) -> Priced | None:
+    """One machine-hour of a tier: the Advice API's price when it gave one (`advice_per_h`, read at `advice_at`),
+    else the table's rate for the provisioning model (rate_per_h); None when neither knows the machine."""
+    if advice_per_h is not None and advice_per_h > 0:
+        return Priced(advice_per_h, advice_source(advice_at))
+    rate = rate_per_h(provisioning, price)
+    return None if rate is None else Priced(rate, LIST_SOURCE)
+
+
 def cost(hours: float, price: MachinePrice | None) -> dict[str, Any] | None:
     """`hours` of machine time at the Spot and at the on-demand price, and which row priced them; None unpriced."""
     if price is None:
@@ -109,4 +143,5 @@ def cost(hours: float, price: MachinePrice | None) -> dict[str, Any] | None:
         "on_demand_per_h": price.on_demand_per_h,
         "priced_as": price.label,
         "prices_as_of": PRICES_AS_OF,
+        "price_source": LIST_SOURCE,
     }

@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from respawn import service_log
-from respawn.acting import Acting
+from respawn.acting import Acting, AdviceSource, Histories
 from respawn.decide import Policy
 from respawn.events import Event, Ignored, JobEvent, JobRejected, JobSubmitted, SweepTicked, ZoneWokeUp
 from respawn.machines import Machines
 from respawn.one_job import OneJob
 from respawn.outcome import InFlight, Outcome, Result, Retryable
-from respawn.ports import Clock, JobStore, MachineProvider, StatusNotifier, TransientError
+from respawn.ports import Clock, HistoryStore, JobStore, MachineProvider, StatusNotifier, TransientError
 from respawn.records import Records
 from respawn.service_settings import ServiceSettings
 from respawn.sweep import Sweep
@@ -51,12 +51,17 @@ class Service:
         notifier: StatusNotifier | None = None,
         *,
         settings: ServiceSettings = DEFAULT_SETTINGS,
+        history: HistoryStore | None = None,
+        advice: AdviceSource | None = None,
     ) -> None:
-        """Without a `notifier` no status notice is kept or published."""
-        self.providers, self.notifier = providers, notifier  # what it was wired with (bootstrap.py)
+        """Without a `notifier` no status notice is kept or published. Without a `history` store no preemption history
+        is kept and decide places machines in list order (no outlook); `advice` adds the Advice API's word on a
+        job's machines to its outlook."""
+        self.providers, self.notifier, self.history = providers, notifier, history  # what it was wired with
         records = Records(store, settings.cached_records)
         machines = Machines(providers)
-        acting = Acting(records, machines, notifier, policy, settings.lease_s)
+        histories = Histories(history, advice=advice) if history is not None else None
+        acting = Acting(records, machines, notifier, policy, settings.lease_s, histories)
         self._one_job = OneJob(records, machines, acting, clock, policy, settings.max_conflicts)
         self._sweep = Sweep(records, machines, self._one_job, clock)
         service_log.ensure_handler()

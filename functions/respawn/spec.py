@@ -47,6 +47,9 @@ IMAGE_RE = re.compile(rf"^{_HOST}?{_PATH}{_TAG}?{_DIGEST}?$")
 FLEX_START = "flex-start"  # Compute Engine's queue for capacity: a GPU, or a TPU with machine.api compute
 PROVISIONING = ("spot", "preemptible", "standard", FLEX_START)
 TIER_PROVISIONING = (*PROVISIONING, "reservation")
+SPOT_PROVISIONING = ("spot", "preemptible")  # the tiers a fallback tier goes back to (back_to_spot_after)
+# ranked: each attempt's zone by the outlook (history, advice, price); ordered: the list's order, the same zone again
+PLACEMENTS = ("ranked", "ordered")
 REQUESTS = ("queued", "node")
 APIS = (API_COMPUTE, API_TPU)
 # Compute Engine's requestValidForDuration, how long an instance insert waits for flex-start capacity, is at most
@@ -718,6 +721,15 @@ TIER = Shape(
             "max_run_duration_s",
             omitted_when_default=True,
         ),
+        # a fallback tier (not Spot): the least time on it before the job may go back to Spot; null: it never does
+        Field(
+            "back_to_spot_after",
+            _optional(parse_ttl),
+            _format_optional_ttl,
+            "back_to_spot_after_s",
+            shown_if=lambda tier: tier.provisioning not in SPOT_PROVISIONING,
+            omitted_when_default=True,
+        ),
         Field("move_on", lambda value, path: value),  # read and written as MOVE_ON, whose fields are the tier's
     ),
     "required in every tier",
@@ -734,6 +746,11 @@ def _tier(value: Any, path: str, *, last: bool) -> Tier:
         _fail(_join(path, "reservation"), "only a reservation tier names a reservation", 'provisioning "reservation"')
     fields["reservation"]
     _run_duration_only_with_flex_start(fields, provisioning)
+    if provisioning in SPOT_PROVISIONING and "back_to_spot_after" in value:
+        problem = "a Spot tier has no Spot to go back to"
+        allowed = "back_to_spot_after on a standard, reservation or flex-start tier"
+        _fail(_join(path, "back_to_spot_after"), problem, allowed)
+    fields["back_to_spot_after"]
     rules = value.get("move_on", {})
     move_on = _Reading(MOVE_ON, rules, _join(path, "move_on"))
     if rules and last:
@@ -794,6 +811,7 @@ SUBMIT = Shape(
             shown_if=_untiered,
             omitted_when_default=True,
         ),
+        Field("placement", _one_of(PLACEMENTS, "a placement"), omitted_when_default=True),
     ),
     "required for action submit",
     tag=("action", "submit"),

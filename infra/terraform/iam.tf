@@ -34,7 +34,7 @@ resource "google_service_account" "build" {
 resource "google_project_iam_custom_role" "orchestrator" {
   role_id     = "respawnOrchestrator"
   title       = "respawn orchestrator"
-  description = "Create, get, list and delete Cloud TPU queued resources and nodes, and Compute Engine TPU and GPU VMs, slice MIGs, their templates and workload policies."
+  description = "Create, get, list and delete Cloud TPU queued resources and nodes, and Compute Engine TPU and GPU VMs, slice MIGs, their templates and workload policies; read the Advice API."
   permissions = [
     # --- Cloud TPU API (machine.api: tpu) ---
     "tpu.nodes.create",
@@ -101,6 +101,13 @@ resource "google_project_iam_custom_role" "orchestrator" {
     "compute.zoneOperations.get",
     "compute.regionOperations.get",
     "compute.globalOperations.get",
+    # --- Compute Engine Advice API (preview): placement advice for GPU machine types, read-only ---
+    # advice.capacity (obtainability, estimated uptime) and advice.capacityHistory (Spot price history), as
+    # respawn/adapters/advice.py calls them. The permission names are those of Google's roles reference (e.g.
+    # iam/docs/roles-permissions/notebooks lists both); that each method checks the one of its own name is how
+    # the public projects using them describe it. Without them respawn places by its history alone and says so.
+    "compute.advice.capacity",
+    "compute.advice.capacityHistory",
   ]
   depends_on = [google_project_service.apis]
 }

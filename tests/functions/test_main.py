@@ -50,6 +50,7 @@ GPU_JOB = {
     "zones": [ZONE, "us-west4-a"],
     "image": "us-docker.pkg.dev/ml-research-4821/respawn/trainer:1",
     "checkpoint_uri": "gs://ml-research-4821-ckpt/runs/llm-small-001",
+    "placement": "ordered",  # the first zone first, as the captured entries name it (ranked: the test below)
 }
 
 
@@ -118,6 +119,19 @@ def test_a_valid_submit_creates_the_machine_and_a_provisioning_record(
     assert job.status == Status.PROVISIONING
     assert not job.pending
     assert error_lines(capsys.readouterr().err) == []
+
+
+def test_a_ranked_gpu_job_is_placed_by_the_advice_api(cloud: CloudApiServer, bucket: str) -> None:
+    """Without `placement: ordered` the function asks the (local) Advice API about the GPU's zones and places the
+    machine where the figures say, citing them in the record."""
+    job_message = {key: value for key, value in GPU_JOB.items() if key != "placement"}
+    assert post("on_job_message", pubsub_event(json.dumps(job_message).encode(), "1010")).status_code == 200
+    job, _ = GcsJobStore(bucket).load("llm-small-001")
+    assert job is not None and job.current is not None
+    creates = [(c.name, c.zone) for c in cloud.calls if c.verb == "create"]
+    assert creates == [("llm-small-001-a1", job.current.zone)]
+    assert job.current.zone in job_message["zones"]
+    assert "(advice)" in job.current.placement and "runner-up" in job.current.placement
 
 
 def test_the_captured_structured_cloudevent_is_accepted(cloud: CloudApiServer, bucket: str) -> None:

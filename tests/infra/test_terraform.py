@@ -185,6 +185,8 @@ COMPUTE_TPU_PATH = {
     "disks": {"create", "setLabels"},
     "images": {"useReadOnly"},
     "subnetworks": {"use", "useExternalIp"},
+    # placement advice for GPU machine types (respawn/adapters/advice.py): read-only
+    "advice": {"capacity", "capacityHistory"},
 }
 
 

@@ -15,8 +15,9 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from respawn.adapters.gcs_store import GcsJobStore, StoreError
+from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore, StoreError
 from respawn.model import Attempt, Job, JobSpec, Status, TpuMachine
+from respawn.placement import History, Key, Observation
 from respawn.ports import ConflictError, TransientError
 
 pytestmark = pytest.mark.emulator
@@ -92,6 +93,25 @@ def test_stale_generation_conflicts(bucket: str) -> None:
 
 def test_list_ids_is_empty_for_an_empty_bucket(bucket: str) -> None:
     assert GcsJobStore(bucket).list_ids() == []
+
+
+def test_the_history_is_one_object_beside_the_records_written_with_compare_and_set(bucket: str) -> None:
+    store = GcsHistoryStore(bucket)
+    assert store.load() == (History(), 0)
+    key = Key("us-central1-a", "v6e-8", "spot")
+    history = History().record([Observation("llm-1/1", key, 3600.0, 1, 100.0)])
+    generation = store.save(history, 0)
+    assert store.load() == (history, generation)
+    with pytest.raises(ConflictError):
+        store.save(History(), 0)  # another handler created it first
+    later = history.record([Observation("llm-1/2", key, 60.0, 0, 200.0)])
+    newer = store.save(later, generation)
+    with pytest.raises(ConflictError):
+        store.save(history, generation)  # a stale generation loses
+    assert store.load() == (later, newer)
+    blob = storage.Client().bucket(bucket).get_blob("placement/history.json")
+    assert blob is not None and json.loads(blob.download_as_text())["seen"] == ["llm-1/1", "llm-1/2"]
+    assert GcsJobStore(bucket).list_ids() == []  # not a record
 
 
 def test_concurrent_writers_lose_no_update(bucket: str) -> None:

@@ -6,8 +6,11 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from respawn.actions import CreateMachine
 
 # bench/ is a folder of scripts, not an installed package: load the script by its path.
 _SPEC = importlib.util.spec_from_file_location(
@@ -57,3 +60,28 @@ def test_a_trace_tells_when_its_zone_next_goes_down() -> None:
     t = Trace("z", 10.0, (1, 1, 0, 1), (2, 2, 2, 6))
     assert t.up(5) and not t.up(25)
     assert t.down_at(0) == 20 and t.down_at(35) == 60  # looped: the next 0 is the next cycle's third tick
+
+
+def test_placement_is_decides_own_through_an_outlook_that_learns(zones: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """respawn hands decide() an Outlook whose history grows from the observations decide leaves, and each machine it
+    asks for carries decide's placement reason; the baselines hand none."""
+    traces = {t.zone: t for t in (Trace.load(p) for p in sorted(zones.glob("*.json")))}
+    outlooks: dict[str, list[Any]] = {"respawn": [], "ordered": []}
+    reasons: dict[str, list[str]] = {"respawn": [], "ordered": []}
+    real = bench_placement.decide
+
+    for policy in outlooks:
+
+        def spy(job: Any, event: Any, now: float, knobs: Any, *, outlook: Any = None, seen: str = policy) -> Any:
+            outlooks[seen].append(outlook)
+            new, actions = real(job, event, now, knobs, outlook=outlook)
+            reasons[seen] += [new.current.placement for a in actions if isinstance(a, CreateMachine)]
+            return new, actions
+
+        monkeypatch.setattr(bench_placement, "decide", spy)
+        simulate(traces, policy, jobs=1, days=1, seed=1, price_per_h=1.0)
+    assert set(outlooks["ordered"]) == {None} and set(reasons["ordered"]) == {""}
+    assert None not in outlooks["respawn"]
+    assert reasons["respawn"] and all(r.startswith(("zone-flaky", "zone-steady")) for r in reasons["respawn"])
+    learned = [sum(e.interruptions for e in o.history.exposures.values()) for o in outlooks["respawn"]]
+    assert learned[0] == 0 and learned[-1] > 0

@@ -219,6 +219,33 @@ def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
     assert "standard" in costs and "0.50" in costs and "$4.80" in costs  # 0.5 h at 8 x $1.20 on-demand
 
 
+def test_status_shows_the_placement_and_why_each_attempt_went_where_it_did() -> None:
+    from respawn.cli import describe
+    from respawn.decide import Policy, decide
+    from respawn.events import JobSubmitted, MachinePreempted, TrainerStarted
+    from respawn.model import JobSpec
+    from respawn.placement import Outlook
+    from respawn.spec import load_job_file, parse_job_message
+
+    T = 1_700_000_000.0
+    spec = parse_job_message(load_job_file(DATA / "job_tpu.yaml"))
+    assert isinstance(spec, JobSpec)
+    events = [
+        JobSubmitted("m1", T, spec),
+        TrainerStarted("s1", T + 100, spec.job_id, 1, None, 10.0),
+        MachinePreempted("p1", T + 200, spec.job_id, 1, f"{spec.job_id}-a1", spec.zones[0], "p"),
+    ]
+    job = None
+    for e in events:
+        job, _ = decide(job, e, e.time, Policy(), outlook=Outlook())
+    assert job is not None
+    text = describe(job, now=T + 300)
+    assert "placement    ranked" in text
+    why = text.split("\nplacement\n")[1].splitlines()
+    assert why[0].startswith(f"  1  {spec.zones[0]}: MTBI 24.0h (history: 0.0 interruptions")
+    assert why[1].startswith(f"  2  {spec.zones[1]}: MTBI") and "runner-up" in why[1]
+
+
 # -- respawn logs -----------------------------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ its MIG and managed instances say."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -427,3 +428,21 @@ def test_a_gpu_vm_boots_from_the_disk_type_its_machine_series_supports(
 ) -> None:
     r = body(gce.instance(create(), job(GpuMachine(machine_type, accelerator, 8))))
     assert r["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{disk}"
+
+
+def test_the_zones_mtbi_goes_to_the_machine_and_the_trainer_of_an_instance_and_of_a_slice(
+    gce: GcpComputeProvider,
+) -> None:
+    placed = replace(create(), mtbi_s=5400.4)
+
+    def metadata(properties: dict[str, Any]) -> dict[str, str]:
+        return {i["key"]: i["value"] for i in properties["metadata"]["items"]}
+
+    for properties in (
+        body(gce.instance(placed, job(tpu("v6e-8")))),
+        body(slices.instance_template(gce.slice(placed, job(tpu("v6e-16")))))["properties"],
+    ):
+        items = metadata(properties)
+        assert items["respawn-mtbi-s"] == "5400" and "-e RESPAWN_MTBI_S=5400 " in items["startup-script"]
+    items = metadata(body(gce.instance(create(), job(tpu("v6e-8")))))
+    assert "respawn-mtbi-s" not in items and "RESPAWN_MTBI_S" not in items["startup-script"]  # no outlook

@@ -508,6 +508,7 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
         "status": job.status.value,
         "pending": [dict(p) for p in job.pending],
         "outbox": [dict(n) for n in job.outbox],
+        "observations": [dict(o) for o in job.observations],
         "seen_events": list(job.seen_events),
         "attempts": [dataclasses.asdict(a) for a in job.attempts],
         "hosts": 1,  # shown for the reader; derived from the spec, not read back

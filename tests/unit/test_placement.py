@@ -6,7 +6,20 @@ import json
 
 import pytest
 
-from respawn.placement import DAY, HOUR, Exposure, History, Key, rank, useful_fraction
+from respawn.model import GpuMachine, JobSpec, TpuMachine
+from respawn.placement import (
+    DAY,
+    HOUR,
+    Advice,
+    Exposure,
+    History,
+    Key,
+    Outlook,
+    ZoneAdvice,
+    machine_kind,
+    rank,
+    useful_fraction,
+)
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 GPU = "a2-highgpu-1g"
@@ -109,3 +122,38 @@ def test_bad_input_names_the_field() -> None:
 def test_exposure_never_grows_with_time() -> None:
     e = Exposure(100.0, 2.0, T0)
     assert e.decayed_to(T0 - 50, DAY) == Exposure(100.0, 2.0, T0)  # a clock behind the evidence decays nothing
+
+
+def test_an_advice_uptime_is_one_more_interruption_of_prior_evidence() -> None:
+    advice = Advice({A: ZoneAdvice(estimated_uptime_s=100 * HOUR)}, fetched_at=T0)
+    outlook = Outlook(History(), advice={(GPU, "spot"): advice})
+    # no history: the prior (24 h per interruption) and the advice (100 h per interruption) average
+    assert outlook.mtbi_s(A, GPU, "spot", T0) == pytest.approx(62 * HOUR)
+    assert outlook.mtbi_s(B, GPU, "spot", T0) == pytest.approx(24 * HOUR)
+    assert outlook.mtbi_s(A, GPU, "standard", T0) == pytest.approx(24 * HOUR)  # advice is per provisioning model
+
+
+def test_an_advice_price_replaces_the_list_price_and_every_figure_names_its_source() -> None:
+    advice = Advice({B: ZoneAdvice(price_per_hour=0.5, obtainability=0.9)}, fetched_at=T0, note="preview API")
+    r = Outlook(History(), advice={(GPU, "spot"): advice}).rank(
+        (A, B), T0, machine_type=GPU, provisioning="spot", list_price_per_hour=1.0, restart_cost_s=60.0
+    )
+    assert r.zones == (B, A) and r.note == "preview API"
+    assert "$0.50/h (advice), obtainability 0.90 (advice)" in r.placed[0].reason
+    assert "$1.00/h (list price 2025-06)" in r.placed[1].reason and "MTBI 24.0h (history:" in r.placed[1].reason
+
+
+def test_without_any_price_zones_rank_by_useful_fraction_and_the_outlook_note_is_said() -> None:
+    h = History().observe(key(A), T0, seconds=HOUR, interruptions=4)
+    r = Outlook(h, note="history unreadable").rank(
+        (A, B), T0, machine_type=GPU, provisioning="spot", list_price_per_hour=None, restart_cost_s=60.0
+    )
+    assert r.zones == (B, A) and r.note == "history unreadable" and "(no price known)" in r.placed[0].reason
+
+
+def test_the_machine_kind_is_the_tpu_accelerator_type_or_the_gpu_machine_type() -> None:
+    def spec(machine: TpuMachine | GpuMachine) -> JobSpec:
+        return JobSpec("j", machine, (A,), "img", "gs://b/c")
+
+    assert machine_kind(spec(TpuMachine("v6e-8", api="compute"))) == "v6e-8"
+    assert machine_kind(spec(GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8))) == "a3-highgpu-8g"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,22 +97,22 @@ def test_a_local_second_reads_as_a_real_minute() -> None:
     assert real_minutes(30, 1.0) == 0.5
 
 
-def run_args(*extra: str) -> object:
+def run_args(*extra: str) -> argparse.Namespace:
     return cli.parser().parse_args(["run", str(REPO / "examples" / "compute-slice.yaml"), *extra])
 
 
-def message() -> dict[str, object]:
+def message() -> dict[str, Any]:
     return cli.load_message(str(REPO / "examples" / "compute-slice.yaml"), [], own_program=True)
 
 
 def test_the_cli_takes_the_profile_for_the_jobs_machine() -> None:
-    t = cli.timings(run_args("--profile", "cloud"), message())  # type: ignore[arg-type]
+    t = cli.timing_options(run_args("--profile", "cloud")).for_job(message())
     assert t.profile == "cloud" and t.machine.docker_install_s > 0  # a v6e-16 slice MIG on Google's image
 
 
 def test_each_timing_option_replaces_the_profiles_figure() -> None:
     ns = run_args("--profile", "cloud", "--creation-delay", "2s", "--image-pull", "500ms", "--boot-delay", "0")
-    t = cli.timings(ns, message())  # type: ignore[arg-type]
+    t = cli.timing_options(ns).for_job(message())
     base = profile("cloud").timings(COMPUTE_TPU)
     assert (t.creation_delay_s, t.machine.image_pull_s, t.machine.boot_s) == (2.0, 0.5, 0.0)
     assert t.machine.docker_install_s == base.machine.docker_install_s  # the others stay the profile's
@@ -118,4 +120,10 @@ def test_each_timing_option_replaces_the_profiles_figure() -> None:
 
 def test_a_bad_profile_is_a_usage_error() -> None:
     with pytest.raises(cli.UsageError, match="allowed: local, cloud"):
-        cli.timings(run_args("--profile", "fast"), message())  # type: ignore[arg-type]
+        cli.timing_options(run_args("--profile", "fast"))
+
+
+def test_a_bad_timing_option_is_refused_before_the_job_file_is_read(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "no-such-job.yaml", "--image-pull", "soon"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("respawn local: error: --image-pull: 'soon' is not a duration") and "\n" not in err

@@ -19,8 +19,11 @@ clock running past leases, backoffs, stuck-creation limits and TTLs.
 
 Checked on every record write: a legal status transition, terminal statuses
 never left (except REJECTED -> PROVISIONING on a valid resubmit), ended attempts
-never reopened, each replacement in the same zone (the next zone after no
-capacity, never before the backoff), max_failures and max_preemptions honoured,
+never reopened, each replacement where its placement puts it (ordered: the same
+zone, the next after no capacity; ranked: an allowed zone, the same after a crash,
+one not yet tried in the walk after no capacity; never before the backoff), tiers
+moving forward by their rules and back only to the first Spot tier after a
+fallback tier's back_to_spot_after, max_failures and max_preemptions honoured,
 counters that tally the attempts' end reasons, and every
 counted preemption or failure caused by the world (a preempted machine, a
 trainer `failed` entry, no acknowledged progress entry within the hang timeout).
@@ -35,7 +38,9 @@ deleted, and a trainer's own result is never replaced (it fills in an exit code'
 At the end of each history every job reaches a terminal status with no machine
 left once the clock passes the TTLs and one sweep runs, and the status notices
 published are the records' status changes, each once, in order (a notice
-repeated, with its id, only after a crash).
+repeated, with its id, only after a crash), and the preemption history (seeded at
+random, changed by other jobs as the history goes on, its store failing at times)
+counts every ended attempt's interruption exactly once.
 
 Depth: random rules alone rarely take a job far (most histories saw no preemption,
 under 5% ended SUCCEEDED). So the first submits are most often delivered at once
@@ -71,11 +76,13 @@ from dataclasses import replace
 import pytest
 from fakes import (
     Crash,
+    CrashingHistoryStore,
     CrashingNotifier,
     CrashingProvider,
     CrashingStore,
     CrashPlan,
     FakeClock,
+    InMemoryHistoryStore,
     InMemoryJobStore,
     RecordingNotifier,
     fake_providers,
@@ -103,6 +110,7 @@ from respawn.events import (
 )
 from respawn.model import (
     LEGAL_TRANSITIONS,
+    Attempt,
     GpuMachine,
     Job,
     JobSpec,
@@ -113,6 +121,7 @@ from respawn.model import (
     machine_name,
     parse_machine_name,
 )
+from respawn.placement import History, Key, Observation, machine_kind
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
 
@@ -133,7 +142,10 @@ DELIVERY_S = 0.001
 
 TPU = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request="queued", queue_timeout_s=600)
 SLICE = TpuMachine("v5litepod-16", "v2-alpha-tpuv5-lite")  # 4 worker VMs
-SPOT_THEN_STANDARD = (Tier("spot", (A, B), after_preemptions=2, after_stockout_s=1200), Tier("standard", (C,)))
+SPOT_THEN_STANDARD = (
+    Tier("spot", (A, B), after_preemptions=2, after_stockout_s=1200),
+    Tier("standard", (C,), back_to_spot_after_s=600),
+)
 GPU = GpuMachine("g2-standard-8", "nvidia-l4", 1)
 
 
@@ -144,11 +156,17 @@ def _spec(
     return replace(JobSpec(job_id, machine, zones, image, uri, ttl_s=ttl_s), **limits)
 
 
-SPECS = {  # short TTLs so that histories reach them; bert fails at its second preemption
+SPECS = {  # short TTLs so that histories reach them; bert fails at its second preemption and keeps the list's order
     "llm": replace(_spec("llm", SLICE, (A, B), 3600, max_failures=2, hang_timeout_s=600), tiers=SPOT_THEN_STANDARD),
-    "bert": _spec("bert", TPU, (B, C, A), 1800, max_failures=3, max_preemptions=1, hang_timeout_s=None),
+    "bert": replace(
+        _spec("bert", TPU, (B, C, A), 1800, max_failures=3, max_preemptions=1, hang_timeout_s=None), placement="ordered"
+    ),
     "vit": _spec("vit", GPU, (A, C), 7200, max_failures=1),
 }
+SPOT = ("spot", "preemptible")
+# The history barely fades within a history of the test, so what it counts can be checked exactly.
+FOREVER = 1e12
+MTBI_HOURS = st.sampled_from([0.5, 2.0, 8.0, 50.0])  # around Policy.spot_min_mtbi_s (4 h): back to Spot or not
 JOB_IDS = st.sampled_from(sorted(SPECS))
 PICK = st.integers(0, 1 << 16)
 
@@ -234,14 +252,22 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         self.clock = FakeClock(T0)
         self.store = InMemoryJobStore()
         self.checked = CheckedStore(self.store, self)
-        self.providers = fake_providers()
+        # Machines come up at once, so the rules that drive a job forward find them READY; slow_create puts a
+        # machine in every state on the way (QUEUED, CREATING, READY, FAILED) where a history asks for it.
+        self.providers = fake_providers(creating_reads=0)
         self.notifier = RecordingNotifier()
         self.changes: dict[str, list[tuple[str | None, str]]] = {}  # job -> status changes written, in order
         self.crashes = 0
         self.republishable: set[str] = set()  # notice ids a crash left published but not cleared
         self.may_repeat = 0
         # Two function instances, each with its own cache of the records it last read or wrote.
-        self.instances = [Service(self.checked, self.providers, self.clock, POLICY, self.notifier) for _ in range(2)]
+        self.history = InMemoryHistoryStore(History(half_life_s=FOREVER))
+        self.seeded = 0.0  # interruptions in the history that no job of this world ended
+        self.history_refused = False  # a drain was refused for good: its observations were dropped
+        self.instances = [
+            Service(self.checked, self.providers, self.clock, POLICY, self.notifier, history=self.history)
+            for _ in range(2)
+        ]
         self.service = self.instances[0]
         self.ids = itertools.count(1)
         self.inbox: list[Event] = []  # published, not yet acknowledged
@@ -297,6 +323,30 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             self.at_once(0, lambda: self.take_back(kind, m, pick, notify=True, vanish=False))
         else:
             self.at_once(0, lambda: self.entry(job, n, "failed", pick))
+
+    @initialize(
+        rates=st.lists(
+            st.tuples(st.sampled_from([A, B, C]), st.sampled_from(sorted(SPECS)), MTBI_HOURS, st.integers(1, 4)),
+            max_size=6,
+        )
+    )
+    def seed_history(self, rates: list[tuple[str, str, float, int]]) -> None:
+        """What other jobs of the deployment saw before this history: per zone and machine, an MTBI."""
+        for zone, job, mtbi_h, interruptions in rates:
+            self.observe_elsewhere(zone, job, mtbi_h, interruptions)
+
+    @rule(zone=st.sampled_from([A, B, C]), job=JOB_IDS, mtbi_h=MTBI_HOURS, interruptions=st.integers(0, 4))
+    def observe_elsewhere(self, zone: str, job: str, mtbi_h: float, interruptions: int) -> None:
+        """Another job's attempt ends and its drain adds it to the history: the outlook varies as the world goes on."""
+        spec = SPECS[job]
+        key = Key(zone, machine_kind(spec), spec.all_tiers[0].provisioning)
+        seconds = mtbi_h * 3600 * max(1, interruptions)
+        history, generation = self.history.load() if not self.history.errors else (None, 0)
+        if history is None:
+            return  # the store is failing right now: the other job's drain retries later, never mind
+        observation = Observation(f"elsewhere/{next(self.ids)}", key, seconds, interruptions, self.clock.now())
+        self.history.save(history.record([observation]), generation)
+        self.seeded += interruptions
 
     @initialize(finish=st.booleans())
     def how_it_ends(self, finish: bool) -> None:
@@ -528,18 +578,26 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             [
                 *("store", "tpu.create", "tpu.delete", "tpu.list", "tpu.get"),
                 *("compute.create", "compute.delete", "compute.list", "notify", "403"),
+                *("history", "history403"),
             ]
         )
     )
     def api_error(self, where: str) -> None:
-        """The next call fails: transiently (503: redelivered later), or for good (403: the job fails)."""
+        """The next call fails: transiently (503: redelivered later), or for good (403: the job fails; the history
+        is read as empty, or its observations dropped)."""
         if where == "403":
             for p in self.providers.values():
                 p.fail_next("create", PermanentError("403 the service account lacks permission"))
             return
+        if where == "history403":
+            self.history.errors.append(PermanentError("403 storage.objects.get denied"))
+            self.history_refused = True
+            return
         error = TransientError(f"503 backend error ({where})")
         if where == "store":
             self.store.errors.append(error)
+        elif where == "history":
+            self.history.errors.append(error)
         elif where == "notify":
             self.notifier.errors.append(error)
         else:
@@ -564,8 +622,10 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         plan = CrashPlan(at=at, before=before)
         crashing = {kind: CrashingProvider(p, plan) for kind, p in self.providers.items()}
         notifier = CrashingNotifier(self.notifier, plan)
+        history = CrashingHistoryStore(self.history, plan)
+        service = Service(CrashingStore(self.checked, plan), crashing, self.clock, POLICY, notifier, history=history)
         try:
-            self.handle(event, Service(CrashingStore(self.checked, plan), crashing, self.clock, POLICY, notifier))
+            self.handle(event, service)
         except Crash:
             self.crashes += 1
             # the notices this crash left both published and still in an outbox: the next handler publishes them again
@@ -623,7 +683,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         """What one acknowledged delivery did to one job whose record had no intent in flight."""
         new, new_generation = peek(self.store, job_id)
         unchanged = new_generation == generation and not touched
-        if old is None or old.pending or old.outbox:
+        if old is None or old.pending or old.outbox or old.observations:
             return
         assert new is not None
         now, live = self.clock.now(), live_attempt(old)
@@ -732,23 +792,8 @@ class ServiceUnderChaos(RuleBasedStateMachine):
                 assert self.clock.now() - last > timeout, (
                     f"{a.machine} hung with progress {self.clock.now() - last:.0f}s ago"
                 )
-        if new.spec is not None:  # where the next machine goes: the same zone, or the next after no capacity
-            assert not new.attempts or new.attempts[0].zone == new.spec.zones[0]
-            tiers = new.spec.all_tiers
-            assert new.tier_index >= max((a.tier for a in new.attempts), default=0), "a tier was left and taken again"
-            for a, b in itertools.pairwise(new.attempts):
-                assert b.tier >= a.tier, f"{b.machine} went back from tier {a.tier} to {b.tier}"
-                if b.tier != a.tier:  # moved on: the next tier's first zone, because its rule held
-                    assert b.zone == tiers[b.tier].zones[0], f"{b.machine} in {b.zone} on tier {b.tier}"
-                    rule = tiers[a.tier]
-                    preempted = sum(x.tier == a.tier and x.end_reason in COUNTED_AS_PREEMPTION for x in new.attempts)
-                    stockout = rule.after_stockout_s is not None and a.end_reason in NO_CAPACITY
-                    assert (rule.after_preemptions is not None and preempted >= rule.after_preemptions) or stockout
-                    continue
-                zones = tiers[a.tier].zones
-                walk = a.end_reason in NO_CAPACITY
-                want = zones[(zones.index(a.zone) + 1) % len(zones)] if walk else a.zone
-                assert b.zone == want, f"{b.machine} in {b.zone} after {a.machine} ended {a.end_reason} in {a.zone}"
+        if new.spec is not None:
+            check_placement(new)
         if old is None or old.status is Status.REJECTED:
             return
         if old.status is Status.PENDING and len(new.attempts) > len(old.attempts):
@@ -782,6 +827,30 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             if self.crashes and self.duplicates:
                 label("a job SUCCEEDED after 2+ preemptions or failures, in a history with crashes and duplicates")
 
+    def check_history(self, records: dict[str, Job | None]) -> None:
+        """Every ended attempt that ran or was interrupted counted in the history once (none, when the store refused
+        a drain for good), and no observation left in a record."""
+        jobs = [job for job in records.values() if job is not None]
+        assert all(job.observations == () for job in jobs), "observations left in a record"
+        history = self.history.history
+        ours = [i for i in history.seen if not i.startswith("elsewhere/")]
+        assert len(ours) == len(set(ours)), f"an observation counted twice: {ours}"
+        ended = {
+            f"{job.job_id}/{a.n}": a
+            for job in jobs
+            for a in job.attempts
+            if a.ended and (a.started_at is not None or a.end_reason in COUNTED_AS_PREEMPTION)
+        }
+        assert set(ours) <= ended.keys(), f"observed what never ended: {set(ours) - ended.keys()}"
+        if self.history_refused:
+            return
+        assert set(ours) == ended.keys(), f"never observed: {ended.keys() - set(ours)}"
+        counted = sum(e.interruptions for e in history.exposures.values()) - self.seeded
+        interrupted = sum(a.end_reason in COUNTED_AS_PREEMPTION for a in ended.values())
+        assert counted == pytest.approx(interrupted, abs=1e-6), f"{counted} interruptions counted, {interrupted} ended"
+        if interrupted:
+            label("the history counted the jobs' own interruptions")
+
     def live_machines(self, job_id: str) -> list[str]:
         return [m.name for _, m in self.machines() if m.state in LIVE and m.name.startswith(f"{job_id}-a")]
 
@@ -810,7 +879,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
         delivered, the clock past every TTL, one sweep: all settled."""
         if sys.exc_info()[0] is not None:  # a step already failed: report that, not this
             return
-        self.store.conflicts, self.store.errors, self.notifier.errors = 0, [], []
+        self.store.conflicts, self.store.errors, self.notifier.errors, self.history.errors = 0, [], [], []
         for p in self.providers.values():
             p.errors.clear()
         if self.finish:  # the trainers still at work complete; their entries wait in the inbox with the rest
@@ -846,12 +915,76 @@ class ServiceUnderChaos(RuleBasedStateMachine):
             once = list({n["id"]: (n["old_status"], n["new_status"]) for n in notices}.values())
             assert once == self.changes.get(job_id, []), f"{job_id}: notices {once}"
         self.label_history()
+        self.check_history({job_id: peek(self.store, job_id)[0] for job_id in SPECS})
         published = Counter(n["id"] for n in self.notifier.notices)
         repeated = {notice_id for notice_id, times in published.items() if times > 1}
         assert repeated <= self.republishable, f"published again without a crash: {repeated - self.republishable}"
         repeats = sum(published.values()) - len(published)
         assert repeats <= self.may_repeat, f"{repeats} notices published again; crashes left {self.may_repeat}"
         assert self.machines() == [], f"machines left after the ttl: {self.machines()}"
+
+
+def check_placement(job: Job) -> None:
+    """Where each attempt went. Ordered: the first zone, the same zone again, the next after no capacity. Ranked: an
+    allowed zone, the same after a crash, one not yet tried in the current walk after no capacity. Tiers move forward
+    by their rules (counted since the job last came back to Spot), and back only to the first Spot tier, from a tier
+    that is not Spot, once the job has been on it for its back_to_spot_after; only such a move ends an attempt
+    `back-to-spot`, and only one whose trainer ran."""
+    assert job.spec is not None
+    tiers, ordered = job.spec.all_tiers, job.spec.placement == "ordered"
+
+    def placed(attempt: Attempt, first: bool) -> None:
+        zones = tiers[attempt.tier].zones
+        assert attempt.zone == zones[0] if ordered and first else attempt.zone in zones, f"{attempt} on {zones}"
+
+    if not job.attempts:
+        return
+    placed(job.attempts[0], True)
+    assert job.tier_index == job.attempts[-1].tier, f"{job.job_id}: tier {job.tier_index} after {job.attempts[-1]}"
+    stint = 0  # the index of the first attempt since the job last came back to Spot
+    for i, (a, b) in enumerate(itertools.pairwise(job.attempts)):
+        rule = tiers[a.tier]
+        if b.tier < a.tier:  # back to Spot
+            spot = next(t for t, tier in enumerate(tiers) if tier.provisioning in SPOT)
+            assert b.tier == spot and rule.provisioning not in SPOT and rule.back_to_spot_after_s is not None, (a, b)
+            since = next(x.requested_at for x in job.attempts[stint : i + 1] if x.tier == a.tier)
+            assert b.requested_at - since >= rule.back_to_spot_after_s, f"{b.machine}: back to Spot too soon"
+            assert a.end_reason != "back-to-spot" or a.started_at is not None, f"{a.machine} never ran"
+            placed(b, True)
+            stint = i + 1
+            label("a job went back to Spot")
+            continue
+        assert a.end_reason != "back-to-spot", f"{a.machine} ended back-to-spot, yet {b.machine} is on tier {b.tier}"
+        if b.tier != a.tier:  # moved on, because the tier's rule held
+            placed(b, True)
+            preempted = sum(x.tier == a.tier and x.end_reason in COUNTED_AS_PREEMPTION for x in job.attempts[stint:])
+            stockout = rule.after_stockout_s is not None and a.end_reason in NO_CAPACITY
+            assert (rule.after_preemptions is not None and preempted >= rule.after_preemptions) or stockout
+            continue
+        zones = rule.zones
+        walk = a.end_reason in NO_CAPACITY
+        if ordered:
+            want = zones[(zones.index(a.zone) + 1) % len(zones)] if walk else a.zone
+            assert b.zone == want, f"{b.machine} in {b.zone} after {a.machine} ended {a.end_reason} in {a.zone}"
+            continue
+        placed(b, False)
+        if a.end_reason in COUNTED_AS_FAILURE:
+            assert b.zone == a.zone, f"{b.machine} left {a.zone} after a crash"
+        elif not walk and b.zone != a.zone:
+            label("a ranked replacement left the zone that took its machine")
+        if walk:
+            tried = tried_in_walk(job.attempts[stint : i + 1], len(zones))
+            assert b.zone not in tried, f"{b.machine} in {b.zone}, tried this walk: {tried}"
+
+
+def tried_in_walk(attempts: tuple[Attempt, ...], zones: int) -> set[str]:
+    """The zones the newest attempts found without capacity since the last full walk of the tier's `zones`."""
+    streak: list[Attempt] = []
+    for x in reversed(attempts):
+        if x.end_reason not in NO_CAPACITY or x.tier != attempts[-1].tier:
+            break
+        streak.append(x)
+    return {x.zone for x in streak[: len(streak) % zones]}
 
 
 EXPLORE = int(os.environ.get("RESPAWN_EXPLORE", "0"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -402,7 +403,7 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     assert str(err) == (
         'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
         "image, args, env, secrets, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers, "
-        "max_run_duration"
+        "max_run_duration, placement"
     )
     err = error_of(with_change("machine.topology", "2x4"))
     assert (
@@ -857,3 +858,42 @@ def test_each_example_job_parses_through_the_api_its_generation_uses(name: str) 
     compute = name == "compute-slice.yaml"  # v6e: Compute Engine; the v5e examples stay on the Cloud TPU API
     assert spec.machine.api == ("compute" if compute else "tpu")
     assert (spec.machine.runtime_version is None) == compute
+
+
+# ---------------------------------------------------------------------------- placement and back to Spot
+
+
+def test_placement_is_ranked_unless_the_job_says_ordered() -> None:
+    assert parse_job_message(tpu_message()).placement == "ranked"  # type: ignore[union-attr]
+    spec = parse_job_message(with_change("placement", "ordered"))
+    assert isinstance(spec, JobSpec) and spec.placement == "ordered"
+    assert spec_to_message(spec)["placement"] == "ordered" and "placement" not in spec_to_message(replace_ranked(spec))
+    assert parse_job_message(json.loads(json.dumps(spec_to_message(spec)))) == spec
+    err = error_of(with_change("placement", "random"))
+    assert err.field == "placement" and "ranked, ordered" in str(err)
+
+
+def replace_ranked(spec: JobSpec) -> JobSpec:
+    return dataclasses.replace(spec, placement="ranked")
+
+
+def test_a_fallback_tier_goes_back_to_spot_after_two_hours_unless_it_says_otherwise() -> None:
+    msg = tiered()
+    msg["tiers"][1]["back_to_spot_after"] = "30m"
+    msg["tiers"][2]["back_to_spot_after"] = None
+    spec = parse_job_message(msg)
+    assert isinstance(spec, JobSpec)
+    assert [t.back_to_spot_after_s for t in spec.tiers] == [7200, 1800, None]
+    assert parse_job_message(json.loads(json.dumps(spec_to_message(spec)))) == spec
+    assert "back_to_spot_after" not in spec_to_message(spec)["tiers"][0]  # a Spot tier never shows it
+    assert parse_job_message(tiered()).tiers[1].back_to_spot_after_s == 7200  # type: ignore[union-attr]
+
+
+def test_a_spot_tier_has_no_back_to_spot_after() -> None:
+    msg = tiered()
+    msg["tiers"][0]["back_to_spot_after"] = "1h"
+    err = error_of(msg)
+    assert err.field == "tiers[0].back_to_spot_after" and "no Spot to go back to" in str(err)
+    msg = tiered()
+    msg["tiers"][1]["back_to_spot_after"] = "soon"
+    assert error_of(msg).field == "tiers[1].back_to_spot_after"

@@ -59,3 +59,11 @@ def test_a_reservation_tier_asks_for_reserved_capacity_as_gclouds_ga_reserved_do
 def test_other_tiers_name_their_tier_and_no_reservation(provisioning: str, tier: str) -> None:
     got = body(provisioning)
     assert tier in got and "reservationName" not in got
+
+
+def test_a_cloud_tpu_node_carries_the_zones_mtbi_for_its_trainer() -> None:
+    provider = GcpTpuProvider(PROJECT, endpoint="http://127.0.0.1:1")  # never called
+    action = CreateMachine("llm", 1, "llm-a1", ZONE, None, mtbi_s=7200.0)
+    qr = provider.queued_resource(action, spec("spot"))
+    metadata = dict(qr.tpu.node_spec[0].node.metadata)
+    assert metadata["respawn-mtbi-s"] == "7200" and "-e RESPAWN_MTBI_S=7200 " in metadata["startup-script"]

@@ -189,7 +189,7 @@ class GcpComputeProvider:
         """The fields an Instance and an InstanceProperties share (the same names), for one VM of the attempt."""
         zone, tier = action.zone, spec.all_tiers[action.tier]
         run_s = self.run_s(action, spec)
-        metadata = {**machine_metadata(spec, action.attempt), **dict(vm.metadata)}
+        metadata = {**machine_metadata(spec, action.attempt, action.mtbi_s), **dict(vm.metadata)}
         nic = compute_v1.NetworkInterface(network=self.settings.network or DEFAULT_NETWORK)
         if self.settings.external_ips:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]

@@ -1,4 +1,5 @@
-"""GcsJobStore: job records as JSON objects in GCS, written only with compare-and-set.
+"""GcsJobStore: job records as JSON objects in GCS, written only with compare-and-set; GcsHistoryStore: the
+deployment's preemption history (respawn.placement.History), one object in the same bucket, written the same way.
 
 Every write carries `ifGenerationMatch` (0 = create only), so two handlers
 that loaded the same generation cannot both win: the loser gets ConflictError,
@@ -23,6 +24,7 @@ import json
 import secrets
 import time
 import urllib.request
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import urllib3
@@ -32,6 +34,7 @@ from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
 from respawn.model import Job
+from respawn.placement import History
 from respawn.ports import ConflictError, TransientError
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -87,22 +90,18 @@ def _pool(endpoint: str, trust_env: bool) -> urllib3.PoolManager:
     return urllib3.PoolManager(maxsize=16, retries=False, timeout=_TIMEOUT)
 
 
-class GcsJobStore:
-    """JobStore on `gs://BUCKET/PREFIX/JOB_ID.json` (default prefix `respawn/jobs/`)."""
+class _JsonObjects:
+    """JSON objects of one bucket, read with their generation and written with ifGenerationMatch."""
 
-    def __init__(self, bucket: str, client: storage.Client | None = None, prefix: str = "respawn/jobs/") -> None:
+    def __init__(self, bucket: str, client: storage.Client | None = None) -> None:
         self._client = client or storage.Client()
         self._bucket = self._client.bucket(bucket)
-        self._prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.bucket_name = bucket
         endpoint = self._client.api_endpoint.rstrip("/")
         self._objects = f"{endpoint}/storage/v1/b/{quote(bucket, safe='')}/o/"
         self._uploads = f"{endpoint}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
         trust_env = bool(getattr(self._client._http, "trust_env", True))
         self._http = AuthorizedHttp(self._client._credentials, http=_pool(endpoint, trust_env))  # type: ignore[no-untyped-call]
-
-    def _path(self, job_id: str) -> str:
-        return f"{self._prefix}{job_id}.json"
 
     def _call(
         self, what: str, method: str, url: str, body: bytes | None = None, content_type: str = ""
@@ -122,8 +121,8 @@ class GcsJobStore:
                 time.sleep(pause)
         raise TransientError(f"{what}: {problem}")
 
-    def load(self, job_id: str) -> tuple[Job | None, int]:
-        name = self._path(job_id)
+    def _read(self, name: str) -> tuple[Any, int]:
+        """(the object's JSON, its generation); (None, 0) when it does not exist."""
         what = f"reading gs://{self.bucket_name}/{name}"
         response = self._call(what, "GET", f"{self._objects}{quote(name, safe='')}?alt=media")
         if response.status == 404:
@@ -131,19 +130,37 @@ class GcsJobStore:
         if response.status != 200:
             raise StoreError(f"{what}: {response.status} {_text(response)}")
         # The download names the generation of exactly the bytes it returned.
-        return Job.from_dict(json.loads(response.data)), int(response.headers["x-goog-generation"])
+        return json.loads(response.data), int(response.headers["x-goog-generation"])
 
-    def save(self, job: Job, generation: int) -> int:
-        name = self._path(job.job_id)
+    def _write(self, name: str, value: Any, generation: int, conflict: str) -> int:
+        """Write iff the object is still at `generation` (0: create); ConflictError saying `conflict` otherwise."""
         what = f"writing gs://{self.bucket_name}/{name}"
-        record = json.dumps(job.to_dict(), separators=(",", ":"), sort_keys=True).encode()
+        data = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
         query = urlencode({"uploadType": "multipart", "ifGenerationMatch": str(generation)})
-        response = self._call(what, "POST", f"{self._uploads}?{query}", *_multipart(name, record))
+        response = self._call(what, "POST", f"{self._uploads}?{query}", *_multipart(name, data))
         if response.status == 412:
-            raise ConflictError(f"{job.job_id}: the record is no longer at generation {generation}")
+            raise ConflictError(f"{conflict} is no longer at generation {generation}")
         if response.status != 200:
             raise StoreError(f"{what}: {response.status} {_text(response)}")
         return int(json.loads(response.data)["generation"])
+
+
+class GcsJobStore(_JsonObjects):
+    """JobStore on `gs://BUCKET/PREFIX/JOB_ID.json` (default prefix `respawn/jobs/`)."""
+
+    def __init__(self, bucket: str, client: storage.Client | None = None, prefix: str = "respawn/jobs/") -> None:
+        super().__init__(bucket, client)
+        self._prefix = prefix if prefix.endswith("/") else prefix + "/"
+
+    def _path(self, job_id: str) -> str:
+        return f"{self._prefix}{job_id}.json"
+
+    def load(self, job_id: str) -> tuple[Job | None, int]:
+        record, generation = self._read(self._path(job_id))
+        return (None, 0) if record is None else (Job.from_dict(record), generation)
+
+    def save(self, job: Job, generation: int) -> int:
+        return self._write(self._path(job.job_id), job.to_dict(), generation, f"{job.job_id}: the record")
 
     def list_ids(self) -> list[str]:
         try:
@@ -152,3 +169,17 @@ class GcsJobStore:
         except _TRANSIENT as e:
             raise TransientError(f"listing gs://{self.bucket_name}/{self._prefix}: {e}") from e
         return sorted(n[len(self._prefix) : -len(".json")] for n in names if n.endswith(".json"))
+
+
+class GcsHistoryStore(_JsonObjects):
+    """HistoryStore on `gs://BUCKET/placement/history.json`: one small object every decision that places a machine
+    reads (through the service's cache) and every drain of observations rewrites under compare-and-set."""
+
+    NAME = "placement/history.json"
+
+    def load(self) -> tuple[History, int]:
+        value, generation = self._read(self.NAME)
+        return (History(), 0) if value is None else (History.from_json(value), generation)
+
+    def save(self, history: History, generation: int) -> int:
+        return self._write(self.NAME, history.to_json(), generation, "the preemption history")

@@ -70,9 +70,16 @@ def progress_s(spec: JobSpec) -> int:
     return 60 if spec.hang_timeout_s is None else max(10, min(60, spec.hang_timeout_s // 4))
 
 
-def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
-    """The container's environment (respawn/machine.py): the job's env, then respawn's."""
-    return machine_trainer_env(
+# The expected seconds to interruption of the machine's zone (the placement outlook's, CreateMachine.mtbi_s): the
+# trainer's Young/Daly checkpoint interval comes from it. A job's env cannot set it (RESPAWN_ names are reserved).
+MTBI_ENV = "RESPAWN_MTBI_S"
+MTBI_METADATA = "respawn-mtbi-s"
+
+
+def trainer_env(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> list[tuple[str, str]]:
+    """The container's environment (respawn/machine.py): the job's env, then respawn's, and the zone's MTBI when
+    the placement outlook gave one."""
+    env = machine_trainer_env(
         kind=spec.machine.kind,
         job_id=spec.job_id,
         attempt=attempt,
@@ -80,6 +87,11 @@ def trainer_env(spec: JobSpec, attempt: int) -> list[tuple[str, str]]:
         progress_s=progress_s(spec),
         env=spec.env,
     )
+    return env if mtbi_s is None else [*env, (MTBI_ENV, _seconds(mtbi_s))]
+
+
+def _seconds(mtbi_s: float) -> str:
+    return str(max(1, round(mtbi_s)))
 
 
 # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables in
@@ -92,14 +104,16 @@ CLOUD_LOGS = ("--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTE
 LOCAL_LOGS = ("--log-driver=json-file", "--log-opt=max-size=100m", "--log-opt=max-file=3")
 
 
-def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS) -> list[str]:
+def docker_run_argv(
+    spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_LOGS, mtbi_s: float | None = None
+) -> list[str]:
     if spec.image.startswith("-"):
         raise ValueError(f"image: {spec.image!r} starts with '-'; allowed: a container image reference")
     gpu = isinstance(spec.machine, GpuMachine)
     argv = ["docker", "run", "--rm", "--name", CONTAINER, "--net=host"]
     argv += ["--gpus", "all"] if gpu else ["--privileged"]  # TPU VMs expose the chips as /dev/accel*
     argv += logs
-    for key, value in trainer_env(spec, attempt):
+    for key, value in trainer_env(spec, attempt, mtbi_s):
         argv += ["-e", f"{key}={value}"]
     if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
         argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
@@ -108,10 +122,11 @@ def docker_run_argv(spec: JobSpec, attempt: int, logs: tuple[str, ...] = CLOUD_L
     return [*argv, spec.image, *spec.args]
 
 
-def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
-    """TPU node `metadata` map / GCE metadata items."""
+def machine_metadata(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> dict[str, str]:
+    """TPU node `metadata` map / GCE metadata items; `mtbi_s`, the placement outlook's expected seconds to
+    interruption of the machine's zone, as `respawn-mtbi-s` and in the trainer's environment."""
     return {
-        "startup-script": startup_script(spec, attempt),
+        "startup-script": startup_script(spec, attempt, mtbi_s),
         "shutdown-script": shutdown_script(spec),
         "respawn-job-id": spec.job_id,
         "respawn-attempt": str(attempt),
@@ -121,6 +136,7 @@ def machine_metadata(spec: JobSpec, attempt: int) -> dict[str, str]:
         "respawn-env": json.dumps(dict(spec.env), sort_keys=True),
         "respawn-progress-s": str(progress_s(spec)),
         **({"respawn-secrets": json.dumps(dict(spec.secrets), sort_keys=True)} if spec.secrets else {}),  # references
+        **({MTBI_METADATA: _seconds(mtbi_s)} if mtbi_s is not None else {}),
     }
 
 
@@ -377,7 +393,7 @@ def _pull(image: str) -> str:
     return _PULL.format(image=q, mark=shlex.quote(IMAGE_MARK), mark_env=IMAGE_MARK_ENV, reuse=reuse)
 
 
-def startup_script(spec: JobSpec, attempt: int) -> str:
+def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> str:
     q = shlex.quote
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt), trainer_log=TRAINER_LOG))
@@ -401,8 +417,8 @@ def startup_script(spec: JobSpec, attempt: int) -> str:
             grace=grace_s(spec),
             notice=q(NOTICE_FILE),
             notice_env=NOTICE_ENV,
-            run=shlex.join(docker_run_argv(spec, attempt)),
-            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS)),
+            run=shlex.join(docker_run_argv(spec, attempt, mtbi_s=mtbi_s)),
+            run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS, mtbi_s)),
             job_id=q(spec.job_id),
             attempt=int(attempt),
             trainer_log=TRAINER_LOG,

@@ -108,7 +108,7 @@ class GcpTpuProvider:
             runtime_version=machine.runtime_version,
             scheduling_config=None if queued else scheduling_config(spec.all_tiers[action.tier].provisioning),
             labels=machine_labels(spec, action.attempt),
-            metadata=machine_metadata(spec, action.attempt),
+            metadata=machine_metadata(spec, action.attempt, action.mtbi_s),
             network_config=tpu_v2.NetworkConfig(
                 enable_external_ips=self.settings.external_ips, network=self.settings.network or ""
             ),

@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 TPU = "tpu"
 GPU = "gpu"
@@ -209,6 +212,19 @@ class ApiPart(Protocol):
     def leftovers(self) -> list[str]: ...
 
 
+class CoreKnobs(TypedDict, total=False):
+    """CloudCore's knobs, each optional (CloudCore's docstring says what each does)."""
+
+    create_delay_s: float
+    capacity: dict[str, int | None]
+    stockouts: dict[str, int]
+    queue_waits: dict[str, float | None]
+    spot_stockouts: dict[str, int | None]
+    spot_queue_waits: dict[str, float | None]
+    on_ready: Hook | None
+    on_deleted: Hook | None
+
+
 class CloudCore:
     """The state both APIs share, behind one lock.
 
@@ -218,25 +234,15 @@ class CloudCore:
     `spot_queue_waits` (zone -> seconds a queued request waits for capacity there, None = until deleted),
     `create_delay_s` (CREATING -> READY)."""
 
-    def __init__(
-        self,
-        create_delay_s: float = 0.0,
-        capacity: dict[str, int | None] | None = None,
-        stockouts: dict[str, int] | None = None,
-        on_ready: Hook | None = None,
-        on_deleted: Hook | None = None,
-        queue_waits: dict[str, float | None] | None = None,
-        spot_stockouts: dict[str, int | None] | None = None,
-        spot_queue_waits: dict[str, float | None] | None = None,
-    ) -> None:
-        self.create_delay_s = create_delay_s
-        self.capacity: dict[str, int | None] = dict(capacity or {})
-        self.stockouts: dict[str, int] = dict(stockouts or {})
-        self.queue_waits: dict[str, float | None] = dict(queue_waits or {})
-        self.spot_stockouts: dict[str, int | None] = dict(spot_stockouts or {})
-        self.spot_queue_waits: dict[str, float | None] = dict(spot_queue_waits or {})
-        self.on_ready = on_ready
-        self.on_deleted = on_deleted
+    def __init__(self, **knobs: Unpack[CoreKnobs]) -> None:
+        self.create_delay_s = knobs.get("create_delay_s", 0.0)
+        self.capacity: dict[str, int | None] = dict(knobs.get("capacity") or {})
+        self.stockouts: dict[str, int] = dict(knobs.get("stockouts") or {})
+        self.queue_waits: dict[str, float | None] = dict(knobs.get("queue_waits") or {})
+        self.spot_stockouts: dict[str, int | None] = dict(knobs.get("spot_stockouts") or {})
+        self.spot_queue_waits: dict[str, float | None] = dict(knobs.get("spot_queue_waits") or {})
+        self.on_ready = knobs.get("on_ready")
+        self.on_deleted = knobs.get("on_deleted")
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._calls: list[Call] = []

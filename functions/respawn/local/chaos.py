@@ -13,8 +13,11 @@ seeded). Each lifetime is near-exponential with mean 60 s, and every round of
 machines lives 600 s in all, so a short run sees the interruption rate it asked
 for rather than its seed's luck (10 independent exponential draws average under
 33 s or over 94 s one time in ten). Each of these preemptions comes with its
-notice, which loses nothing, so the trainer's checkpoint interval does not
-follow --mtbi (`RESPAWN_MTBI_S` counts interruptions without a usable notice).
+notice, which loses nothing. `--mtbi us-central1-a=20s,us-central1-c=5m` gives
+each zone named its own rate (a zone not named: no such preemptions; a plain
+DURATION beside them: every zone not named): the lifetime of a machine follows
+its zone, each zone's rounds drawn from a stream of their own, so one zone's
+machines do not change another's lifetimes.
 
 Every preemption takes a whole machine, except on a Compute Engine slice: there each worker is its own Spot VM
 of a managed instance group, and one VM is preempted (the others run on until respawn deletes the group). Which
@@ -38,8 +41,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -61,6 +64,57 @@ def parse_duration(text: str, option: str) -> float:
             f"{option}: {text!r} is not a duration; use a number with an optional unit ms, s, m or h (45s)"
         )
     return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+_ZONE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
+
+
+@dataclass(frozen=True)
+class Mtbi:
+    """`--mtbi`: the mean time between interruptions of a machine, by its zone. `every_s` is every zone's that
+    `zones` does not name (None: those zones are never interrupted this way)."""
+
+    every_s: float | None = None
+    zones: Mapping[str, float] = field(default_factory=dict)
+
+    def of(self, zone: str | None) -> float | None:
+        """The MTBI of a machine in `zone` (None: not interrupted by --mtbi)."""
+        return self.zones.get(zone, self.every_s) if zone is not None else self.every_s
+
+
+def parse_mtbi(text: str, option: str = "--mtbi") -> Mtbi:
+    """`60s` -> every zone; `us-central1-a=20s,us-central1-c=5m` -> those zones; both kinds may be mixed, the plain
+    DURATION then counting for every zone not named."""
+    allowed = (
+        "allowed: one DURATION for every zone (60s), and/or ZONE=DURATION per zone, comma-separated "
+        "(us-central1-a=20s,us-central1-c=5m)"
+    )
+    every: float | None = None
+    zones: dict[str, float] = {}
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ChaosError(f"{option}: nothing given; {allowed}")
+    for part in parts:
+        zone, eq, duration = (piece.strip() for piece in part.rpartition("="))
+        if eq and not _ZONE.fullmatch(zone):
+            raise ChaosError(f"{option}: {zone!r} in {part!r} is not a zone; {allowed}")
+        if not _DURATION.fullmatch(duration):
+            raise ChaosError(
+                f"{option}: {duration!r} in {part!r} is not a duration (a number with an optional unit ms, s, m or h); "
+                + allowed
+            )
+        seconds = parse_duration(duration, option)
+        if not seconds > 0:
+            raise ChaosError(f"{option}: {part!r} is not a positive duration; {allowed}")
+        if not eq:
+            if every is not None:
+                raise ChaosError(f"{option}: two durations for every zone ({every:g}s and {part!r}); {allowed}")
+            every = seconds
+        elif zone in zones:
+            raise ChaosError(f"{option}: {zone} is given twice; {allowed}")
+        else:
+            zones[zone] = seconds
+    return Mtbi(every, zones)
 
 
 def parse_times(text: str, option: str = "--preempt-at") -> list[float]:
@@ -148,7 +202,7 @@ def parse_stockout(text: str, option: str = "--stockout") -> tuple[str, int | No
     """`us-central1-a:2` -> node creates: the first 2 there fail; queued requests: each waits 2 s in the queue.
     `us-central1-a` -> every create there fails; every queued request there waits until deleted."""
     zone, _, count = text.partition(":")
-    if not re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", zone):
+    if not _ZONE.fullmatch(zone):
         raise ChaosError(f"{option}: {zone!r} is not a zone; use ZONE[:N] (us-central1-a:1)")
     if count and not count.isdigit():
         raise ChaosError(f"{option}: {count!r} is not a whole number; use ZONE[:N] (us-central1-a:1)")
@@ -160,7 +214,8 @@ class Chaos:
     is the last training step its trainer (worker 0) reported (None before the first). `actions` are worker chaos
     at steps, done by `act(machine, action)`; `at_steps` are preemptions at steps. A preemption is
     `preempt(machine, vm)`: `vms(machine)` says how many VMs it may take one of (a Compute Engine slice's workers),
-    1 when it takes the whole machine (vm None)."""
+    1 when it takes the whole machine (vm None). `mtbi` gives each machine a lifetime by its zone (`zone_of`; a plain
+    number: every zone)."""
 
     def __init__(
         self,
@@ -171,7 +226,8 @@ class Chaos:
         at: list[float] | None = None,
         at_steps: list[int] | None = None,
         step_of: Callable[[str], int | None] = lambda name: None,
-        mtbi: float | None = None,
+        mtbi: Mtbi | float | None = None,
+        zone_of: Callable[[str], str | None] = lambda name: None,
         seed: int = 0,
         tick: float = 0.1,
         actions: list[StepAction] | None = None,
@@ -187,12 +243,16 @@ class Chaos:
         self._hit: set[str] = set()  # machines a step action hit: the next one waits for another machine
         self._act = act
         self._step_of = step_of
+        if isinstance(mtbi, int | float):  # one figure for every zone; 0 is none
+            mtbi = Mtbi(every_s=float(mtbi)) if mtbi > 0 else None
         self._mtbi = mtbi
-        self._rng = random.Random(seed)
+        self._zone_of = zone_of
+        self._seed = seed
+        # lifetimes: every zone's from one stream (as with one --mtbi for all), each named zone's from its own
+        self._streams: dict[str | None, tuple[random.Random, list[float]]] = {None: (random.Random(seed), [])}
         self._pick = random.Random(f"pick-{seed}")  # its own stream: --mtbi draws do not depend on the picks
         self._vm_pick = random.Random(f"vm-{seed}")  # nor on which VM of a slice is taken
-        self._deadlines: dict[str, float] = {}
-        self._lifetimes: list[float] = []  # what is left of this round
+        self._deadlines: dict[str, float | None] = {}  # None: its zone has no --mtbi
         self._tick = tick
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
@@ -231,11 +291,13 @@ class Chaos:
                     if action.action == PREEMPT:
                         action = StepAction(action.step, PREEMPT, self._vm(reached[0]))
                     chosen.append((reached[0], action))
-        if self._mtbi:
+        if self._mtbi is not None:
             for name, ready_at in live:
                 if name not in self._deadlines:
-                    self._deadlines[name] = ready_at + self._lifetime()
-                if now >= self._deadlines[name]:
+                    life = self._lifetime(self._zone_of(name))
+                    self._deadlines[name] = None if life is None else ready_at + life
+                deadline = self._deadlines[name]
+                if deadline is not None and now >= deadline:
                     preempt(name)
         return chosen
 
@@ -244,13 +306,22 @@ class Chaos:
         vms = self._vms(name)
         return self._vm_pick.randrange(vms) if vms > 1 else None
 
-    def _lifetime(self) -> float:
-        """The next machine's lifetime: the next gap of this round's MTBI_ROUND interruptions in MTBI_ROUND x MTBI."""
-        if not self._lifetimes:
-            span = MTBI_ROUND * (self._mtbi or 0.0)
-            cuts = [0.0, *sorted(self._rng.uniform(0.0, span) for _ in range(MTBI_ROUND - 1)), span]
-            self._lifetimes = [b - a for a, b in itertools.pairwise(cuts)]
-        return self._lifetimes.pop()
+    def _lifetime(self, zone: str | None) -> float | None:
+        """The lifetime of the next machine in `zone`: the next gap of its stream's round of MTBI_ROUND interruptions
+        in MTBI_ROUND x its MTBI; None when its zone has none."""
+        assert self._mtbi is not None
+        mtbi = self._mtbi.of(zone)
+        if mtbi is None:
+            return None
+        key = zone if zone in self._mtbi.zones else None
+        if key not in self._streams:
+            self._streams[key] = (random.Random(f"mtbi-{self._seed}-{key}"), [])
+        rng, lifetimes = self._streams[key]
+        if not lifetimes:
+            span = MTBI_ROUND * mtbi
+            cuts = [0.0, *sorted(rng.uniform(0.0, span) for _ in range(MTBI_ROUND - 1)), span]
+            lifetimes.extend(b - a for a, b in itertools.pairwise(cuts))
+        return lifetimes.pop()
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):

@@ -14,7 +14,7 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,13 @@ from respawn.local.chaos import (
     ChaosError,
     check_workers,
     parse_duration,
+    parse_mtbi,
     parse_steps,
     parse_stockout,
     parse_times,
     parse_worker_steps,
 )
-from respawn.local.profiles import Timings, profile
+from respawn.local.profiles import Profile, Timings, profile
 from respawn.local.secret_store import SecretError, secret_values
 from respawn.local.slices import LocalSlice, local_trainer_env
 from respawn.model import JobSpec
@@ -37,7 +38,9 @@ chaos times (--preempt-at) count from the moment the job message is published; a
 that falls when no machine is READY waits for the next machine to become READY.
 --preempt-at-step preempts the READY machine once its trainer reports the step: the same
 run on a fast or a slow machine.
---mtbi gives every machine a random lifetime from READY (seeded; every 10 machines live 10 x MTBI in all).
+--mtbi gives every machine a random lifetime from READY (seeded; every 10 machines live 10 x MTBI in all);
+ZONE=DURATION pairs give each zone named its own (--mtbi us-central1-a=20s,us-central1-c=5m; a zone not named
+is not interrupted, unless a plain DURATION beside the pairs covers it).
 A preemption takes the whole machine, but of a Compute Engine slice (a MIG, each worker its own VM) one VM,
 drawn with --seed: its worker gets the notice, the VM is TERMINATED and logs the event, respawn deletes the MIG.
 worker chaos (STEP:WORKER, comma-separated) hits one worker of a TPU slice once worker 0 of the READY
@@ -61,6 +64,7 @@ examples:
   respawn local run examples/slice.yaml --preempt-at-step 30 --kill-worker-at-step 70:2 \
       --hang-worker-at-step 110:1 --host-error-at-step 150:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
+  respawn local run examples/three-zones.yaml --mtbi us-central1-a=20s,us-central1-b=20s,us-central1-c=5m --seed 5
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
   respawn local run examples/byo/job.yaml --entrypoint "python examples/byo/train.py" --preempt-at-step 40
 """
@@ -103,7 +107,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="STEP:WORKER",
         help="a host error on that worker's VM once worker 0 reports STEP: node TERMINATED, process gone (e.g. 600:3)",
     )
-    r.add_argument("--mtbi", metavar="DURATION", help="mean time between interruptions per machine (e.g. 60s)")
+    r.add_argument(
+        "--mtbi",
+        metavar="[ZONE=]DURATION",
+        help="mean time between interruptions per machine, in every zone (60s) or per zone "
+        "(us-central1-a=20s,us-central1-c=5m)",
+    )
     r.add_argument(
         "--stockout",
         metavar="ZONE[:N]",
@@ -255,18 +264,32 @@ def check_chaos_workers(opts: Any, message: dict[str, Any]) -> None:
         check_workers(option, pairs, job_slice(machine), machine_words(machine))
 
 
-def timings(ns: argparse.Namespace, message: dict[str, Any]) -> Timings:
-    """The run's timings: the profile's for the job's machine, each given option replacing its figure."""
-    from respawn.spec import parse_job_message
+@dataclass(frozen=True)
+class TimingOptions:
+    """The recovery profile and the timing options given, parsed before the job file is read; `for_job` applies
+    them to the job's machine (its kind, API and boot image decide the steps)."""
 
+    profile: Profile
+    creation_delay_s: float | None
+    machine: dict[str, Any]
+
+    def for_job(self, message: dict[str, Any]) -> Timings:
+        from respawn.spec import parse_job_message
+
+        spec = parse_job_message(message)
+        assert isinstance(spec, JobSpec)  # load_message allows submit only
+        base = self.profile.timings(spec.machine)
+        creation = base.creation_delay_s if self.creation_delay_s is None else self.creation_delay_s
+        return replace(base, creation_delay_s=creation, machine=replace(base.machine, **self.machine))
+
+
+def timing_options(ns: argparse.Namespace) -> TimingOptions:
+    """--profile and the options that replace one of its figures."""
     try:
         chosen = profile(ns.profile)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    spec = parse_job_message(message)
-    assert isinstance(spec, JobSpec)  # load_message allows submit only
-    base = chosen.timings(spec.machine)
-    given: dict[str, Any] = {
+    given = {
         field: parse_duration(text, option)
         for field, option, text in (
             ("boot_s", "--boot-delay", ns.boot_delay),
@@ -277,13 +300,11 @@ def timings(ns: argparse.Namespace, message: dict[str, Any]) -> Timings:
         )
         if text is not None
     }
-    creation = base.creation_delay_s
-    if ns.creation_delay is not None:
-        creation = parse_duration(ns.creation_delay, "--creation-delay")
-    return replace(base, creation_delay_s=creation, machine=replace(base.machine, **given))
+    creation = parse_duration(ns.creation_delay, "--creation-delay") if ns.creation_delay is not None else None
+    return TimingOptions(chosen, creation, given)
 
 
-def options(ns: argparse.Namespace, run_timings: Timings) -> Any:
+def options(ns: argparse.Namespace) -> Any:
     from respawn.local.cloud import Options
 
     if ns.duplicate_deliveries < 1:
@@ -296,13 +317,11 @@ def options(ns: argparse.Namespace, run_timings: Timings) -> Any:
         kill_worker_at_steps=worker_steps(ns.kill_worker_at_step, "--kill-worker-at-step"),
         hang_worker_at_steps=worker_steps(ns.hang_worker_at_step, "--hang-worker-at-step"),
         host_error_at_steps=worker_steps(ns.host_error_at_step, "--host-error-at-step"),
-        mtbi_s=parse_duration(ns.mtbi, "--mtbi") if ns.mtbi else None,
+        mtbi=parse_mtbi(ns.mtbi) if ns.mtbi is not None else None,
         stockouts=stockouts,
         spot_stockouts=spot_stockouts,
         duplicate_deliveries=ns.duplicate_deliveries,
         seed=ns.seed,
-        creation_delay_s=run_timings.creation_delay_s,
-        machine_timings=run_timings.machine,
         grace_s=parse_duration(ns.grace, "--grace"),
         sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
         timeout_s=parse_duration(ns.timeout, "--timeout"),
@@ -348,10 +367,11 @@ def run(ns: argparse.Namespace) -> int:
     from respawn.local.reference import ReferenceFailed, reference_run
     from respawn.prices import machine_price
 
-    entrypoint = parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None
-    message = load_message(ns.job, ns.trainer_arg, entrypoint is not None)
-    run_timings = timings(ns, message)
-    opts = options(ns, run_timings)
+    opts = options(ns)
+    given_timings = timing_options(ns)
+    message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
+    run_timings = given_timings.for_job(message)
+    opts.creation_delay_s, opts.machine_timings = run_timings.creation_delay_s, run_timings.machine
     opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
     check_chaos_workers(opts, message)
     machine_slice = job_slice(message["machine"])
@@ -400,6 +420,7 @@ def run(ns: argparse.Namespace) -> int:
         timed_out=outcome.timed_out,
         machine_slice=machine_slice,
         reference_note=note,
+        history=outcome.history,
     )
     summary["bus"] = outcome.bus
     summary["timings"] = asdict(run_timings)  # local seconds; `scale` turns them into the real ones

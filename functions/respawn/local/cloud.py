@@ -8,7 +8,7 @@
   Secret Manager         the values given for the job's secret references, into trainer environments only
   log router             the sink filter applied to every LogEntry -> respawn-events (router.py)
   Cloud Scheduler        a sweep tick every few seconds (scheduler.py)
-  chaos                  preemptions at fixed times, steps or a seeded MTBI; workers killed, hung or lost to a
+  chaos                  preemptions at fixed times, steps or a seeded MTBI per zone; workers killed, hung or lost to a
                          host error at steps (chaos.py)
 
 `run()` takes one job through it (`respawn local run`). For many jobs (bench/load_test.py):
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from respawn import bootstrap
 from respawn.config import Settings
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
-from respawn.local.chaos import Chaos, StepAction, step_actions
+from respawn.local.chaos import Chaos, Mtbi, StepAction, step_actions
 from respawn.local.cloudapi import CloudApiServer, CloudMachine
 from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
 from respawn.local.functions import FunctionServers
@@ -47,7 +47,8 @@ from respawn.local.timeline import Timeline
 from respawn.model import Job
 
 if TYPE_CHECKING:
-    from respawn.adapters.gcs_store import GcsJobStore
+    from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
+    from respawn.placement import History
 
 PROJECT = "respawn-local"
 STATE_BUCKET = "respawn-local-state"
@@ -63,7 +64,7 @@ class Options:
     kill_worker_at_steps: list[tuple[int, int]] = field(default_factory=list)  # (step, worker)
     hang_worker_at_steps: list[tuple[int, int]] = field(default_factory=list)
     host_error_at_steps: list[tuple[int, int]] = field(default_factory=list)
-    mtbi_s: float | None = None
+    mtbi: Mtbi | None = None  # --mtbi: machine lifetimes by zone
     # zone -> N: node/VM creates: the next N fail (None: all); TPU queued requests: each waits N s (None: forever)
     stockouts: dict[str, int | None] = field(default_factory=dict)
     spot_stockouts: dict[str, int | None] = field(default_factory=dict)  # the same, Spot/preemptible requests only
@@ -97,6 +98,7 @@ class Outcome:
     bus: str
     notifications: int | None = None  # status notices recorded (None: the in-process bus carries none)
     secrets: dict[str, Any] | None = None  # the job had secrets: where they reached, and where they leaked
+    history: History | None = None  # the deployment's preemption history at the end (None: it could not be read)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class Started:
     bus: Bus
     bus_name: str  # pubsub-emulator | in-process
     store: GcsJobStore
+    history: GcsHistoryStore  # the preemption history the functions keep beside the records (placement)
     recorder: StatusRecorder | None  # the status notices (None: the in-process bus carries none)
 
 
@@ -128,6 +131,7 @@ class LocalCloud:
         self.timeline = Timeline(self.run_dir / "timeline.jsonl")
         self._stack = contextlib.ExitStack()
         self._started: Started | None = None
+        self._zones: dict[str, str] = {}  # machine -> its zone, from the moment it is READY (chaos reads it)
 
     @property
     def started(self) -> Started:
@@ -149,6 +153,7 @@ class LocalCloud:
         """One job to a terminal status (`respawn local run`): start everything, submit, follow, settle, stop."""
         with self._stack:
             self.start(checkpoint_buckets([message]))
+            self.advise_mtbi(_zones(message))
             job_id = str(message["job_id"])
             t0 = self.submit(message)
             self.start_chaos(t0)
@@ -170,6 +175,7 @@ class LocalCloud:
                 self.started.bus_name,
                 notifications,
                 self.secrets_report() if self.options.secrets else None,
+                self.read_history(),
             )
 
     def __enter__(self) -> LocalCloud:
@@ -237,6 +243,7 @@ class LocalCloud:
 
         def on_ready(machine: CloudMachine) -> None:
             timeline.add("state", machine=machine.name, zone=machine.zone, state="READY")
+            self._zones[machine.name] = machine.zone
             nodes.on_ready(machine, then=lambda: self._check_secrets(nodes, machine))
 
         def on_deleted(machine: CloudMachine) -> None:
@@ -244,8 +251,9 @@ class LocalCloud:
             nodes.on_deleted(machine.name)
 
         server.connect(on_ready=on_ready, on_deleted=on_deleted)
-        store = bootstrap.job_store(Settings(project=PROJECT, state_bucket=STATE_BUCKET))
-        return Started(gcs, server, nodes, bus, bus_name, store, recorder)
+        settings = Settings(project=PROJECT, state_bucket=STATE_BUCKET)
+        store, history = bootstrap.job_store(settings), bootstrap.history_store(settings)
+        return Started(gcs, server, nodes, bus, bus_name, store, history, recorder)
 
     def _cloud_api(self) -> CloudApiServer:
         """The TPU/Compute API with the options' capacity and stockouts, started, its calls copied to the timeline."""
@@ -262,6 +270,8 @@ class LocalCloud:
             queue_waits=queue_waits(options.stockouts),
             spot_stockouts=dict(options.spot_stockouts),
             spot_queue_waits=queue_waits(options.spot_stockouts),
+            advice_seed=options.seed,
+            advice_mtbi_s=dict(options.mtbi.zones) if options.mtbi else None,
         )
         self._start(f"TPU/Compute API {server.url}", server.start, server.stop)
         self._watch_calls(server)
@@ -318,7 +328,8 @@ class LocalCloud:
             at=options.preempt_at,
             at_steps=options.preempt_at_steps,
             step_of=nodes.step,
-            mtbi=options.mtbi_s,
+            mtbi=options.mtbi,
+            zone_of=self.zone_of,
             seed=options.seed,
             actions=step_actions(
                 kill_worker=options.kill_worker_at_steps,
@@ -329,6 +340,26 @@ class LocalCloud:
         )
         self._stack.callback(chaos.start().stop)
         return chaos
+
+    def advise_mtbi(self, zones: Iterable[str]) -> None:
+        """The local Advice API's estimated uptime of each of `zones` is its --mtbi (the zones named have theirs
+        from the start; a plain --mtbi, every zone's, is filled in here for the job's zones)."""
+        every = self.options.mtbi.every_s if self.options.mtbi else None
+        if every is not None:
+            for zone in zones:
+                self.server.advice.mtbi_s.setdefault(zone, every)
+
+    def read_history(self) -> History | None:
+        """The preemption history the functions kept in the state bucket (None, said once, when unreadable)."""
+        try:
+            return self.started.history.load()[0]
+        except Exception as e:  # the report goes on without it
+            self.say(f"cannot read the preemption history: {type(e).__name__}: {e}".splitlines()[0][:300])
+            return None
+
+    def zone_of(self, machine: str) -> str | None:
+        """The zone of a machine that has been READY (None before)."""
+        return self._zones.get(machine)
 
     def _dir(self, name: str) -> Path:
         path = self.run_dir / name
@@ -489,6 +520,12 @@ class LocalCloud:
         have no node yet), instances, managed instance groups, their templates, workload policies and resize
         requests (the local API's `leftovers`)."""
         return len(self.server.leftovers())
+
+
+def _zones(message: dict[str, Any]) -> list[str]:
+    """Every zone a job message allows: its `zones` and each tier's."""
+    tiers = message.get("tiers") or ()
+    return list(dict.fromkeys([*message.get("zones", ()), *(z for t in tiers for z in t.get("zones", ()))]))
 
 
 def _note(e: dict[str, Any], t0: float) -> str | None:

@@ -1,11 +1,12 @@
-"""A local Cloud TPU v2 + Compute Engine REST server: the subset respawn's providers call.
+"""A local Cloud TPU v2 + Compute Engine REST server: the subset respawn's providers call, and the Advice API.
 
 The real google-cloud-tpu and google-cloud-compute clients talk to it with ``transport="rest"``, anonymous
 credentials and ``api_endpoint=server.url``. Each API is served by its own module, as the real adapters are split:
-tpu_api.py (nodes, queued resources) and compute_api.py (instances, templates, resource policies, MIGs, resize
-requests); apicore.py holds what they share (errors, faults, the call log, capacity, callbacks). This module is
-the HTTP server and the hooks the local cloud and tests drive it with: preempt, set_state, fail_next, the call
-and request logs, machines() and leftovers().
+tpu_api.py (nodes, queued resources), compute_api.py (instances, templates, resource policies, MIGs, resize
+requests) and advice_api.py (the Advice API's capacity and capacityHistory, seeded figures per zone); apicore.py
+holds what they share (errors, faults, the call log, capacity, callbacks). This module is the HTTP server and the
+hooks the local cloud and tests drive it with: preempt, set_state, fail_next, the call and request logs, machines()
+and leftovers().
 
 Errors use the Google JSON error format of each API, so the client libraries raise the matching exceptions.
 """
@@ -17,9 +18,10 @@ import threading
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from respawn.local.advice_api import AdviceApi
 from respawn.local.apicore import (
     GPU,
     TPU,
@@ -28,12 +30,16 @@ from respawn.local.apicore import (
     Call,
     CloudCore,
     CloudMachine,
+    CoreKnobs,
     Fault,
     Hook,
     MachineCall,
 )
 from respawn.local.compute_api import ComputeApi
 from respawn.local.tpu_api import QueuedResource, TpuApi
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "GPU",
@@ -68,33 +74,29 @@ class CloudApiServer(CloudCore):
     `create_delay_s`; for MIGs (see ComputeApi) `bulk_models`, `bulk_stockout`, `resize_requests`, where Google's
     pages leave the rule open, so that respawn can be tested against either reading. Callbacks
     `on_ready(machine)` / `on_deleted(machine)` run in order on one worker thread, never while the server holds its
-    lock. `record=True` keeps every request and reply (`exchanges`).
+    lock. `record=True` keeps every request and reply (`exchanges`). The Advice API answers from `advice_seed` and
+    `advice_mtbi_s` (zone -> seconds: that zone's estimated uptime; see advice_api.py).
     """
 
     def __init__(
         self,
         port: int = 0,
-        create_delay_s: float = 0.0,
-        capacity: dict[str, int | None] | None = None,
-        stockouts: dict[str, int] | None = None,
-        on_ready: Hook | None = None,
-        on_deleted: Hook | None = None,
-        queue_waits: dict[str, float | None] | None = None,
-        spot_stockouts: dict[str, int | None] | None = None,
-        spot_queue_waits: dict[str, float | None] | None = None,
+        *,
         bulk_models: frozenset[str] | None = None,
         bulk_stockout: str = "wait",
         resize_requests: bool = True,
         record: bool = False,
+        advice_seed: int = 0,
+        advice_mtbi_s: dict[str, float] | None = None,
+        **knobs: Unpack[CoreKnobs],
     ) -> None:
-        super().__init__(
-            create_delay_s, capacity, stockouts, on_ready, on_deleted, queue_waits, spot_stockouts, spot_queue_waits
-        )
+        super().__init__(**knobs)
         self.tpu = TpuApi(self)
         self.compute = ComputeApi(
             self, bulk_models=bulk_models, bulk_stockout=bulk_stockout, resize_requests=resize_requests
         )
-        self.apis: list[ApiPart] = [self.tpu, self.compute]
+        self.advice = AdviceApi(self, seed=advice_seed, mtbi_s=advice_mtbi_s)
+        self.apis: list[ApiPart] = [self.tpu, self.advice, self.compute]  # advice before compute: both own /compute/
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
         self._httpd.daemon_threads = True
         self._threads: list[threading.Thread] = []

@@ -90,10 +90,13 @@ class Request:
 
 
 @dataclass
-class Template:
-    """A global instance template."""
+class Kept:
+    """An object the API keeps as the body it was given: a global instance template (scope `global`) or a regional
+    resource policy with a workload policy (scope `regions/REGION`)."""
 
     project: str
+    scope: str
+    collection: str  # instanceTemplates | resourcePolicies
     name: str
     body: dict[str, Any]
     id: int
@@ -101,31 +104,21 @@ class Template:
 
     @property
     def path(self) -> str:
-        return f"projects/{self.project}/global/instanceTemplates/{self.name}"
+        return f"projects/{self.project}/{self.scope}/{self.collection}/{self.name}"
 
     @property
     def machine_type(self) -> str:
+        """A template's machine type."""
         return str(self.body["properties"]["machineType"])
-
-
-@dataclass
-class Policy:
-    """A regional resource policy with a workload policy."""
-
-    project: str
-    region: str
-    name: str
-    body: dict[str, Any]
-    id: int
-    created_at: float
-
-    @property
-    def path(self) -> str:
-        return f"projects/{self.project}/regions/{self.region}/resourcePolicies/{self.name}"
 
     @property
     def topology(self) -> str | None:
+        """A policy's accelerator topology."""
         return (self.body.get("workloadPolicy") or {}).get("acceleratorTopology")
+
+
+Template = Kept
+Policy = Kept
 
 
 @dataclass
@@ -352,11 +345,15 @@ class ComputeApi:
             return self.insert_policy(project, region, req.body)
         if req.method == "GET" and name:
             with self.core._lock:
-                return _policy_json(self._policy("get", project, region, name))
+                return _kept_json(self._policy("get", project, region, name), "compute#resourcePolicy")
         if req.method == "GET":
             with self.core._lock:
                 self.core.check("list", "", "", region, "resourcePolicies")
-                items = [_policy_json(p) for k, p in sorted(self.policies.items()) if k[:2] == (project, region)]
+                items = [
+                    _kept_json(p, "compute#resourcePolicy")
+                    for k, p in sorted(self.policies.items())
+                    if k[:2] == (project, region)
+                ]
             path = f"projects/{project}/regions/{region}/resourcePolicies"
             return self._listing("compute#resourcePolicyList", path, items, req.query)
         if req.method == "DELETE" and name:
@@ -368,11 +365,15 @@ class ComputeApi:
             return self.insert_template(project, req.body)
         if req.method == "GET" and name:
             with self.core._lock:
-                return _template_json(self._template("get", project, name))
+                return _kept_json(self._template("get", project, name), "compute#instanceTemplate")
         if req.method == "GET":
             with self.core._lock:
                 self.core.check("list", "", "", "global", "instanceTemplates")
-                items = [_template_json(t) for k, t in sorted(self.templates.items()) if k[0] == project]
+                items = [
+                    _kept_json(t, "compute#instanceTemplate")
+                    for k, t in sorted(self.templates.items())
+                    if k[0] == project
+                ]
             path = f"projects/{project}/global/instanceTemplates"
             return self._listing("compute#instanceTemplateList", path, items, req.query)
         if req.method == "DELETE" and name:
@@ -625,7 +626,9 @@ class ComputeApi:
             op = self._new_op(project, f"regions/{region}", f"regions/{region}/resourcePolicies/{name}", "insert")
             if fault:
                 return self._finish(op, ApiError.of(fault))
-            self.policies[key] = Policy(project, region, name, copy.deepcopy(body), core.next_id(), time.time())
+            self.policies[key] = Kept(
+                project, f"regions/{region}", "resourcePolicies", name, copy.deepcopy(body), core.next_id(), time.time()
+            )
             return self._finish(op, None)
 
     def _policy(self, verb: str, project: str, region: str, name: str) -> Policy:
@@ -670,7 +673,9 @@ class ComputeApi:
             op = self._new_op(project, "global", f"global/instanceTemplates/{name}", "insert")
             if fault:
                 return self._finish(op, ApiError.of(fault))
-            self.templates[key] = Template(project, name, copy.deepcopy(body), core.next_id(), time.time())
+            self.templates[key] = Kept(
+                project, "global", "instanceTemplates", name, copy.deepcopy(body), core.next_id(), time.time()
+            )
             return self._finish(op, None)
 
     def _template(self, verb: str, project: str, name: str) -> Template:
@@ -986,12 +991,22 @@ class ComputeApi:
             self._grow(mig, by, request=rr)
             return self._finish(op, None)
 
+    def _request_in(
+        self, key: tuple[str, str, str], name: str, rr_id: int, state: str
+    ) -> tuple[Mig | None, ResizeRequest | None]:
+        """The MIG and its resize request `name` (the one with id `rr_id`) while the request is in `state`; Nones
+        once it moved on or is gone (a timer set for it is then moot). Called with the lock held."""
+        mig = self.migs.get(key)
+        rr = mig.resize_requests.get(name) if mig else None
+        if mig is None or rr is None or rr.id != rr_id or rr.state != state:
+            return None, None
+        return mig, rr
+
     def _accept(self, key: tuple[str, str, str], name: str, rr_id: int) -> None:
         """CREATING -> ACCEPTED; then the request waits for its zone's queue (flex-start capacity)."""
         with self.core._lock:
-            mig = self.migs.get(key)
-            rr = mig.resize_requests.get(name) if mig else None
-            if mig is None or rr is None or rr.id != rr_id or rr.state != "CREATING":
+            mig, rr = self._request_in(key, name, rr_id, "CREATING")
+            if mig is None or rr is None:
                 return
             rr.state = "ACCEPTED"
             waits, wait = self.core.queue_wait(mig.zone, spot=False)
@@ -1005,9 +1020,8 @@ class ComputeApi:
 
     def _request_granted(self, key: tuple[str, str, str], name: str, rr_id: int) -> None:
         with self.core._lock:
-            mig = self.migs.get(key)
-            rr = mig.resize_requests.get(name) if mig else None
-            if mig is None or rr is None or rr.id != rr_id or rr.state != "ACCEPTED":
+            mig, rr = self._request_in(key, name, rr_id, "ACCEPTED")
+            if mig is None or rr is None:
                 return
             rr.state, rr.last_attempt = "SUCCEEDED", None
             self._create_vms(mig, rr.names)
@@ -1353,28 +1367,12 @@ def _instance_json(m: CloudMachine) -> dict[str, Any]:
     return body
 
 
-def _policy_json(p: Policy) -> dict[str, Any]:
-    base = f"{COMPUTE}/projects/{p.project}/regions/{p.region}"
-    body = copy.deepcopy(p.body)
-    body.update(
-        kind="compute#resourcePolicy",
-        id=str(p.id),
-        creationTimestamp=rfc3339(p.created_at),
-        region=base,
-        selfLink=f"{base}/resourcePolicies/{p.name}",
-        status="READY",
-    )
-    return body
-
-
-def _template_json(t: Template) -> dict[str, Any]:
-    body = copy.deepcopy(t.body)
-    body.update(
-        kind="compute#instanceTemplate",
-        id=str(t.id),
-        creationTimestamp=rfc3339(t.created_at),
-        selfLink=_url(t.path),
-    )
+def _kept_json(k: Kept, kind: str) -> dict[str, Any]:
+    """A template or policy as the API returns it: its body, with what the API adds."""
+    body = copy.deepcopy(k.body)
+    body.update(kind=kind, id=str(k.id), creationTimestamp=rfc3339(k.created_at), selfLink=_url(k.path))
+    if k.collection == "resourcePolicies":
+        body.update(region=f"{COMPUTE}/projects/{k.project}/{k.scope}", status="READY")
     return body
 
 

@@ -21,6 +21,15 @@ Definitions:
                   Engine instances, and managed instance groups for slices)
   hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
   failures        the job record's failure counter (trainer failures, at most one per attempt)
+  by_zone         one row per zone the job used (its listed zones first): `attempts` there, `machine_s` (READY
+                  machine seconds, as `machine_hours`), `interruptions` (preemption notices and host errors the cloud
+                  sent its machines) and `productive_steps`, the steps its attempts trained that the final parameters
+                  keep: an attempt's run from the step it restored to the step the next attempt restored (the last
+                  attempt: to the final step), so the rows add up to the final step
+  history         what the deployment's preemption history (placement/history.json, kept by the functions) says at
+                  the end of each zone the job allows, per tier's provisioning model: machine_s and interruptions
+                  (decayed), and mtbi_s, the expected seconds to the next interruption placement reads; each
+                  `zones` row has the attempt's `placement`, decide's one-line reason for its zone ("" in list order)
   chaos           the worker chaos injected: kill-worker, hang-worker, host-error (machine, worker, time)
   mtbi_realized_s  READY machine seconds (each machine until its notice or deletion) per preemption notice: the
                   mean time between interruptions the run saw, beside the --mtbi it asked for; null without notices
@@ -38,7 +47,8 @@ from typing import Any
 
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.local.slices import SINGLE_HOST, LocalSlice, report_line
-from respawn.model import EndReason
+from respawn.model import EndReason, JobSpec
+from respawn.placement import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
 LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})
@@ -182,6 +192,83 @@ def machine_seconds(
     return used
 
 
+def restored_steps(job: dict[str, Any], events: list[dict[str, Any]]) -> dict[int, int]:
+    """attempt -> the step its trainer began from: the record's restored step, else its `started` entry's, else (a
+    program that sends none) the step before its first progress line; attempts that never trained are absent."""
+    began: dict[int, int] = {}
+    for e in events:
+        if e["kind"] == "entry" and e["payload"].get("event") == "started" and _attempt_of(e):
+            began.setdefault(_attempt_of(e), int(e["payload"].get("restored_step") or 0))
+        elif e["kind"] == "step" and _attempt_of(e):
+            began.setdefault(_attempt_of(e), int(e["step"]) - 1)
+    for a in job.get("attempts") or ():
+        if a.get("restored_step") is not None and a["n"] in began:
+            began[a["n"]] = int(a["restored_step"])
+    return began
+
+
+def productive_steps(began: dict[int, int], final_step: int | None) -> dict[int, int]:
+    """attempt -> the steps it trained that the final parameters keep (see `by_zone` above)."""
+    order = sorted(began)
+    kept: dict[int, int] = {}
+    for i, n in enumerate(order):
+        until = began[order[i + 1]] if i + 1 < len(order) else final_step
+        kept[n] = max(0, (until if until is not None else began[n]) - began[n])
+    return kept
+
+
+def zone_rows(
+    job: dict[str, Any], events: list[dict[str, Any]], used: dict[str, float], final_step: int | None
+) -> list[dict[str, Any]]:
+    """Per zone: attempts, READY machine seconds, interruptions and productive steps (see `by_zone` above)."""
+    spec = job.get("spec") or {}
+    listed = [*spec.get("zones", ()), *(z for tier in spec.get("tiers") or () for z in tier.get("zones", ()))]
+    attempts = job.get("attempts") or ()
+    zone_of = {str(e["machine"]): str(e["zone"]) for e in events if e.get("machine") and e.get("zone")}
+    zone_of.update({str(a["machine"]): str(a["zone"]) for a in attempts if a.get("machine")})
+    seen = [*(a["zone"] for a in attempts), *zone_of.values()]
+    kept = productive_steps(restored_steps(job, events), final_step)
+    rows = []
+    for zone in dict.fromkeys([*listed, *seen]):
+        here = [a for a in attempts if a["zone"] == zone]
+        if not here and zone not in zone_of.values():
+            continue
+        rows.append(
+            {
+                "zone": zone,
+                "attempts": len(here),
+                "machine_s": round(sum(s for m, s in used.items() if zone_of.get(m) == zone), 3),
+                "interruptions": sum(
+                    1 for e in events if e["kind"] in ("notice", "host_error") and e.get("zone") == zone
+                ),
+                "productive_steps": sum(kept.get(a["n"], 0) for a in here),
+            }
+        )
+    return rows
+
+
+def history_rows(history: History | None, record_spec: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+    """Per allowed zone and tier provisioning model of the record's spec: the history's decayed evidence and the MTBI
+    placement reads."""
+    if history is None or not record_spec:
+        return []
+    spec = JobSpec.from_dict(record_spec)
+    outlook, kind, rows = Outlook(history), machine_kind(spec), []
+    for provisioning in dict.fromkeys(t.provisioning for t in spec.all_tiers):
+        for zone in dict.fromkeys(z for t in spec.all_tiers if t.provisioning == provisioning for z in t.zones):
+            seen = history.exposure(Key(zone, kind, provisioning), now)
+            rows.append(
+                {
+                    "zone": zone,
+                    "provisioning": provisioning,
+                    "machine_s": round(seen.seconds, 3),
+                    "interruptions": round(seen.interruptions, 3),
+                    "mtbi_s": round(outlook.mtbi_s(zone, kind, provisioning, now), 1),
+                }
+            )
+    return rows
+
+
 def machine_api(job: dict[str, Any]) -> str:
     """The API that provisions the job's machines (every attempt's): the machine's `api`; a GPU VM is Compute
     Engine's, and a TPU record written before machines had an `api` went through the Cloud TPU API."""
@@ -220,8 +307,10 @@ def build(
     timed_out: bool,
     machine_slice: LocalSlice = SINGLE_HOST,
     reference_note: str = "no reference run",
+    history: History | None = None,
 ) -> dict[str, Any]:
-    """The report; `reference_note` says why there is no `reference_sha` (exact is then unknown)."""
+    """The report; `reference_note` says why there is no `reference_sha` (exact is then unknown); `history` is the
+    preemption history the run left (None: not read)."""
     events = sorted(events, key=lambda e: e["t"])
     t0 = next((e["t"] for e in events if e["kind"] == "submitted"), events[0]["t"] if events else 0.0)
     completed = [e for e in events if e["kind"] == "entry" and e["payload"].get("event") == "completed"]
@@ -241,6 +330,7 @@ def build(
     steps = [e["step"] for e in events if e["kind"] == "step"]
     notices = sum(1 for e in events if e["kind"] == "notice")
     lived = sum(machine_seconds(events, end, until=("deleted", "preempted", "notice")).values())
+    final_step = result.get("step", max(steps) if steps else None)
     return {
         "job_id": job.get("job_id"),
         "status": "TIMEOUT" if timed_out and not job.get("status") else job.get("status", "UNKNOWN"),
@@ -264,11 +354,14 @@ def build(
                 "restored_step": a.get("restored_step"),
                 "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
                 "api": machine_api(job),
+                "placement": a.get("placement", ""),
             }
             for a in job.get("attempts") or ()
         ],
+        "by_zone": zone_rows(job, events, used, final_step),
+        "history": history_rows(history, job.get("spec"), end),
         "tiers": tier_costs(job, used, price),
-        "final_step": result.get("step", max(steps) if steps else None),
+        "final_step": final_step,
         "final_loss": result.get("final_loss"),
         "lost_steps": lost_steps(events),
         "wall_s": round(wall, 3),
@@ -319,6 +412,11 @@ def render(r: dict[str, Any]) -> str:
             + f" ({z['end'] or 'live'})"
             for z in r["zones"]
         ),
+        *(
+            f"  zone     {z['zone']}: {z['attempts']} attempts, {z['machine_s']:.0f}s machine time, "
+            f"{z['interruptions']} interruptions, {z['productive_steps']} productive steps"
+            for z in r["by_zone"]
+        ),
         f"  steps    {r['final_step']} (final loss {r['final_loss']}), lost steps {r['lost_steps']}",
         f"  wall     {r['wall_s']:.1f}s, goodput {100 * r['goodput']:.1f}%",
         "  time     "
@@ -326,6 +424,14 @@ def render(r: dict[str, Any]) -> str:
         + ", "
         + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "wasted_s", "idle_s")),
     ]
+    for a in r["zones"]:
+        if a.get("placement"):
+            lines.append(f"  placed   a{a['attempt']} {a['placement']}")
+    for h in r.get("history") or ():
+        lines.append(
+            f"  history  {h['zone']} {h['provisioning']}: {h['interruptions']:g} interruptions in "
+            f"{h['machine_s']:.0f} machine-seconds (decayed): expected {h['mtbi_s'] / 3600:.1f}h to the next"
+        )
     if r.get("notifications") is not None:
         lines.append(f"  notices  {r['notifications']} status notices on respawn-status (status.jsonl)")
     if r.get("secrets"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,6 +31,7 @@ from respawn.local.apicore import (
     ApiError,
     CloudCore,
     CloudMachine,
+    Fault,
     MachineCall,
     rfc3339,
     snapshot,
@@ -150,16 +152,24 @@ class TpuApi:
         """google.rpc.Status style: code, message, status."""
         return {"error": {"code": e.code, "message": e.message, "status": e.status}}
 
+    def _admitted(
+        self, key: tuple[str, str, str], collection: str, kept: Mapping[Any, object], path: str
+    ) -> Fault | None:
+        """Record a create call; raise its injected fault (but one that fails the operation, returned) or
+        ALREADY_EXISTS for a name `kept` holds. Called with the lock held."""
+        fault = self.core.record("create", TPU, key[2], key[1], collection)
+        if fault and not fault.in_operation:
+            raise ApiError.of(fault)
+        if key in kept:
+            raise ApiError(409, "ALREADY_EXISTS", f"Resource '{path}' already exists")
+        return fault
+
     # ----------------------------------------------------------------- nodes
     def create_machine(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
         with core._lock:
-            fault = core.record("create", TPU, name, zone, "nodes")
-            if fault and not fault.in_operation:
-                raise ApiError.of(fault)
             key = (project, zone, name)
-            if key in self.nodes:
-                raise ApiError(409, "ALREADY_EXISTS", f"Resource '{_node_path(*key)}' already exists")
+            fault = self._admitted(key, "nodes", self.nodes, _node_path(*key))
             op = self._new_op(project, zone, name, "create")
             if fault:
                 return self._finish(op, ApiError.of(fault))
@@ -234,12 +244,8 @@ class TpuApi:
     def create_queued(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
         with core._lock:
-            fault = core.record("create", TPU, name, zone, "queuedResources")
-            if fault and not fault.in_operation:
-                raise ApiError.of(fault)
             key = (project, zone, name)
-            if key in self.queued:
-                raise ApiError(409, "ALREADY_EXISTS", f"Resource '{_qr_path(*key)}' already exists")
+            fault = self._admitted(key, "queuedResources", self.queued, _qr_path(*key))
             specs = (body.get("tpu") or {}).get("nodeSpec") or []
             if len(specs) != 1 or not specs[0].get("nodeId") or not isinstance(specs[0].get("node"), dict):
                 raise ApiError(400, "INVALID_ARGUMENT", "tpu.nodeSpec must hold one node with a nodeId")

@@ -1,0 +1,174 @@
+"""`respawn plan JOB_FILE`: before anything is spent, each tier and zone of a job as respawn would place it.
+
+For every allowed (tier, zone): the expected time to interruption (MTBI) and where it comes from (the deployment's
+history, Google's Advice API uptime estimate, or the prior when neither has seen the zone), the goodput it allows
+(placement.useful_fraction: the share of machine time that becomes kept training, Young/Daly), the price of one
+machine-hour and its source (prices.Priced), the cost of one productive hour (price / goodput), the Advice API's
+obtainability where it answered, and the order respawn would try the zones in (Outlook.rank, as decide ranks them;
+the list's order with `placement: ordered`). Pure: the CLI reads the history and asks the Advice API (cli.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from respawn.model import JobSpec, TpuMachine
+from respawn.placement import HOUR, Key, Outlook, machine_kind
+from respawn.prices import Priced, machine_price, priced, rate_per_h
+
+
+@dataclass(frozen=True)
+class ZonePlan:
+    zone: str
+    mtbi_s: float
+    mtbi_source: str  # "history", "history + advice", "prior + advice", "pooled history", "prior (no history)"
+    goodput: float  # useful fraction of machine time
+    price: Priced | None  # None: no price known for the machine
+    obtainability: float | None  # the Advice API's, when it answered
+    reason: str  # the ranking's one line (decide's wording)
+
+    @property
+    def cost_per_productive_hour(self) -> float | None:
+        if self.price is None or self.goodput <= 0:
+            return None
+        return self.price.rate_per_h / self.goodput
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    tier: int
+    provisioning: str
+    placement: str  # ranked | ordered
+    zones: tuple[ZonePlan, ...]  # in the order respawn would try them
+    note: str | None  # what the tier's figures lacked (advice unavailable, not asked, ...)
+
+
+@dataclass(frozen=True)
+class Plan:
+    job_id: str
+    machine: str  # "gpu a2-highgpu-1g (1 x nvidia-tesla-a100)"
+    machine_type: str  # the history key's machine type
+    history: str  # where the history came from, or why it is empty
+    tiers: tuple[TierPlan, ...]
+
+
+def describe_machine(spec: JobSpec) -> str:
+    machine = spec.machine
+    if isinstance(machine, TpuMachine):
+        return f"tpu {machine.accelerator_type} (api {machine.api})"
+    return f"gpu {machine.machine_type} ({machine.accelerator_count} x {machine.accelerator_type})"
+
+
+def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_cost_s: float) -> Plan:
+    """The plan of `spec` on `outlook`, its figures as of `now`; `history` says where the outlook's history came
+    from. The restart cost is decide's (Policy.restart_cost_s), so the order is the one decide would use."""
+    kind = machine_kind(spec)
+    table_price = machine_price(dict(spec.machine.__dict__))
+    tiers = []
+    for index, tier in enumerate(spec.all_tiers):
+        ranking = outlook.rank(
+            tier.zones,
+            now,
+            machine_type=kind,
+            provisioning=tier.provisioning,
+            list_price_per_hour=rate_per_h(tier.provisioning, table_price),
+            restart_cost_s=restart_cost_s,
+        )
+        advice = outlook.advice.get((kind, tier.provisioning))
+        placed = {p.zone: p for p in ranking.placed}
+        order = ranking.zones if spec.placement == "ranked" else tier.zones
+        zones = []
+        for zone in order:
+            p = placed[zone]
+            said = advice.zones.get(zone) if advice is not None else None
+            advised = said is not None and bool(said.estimated_uptime_s)
+            price = priced(
+                tier.provisioning,
+                table_price,
+                said.price_per_hour if said is not None else None,
+                advice.fetched_at if advice is not None else 0.0,
+            )
+            source = _mtbi_source(outlook, Key(zone, kind, tier.provisioning), now, advised)
+            obtainability = said.obtainability if said is not None else None
+            zones.append(ZonePlan(zone, p.mtbi_s, source, p.useful, price, obtainability, p.reason))
+        note = advice.note if advice is not None else None
+        tiers.append(TierPlan(index, tier.provisioning, spec.placement, tuple(zones), note))
+    return Plan(spec.job_id, describe_machine(spec), kind, history, tuple(tiers))
+
+
+def _mtbi_source(outlook: Outlook, key: Key, now: float, advised: bool) -> str:
+    history = outlook.history
+    if history.exposure(key, now).seconds > 0:
+        return "history + advice" if advised else "history"
+    pooled = any(
+        k.machine_type == key.machine_type and k.provisioning == key.provisioning and k != key
+        for k in history.exposures
+    )
+    base = "pooled history" if pooled else "prior"
+    return f"{base} + advice" if advised else (base if pooled else "prior (no history)")
+
+
+def to_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "job_id": plan.job_id,
+        "machine": plan.machine,
+        "machine_type": plan.machine_type,
+        "history": plan.history,
+        "tiers": [
+            {
+                "tier": t.tier,
+                "provisioning": t.provisioning,
+                "placement": t.placement,
+                "order": [z.zone for z in t.zones],
+                "note": t.note,
+                "zones": [
+                    {
+                        "zone": z.zone,
+                        "mtbi_s": round(z.mtbi_s, 1),
+                        "mtbi_source": z.mtbi_source,
+                        "goodput": round(z.goodput, 4),
+                        "price_per_hour": None if z.price is None else z.price.rate_per_h,
+                        "price_source": None if z.price is None else z.price.source,
+                        "cost_per_productive_hour": _round(z.cost_per_productive_hour),
+                        "obtainability": z.obtainability,
+                        "reason": z.reason,
+                    }
+                    for z in t.zones
+                ],
+            }
+            for t in plan.tiers
+        ],
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def text(plan: Plan, table: Any) -> str:
+    """The plan as the CLI prints it; `table(headers, rows)` is the CLI's table layout."""
+    lines = [f"job      {plan.job_id}: {plan.machine}", f"history  {plan.history}"]
+    for t in plan.tiers:
+        how = "ranked by expected useful hours per dollar" if t.placement == "ranked" else "in list order (ordered)"
+        lines += ["", f"tier {t.tier}: {t.provisioning}, zones {how}: {', '.join(z.zone for z in t.zones)}"]
+        if t.note:
+            lines.append(f"  note: {t.note}")
+        rows = [
+            (
+                n,
+                z.zone,
+                f"{z.mtbi_s / HOUR:.1f}h",
+                z.mtbi_source,
+                f"{z.goodput:.1%}",
+                "-" if z.obtainability is None else f"{z.obtainability:.2f}",
+                "-" if z.price is None else f"${z.price.rate_per_h:.2f}/h",
+                "-" if z.cost_per_productive_hour is None else f"${z.cost_per_productive_hour:.2f}",
+                "no price known" if z.price is None else z.price.source,
+            )
+            for n, z in enumerate(t.zones, 1)
+        ]
+        headers = ("#", "zone", "MTBI", "MTBI from", "goodput", "obtainability", "price", "per productive h",
+                   "price from")  # fmt: skip
+        lines += ["  " + line for line in table(headers, rows).splitlines()]
+    return "\n".join(lines)

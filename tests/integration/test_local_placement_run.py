@@ -1,0 +1,63 @@
+"""Placement on the local cloud: three zones, the first two interrupting about every 20 s and the last about every
+5 minutes (`--mtbi ZONE=DURATION,...`). Ranked (the default), respawn leaves a zone once it interrupted the job and
+does most of the training in the long-lived zone, ending SUCCEEDED and exact; `placement: ordered` keeps the list's
+order (the same zone after a preemption).
+
+--seed 5 fixes each zone's lifetimes: the first machine in us-central1-a lives 4 s, in us-central1-b 19 s, in
+us-central1-c 246 s (chaos.py draws each zone's rounds from a stream of its own).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import need
+from test_local_run import ROOT, run_local
+
+from respawn.local.emulators import FakeGcs
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.timeout(900)]  # a reference run, then the run
+A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+CHAOS = ["--mtbi", f"{A}=20s,{B}=20s,{C}=5m", "--seed", "5", "--creation-delay", "0.5s", "--sweep-every", "2s"]
+
+
+def job_file(folder: Path, steps: int, **fields: Any) -> Path:
+    job = yaml.safe_load((ROOT / "examples" / "three-zones.yaml").read_text())
+    job["args"] = ["--model=tiny", f"--steps={steps}", "--checkpoint-every=20", "--log-every=1"]
+    job.update(fields)
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def detail(report: dict[str, Any], stderr: str) -> str:
+    return f"report: {json.dumps(report, indent=1)[:4000]}\nstderr tail:\n{stderr[-3000:]}"
+
+
+def test_ranked_placement_trains_mostly_in_the_long_lived_zone(tmp_path: Path) -> None:
+    need(FakeGcs.missing())
+    report, stderr = run_local(job_file(tmp_path, 800), tmp_path, chaos=CHAOS, timeout=900)
+    why = detail(report, stderr)
+    assert report["status"] == "SUCCEEDED" and report["exact"] is True and report["final_step"] == 800, why
+    zones = [z["zone"] for z in report["zones"]]
+    assert zones[0] == A and zones[-1] == C and zones.index(C) <= 2, why  # A and B each lost once at most
+    steps = {row["zone"]: row["productive_steps"] for row in report["by_zone"]}
+    assert sum(steps.values()) == 800 and steps[C] > 800 / 2, why
+    assert all(z["placement"].startswith(z["zone"]) for z in report["zones"]), why  # decide's reason for each
+    learned = {row["zone"]: row for row in report["history"]}
+    assert learned[A]["interruptions"] >= 1 and learned[C]["mtbi_s"] > learned[A]["mtbi_s"], why
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, why
+
+
+def test_ordered_placement_follows_the_list(tmp_path: Path) -> None:
+    need(FakeGcs.missing())
+    path = job_file(tmp_path, 200, placement="ordered", job_id="three-zones-ordered")
+    report, stderr = run_local(path, tmp_path, "--no-reference", chaos=CHAOS, timeout=900)
+    why = detail(report, stderr)
+    assert report["status"] == "SUCCEEDED" and report["final_step"] == 200, why
+    assert report["preemptions"] >= 1 and {z["zone"] for z in report["zones"]} == {A}, why  # the same zone again
+    assert all("list order" in z["placement"] for z in report["zones"]), why

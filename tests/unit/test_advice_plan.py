@@ -1,0 +1,76 @@
+"""`respawn plan`'s figures (respawn/plan.py) on a given outlook, and prices with their source (respawn/prices.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from respawn import plan
+from respawn.model import GpuMachine, JobSpec, Tier, TpuMachine
+from respawn.placement import HOUR, Advice, History, Key, Outlook, ZoneAdvice
+from respawn.prices import LIST_SOURCE, Priced, machine_price, priced
+
+NOW = 1_800_000_000.0  # 2027-01-15 UTC
+A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+GPU = GpuMachine("a2-highgpu-1g", "nvidia-tesla-a100", 1)
+
+
+def spec(machine: GpuMachine | TpuMachine = GPU, zones: tuple[str, ...] = (A, B, C)) -> JobSpec:
+    tiers = (Tier("spot", zones, after_preemptions=2), Tier("standard", (A,)))
+    return JobSpec("j", machine, zones, "img", "gs://bucket/j", tiers=tiers)
+
+
+def test_sources_of_each_figure() -> None:
+    history = History().observe(Key(A, "a2-highgpu-1g", "spot"), NOW, seconds=10 * HOUR, interruptions=5)
+    advice = Advice({C: ZoneAdvice(estimated_uptime_s=8 * HOUR, obtainability=0.9, price_per_hour=3.5)}, NOW)
+    outlook = Outlook(history, {("a2-highgpu-1g", "spot"): advice})
+    built = plan.build(spec(), outlook, NOW, history="test", restart_cost_s=300)
+    spot, standard = built.tiers
+    by_zone = {z.zone: z for z in spot.zones}
+    assert by_zone[A].mtbi_source == "history"
+    assert by_zone[B].mtbi_source == "pooled history"
+    assert by_zone[C].mtbi_source == "pooled history + advice"
+    assert by_zone[C].price == Priced(3.5, "Advice API price history (2027-01-15)")
+    assert by_zone[C].obtainability == 0.9
+    listed = machine_price(dict(GPU.__dict__))
+    assert listed is not None
+    assert by_zone[A].price == Priced(listed.spot_per_h, LIST_SOURCE) and by_zone[A].obtainability is None
+    order = [z.zone for z in spot.zones]
+    assert order.index(B) < order.index(A)  # five interruptions in ten hours: A has the worst MTBI
+    for z in spot.zones:
+        assert z.mtbi_s == outlook.mtbi_s(z.zone, "a2-highgpu-1g", "spot", NOW)
+        assert z.cost_per_productive_hour is not None and z.price is not None
+        assert abs(z.cost_per_productive_hour - z.price.rate_per_h / z.goodput) < 1e-9
+    (only,) = standard.zones
+    assert (only.mtbi_source, only.price) == ("prior (no history)", Priced(listed.on_demand_per_h, LIST_SOURCE))
+    json = plan.to_json(built)
+    assert json["tiers"][0]["order"] == [z.zone for z in spot.zones]
+    assert json["tiers"][0]["zones"][0]["price_source"] in (LIST_SOURCE, "Advice API price history (2027-01-15)")
+
+
+def test_a_machine_without_a_price_is_ranked_on_goodput_alone() -> None:
+    unknown = GpuMachine("a9-megagpu-1g", "nvidia-future", 1)
+    built = plan.build(spec(unknown), Outlook(), NOW, history="test", restart_cost_s=300)
+    zone = built.tiers[0].zones[0]
+    assert (zone.price, zone.cost_per_productive_hour) == (None, None)
+    assert "no price known" in plan.text(built, lambda headers, rows: "\n".join(str(r) for r in rows))
+
+
+def test_priced_prefers_the_advice_price() -> None:
+    table = machine_price({"kind": "gpu", "accelerator_type": "nvidia-l4", "accelerator_count": 2})
+    assert priced("spot", table) == Priced(0.44, LIST_SOURCE)
+    assert priced("standard", table) == Priced(1.12, LIST_SOURCE)
+    assert priced("spot", table, 0.61, NOW) == Priced(0.61, "Advice API price history (2027-01-15)")
+    assert priced("spot", table, 0.0, NOW) == Priced(0.44, LIST_SOURCE)
+    assert priced("spot", None) is None
+    assert Priced(0.61, LIST_SOURCE).text() == "$0.61/h (list price table 2025-06)"
+
+
+def test_placement_ordered_keeps_the_list() -> None:
+    history = History().observe(Key(A, "a2-highgpu-1g", "spot"), NOW, seconds=HOUR, interruptions=9)
+    ordered = replace(spec(), placement="ordered")
+    built = plan.build(ordered, Outlook(history), NOW, history="test", restart_cost_s=300)
+    assert [z.zone for z in built.tiers[0].zones] == [A, B, C]
+    assert built.tiers[0].placement == "ordered"
+    ranked = plan.build(spec(), Outlook(history), NOW, history="test", restart_cost_s=300)
+    assert [z.zone for z in ranked.tiers[0].zones] == [B, C, A]
+    assert "in list order (ordered)" in plan.text(built, lambda headers, rows: "")
