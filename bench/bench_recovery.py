@@ -32,8 +32,9 @@ persistent compilation cache, save. Each API's run then prints the recovery from
 real-cloud minutes they stand for; goodput at a realistic MTBI (--mtbi-hours, scaled the same way), modelled from
 the measured recoveries and lost work (the job's periodic checkpoints left out: recovery_split.goodput_at); and,
 per trainer process, the programs compiled after the first attempt's first step (0: every restart of every process
-read its program from the persistent compilation cache). --head-start asks for the job option head_start (a head
-start on the notice); this respawn has none yet, and says so.
+read its program from the persistent compilation cache). --head-start sets the job option head_start (a head start
+on the notice), off without it; a respawn whose job message has no such option runs without, and refuses
+--head-start saying so.
 
 Targets (SPEC section 7): create p95 < 0.5 s, first step p50 < 2.5 s; a 4-host local slice: first step p50 < 8 s.
 The last line printed is one JSON object {"create_p50_s", "create_p95_s", "first_step_p50_s",
@@ -309,8 +310,8 @@ def main() -> int:
     apis = list(APIS) if chosen == "both" else [chosen]
     default_api = "compute" if slice_job else "tpu"  # what the job takes without `api` (v6e-16; the v5e quickstart)
 
-    problem = head_start_option(job_of(a.hosts, apis[0])) if a.head_start else None
-    if problem:
+    problem = head_start_option(job_of(a.hosts, apis[0]))
+    if problem and a.head_start:
         print(f"bench_recovery: --head-start: not available yet: {problem}", file=sys.stderr)
         return 2
     by_api: dict[str, dict[str, Any]] = {}
@@ -323,8 +324,8 @@ def main() -> int:
             job["args"] += ["--batch-size=16", "--checkpoint-every=10"]
         elif not a.mtbi:  # chaos (goodput) runs the trainer's default interval, as a user's job does
             job["args"] += ["--checkpoint-every=50"]
-        if a.head_start:
-            job["head_start"] = True
+        if not problem:  # a respawn with the option: on with --head-start only, so that runs compare
+            job["head_start"] = a.head_start
         plot = plot_path(a.plot, a.workdir, slice_job, api, len(apis) > 1)
         r = run_one(a, api, job, plot)
         if r is None:
