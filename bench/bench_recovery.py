@@ -214,6 +214,7 @@ def notice_table(by_api: dict[str, dict[str, Any]]) -> str:
     scale = first["scale"]
     lines = [
         f"profile {first['profile']} (1 local s = {1 / scale / 60:g} real min): from the notice, p50 (s / min)",
+        f"  {profile(first['profile']).description}",
         f"{'':36}" + "".join(f"{api:>18}" for api in apis),
     ]
     for key in (*PHASES, "first_step"):
