@@ -339,6 +339,8 @@ class Attempt:
     goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
     placement: str = ""  # why this zone: the chosen zone's figures and the runner-up ("" without an outlook)
     mtbi_s: float | None = None  # the outlook's expected seconds to interruption of its zone, handed to the machine
+    # the Advice API's price of its machine in its zone when placed ({per_h, source}): its hours' cost (accounting)
+    price: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.end_reason is not None and not isinstance(self.end_reason, EndReason):  # as read back from JSON
