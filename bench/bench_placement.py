@@ -24,12 +24,15 @@ stockout among the zones not yet tried).
                   (SkyPilot's EAGER_NEXT_REGION): the attempt's zone and the job's zone_index rewritten in the record
                   before the create is acted on
   respawn         decide() with the outlook: the deployment's history, the zone just lost penalised, the penalty
-                  fading
+                  fading; each machine's trainer saves at the Young/Daly interval of its zone's MTBI
+  respawn-zones-only  respawn's zone choice alone: its trainers keep the default interval, as the baselines' do
 
-Productive time: a trainer starts RESTART_S after its machine is up (boot, restore), saves every
-CHECKPOINT_INTERVAL_S of training at CHECKPOINT_COST_S; a preemption loses the work since the last save; the job's
-end keeps all of it. goodput = productive / wall time; cost per productive hour = machine-hours (from create to
-preemption) x the price of an a2-highgpu-1g's A100 at Spot from respawn.prices; recoveries = preemptions.
+Productive time: a trainer starts RESTART_S after its machine is up (boot, restore), saves at CHECKPOINT_COST_S
+every Young/Daly interval of training for the MTBI handed to its machine (respawn: its zone's, from the outlook;
+the baselines hand none, so the trainer's default RESPAWN_MTBI_S); a preemption loses the work since the last
+save; the job's end keeps all of it. goodput = productive / wall time; cost per productive hour = machine-hours
+(from create to preemption) x the price of an a2-highgpu-1g's A100 at Spot from respawn.prices; recoveries =
+preemptions.
 
     bench/bench_placement.py [--traces DIR] [--seed N] [--jobs N] [--days D]
 
@@ -63,15 +66,19 @@ from respawn.model import EndReason, GpuMachine, Job, JobSpec, Status
 from respawn.placement import DAY, HOUR, History, Observation, Outlook
 from respawn.prices import machine_price, rate_per_h
 
-POLICIES = ("respawn", "ordered", "skip-preempted")
+POLICIES = ("respawn", "ordered", "skip-preempted", "respawn-zones-only")
+PLACED = ("respawn", "respawn-zones-only")  # decide() gets an outlook
 MACHINE = GpuMachine("a2-highgpu-1g", "nvidia-tesla-a100", 1)
 PROVISIONING = "spot"
 FALLBACK_PRICE_PER_H = 1.0  # used only when respawn.prices has no row for MACHINE
 RESTART_S = 180.0  # machine up -> training again (boot, image, restore)
 CREATE_DELAY_S = 30.0  # decision -> the create reaches the zone (delete, decide, the API call)
 CREATE_FAIL_S = 20.0  # a create call that finds no capacity answers after this
-CHECKPOINT_INTERVAL_S = 20 * 60.0
 CHECKPOINT_COST_S = 30.0
+# The trainer's `auto` checkpoint interval is Young/Daly, sqrt(2 * save cost * MTBI) (respawn_trainer/schedule.py),
+# with the MTBI respawn hands the machine (CreateMachine.mtbi_s: its zone's expected time to interruption), or the
+# trainer's default RESPAWN_MTBI_S where nothing is handed (the baselines: decide without an outlook hands none).
+TRAINER_DEFAULT_MTBI_S = 3600.0
 DECIDE_POLICY = Policy(restart_cost_s=RESTART_S + CREATE_DELAY_S)  # what decide's ranking charges an interruption
 
 
@@ -132,6 +139,7 @@ class Run:
     end_at: float
     record: Job | None = None
     up_since: float | None = None  # the live machine exists since (billed)
+    interval_s: float = 0.0  # the live machine's trainer's checkpoint interval
     machine_s: dict[str, float] = field(default_factory=dict)
     productive_s: float = 0.0
 
@@ -163,12 +171,17 @@ class Outcome:
         }
 
 
-def kept_training_s(trained_s: float, finished: bool) -> float:
-    """Of `trained_s` seconds since the trainer started, the training kept: whole intervals that were saved, and at
-    the job's end everything."""
-    period = CHECKPOINT_INTERVAL_S + CHECKPOINT_COST_S
+def checkpoint_interval_s(mtbi_s: float | None) -> float:
+    """The trainer's auto interval (Young/Daly) for the MTBI handed to its machine, or its default without one."""
+    return math.sqrt(2 * CHECKPOINT_COST_S * (mtbi_s or TRAINER_DEFAULT_MTBI_S))
+
+
+def kept_training_s(trained_s: float, finished: bool, interval_s: float) -> float:
+    """Of `trained_s` seconds since the trainer started (saving every `interval_s` of training), the training kept:
+    whole intervals that were saved, and at the job's end everything."""
+    period = interval_s + CHECKPOINT_COST_S
     whole, rest = divmod(max(0.0, trained_s), period)
-    return whole * CHECKPOINT_INTERVAL_S + (min(rest, CHECKPOINT_INTERVAL_S) if finished else 0.0)
+    return whole * interval_s + (min(rest, interval_s) if finished else 0.0)
 
 
 def simulate(
@@ -194,7 +207,7 @@ def simulate(
     def decided(job: Job | None, event: JobEvent, now: float) -> tuple[Job, list[object]]:
         """decide(), with the outlook under the respawn policy; the observations it leaves go into the history."""
         nonlocal history
-        outlook = Outlook(history=history, checkpoint_cost_s=CHECKPOINT_COST_S) if policy == "respawn" else None
+        outlook = Outlook(history=history, checkpoint_cost_s=CHECKPOINT_COST_S) if policy in PLACED else None
         new, actions = decide(job, event, now, DECIDE_POLICY, outlook=outlook)
         assert new is not None
         if new.observations:
@@ -214,7 +227,9 @@ def simulate(
         before = run.record.next_attempt_at if run.record is not None else None
         new, actions = decided(run.record, event, now)
         run.record = new
-        if any(isinstance(action, CreateMachine) for action in actions):
+        creates = [action for action in actions if isinstance(action, CreateMachine)]
+        if creates:
+            run.interval_s = checkpoint_interval_s(creates[-1].mtbi_s if policy == "respawn" else None)
             act_create(i, now)
         waits_until = new.next_attempt_at if new.status is Status.PENDING else None
         if waits_until is not None and waits_until != before:
@@ -243,7 +258,7 @@ def simulate(
         current = run.job.current
         assert current is not None and run.up_since is not None
         run.machine_s[current.zone] = run.machine_s.get(current.zone, 0.0) + now - run.up_since
-        run.productive_s += kept_training_s(now - run.up_since - RESTART_S, finished=not preempted)
+        run.productive_s += kept_training_s(now - run.up_since - RESTART_S, not preempted, run.interval_s)
         run.up_since = None
 
     for i, start in enumerate(starts):
@@ -307,7 +322,7 @@ def machine_gone_at_end(run: Run) -> None:
     current = run.job.current
     assert current is not None and run.up_since is not None
     run.machine_s[current.zone] = run.machine_s.get(current.zone, 0.0) + run.end_at - run.up_since
-    run.productive_s += kept_training_s(run.end_at - run.up_since - RESTART_S, finished=True)
+    run.productive_s += kept_training_s(run.end_at - run.up_since - RESTART_S, True, run.interval_s)
     run.up_since = None
 
 
@@ -349,19 +364,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     price, priced_as = price_per_hour()
     print(f"{args.jobs} jobs x {args.days:g} days per set, seed {args.seed}; {MACHINE.machine_type} at {priced_as}")
-    print(f"restart {RESTART_S:.0f}s, checkpoint every {CHECKPOINT_INTERVAL_S:.0f}s at {CHECKPOINT_COST_S:.0f}s")
+    default = checkpoint_interval_s(None)
+    print(f"restart {RESTART_S:.0f}s, checkpoint cost {CHECKPOINT_COST_S:.0f}s every sqrt(2 x cost x MTBI) of training"
+          f" ({default:.0f}s at the trainer's default MTBI {TRAINER_DEFAULT_MTBI_S:.0f}s)")  # fmt: skip
     per_set: dict[str, dict[str, object]] = {}
     totals: dict[str, list[Outcome]] = {p: [] for p in POLICIES}
     for name, traces in trace_sets(args.traces).items():
         print(f"\n{name}: zones {', '.join(traces)}")
-        print(f"  {'policy':<15}{'goodput':>9}{'$/prod h':>10}{'recov':>7}{'stockout':>9}  machine-hours by zone")
+        print(f"  {'policy':<19}{'goodput':>9}{'$/prod h':>10}{'recov':>7}{'stockout':>9}  machine-hours by zone")
         outcomes = {}
         for policy in POLICIES:
             o = simulate(traces, policy, jobs=args.jobs, days=args.days, seed=args.seed, price_per_h=price)
             outcomes[policy] = o
             totals[policy].append(o)
             hours = " ".join(f"{z}={h:.0f}" for z, h in o.machine_hours_by_zone.items())
-            print(f"  {policy:<15}{o.goodput:>9.3f}{o.cost_per_productive_hour:>10.3f}{o.recoveries:>7}"
+            print(f"  {policy:<19}{o.goodput:>9.3f}{o.cost_per_productive_hour:>10.3f}{o.recoveries:>7}"
                   f"{o.capacity_errors:>9}  {hours}")  # fmt: skip
         per_set[name] = {"policies": {p: o.summary() for p, o in outcomes.items()}}
     result = {"policies": {p: combined(totals[p], price) for p in POLICIES}, "sets": per_set}

@@ -24,16 +24,32 @@ notice and the others stop with it). Either way the replacement slice starts 4 n
 (JAX's coordinator) before the first new step. `--api tpu|compute|both` picks (both by default with --hosts 4;
 tpu with --hosts 1, examples/quickstart.yaml's v5e; compute with --hosts 1 is a v6e-8 Compute Engine instance).
 
+With --profile NAME every machine takes a profile's times for each step of a recovery (respawn/local/profiles.py):
+`cloud` replays Spot TPU and GPU recoveries from public figures at 1/60 speed, so that a local second reads as a
+real minute; `cloud-baked` and `cloud-nocache` show what a boot image holding Docker and the trainer image, and the
+persistent compilation cache, save. Each API's run then prints the recovery from the notice, split into its steps
+(detect, queue, create, boot, install, pull, start: respawn/local/recovery_split.py), in local seconds and in the
+real-cloud minutes they stand for; goodput at a realistic MTBI (--mtbi-hours, scaled the same way), modelled from
+the measured recoveries and lost work (the job's periodic checkpoints left out: recovery_split.goodput_at); and,
+per trainer process, the programs compiled after the first attempt's first step (0: every restart of every process
+read its program from the persistent compilation cache). --head-start sets the job option head_start (a head start
+on the notice), off without it; a respawn whose job message has no such option runs without, and refuses
+--head-start saying so.
+
 Targets (SPEC section 7): create p95 < 0.5 s, first step p50 < 2.5 s; a 4-host local slice: first step p50 < 8 s.
 The last line printed is one JSON object {"create_p50_s", "create_p95_s", "first_step_p50_s",
 "first_step_p95_s", "split_p50_s" (create / queue / boot / trainer start), "goodput", "lost_steps_per_preemption",
-"hosts", "api", ..., "apis": {API: the same figures of that API's run}}; the top-level figures are those of the
-API the job takes by default (compute for v6e, tpu for the quickstart's v5e), or of the one API run.
+"hosts", "api", ..., "profile", "scale", "notice_first_step_p50_s", "notice_first_step_p95_s",
+"notice_split_p50_s", "real_min" (those three in real-cloud minutes), "mtbi_h", "goodput_at_mtbi",
+"programs_compiled_on_restart", "apis": {API: the same figures of that API's run}}; the top-level figures are those
+of the API the job takes by default (compute for v6e, tpu for the quickstart's v5e), or of the one API run.
 
     .venv/bin/python bench/bench_recovery.py [--preemptions 12] [--every 100] [--steps 1500] [--plot FILE.png]
     .venv/bin/python bench/bench_recovery.py --mtbi 60 --steps 9000
     .venv/bin/python bench/bench_recovery.py --hosts 4      # per API: 10 preemptions of a 4-host slice, every 30 steps
     .venv/bin/python bench/bench_recovery.py --hosts 4 --api compute --preemptions 3 --steps 120
+    .venv/bin/python bench/bench_recovery.py --profile cloud --preemptions 3 --steps 500
+    .venv/bin/python bench/bench_recovery.py --profile cloud-baked --hosts 4 --preemptions 2 --steps 120
 """
 
 from __future__ import annotations
@@ -47,6 +63,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from respawn.local.profiles import PROFILES, profile, real_minutes
+from respawn.local.recovery_split import PHASES, goodput_at, programs_written, recoveries, summary
+from respawn.spec import SpecError, parse_job_message
 
 ROOT = Path(__file__).resolve().parents[1]
 APIS = ("tpu", "compute")
@@ -87,8 +107,10 @@ def job_of(hosts: int, api: str) -> dict[str, Any]:
     return dict(job)
 
 
-def figures(r: dict[str, Any], hosts: int, api: str) -> dict[str, Any]:
-    """What the last JSON line says of one run."""
+def figures(
+    r: dict[str, Any], hosts: int, api: str, events: list[dict[str, Any]], workdir: str, mtbi_h: float
+) -> dict[str, Any]:
+    """What the last JSON line says of one run: the run report's figures, then the recovery from the notice."""
     return {
         "create_p50_s": r["recovery_create_p50_s"],
         "create_p95_s": r["recovery_create_p95_s"],
@@ -104,7 +126,54 @@ def figures(r: dict[str, Any], hosts: int, api: str) -> dict[str, Any]:
         "status": r["status"],
         "hosts": r.get("hosts", hosts),
         "api": api,
+        **from_the_notice(r, events, workdir, mtbi_h),
     }
+
+
+def from_the_notice(r: dict[str, Any], events: list[dict[str, Any]], workdir: str, mtbi_h: float) -> dict[str, Any]:
+    """The recovery from the notice split into its steps, in local seconds and the real minutes they stand for;
+    goodput at the profile's MTBI, modelled from it; the programs each process compiled after the first step."""
+    timings = r["timings"]
+    scale = float(timings["scale"])
+    rows = recoveries(events)
+    s = summary(rows)
+    split = s["split_p50_s"]
+    after_ready = [sum(row[k] for k in ("boot_s", "install_s", "pull_s", "start_s")) for row in rows]
+    wasted = r["goodput_s"]["wasted_s"]
+    first_step = next((e["t"] for e in sorted(events, key=lambda e: e["t"]) if e["kind"] == "step"), None)
+    cache = Path(workdir) / "compile-cache"
+    compiled = programs_written(cache, first_step, int(r.get("hosts", 1))) if first_step is not None else {}
+    return {
+        "profile": timings["profile"],
+        "scale": scale,
+        "notice_first_step_p50_s": s["first_step_p50_s"],
+        "notice_first_step_p95_s": s["first_step_p95_s"],
+        "notice_split_p50_s": split,
+        "real_min": {
+            "notice_first_step_p50": _minutes(s["first_step_p50_s"], scale),
+            "notice_first_step_p95": _minutes(s["first_step_p95_s"], scale),
+            "notice_split_p50": {k: _minutes(v, scale) for k, v in split.items()},
+        },
+        "mtbi_h": mtbi_h,
+        "goodput_at_mtbi": None
+        if not rows
+        else goodput_at(
+            mtbi_h * 3600 * scale,
+            s["first_step_p50_s"] or 0.0,
+            sorted(after_ready)[(len(after_ready) - 1) // 2],
+            wasted / max(r["preemptions"], 1),
+        ),
+        "programs_compiled_on_restart": compiled,
+    }
+
+
+def _minutes(local_s: float | None, scale: float) -> float | None:
+    return None if local_s is None else real_minutes(local_s, scale)
+
+
+def timeline(run_dir: str) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "timeline.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run_one(a: argparse.Namespace, api: str, job: dict[str, Any], plot: str) -> dict[str, Any] | None:
@@ -115,7 +184,7 @@ def run_one(a: argparse.Namespace, api: str, job: dict[str, Any], plot: str) -> 
         job_file.write_text(yaml.safe_dump(job))
         argv = [sys.executable, "-m", "respawn.cli", "local", "run", str(job_file)]
         argv += ["--mtbi", f"{a.mtbi:g}s", "--seed", str(a.seed)] if a.mtbi else ["--preempt-at-step", steps]
-        argv += ["--json", "--plot", plot, "--workdir", a.workdir, "--timeout", "40m"]
+        argv += ["--json", "--plot", plot, "--workdir", a.workdir, "--timeout", "40m", "--profile", a.profile]
         print(f"running ({api}):", " ".join(argv[1:]), file=sys.stderr, flush=True)
         proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if not proc.stdout.strip():
@@ -136,6 +205,49 @@ def run_one(a: argparse.Namespace, api: str, job: dict[str, Any], plot: str) -> 
     )
     print("goodput split (s):", json.dumps(r["goodput_s"]))
     return r
+
+
+def notice_table(by_api: dict[str, dict[str, Any]]) -> str:
+    """The recovery from the notice per API: each step's p50, in local seconds and in real-cloud minutes."""
+    apis = list(by_api)
+    first = by_api[apis[0]]
+    scale = first["scale"]
+    lines = [
+        f"profile {first['profile']} (1 local s = {1 / scale / 60:g} real min): from the notice, p50 (s / min)",
+        f"  {profile(first['profile']).description}",
+        f"{'':36}" + "".join(f"{api:>18}" for api in apis),
+    ]
+    for key in (*PHASES, "first_step"):
+        cells = []
+        for api in apis:
+            f = by_api[api]
+            local = f["notice_first_step_p50_s"] if key == "first_step" else f["notice_split_p50_s"][key]
+            real = (
+                f["real_min"]["notice_first_step_p50"]
+                if key == "first_step"
+                else f["real_min"]["notice_split_p50"][key]
+            )
+            cells.append("-" if local is None else f"{local:.2f}s / {real:.1f}m")
+        label = "notice -> first step" if key == "first_step" else f"  {key.removesuffix('_s')}"
+        lines.append(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
+    goodput = ["-" if by_api[a]["goodput_at_mtbi"] is None else f"{by_api[a]['goodput_at_mtbi']:.4f}" for a in apis]
+    mtbi = f"goodput at MTBI {first['mtbi_h']:g} h ({first['mtbi_h'] * 3600 * scale:.0f}s)"
+    lines.append(f"{mtbi:36}" + "".join(f"{c:>18}" for c in goodput))
+    compiled = [
+        ",".join(str(n) for _, n in sorted(by_api[a]["programs_compiled_on_restart"].items())) or "-" for a in apis
+    ]
+    lines.append(f"{'programs compiled on restart p0,p1..':36}" + "".join(f"{c:>18}" for c in compiled))
+    return "\n".join(lines)
+
+
+def head_start_option(job: dict[str, Any]) -> str | None:
+    """Why the job cannot ask for a head start, or None when it can: the job option `head_start` must be one the
+    job message knows (the head start on the notice, issue 24 item 2)."""
+    try:
+        parse_job_message({**job, "head_start": True})
+    except SpecError as e:
+        return f"the job message has no option head_start ({e})"
+    return None
 
 
 def table(by_api: dict[str, dict[str, Any]]) -> str:
@@ -180,7 +292,16 @@ def main() -> int:
         "_API is added before .png)",
     )
     p.add_argument("--workdir", default=str(ROOT / ".respawn"))
+    p.add_argument(
+        "--profile",
+        default="local",
+        choices=list(PROFILES),
+        help="recovery timings (respawn/local/profiles.py): local, or real-cloud figures a minute to a second",
+    )
+    p.add_argument("--mtbi-hours", type=float, help="MTBI for the modelled goodput, real hours (the profile's: 8)")
+    p.add_argument("--head-start", action="store_true", help="the job asks for a head start on the notice")
     a = p.parse_args()
+    mtbi_h = a.mtbi_hours or profile(a.profile).mtbi.real_s / 3600
     slice_job = a.hosts > 1
     a.preemptions = a.preemptions or (10 if slice_job else 12)
     a.every = a.every or (30 if slice_job else 100)
@@ -190,6 +311,10 @@ def main() -> int:
     apis = list(APIS) if chosen == "both" else [chosen]
     default_api = "compute" if slice_job else "tpu"  # what the job takes without `api` (v6e-16; the v5e quickstart)
 
+    problem = head_start_option(job_of(a.hosts, apis[0]))
+    if problem and a.head_start:
+        print(f"bench_recovery: --head-start: not available yet: {problem}", file=sys.stderr)
+        return 2
     by_api: dict[str, dict[str, Any]] = {}
     ok = True
     for api in apis:
@@ -200,12 +325,14 @@ def main() -> int:
             job["args"] += ["--batch-size=16", "--checkpoint-every=10"]
         elif not a.mtbi:  # chaos (goodput) runs the trainer's default interval, as a user's job does
             job["args"] += ["--checkpoint-every=50"]
+        if not problem:  # a respawn with the option: on with --head-start only, so that runs compare
+            job["head_start"] = a.head_start
         plot = plot_path(a.plot, a.workdir, slice_job, api, len(apis) > 1)
         r = run_one(a, api, job, plot)
         if r is None:
             ok = False
             continue
-        by_api[api] = figures(r, a.hosts, api)
+        by_api[api] = figures(r, a.hosts, api, timeline(r["run_dir"]), a.workdir, mtbi_h)
         wanted = min(10, a.preemptions)
         if r["preemptions"] < wanted and not a.mtbi:
             print(
@@ -216,6 +343,7 @@ def main() -> int:
     if not by_api:
         return 1
     print(table(by_api))
+    print(notice_table(by_api))
     top = by_api.get(default_api) or next(iter(by_api.values()))
     print(json.dumps({**top, "apis": by_api}))
     return 0 if ok else 1

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from respawn.model import Attempt, EndReason, Job
-from respawn.prices import cost, machine_price, rate_per_h
+from respawn.prices import LIST_SOURCE, cost, machine_price, rate_per_h
 
 TRAINER_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "wasted_s", "total_s")
 CATEGORIES = ("productive_s", "startup_s", "restore_s", "checkpoint_s", "wasted_s", "lost_s", "waiting_s", "idle_s")
@@ -110,11 +110,30 @@ def job_end(job: Job, now: float) -> float:
     return max((a.ended_at for a in job.attempts if a.ended_at is not None), default=job.submitted_at)
 
 
+def _priced(attempts: list[Attempt], used: dict[int, float], rate: float | None) -> tuple[float | None, list[str]]:
+    """The cost of the attempts' machine seconds `used`: each at its Advice API price where it was placed with one,
+    else at the table's `rate`; and the sources used. None when some hours have no price."""
+    total, sources = 0.0, set()
+    for a in attempts:
+        if a.price is not None:
+            total += used[a.n] / 3600 * float(a.price["per_h"])
+            sources.add(str(a.price["source"]))
+        elif rate is None:
+            return None, []
+        else:
+            total += used[a.n] / 3600 * rate
+            sources.add(LIST_SOURCE)
+    if not sources:  # no attempts in this tier
+        return (None, []) if rate is None else (0.0, [LIST_SOURCE])
+    return round(total, 4), sorted(sources)
+
+
 def job_accounting(job: Job, now: float) -> dict[str, Any]:
     """{wall_s, goodput, seconds: {category: s}, machine_hours, cost, tiers}: the job's goodput, badput and cost.
 
     `cost` prices all machine time at Spot and at on-demand (None when prices.py has no row for the machine);
-    `tiers` prices each tier's machine time at its own rate."""
+    `tiers` prices each tier's machine time at its own rate: an attempt placed with the Advice API's price of its
+    zone (Attempt.price) at that price, the others at the dated table's; each tier says which sources it used."""
     end = job_end(job, now)
     wall = max(0.0, end - job.submitted_at)
     seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -131,14 +150,15 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
         price = machine_price(spec_to_message(job.spec)["machine"])
     tiers = []
     for i, tier in enumerate(job.spec.all_tiers if job.spec else ()):
-        tier_hours = sum(used[a.n] for a in job.attempts if a.tier == i) / 3600
-        rate = rate_per_h(tier.provisioning, price)
+        mine = [a for a in job.attempts if a.tier == i]
+        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, price))
         tiers.append(
             {
                 "tier": i,
                 "provisioning": tier.provisioning,
-                "machine_hours": round(tier_hours, 5),
-                "cost_usd": None if rate is None else round(tier_hours * rate, 4),
+                "machine_hours": round(sum(used[a.n] for a in mine) / 3600, 5),
+                "cost_usd": cost_usd,
+                "price_sources": sources,
             }
         )
     return {

@@ -160,17 +160,19 @@ def _goodput_lines(accounting: dict[str, Any]) -> list[str]:
 
 def _tier_costs(accounting: dict[str, Any]) -> str:
     """Hours each tier's machines ran (from the trainer's process start to the attempt's end), priced at the
-    tier's rate (Spot for spot/preemptible, on-demand otherwise; respawn/prices.py, dated list prices)."""
+    Advice API's price where an attempt was placed with one, else at the tier's rate (Spot for spot/preemptible,
+    on-demand otherwise; respawn/prices.py, dated list prices), and which prices those were."""
     rows = [
         (
             t["tier"],
             t["provisioning"],
             f"{t['machine_hours']:.2f}",
             "" if t["cost_usd"] is None else f"${t['cost_usd']:.2f}",
+            "; ".join(t.get("price_sources", ())),
         )
         for t in accounting["tiers"]
     ]
-    return table(("tier", "provisioning", "machine hours", "cost"), rows)
+    return table(("tier", "provisioning", "machine hours", "cost", "priced by"), rows)
 
 
 # ---- settings and cloud clients ------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ from respawn.model import (
     parse_machine_name,
 )
 from respawn.placement import Key, Observation, Outlook, Placed, machine_kind
-from respawn.prices import SPOT_MODELS, machine_price, rate_per_h
+from respawn.prices import SPOT_MODELS, advice_source, machine_price, rate_per_h
 
 # What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
 DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
@@ -711,7 +711,7 @@ def _with_new_attempt(
     zones, outlook = _tier(job).zones, ctx.outlook
     if len(zones) > 1 and zones[zone_index] == avoid:
         zone_index = (zone_index + 1) % len(zones)
-    placement, mtbi = "", None
+    placement, mtbi, price = "", None, None
     if outlook is not None:
         if _ranked(job) and not same_zone:
             placed, placement = _best_untried(job, now, ctx, avoid)
@@ -720,6 +720,8 @@ def _with_new_attempt(
             why = "the same zone: a crash says nothing of the zone" if same_zone else "list order (placement ordered)"
             placement = f"{zones[zone_index]}: {why}"
         mtbi = outlook.mtbi_s(zones[zone_index], machine_kind(spec), _tier(job).provisioning, now)
+        advised = outlook.advised_price(zones[zone_index], machine_kind(spec), _tier(job).provisioning)
+        price = None if advised is None else {"per_h": advised[0], "source": advice_source(advised[1])}
     n = job.current.n + 1 if job.current else 1
     attempt = Attempt(
         n=n,
@@ -729,6 +731,7 @@ def _with_new_attempt(
         tier=job.tier_index,
         placement=placement,
         mtbi_s=mtbi,
+        price=price,
     )
     return replace(job.with_attempt(attempt), zone_index=zone_index, next_attempt_at=None), attempt
 

@@ -343,6 +343,8 @@ class Attempt:
     goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
     placement: str = ""  # why this zone: the chosen zone's figures and the runner-up ("" without an outlook)
     mtbi_s: float | None = None  # the outlook's expected seconds to interruption of its zone, handed to the machine
+    # the Advice API's price of its machine in its zone when placed ({per_h, source}): its hours' cost (accounting)
+    price: dict[str, Any] | None = None
     # Ended on its machine's notice (a head start): the machine is kept for its trainer's final save until its
     # trainer's last entry comes, a listing comes after this time (epoch s), or the job ends; the next attempt's
     # machine starts its trainer only after it

@@ -258,6 +258,14 @@ class Outlook:
         advice = self.advice.get((machine_type, provisioning))
         return advice.zones.get(zone) if advice is not None else None
 
+    def advised_price(self, zone: str, machine_type: str, provisioning: str) -> tuple[float, float] | None:
+        """The Advice API's price per hour for the zone's machine and when it was read; None where it gave none."""
+        advice = self.advice.get((machine_type, provisioning))
+        said = advice.zones.get(zone) if advice is not None else None
+        if advice is None or said is None or said.price_per_hour is None or not said.price_per_hour > 0:
+            return None
+        return said.price_per_hour, advice.fetched_at
+
     def mtbi_s(self, zone: str, machine_type: str, provisioning: str, now: float) -> float:
         """Expected seconds to the next interruption: the history's posterior, with an Advice API uptime estimate
         added as ADVICE_WEIGHT interruptions' worth of prior evidence at that uptime."""

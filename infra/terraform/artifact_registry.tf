@@ -28,3 +28,51 @@ resource "google_artifact_registry_repository" "trainer" {
 
   depends_on = [google_project_service.apis]
 }
+
+# The trainer image next to the machines (docs/operations.md, Machines that start fast): a repository of the same
+# name in each region (or multi-region: us, europe, asia) of image_regions but the functions' own, where a copy of
+# each trainer image is pushed after the build; a job names the copy in its zones' region. Same tag rules and
+# cleanup as the main repository, and the machines' account reads them as it reads that one.
+locals {
+  image_regions = setsubtract(toset(var.image_regions), [var.region])
+}
+
+resource "google_artifact_registry_repository" "trainer_regional" {
+  #checkov:skip=CKV_GCP_84:Google-managed encryption at rest, as the main trainer repository (copies of the same images).
+  for_each      = local.image_regions
+  repository_id = var.artifact_repository
+  location      = each.value
+  format        = "DOCKER"
+  description   = "Copies of the respawn trainer image for machines in ${each.value}."
+
+  docker_config {
+    immutable_tags = true
+  }
+
+  cleanup_policies {
+    id     = "delete-untagged"
+    action = "DELETE"
+    condition {
+      tag_state  = "UNTAGGED"
+      older_than = "1209600s"
+    }
+  }
+
+  cleanup_policies {
+    id     = "keep-recent"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = 20
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_artifact_registry_repository_iam_member" "machine_pulls_trainer_regional" {
+  for_each   = google_artifact_registry_repository.trainer_regional
+  location   = each.value.location
+  repository = each.value.name
+  role       = "roles/artifactregistry.reader"
+  member     = google_service_account.machine.member
+}

@@ -18,6 +18,14 @@ output "trainer_image_repository" {
   value       = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}"
 }
 
+output "trainer_image_regional_repositories" {
+  description = "Per region of image_regions: copy the trainer image here and name the copy in jobs whose zones are in that region."
+  value = {
+    for region, repo in google_artifact_registry_repository.trainer_regional :
+    region => "${region}-docker.pkg.dev/${var.project}/${repo.repository_id}"
+  }
+}
+
 output "machine_service_account" {
   description = "The account the TPU VMs and GPU VMs run as."
   value       = google_service_account.machine.email

@@ -53,6 +53,16 @@ variable "artifact_repository" {
   default     = "respawn"
 }
 
+variable "image_regions" {
+  description = "Regions (or multi-regions us, europe, asia) of the machines' zones that get a copy of the trainer image repository, so machines pull from their own region (docs/operations.md, Machines that start fast)."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for r in var.image_regions : can(regex("^([a-z]+-[a-z]+[0-9]+|us|europe|asia)$", r))])
+    error_message = "image_regions must be regions like europe-west4 or the multi-regions us, europe, asia."
+  }
+}
+
 variable "python_runtime" {
   description = "Cloud Functions runtime."
   type        = string

@@ -302,6 +302,37 @@ def test_machines_pull_the_trainer_image_from_that_repository_only(config: Confi
     assert (grant["role"], grant["member"]) == ("roles/artifactregistry.reader", MACHINE)
 
 
+def test_machines_pull_regional_copies_of_the_trainer_image_only_from_those_repositories(config: Config) -> None:
+    """image_regions: a repository of the same name per region but the functions' own, each readable by the machines."""
+    repo = config.resource("google_artifact_registry_repository", "trainer_regional")
+    main = config.resource("google_artifact_registry_repository", "trainer")
+    assert repo["for_each"] == "${local.image_regions}" and repo["location"] == "${each.value}"
+    assert repo["repository_id"] == main["repository_id"] and repo["format"] == "DOCKER"
+    assert block(repo, "docker_config")["immutable_tags"] is True
+    assert repo["cleanup_policies"] == main["cleanup_policies"]
+    locals_ = parse(TF_DIR / "artifact_registry.tf")["locals"][0]
+    assert locals_["image_regions"] == "${setsubtract(toset(var.image_regions), [var.region])}"
+    grant = config.resource("google_artifact_registry_repository_iam_member", "machine_pulls_trainer_regional")
+    assert grant["for_each"] == "${google_artifact_registry_repository.trainer_regional}"
+    assert (grant["repository"], grant["role"], grant["member"]) == (
+        "${each.value.name}",
+        "roles/artifactregistry.reader",
+        MACHINE,
+    )
+    assert config.variables["image_regions"]["default"] == []
+
+
+@pytest.mark.parametrize(
+    ("region", "allowed"),
+    [("europe-west4", True), ("us", True), ("asia", True), ("us-central1-a", False), ("US", False), ("", False)],
+)
+def test_image_regions_are_regions_or_multi_regions(config: Config, region: str, allowed: bool) -> None:
+    (validation,) = config.variables["image_regions"]["validation"]
+    pattern = re.search(r'regex\("(.+?)", r\)', validation["condition"])
+    assert pattern is not None
+    assert bool(re.fullmatch(pattern.group(1), region)) is allowed
+
+
 def test_only_the_push_identity_invokes_the_functions(config: Config) -> None:
     invokers = config.of_type("google_cloud_run_v2_service_iam_member")
     assert invokers == {

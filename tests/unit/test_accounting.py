@@ -24,6 +24,7 @@ from respawn.events import (
 )
 from respawn.model import Attempt, Job, JobSpec, Status, TpuMachine
 from respawn.parsing import log_entry_event
+from respawn.prices import LIST_SOURCE
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 T = 1_700_000_000.0
@@ -145,8 +146,22 @@ def test_categories_from_the_splits_and_the_record_times_add_up_to_the_wall() ->
     assert books["cost"]["spot_usd"] == pytest.approx(hours * 8 * 0.48, abs=1e-4)
     assert books["cost"]["on_demand_usd"] == pytest.approx(hours * 8 * 1.20, abs=1e-4)
     assert books["tiers"] == [
-        {"tier": 0, "provisioning": "spot", "machine_hours": round(hours, 5), "cost_usd": round(hours * 8 * 0.48, 4)}
+        {
+            "tier": 0,
+            "provisioning": "spot",
+            "machine_hours": round(hours, 5),
+            "cost_usd": round(hours * 8 * 0.48, 4),
+            "price_sources": [LIST_SOURCE],
+        }
     ]
+    # The same job with attempt 2 placed at the Advice API's price of its zone: its hours at that price, and both
+    # sources named.
+    advised = {"per_h": 3.0, "source": "Advice API price history (2026-11-25)"}
+    job = play(HISTORY)
+    job = replace(job, attempts=(job.attempts[0], replace(job.attempts[1], price=advised)))
+    tier = job_accounting(job, T + 5000)["tiers"][0]
+    assert tier["cost_usd"] == pytest.approx(1520 / 3600 * 8 * 0.48 + 3310 / 3600 * 3.0, abs=1e-4)
+    assert tier["price_sources"] == [advised["source"], LIST_SOURCE]
 
 
 def attempt(n: int, requested: float, **kw: Any) -> Attempt:

@@ -51,9 +51,17 @@ def test_respawn_puts_most_machine_time_in_the_long_lived_zone_and_beats_list_or
 def test_the_last_line_is_the_json_of_every_policy(zones: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--traces", str(zones), "--jobs", "2", "--days", "1"]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(last["policies"]) == {"respawn", "ordered", "skip-preempted"}
+    assert set(last["policies"]) == {"respawn", "ordered", "skip-preempted", "respawn-zones-only"}
     for figures in last["policies"].values():
         assert {"goodput", "cost_per_productive_hour", "recoveries"} <= set(figures)
+
+
+def test_respawn_trainers_save_at_their_zones_interval_and_the_others_at_the_default() -> None:
+    """Young/Daly: sqrt(2 x 30 s x MTBI); a handed MTBI of 2 h gives 657 s, none the trainer's default 3600 s: 465 s."""
+    assert bench_placement.checkpoint_interval_s(7200.0) == pytest.approx(657.27, abs=0.01)
+    assert bench_placement.checkpoint_interval_s(None) == pytest.approx(464.76, abs=0.01)
+    assert bench_placement.kept_training_s(1000.0, False, 465.0) == 930.0  # two saved intervals; the last 10 s lost
+    assert bench_placement.kept_training_s(1000.0, True, 465.0) == 940.0  # the end keeps all but the saves' time
 
 
 def test_a_trace_tells_when_its_zone_next_goes_down() -> None:

@@ -18,7 +18,7 @@ from respawn.events import (
     TrainerStarted,
 )
 from respawn.model import LEGAL_TRANSITIONS, EndReason, Job, JobSpec, MachineState, Status, Tier, TpuMachine
-from respawn.placement import HOUR, History, Key, Observation, Outlook
+from respawn.placement import HOUR, Advice, History, Key, Observation, Outlook, ZoneAdvice
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 TPU = "v5litepod-8"
@@ -87,6 +87,17 @@ def test_the_first_machine_goes_to_the_best_ranked_zone_with_its_reason_and_mtbi
     assert attempt.zone == C and job.reason == f"machine requested in {C}"
     assert attempt.placement.startswith(f"{C}: MTBI") and f"runner-up {B}" in attempt.placement
     assert creates(actions)[0].mtbi_s == attempt.mtbi_s == LEARNED.mtbi_s(C, TPU, "spot", T0)
+
+
+def test_an_attempt_placed_with_the_advice_apis_price_keeps_it_with_its_date_and_others_none() -> None:
+    """The attempt's hours are priced at what the Advice API said of its zone when it was placed (accounting)."""
+    fetched = 1_795_000_000.0  # 2026-11-18 UTC
+    advice = Advice({C: ZoneAdvice(None, None, 2.5)}, fetched)
+    job, _ = step(None, JobSubmitted(eid(), T0, spec()), outlook=replace(LEARNED, advice={(TPU, "spot"): advice}))
+    assert job.attempts[0].zone == C
+    assert job.attempts[0].price == {"per_h": 2.5, "source": "Advice API price history (2026-11-18)"}
+    job, _ = step(None, JobSubmitted(eid(), T0, spec()))
+    assert job.attempts[0].price is None
 
 
 def test_without_an_outlook_the_first_machine_takes_the_first_zone_and_records_no_reason() -> None:

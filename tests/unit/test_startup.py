@@ -58,6 +58,14 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # the daemon: th
                  sys.argv[sys.argv.index("--entrypoint") + 1] + '": no such file or directory: unknown.')
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "login":  # the password comes on stdin
     pathlib.Path(log + ".login").write_text(sys.stdin.read())
+images = pathlib.Path(log + ".images")  # the machine's image store: the images pulled (or baked), one a line
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "image":  # image inspect NAME
+    sys.exit(0 if images.exists() and sys.argv[3] in images.read_text().splitlines() else 1)
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "pull":
+    if os.environ.get("FAKE_REGISTRY_DOWN"):
+        sys.exit("Error response from daemon: Get https://registry/v2/: dial tcp: i/o timeout")
+    with images.open("a") as f:
+        f.write(sys.argv[2] + "\\n")
 stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
@@ -116,6 +124,7 @@ def spec(kind: str = "tpu", tpu: str = "v5litepod-8", **kw: object) -> JobSpec:
 @pytest.fixture
 def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setattr(startup, "NOTICE_FILE", str(tmp_path / "notice"))  # /run on a machine
+    monkeypatch.setattr(startup, "IMAGE_MARK", str(tmp_path / "disk" / "trainer-image"))  # /var/lib on a machine
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("docker", "gcloud", "nvidia-smi", "nvidia-ctk", "curl"):
@@ -183,12 +192,71 @@ def test_artifact_registry_login_then_pull_then_run(tmp_path: Path, fakes: dict[
     seq = [c[:3] for c in calls(fakes)]
     assert seq == [
         ["gcloud", "auth", "configure-docker"],
+        ["docker", "image", "inspect"],  # not on this machine yet
         ["docker", "pull", "us-docker.pkg.dev/proj/repo/trainer:1"],
+        ["docker", "image", "inspect"],  # pulled: noted on the machine's disk
         ["docker", "rm", "-f"],
         ["docker", "run", "--rm"],
         ["gcloud", "logging", "write"],  # the exit code's `completed`
     ]
     assert calls(fakes)[0] == ["gcloud", "auth", "configure-docker", "us-docker.pkg.dev", "--quiet"]
+
+
+IMAGE = "us-docker.pkg.dev/proj/repo/trainer:1"
+
+
+def pulls(env: dict[str, str]) -> list[list[str]]:
+    return [c for c in calls(env) if c[:2] == ["docker", "pull"]]
+
+
+def trainer_runs(env: dict[str, str]) -> int:
+    return len([c for c in calls(env) if c[:2] == ["docker", "run"]])
+
+
+def test_the_image_is_pulled_once_per_machine_and_reused_when_it_boots_again(
+    tmp_path: Path, fakes: dict[str, str]
+) -> None:
+    """A Spot VM stopped and started again keeps its disk: its next boot runs the image the first one pulled."""
+    first = run_script(tmp_path, fakes, spec())
+    second = run_script(tmp_path, fakes, spec())
+    assert first.returncode == second.returncode == 0, second.stderr
+    assert pulls(fakes) == [["docker", "pull", IMAGE]]
+    assert "not pulled again" in second.stderr and "not pulled again" not in first.stderr
+    assert trainer_runs(fakes) == 2
+
+
+def test_an_image_baked_under_a_tag_is_refreshed_once_then_reused(tmp_path: Path, fakes: dict[str, str]) -> None:
+    """On the boot image under a tag: the first boot fetches what changed since it was baked, later boots nothing."""
+    Path(fakes["FAKE_LOG"] + ".images").write_text(IMAGE + "\n")
+    for _ in range(2):
+        assert run_script(tmp_path, fakes, spec()).returncode == 0
+    assert pulls(fakes) == [["docker", "pull", IMAGE]]
+    assert trainer_runs(fakes) == 2
+
+
+def test_a_baked_image_runs_when_its_registry_is_out_of_reach(tmp_path: Path, fakes: dict[str, str]) -> None:
+    Path(fakes["FAKE_LOG"] + ".images").write_text(IMAGE + "\n")
+    result = run_script(tmp_path, fakes, spec(), FAKE_REGISTRY_DOWN="1")
+    assert result.returncode == 0, result.stderr
+    assert len(pulls(fakes)) == 1  # one try, no retries: the machine has a copy
+    assert "running the copy on this machine" in result.stderr
+    assert trainer_runs(fakes) == 1
+
+
+def test_an_image_pinned_by_digest_that_the_machine_has_is_never_pulled(tmp_path: Path, fakes: dict[str, str]) -> None:
+    image = "us-docker.pkg.dev/proj/repo/trainer@sha256:" + "a" * 64
+    Path(fakes["FAKE_LOG"] + ".images").write_text(image + "\n")
+    result = run_script(tmp_path, fakes, spec(image=image))
+    assert result.returncode == 0, result.stderr
+    assert pulls(fakes) == [] and trainer_runs(fakes) == 1
+    assert "pinned by digest" in result.stderr
+
+
+def test_a_machine_without_the_image_pulls_it_with_retries(tmp_path: Path, fakes: dict[str, str]) -> None:
+    no_sleep(fakes)
+    result = run_script(tmp_path, fakes, spec(), FAKE_REGISTRY_DOWN="1")
+    assert len(pulls(fakes)) == 5 and result.stderr.count("image pull failed") == 5
+    assert not (tmp_path / "disk" / "trainer-image").exists()  # nothing was pulled: nothing noted
 
 
 def test_gpu_vm_runs_with_all_gpus(tmp_path: Path, fakes: dict[str, str]) -> None:
@@ -388,7 +456,8 @@ def test_without_gcloud_docker_logs_in_to_artifact_registry_with_the_token(
     login = [c for c in calls(no_gcloud) if c[:2] == ["docker", "login"]]
     assert login == [["docker", "login", "-u", "oauth2accesstoken", "--password-stdin", "https://us-docker.pkg.dev"]]
     assert Path(no_gcloud["FAKE_LOG"] + ".login").read_text().strip() == TOKEN
-    assert [c[:2] for c in calls(no_gcloud) if c[0] == "docker"][:2] == [["docker", "login"], ["docker", "pull"]]
+    docker = [c[:2] for c in calls(no_gcloud) if c[0] == "docker"]
+    assert docker[:3] == [["docker", "login"], ["docker", "image"], ["docker", "pull"]]
 
 
 def test_without_gcloud_secrets_are_read_from_the_secret_manager_api(tmp_path: Path, no_gcloud: dict[str, str]) -> None:
@@ -584,7 +653,9 @@ def test_a_head_starts_machine_pulls_its_image_then_waits_until_start_after_to_r
 
     assert result.returncode == 0, result.stderr
     seq = [c[:2] for c in calls(fakes) if c[0] in ("docker", "sleep")]
-    assert seq[0] == ["docker", "pull"] and seq[-2:] == [["docker", "rm"], ["docker", "run"]]
+    waited_at = next(i for i, c in enumerate(seq) if c[0] == "sleep")
+    assert ["docker", "pull"] in seq[:waited_at]  # the image first, then the wait, then the trainer
+    assert seq[waited_at + 1 :] == [["docker", "rm"], ["docker", "run"]]
     ((waited,),) = [c[1:] for c in calls(fakes) if c[0] == "sleep"]
     assert 38 <= int(waited) <= 40 and "until the machine this one replaces is off" in result.stderr
 

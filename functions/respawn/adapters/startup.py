@@ -18,6 +18,13 @@ Lifecycle entries, secrets and the registry login go through gcloud where the
 boot image has it, else through the REST APIs with the machine's token from the
 metadata server (no source says every TPU image has gcloud).
 
+The image is pulled once per machine: a machine that has it (an earlier boot of
+this machine pulled it, so a Spot VM restarted on its own disk, or it is pinned
+by digest) runs it without asking the registry; one whose boot image holds it
+under a tag (baked: docs/operations.md, Machines that start fast) fetches only
+what changed since, once, and runs the copy it has when the registry is out of
+reach. IMAGE_MARK on the machine's disk names the image an earlier boot pulled.
+
 When the container exits, the script speaks for a trainer that may have said
 nothing (docs/trainer-protocol.md, Exit codes): exit 0 is `stopped` after the
 notice and `completed` without it (worker 0 speaks for a slice), anything else
@@ -54,6 +61,8 @@ def grace_s(spec: JobSpec) -> int:
 
 
 _ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
+IMAGE_MARK = "/var/lib/respawn/trainer-image"  # the image an earlier boot of this machine pulled (its disk keeps it)
+IMAGE_MARK_ENV = "RESPAWN_IMAGE_MARK"  # names another file on a machine without /var/lib (the local cloud's)
 
 
 def machine_labels(spec: JobSpec, attempt: int) -> dict[str, str]:
@@ -347,8 +356,28 @@ _START_AFTER = """wait_to_start() {{
 }}
 """
 
-_RUN = """for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
-notice=${{{notice_env}:-{notice}}}
+# The trainer image, once per machine (the module docstring). `docker image inspect` says whether the machine has it.
+_PULL = """image_mark=${{{mark_env}:-{mark}}}
+if ! docker image inspect {image} >/dev/null 2>&1; then
+  for i in 1 2 3 4 5; do docker pull {image} && break; log "image pull failed (try $i)"; sleep $((i * 5)); done
+{reuse}fi
+if docker image inspect {image} >/dev/null 2>&1; then
+  mkdir -p "${{image_mark%/*}}" && printf '%s\\n' {image} > "$image_mark" || log "could not note the image pulled"
+fi
+"""
+# An image named by a tag that this machine has: reused when an earlier boot pulled it, else (on the boot image)
+# what changed since it was baked, once, and the baked copy when the registry is out of reach.
+_REUSE_TAG = """elif [ "$(cat "$image_mark" 2>/dev/null)" = {image} ]; then
+  log "the trainer image is on this machine already (pulled at an earlier boot): not pulled again"
+else
+  docker pull {image} || log "could not refresh the trainer image from its registry: running the copy on this machine"
+"""
+# An image pinned by digest is the same bytes wherever it is: a machine that has it never pulls it.
+_REUSE_DIGEST = """else
+  log "the trainer image is on this machine already (pinned by digest): not pulled again"
+"""
+
+_RUN = """notice=${{{notice_env}:-{notice}}}
 rm -f "$notice"
 stopping=
 shutdown() {{
@@ -406,6 +435,13 @@ exit "$rc"
 SLICE_METADATA_TRIES = 120
 
 
+def _pull(image: str) -> str:
+    """The image part of the script (_PULL, with _REUSE_DIGEST or _REUSE_TAG)."""
+    q = shlex.quote(image)
+    reuse = _REUSE_DIGEST if "@sha256:" in image else _REUSE_TAG.format(image=q)
+    return _PULL.format(image=q, mark=shlex.quote(IMAGE_MARK), mark_env=IMAGE_MARK_ENV, reuse=reuse)
+
+
 def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> str:
     q = shlex.quote
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
@@ -423,6 +459,7 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
     if spec.secrets:
         parts.append(_SECRETS)
         parts += [f"secret {q(name)} {q(ref)}\n" for name, ref in spec.secrets]
+    parts.append(_pull(spec.image))
     parts.append(
         _RUN.format(
             image=q(spec.image),

@@ -14,6 +14,7 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,10 @@ from respawn.local.chaos import (
     parse_times,
     parse_worker_steps,
 )
+from respawn.local.profiles import Profile, Timings, profile
 from respawn.local.secret_store import SecretError, secret_values
 from respawn.local.slices import LocalSlice, local_trainer_env
+from respawn.model import JobSpec
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption
@@ -136,10 +139,29 @@ def parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed of --mtbi and of the VMs of a Compute Engine slice preempted (0)"
     )
     r.add_argument(
+        "--profile",
+        default="local",
+        metavar="NAME",
+        help="the recovery timings: local (default), or real-cloud figures scaled to a second a minute: cloud, "
+        "cloud-baked, cloud-nocache (respawn/local/profiles.py); the options below replace one of its figures",
+    )
+    r.add_argument(
         "--creation-delay",
-        default="1s",
         metavar="DURATION",
-        help="time a machine spends CREATING before READY (default 1s)",
+        help="time a machine spends CREATING before READY (the profile's; local: 1s)",
+    )
+    r.add_argument("--boot-delay", metavar="DURATION", help="READY -> the machine's startup script runs")
+    r.add_argument(
+        "--docker-install",
+        metavar="DURATION",
+        help="the machine boots without Docker and its startup script installs it in this time",
+    )
+    r.add_argument("--image-pull", metavar="DURATION", help="a docker pull of the image a machine lacks")
+    r.add_argument("--image-refresh", metavar="DURATION", help="a docker pull of the image a machine has")
+    r.add_argument(
+        "--trainer-start-delay",
+        metavar="DURATION",
+        help="docker run -> the trainer's process starts (runtime init, a real compile and restore)",
     )
     r.add_argument(
         "--grace",
@@ -242,6 +264,46 @@ def check_chaos_workers(opts: Any, message: dict[str, Any]) -> None:
         check_workers(option, pairs, job_slice(machine), machine_words(machine))
 
 
+@dataclass(frozen=True)
+class TimingOptions:
+    """The recovery profile and the timing options given, parsed before the job file is read; `for_job` applies
+    them to the job's machine (its kind, API and boot image decide the steps)."""
+
+    profile: Profile
+    creation_delay_s: float | None
+    machine: dict[str, Any]
+
+    def for_job(self, message: dict[str, Any]) -> Timings:
+        from respawn.spec import parse_job_message
+
+        spec = parse_job_message(message)
+        assert isinstance(spec, JobSpec)  # load_message allows submit only
+        base = self.profile.timings(spec.machine)
+        creation = base.creation_delay_s if self.creation_delay_s is None else self.creation_delay_s
+        return replace(base, creation_delay_s=creation, machine=replace(base.machine, **self.machine))
+
+
+def timing_options(ns: argparse.Namespace) -> TimingOptions:
+    """--profile and the options that replace one of its figures."""
+    try:
+        chosen = profile(ns.profile)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    given = {
+        field: parse_duration(text, option)
+        for field, option, text in (
+            ("boot_s", "--boot-delay", ns.boot_delay),
+            ("docker_install_s", "--docker-install", ns.docker_install),
+            ("image_pull_s", "--image-pull", ns.image_pull),
+            ("image_refresh_s", "--image-refresh", ns.image_refresh),
+            ("trainer_start_s", "--trainer-start-delay", ns.trainer_start_delay),
+        )
+        if text is not None
+    }
+    creation = parse_duration(ns.creation_delay, "--creation-delay") if ns.creation_delay is not None else None
+    return TimingOptions(chosen, creation, given)
+
+
 def options(ns: argparse.Namespace) -> Any:
     from respawn.local.cloud import Options
 
@@ -260,7 +322,6 @@ def options(ns: argparse.Namespace) -> Any:
         spot_stockouts=spot_stockouts,
         duplicate_deliveries=ns.duplicate_deliveries,
         seed=ns.seed,
-        creation_delay_s=parse_duration(ns.creation_delay, "--creation-delay"),
         grace_s=parse_duration(ns.grace, "--grace"),
         sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
         timeout_s=parse_duration(ns.timeout, "--timeout"),
@@ -307,7 +368,10 @@ def run(ns: argparse.Namespace) -> int:
     from respawn.prices import machine_price
 
     opts = options(ns)
+    given_timings = timing_options(ns)
     message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
+    run_timings = given_timings.for_job(message)
+    opts.creation_delay_s, opts.machine_timings = run_timings.creation_delay_s, run_timings.machine
     opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
     check_chaos_workers(opts, message)
     machine_slice = job_slice(message["machine"])
@@ -359,6 +423,7 @@ def run(ns: argparse.Namespace) -> int:
         history=outcome.history,
     )
     summary["bus"] = outcome.bus
+    summary["timings"] = asdict(run_timings)  # local seconds; `scale` turns them into the real ones
     summary["run_dir"] = str(outcome.run_dir)
     summary["notifications"] = outcome.notifications
     if outcome.secrets is not None:

@@ -37,6 +37,7 @@ from respawn.local.cloudapi import CloudApiServer, CloudMachine
 from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
 from respawn.local.functions import FunctionServers
 from respawn.local.nodes import Nodes
+from respawn.local.profiles import MachineTimings
 from respawn.local.router import LogRouter
 from respawn.local.scheduler import SweepTicker
 from respawn.local.secret_store import delivered, leaks
@@ -69,7 +70,8 @@ class Options:
     spot_stockouts: dict[str, int | None] = field(default_factory=dict)  # the same, Spot/preemptible requests only
     duplicate_deliveries: int = 1
     seed: int = 0
-    creation_delay_s: float = 1.0
+    creation_delay_s: float = 1.0  # create call -> READY (a queue's wait for capacity aside)
+    machine_timings: MachineTimings = field(default_factory=MachineTimings)  # READY -> first step (profiles.py)
     grace_s: float = 25.0
     sweep_every_s: float = 5.0
     timeout_s: float = 1800.0
@@ -235,14 +237,14 @@ class LocalCloud:
             timeline=timeline,
             entrypoint=self.options.entrypoint,
             secrets=self.options.secrets,
+            timings=self.options.machine_timings,
         )
         self._stack.callback(nodes.stop)  # teardown kills the trainers first (after chaos, started later)
 
         def on_ready(machine: CloudMachine) -> None:
             timeline.add("state", machine=machine.name, zone=machine.zone, state="READY")
             self._zones[machine.name] = machine.zone
-            nodes.on_ready(machine)
-            self._check_secrets(nodes, machine)
+            nodes.on_ready(machine, then=lambda: self._check_secrets(nodes, machine))
 
         def on_deleted(machine: CloudMachine) -> None:
             timeline.add("deleted", t=machine.deleted_at, machine=machine.name, zone=machine.zone)

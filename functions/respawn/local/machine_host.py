@@ -11,13 +11,19 @@ exactly those, and nothing else differs:
   the local cloud's entrypoint), or `--entrypoint`'s, as a local process in its own process group with only the
   image's environment and what `-e`/`--env-file` pass, honouring `run` (`--name`, `--rm`, signals proxied to the
   container as docker's default `--sig-proxy` does), `stop -t N` (SIGTERM, SIGKILL after N s), `rm -f`, `pull`,
-  `login` and `info`. The container's log driver is the machine's log: its output is the script's output, and the
-  lifecycle entries a trainer sends to Cloud Logging (`RESPAWN_LOG_SINK=cloud`) come on its stdout, which the
-  machine reads (local/nodes.py).
+  `image inspect`, `login` and `info`. The container's log driver is the machine's log: its output is the script's
+  output, and the lifecycle entries a trainer sends to Cloud Logging (`RESPAWN_LOG_SINK=cloud`) come on its stdout,
+  which the machine reads (local/nodes.py). Its images are names in the VM's image store (on its disk): `pull` of
+  one it lacks takes the machine's pull time, of one it has its refresh time, and `run` starts the trainer after
+  the machine's trainer start time (respawn/local/profiles.py).
 * `gcloud`: `logging write` prints the entry's payload on stdout, where the machine reads lifecycle entries;
   `secrets versions access` asks `SecretManager`; `auth configure-docker` has nothing to configure.
+* `apt-get` and `systemctl`, for a boot image without Docker: `apt-get install docker.io` takes the machine's
+  install time and puts `docker` on the VM's PATH; anything else does nothing.
 
-The shims learn where things are from the machine's environment (`RESPAWN_LOCAL_*`), never from the script.
+The shims learn where things are from the machine's environment (`RESPAWN_LOCAL_*`), never from the script. Each
+timed step (`install`, `pull`) prints one line `STEP_MARK {"step", "start", "end"}` on stderr, from which the
+machine's log reader times the recovery (local/nodes.py).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +51,17 @@ DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its conta
 IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
 SECRET_MANAGER = "RESPAWN_LOCAL_SECRET_MANAGER"  # URL of the local Secret Manager
+PULL_S = "RESPAWN_LOCAL_PULL_S"  # seconds a `docker pull` of an image the VM lacks takes
+REFRESH_S = "RESPAWN_LOCAL_REFRESH_S"  # seconds a `docker pull` of an image the VM has takes (its manifest)
+START_S = "RESPAWN_LOCAL_START_S"  # seconds between `docker run` and the trainer's process
+INSTALL_S = "RESPAWN_LOCAL_INSTALL_S"  # seconds `apt-get install docker.io` takes
+VM_BIN = "RESPAWN_LOCAL_VM_BIN"  # the VM's own bin directory, where apt-get installs docker
+STEP_MARK = "respawn-local-machine-step"  # a timed step's line on stderr: STEP_MARK {"step", "start", "end"}
 STOP_POLL_S = 0.05
+# What the startup script runs on a boot image without Docker, besides the shims: a PATH of links to only these,
+# so that no program of this machine (its own docker above all) stands in for one the VM lacks.
+VM_TOOLS: tuple[str, ...] = ("bash", "sh", "curl", "sed", "tr", "grep", "awk", "paste", "cut", "rm", "touch")
+VM_TOOLS += ("sleep", "seq", "cat", "base64", "mkdir", "head", "gpg", "env")
 
 
 class _Server:
@@ -197,6 +214,9 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     entrypoint = given.get("--entrypoint")
     command = [entrypoint] if entrypoint else list(json.loads(environ.get(IMAGE_CMD) or "[]"))
     argv = [*command, *rest[1:]]
+    start_s = _seconds(environ, START_S)
+    if start_s:  # the container exists from here on (stop and rm find it); its trainer starts after the delay
+        argv = ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{start_s:g}", *argv]
     try:
         child = subprocess.Popen(
             argv, env=container_env(opts, environ), stdin=subprocess.DEVNULL, process_group=0, close_fds=True
@@ -267,6 +287,61 @@ def _rm(args: Sequence[str], state: Path) -> int:
     return _each(names, state, remove)
 
 
+def _seconds(environ: Mapping[str, str], name: str) -> float:
+    return float(environ.get(name) or 0)
+
+
+def mark(step: str, start: float, end: float) -> None:
+    """The timed step's line on stderr, for the machine's log reader."""
+    print(f"{STEP_MARK} {json.dumps({'step': step, 'start': start, 'end': end})}", file=sys.stderr, flush=True)
+
+
+def _image_file(state: Path, image: str) -> Path:
+    """Where the VM's image store keeps `image` (its name, made a file name)."""
+    return state / "images" / base64.urlsafe_b64encode(image.encode()).decode()
+
+
+def has_image(state: Path, image: str) -> bool:
+    return _image_file(state, image).exists()
+
+
+def add_image(state: Path, image: str) -> None:
+    """Put `image` in the VM's image store (a pull, or a boot image that holds it)."""
+    path = _image_file(state, image)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(image)
+
+
+def _pull(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
+    """The whole image when the VM lacks it, else only its manifest: each takes the machine's time."""
+    _, rest = _options(args)
+    if not rest:
+        print('"docker pull" requires exactly 1 argument.', file=sys.stderr)
+        return 1
+    image = rest[0]
+    had = has_image(state, image)
+    start = time.time()
+    time.sleep(_seconds(environ, REFRESH_S if had else PULL_S))
+    add_image(state, image)
+    mark("pull", start, time.time())
+    print(f"Status: {'Image is up to date' if had else 'Downloaded newer image'} for {image}")
+    return 0
+
+
+def _image(args: Sequence[str], state: Path) -> int:
+    """`image inspect NAME`: 0 when the VM has the image, 1 (docker's message) when not."""
+    _, rest = _options(args[1:])
+    if args[:1] != ["inspect"] or not rest:
+        print(f"docker: 'image {' '.join(args[:1])}' is not a command the local machine has.", file=sys.stderr)
+        return 1
+    missing = [image for image in rest if not has_image(state, image)]
+    for image in missing:
+        print(f"Error response from daemon: No such image: {image}", file=sys.stderr)
+    if not missing:
+        print(json.dumps([{"RepoTags": list(rest)}]))
+    return 1 if missing else 0
+
+
 def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
     state = Path(environ[DOCKER_DIR])
     command, rest = (args[0], args[1:]) if args else ("", [])
@@ -277,8 +352,9 @@ def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
     if command == "rm":
         return _rm(rest, state)
     if command == "pull":
-        print(f"{rest[-1] if rest else ''}: the local machine's image")
-        return 0
+        return _pull(rest, environ, state)
+    if command == "image":
+        return _image(rest, state)
     if command == "login":
         sys.stdin.read()
         print("Login Succeeded")
@@ -319,30 +395,66 @@ def gcloud(args: Sequence[str], environ: Mapping[str, str]) -> int:
     return 2
 
 
+# ---- apt-get ----------------------------------------------------------------------------------------------------
+
+
+def apt_get(args: Sequence[str], environ: Mapping[str, str]) -> int:
+    """`install ... docker.io` takes the machine's install time, then `docker` is on the VM's PATH."""
+    if "install" in args and "docker.io" in args:
+        start = time.time()
+        time.sleep(_seconds(environ, INSTALL_S))
+        vm_bin = Path(environ[VM_BIN])
+        vm_bin.mkdir(parents=True, exist_ok=True)
+        installed = vm_bin / "docker"
+        if not installed.exists():
+            installed.symlink_to(docker_package(Path(environ[BIN_DIR])) / "docker")
+        mark("install", start, time.time())
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     tool, args = argv[0], argv[1:]
     if tool == "docker":
         return docker(args, os.environ)
     if tool == "gcloud":
         return gcloud(args, os.environ)
-    print(f"{tool}: not a tool of the local machine; allowed: docker, gcloud", file=sys.stderr)
+    if tool == "apt-get":
+        return apt_get(args, os.environ)
+    print(f"{tool}: not a tool of the local machine; allowed: docker, gcloud, apt-get", file=sys.stderr)
     return 2
 
 
+BIN_DIR = "RESPAWN_LOCAL_BIN_DIR"  # where install() put the shims
+
+
+def docker_package(bin_dir: Path) -> Path:
+    """The directory holding the `docker` shim, on the PATH of a VM whose boot image has Docker."""
+    return bin_dir / "docker.io"
+
+
 def install(bin_dir: Path) -> Path:
-    """`docker` and `gcloud` in `bin_dir` (put first on the machine's PATH), run by this interpreter, and the GPU
-    image's `nvidia-smi` / `nvidia-ctk` (its driver and container toolkit are installed: nothing to wait for)."""
+    """The shims in `bin_dir` (put first on the machine's PATH), run by this interpreter: `gcloud`, `apt-get`,
+    `systemctl` (which has nothing to do), the GPU image's `nvidia-smi` / `nvidia-ctk` (its driver and container
+    toolkit are installed: nothing to wait for); `docker` in `docker_package(bin_dir)`, and `tools/`: links to
+    VM_TOOLS, the PATH of a VM without Docker."""
     import shlex
 
-    bin_dir.mkdir(parents=True, exist_ok=True)
+    package = docker_package(bin_dir)
+    tools = bin_dir / "tools"
+    for directory in (bin_dir, package, tools):
+        directory.mkdir(parents=True, exist_ok=True)
     functions = str(Path(__file__).resolve().parents[2])
-    for tool in ("docker", "gcloud"):
-        run = f"PYTHONPATH={shlex.quote(functions)} exec {shlex.quote(sys.executable)} -m respawn.local.machine_host"
-        (bin_dir / tool).write_text(f'#!/bin/sh\n{run} {tool} "$@"\n')
-    for tool in ("nvidia-smi", "nvidia-ctk"):
+    run = f"PYTHONPATH={shlex.quote(functions)} exec {shlex.quote(sys.executable)} -m respawn.local.machine_host"
+    for where, tool in ((package, "docker"), (bin_dir, "gcloud"), (bin_dir, "apt-get")):
+        (where / tool).write_text(f'#!/bin/sh\n{run} {tool} "$@"\n')
+        (where / tool).chmod(0o755)
+    for tool in ("nvidia-smi", "nvidia-ctk", "systemctl"):
         (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
-    for path in bin_dir.iterdir():
-        path.chmod(0o755)
+        (bin_dir / tool).chmod(0o755)
+    for tool in VM_TOOLS:
+        found = shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin")
+        if found and not (tools / tool).exists():
+            (tools / tool).symlink_to(found)
     return bin_dir
 
 

@@ -9,6 +9,11 @@ grace period, the secrets it reads and the entries it writes from the trainer's 
 become the LogEntries google-cloud-logging writes, for the log router; worker 0's progress lines are read for live
 progress. Each worker's script and its container run in process groups of their own.
 
+A machine boots as its `MachineTimings` say (respawn/local/profiles.py): its scripts start `boot_s` after READY;
+a boot image without Docker (`docker_install_s`) has no `docker` on the VM's PATH until the script installs it; a
+baked one holds the trainer image in the VM's image store; the docker shim times pulls and the trainer's start.
+Each timed step a shim reports (`STEP_MARK` lines) is a `machine_step` in the timeline.
+
 The machine names its worker VMs (`CloudMachine.workers`, in worker order): a TPU node's hidden `t1v-n-...-w-I`,
 a Compute Engine slice's MIG VMs `NAME-w-x7k2`, a single VM itself. Preempting a machine is what the cloud does:
 the metadata server says `preempted`, each VM runs its shutdown script (the notice, then `docker stop -t GRACE`),
@@ -39,11 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from respawn.adapters.startup import IMAGE_MARK_ENV
 from respawn.local import machine_host
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, trainer_entry
 from respawn.local.machine_host import MetadataServer, SecretManager
+from respawn.local.profiles import MachineTimings
 from respawn.local.slices import LocalSlice
 from respawn.local.timeline import Timeline
 from respawn.machine import CONTAINER, NOTICE_ENV, START_AFTER_METADATA
@@ -53,7 +60,7 @@ _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
 
 KILL_WAIT_S = 5.0  # how long SIGKILL may take to be reaped before it is given up on
-BOOT_WAIT_S = 30.0  # how long on_ready waits for each worker's script to start its container (or end)
+BOOT_WAIT_S = 30.0  # how long a boot waits for each worker's script to start its container (or end), beyond its timings
 DELETE_WINDOW_S = 5.0  # a deleted machine's VMs are off this long after their shutdown begins
 BASH = shutil.which("bash") or "/bin/bash"
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
@@ -70,6 +77,18 @@ def progress(line: str) -> tuple[int, float] | None:
     try:
         return int(step.group(1)), float(loss.group(1))
     except ValueError:
+        return None
+
+
+def machine_step(line: bytes) -> tuple[str, float, float] | None:
+    """(step, start, end) from a shim's timed-step line (machine_host.mark), else None."""
+    text = line.decode(errors="replace").strip()
+    if not text.startswith(machine_host.STEP_MARK + " "):
+        return None
+    try:
+        found = json.loads(text.removeprefix(machine_host.STEP_MARK))
+        return str(found["step"]), float(found["start"]), float(found["end"])
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -172,12 +191,15 @@ class Nodes:
         set_state: Callable[[str, str, int | None], object] = lambda name, state, worker: None,
         entrypoint: Sequence[str] | None = None,
         secrets: Mapping[str, str] | None = None,
+        timings: MachineTimings | None = None,
     ) -> None:
         """`mark_preempted(name, worker)` and `set_state(name, state, worker)` change the machine in the cloud API
         (CloudHooks). `grace_s` is the notice window: a preempted VM is off this long after the notice (its trainer
         has its machine kind's grace period, respawn/machine.py, from its shutdown script's `docker stop -t`).
-        `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}, what the local Secret Manager has."""
+        `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}, what the local Secret Manager has;
+        `timings`: how long each machine takes from READY to its trainer's first step."""
         self.image = Image({**base_env, "PYTHONUNBUFFERED": "1"}, list(entrypoint) if entrypoint else TRAINER)
+        self.timings = timings or MachineTimings()
         self.secret_manager = SecretManager(secrets or {})
         self.bin_dir = machine_host.install(log_dir / ".bin")
         self.cloud = CloudHooks(route, mark_preempted, set_state)
@@ -190,38 +212,58 @@ class Nodes:
         self._ready: dict[str, float] = {}  # READY and not being preempted -> since
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._stopping = threading.Event()  # set by stop(): a boot still waiting gives up
 
     # ---- hooks of the cloud API -------------------------------------------------------------------------------------
 
-    def on_ready(self, machine: CloudMachine) -> None:
-        """Boot the machine: its startup script on every worker VM; returns once each has started its container
-        (or ended), as a VM that has booted (BOOT_WAIT_S at the most)."""
-        with self._lock:  # atomic with stop(): a machine that comes up during teardown gets no trainer
-            if self._closed:
-                return
-            node = self._start_node(machine)
-        deadline = time.monotonic() + BOOT_WAIT_S
-        for worker in node.workers:
-            while worker.container() is None and worker.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-
-    def _start_node(self, machine: CloudMachine) -> Node:
+    def on_ready(self, machine: CloudMachine, then: Callable[[], None] | None = None) -> None:
+        """Boot the machine: `boot_s` after READY its startup script runs on every worker VM; `then()` once each has
+        started its container (or ended), as a VM that has booted. Returns at once: a booting machine never holds
+        the API's hooks (another machine's READY or deletion)."""
         meta = machine.metadata
         job_id, attempt = meta.get("respawn-job-id", ""), int(meta.get("respawn-attempt") or 0)
         node = Node(machine, job_id, attempt, LocalSlice(len(machine.workers), machine.chips_per_host))
-        self._nodes[machine.name] = node
+        with self._lock:  # atomic with stop(): a machine that comes up during teardown gets no trainer
+            if self._closed:
+                return
+            self._nodes[machine.name] = node
+            self._ready[machine.name] = time.time()
+        self._spawn(self._boot, node, then)
+
+    def _boot(self, node: Node, then: Callable[[], None] | None) -> None:
+        """The VMs boot; their scripts start unless the machine was preempted or deleted or the cloud stopped."""
+        timings = self.timings
+        if self._stopping.wait(timings.boot_s):
+            return
+        with self._lock:
+            if self._closed or node.deleted or node.preempting:
+                return
+            self._start_workers(node)
+        wait = BOOT_WAIT_S + timings.docker_install_s + timings.image_pull_s + timings.image_refresh_s
+        deadline = time.monotonic() + wait
+        for worker in node.workers:
+            while worker.container() is None and worker.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if then is not None:
+            then()
+
+    def _start_workers(self, node: Node) -> None:
+        """Every worker VM's startup script, in its process group (the lock held)."""
+        machine, meta = node.machine, node.machine.metadata
         run = self.log_dir / machine.name  # the machine's run directory: the scripts it ran, each worker's home
         run.mkdir(parents=True, exist_ok=True)
         (run / "startup-script.sh").write_text(meta.get("startup-script", ""))
         (run / "shutdown-script.sh").write_text(meta.get("shutdown-script", ""))
         if START_AFTER_METADATA in meta:  # a head start: its trainers wait until the noticed machine is off
             self.timeline.add(
-                "start_after", machine=machine.name, attempt=attempt, until=float(meta[START_AFTER_METADATA])
+                "start_after", machine=machine.name, attempt=node.attempt, until=float(meta[START_AFTER_METADATA])
             )
         port = free_port() if node.machine_slice.hosts > 1 else 0  # the slice's JAX coordinator, fresh per boot
         for index in node.machine_slice.workers:
             home = run / f"w-{index}"
             home.mkdir(exist_ok=True)
+            if self.timings.image_on_boot_disk and meta.get("respawn-image"):  # baked into the boot image
+                machine_host.add_image(home / "docker", meta["respawn-image"])
             server = MetadataServer(self.project, self._attributes(node, index))
             env = self._vm_env(node, index, port, home, server)
             proc = start_group(
@@ -236,7 +278,7 @@ class Nodes:
             node.workers.append(worker)
             tag = node.machine_slice.tag(index)
             self.timeline.add(
-                "trainer_start", machine=machine.name, zone=machine.zone, attempt=attempt, pid=proc.pid, **tag
+                "trainer_start", machine=machine.name, zone=machine.zone, attempt=node.attempt, pid=proc.pid, **tag
             )
             assert proc.stdout is not None and proc.stderr is not None
             worker.readers = [
@@ -244,8 +286,6 @@ class Nodes:
                 self._spawn(self._read_stderr, node, worker, proc.stderr),
             ]
             self._spawn(self._reap, node, worker)
-        self._ready[machine.name] = time.time()
-        return node
 
     def _attributes(self, node: Node, worker: int) -> dict[str, str]:
         """The metadata attributes a worker VM's server has: the machine's, and on a TPU VM its place in the slice
@@ -260,16 +300,28 @@ class Nodes:
         """A worker VM's environment: its tools first on PATH, its metadata server, its notice file, and for its
         `docker` the image (a slice's worker: with what its host gives the trainer, slices.py)."""
         image_env = node.machine_slice.host_env(self.image.env, worker, port)
+        t = self.timings
+        if t.docker_install_s:  # a boot image without Docker: only the image's tools until apt-get installs it
+            path = f"{home / 'bin'}:{self.bin_dir}:{self.bin_dir / 'tools'}"
+        else:
+            path = f"{machine_host.docker_package(self.bin_dir)}:{self.bin_dir}:/usr/local/bin:/usr/bin:/bin"
         return {
-            "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": path,
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "GCE_METADATA_HOST": server.host,
             NOTICE_ENV: str(home / "respawn-notice"),
+            IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),  # on the VM's disk
             machine_host.DOCKER_DIR: str(home / "docker"),
             machine_host.IMAGE_ENV: json.dumps(image_env),
             machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),
             machine_host.SECRET_MANAGER: self.secret_manager.url,
+            machine_host.BIN_DIR: str(self.bin_dir),
+            machine_host.VM_BIN: str(home / "bin"),
+            machine_host.INSTALL_S: f"{t.docker_install_s:g}",
+            machine_host.PULL_S: f"{t.image_pull_s:g}",
+            machine_host.REFRESH_S: f"{t.image_refresh_s:g}",
+            machine_host.START_S: f"{t.trainer_start_s:g}",
         }
 
     def on_deleted(self, name: str) -> None:
@@ -355,7 +407,8 @@ class Nodes:
             raise ValueError(f"{action!r} is not a worker action; allowed: kill-worker, hang-worker, host-error")
         with self._lock:
             node = self._nodes.get(name)
-            if node is None or not node.machine_slice.has_worker(worker) or node.deleted:
+            booted = node is not None and len(node.workers) > worker >= 0
+            if node is None or not node.machine_slice.has_worker(worker) or node.deleted or not booted:
                 self.timeline.add("chaos_skipped", machine=name, action=action, worker=worker)
                 return
             target = node.workers[worker]
@@ -484,9 +537,17 @@ class Nodes:
             self._log_line(node, worker, raw)
 
     def _log_line(self, node: Node, worker: Worker, raw: bytes) -> None:
-        """A plain log line: to the worker's log file; worker 0's are read for progress (step, loss)."""
+        """A plain log line: to the worker's log file; a shim's timed step to the timeline; worker 0's are read for
+        progress (step, loss)."""
         with contextlib.suppress(ValueError):  # the log closed with the startup script
             worker.log.write(raw)
+        timed = machine_step(raw)
+        if timed is not None:
+            name, start, end = timed
+            tag = node.machine_slice.tag(worker.index)
+            self.timeline.add(
+                "machine_step", t=end, machine=node.machine.name, attempt=node.attempt, step=name, start=start, **tag
+            )
         if worker.index != 0:
             return
         found = progress(raw.decode(errors="replace"))
@@ -518,6 +579,7 @@ class Nodes:
 
     def stop(self) -> None:
         """Kill every trainer's process group (teardown); no trainer starts after this."""
+        self._stopping.set()
         with self._lock:
             self._closed = True
             workers = [w for node in self._nodes.values() for w in node.workers]
