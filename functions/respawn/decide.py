@@ -87,6 +87,9 @@ class Policy:
     # A head start: a noticed machine is kept this long past its notice window before its replacement's trainer
     # starts (the two machines' clocks may differ by a little)
     drain_margin_s: float = 5.0
+    # Seconds of the notice window and margin per real second: 1 in the cloud; a local cloud replaying real timings
+    # faster (a real minute in a local second) makes the drain as much shorter
+    time_scale: float = 1.0
     restart_cost_s: float = 300.0  # what an interruption costs before training resumes (create, boot, restore)
     # A fallback tier goes back to Spot only when the outlook expects Spot's best zone to run at least this long
     # without an interruption: with the default restart and checkpoint costs, 4 h keeps over 90% of Spot's time.
@@ -257,7 +260,8 @@ def _head_start(job: Job, live: Attempt, event: MachineNoticed, now: float, ctx:
     assert spec is not None
     if not spec.head_start or live.started_at is None or _draining(job) is not None:
         return job, []
-    drain_until = event.time + notice_s(spec.machine.kind) + ctx.policy.drain_margin_s
+    policy = ctx.policy
+    drain_until = event.time + (notice_s(spec.machine.kind) + policy.drain_margin_s) * policy.time_scale
     return _lost(job, now, EndReason.PREEMPTED, ctx, drain_until=drain_until)
 
 

@@ -112,6 +112,13 @@ def test_a_gpu_vms_longer_notice_window_drains_longer() -> None:
     assert job.attempts[0].drain_until == NOTICED_AT + 30 + POLICY.drain_margin_s
 
 
+def test_a_local_cloud_replaying_real_timings_faster_drains_as_much_shorter() -> None:
+    job = running()
+    noticed, _ = decide(job, notice(), NOTICED_AT + 1, replace(POLICY, time_scale=1 / 60))
+    assert noticed is not None
+    assert noticed.attempts[0].drain_until == pytest.approx(NOTICED_AT + (NOTICE_S["tpu"] + POLICY.drain_margin_s) / 60)
+
+
 @pytest.mark.parametrize(
     ("zones", "placement", "then"),
     [((A,), "ranked", A), ((A, B, C), "ordered", B), ((C, A, B), "ordered", A), ((B, C, A), "ordered", C)],
