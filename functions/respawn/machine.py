@@ -26,6 +26,9 @@ TRAINER_LOG = "respawn-trainer"  # the lifecycle entries: the trainer's own and 
 STARTUP_LOG = "respawn-startup"  # the startup script's notes for the operator (never read by the control plane)
 # A head start's machine (respawn.decide): the epoch second before which its startup script starts no trainer
 START_AFTER_METADATA = "respawn-start-after"
+# ... and the object (gs://BUCKET/OBJECT) whose existence lets it start sooner: the drain marker (drain_marker) of the
+# attempt it replaces, written once that attempt's trainer has exited after its notice (its final save is done)
+DRAIN_MARKER_METADATA = "respawn-drain-marker"
 
 # The variables respawn sets in the trainer's environment, which the job's `env` cannot override.
 RESERVED_ENV = (
@@ -50,6 +53,14 @@ def notice_s(kind: str) -> int:
     if kind not in NOTICE_S:
         raise ValueError(f"machine kind: {kind!r} is not a machine kind; allowed: {', '.join(sorted(NOTICE_S))}")
     return NOTICE_S[kind]
+
+
+def drain_marker(checkpoint_uri: str, attempt: int) -> str:
+    """The object (gs://BUCKET/OBJECT) that attempt `attempt`'s machine writes once its trainer has exited 0 after
+    the notice: its final save is done, so a head start's replacement may start its trainer before
+    respawn-start-after. Beside the job's checkpoints, not among them (`{checkpoint_uri}.respawn/`), so that no
+    checkpoint manager lists it."""
+    return f"{checkpoint_uri.rstrip('/')}.respawn/attempt-{int(attempt)}.exited"
 
 
 def trainer_env(

@@ -4,7 +4,8 @@
 timed at a step that starts a periodic save (`--checkpoint-every=20`, preempted at steps 60 and 140), so the notice
 comes while the trainer saves. The machines run the real startup and shutdown scripts: the shutdown script's
 `notice` entry reaches the service through the local `gcloud`, the next machine is created while the noticed one
-still saves, and its startup script holds the trainer until `respawn-start-after`.
+still saves, and its startup script holds the trainer until the noticed machine's drain marker appears in
+fake-gcs-server (its final save done), long before `respawn-start-after`.
 """
 
 from __future__ import annotations
@@ -102,13 +103,21 @@ def test_each_notice_starts_the_next_machine_while_the_noticed_one_saves(tmp_pat
     events = timeline(report)
     notices, stopped, started = entries(events, "notice"), entries(events, "stopped"), entries(events, "started")
     creates = {e["machine"]: e["t"] for e in events if e["kind"] == "create_call"}
-    holds = {e["attempt"]: e["until"] for e in events if e["kind"] == "start_after"}
+    holds = {e["attempt"]: e for e in events if e["kind"] == "start_after"}
     off = {e["machine"]: e["t"] for e in sorted(events, key=lambda e: -e["t"]) if e["kind"] in ("deleted", "preempted")}
     assert sorted(notices) == [1, 2] and sorted(holds) == [2, 3], detail
     for noticed in (1, 2):
         old, new = f"head-start-a{noticed}", f"head-start-a{noticed + 1}"
         # the next machine was requested on the notice, before the noticed one was gone: the overlap
         assert notices[noticed]["t"] <= creates[new] < off[old], (noticed, detail)
-        # its trainer started only once the noticed machine was done, and restored the final save's step
-        assert started[noticed + 1]["t"] >= holds[noticed + 1] - 1.0, (noticed, detail)
+        # its trainer started only once the noticed machine's final save was done (its marker), and restored that
+        # save's step: at the marker, not at start-after (the notice + the TPU's 10 s window + 5 s)
+        hold = holds[noticed + 1]
+        assert hold["marker"] == f"{job['checkpoint_uri']}.respawn/attempt-{noticed}.exited", detail
+        assert stopped[noticed]["t"] <= started[noticed + 1]["t"] < hold["until"], (noticed, detail)
         assert started[noticed + 1]["restored_step"] == stopped[noticed]["step"], (noticed, detail)
+        print(
+            f"attempt {noticed + 1}: notice -> old final save {stopped[noticed]['t'] - notices[noticed]['t']:.2f}s, "
+            f"final save -> new trainer started {started[noticed + 1]['t'] - stopped[noticed]['t']:.2f}s, "
+            f"start-after was notice + {hold['until'] - notices[noticed]['t']:.2f}s"
+        )

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
 from respawn.adapters import startup
 from respawn.adapters.startup import grace_s, machine_labels, machine_metadata, startup_script
 from respawn.events import EXIT_CODE, Event, MachineNoticed, TrainerCompleted, TrainerFailed
-from respawn.machine import GRACE_S, exit_code_entry
+from respawn.local.machine_host import MetadataServer
+from respawn.machine import GRACE_S, drain_marker, exit_code_entry
 from respawn.model import GpuMachine, JobSpec, TpuMachine
 from respawn.parsing import log_entry_event
 from respawn.topology import compute_shape
@@ -697,6 +703,206 @@ def test_a_notice_left_by_an_earlier_boot_is_cleared(tmp_path: Path, fakes: dict
     assert [p["event"] for p, _ in said(fakes)] == ["completed"]
 
 
+class FakeStorage:
+    """Cloud Storage's JSON API on loopback, as much as the drain marker uses: a media upload
+    (`POST /upload/storage/v1/b/B/o?uploadType=media&name=N`) and objects.get (`GET /storage/v1/b/B/o/N`, 404 for
+    an object it lacks). Each upload is a line in FAKE_LOG, in order with the fakes' calls."""
+
+    def __init__(self, log: str) -> None:
+        self.objects: dict[str, bytes] = {}  # gs://BUCKET/OBJECT -> its bytes
+        self.auth: list[str | None] = []
+        self.upload_s = 0.0  # how long an upload takes
+        self.uploading = threading.Event()  # set as an upload begins
+        storage = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                storage.auth.append(self.headers.get("Authorization"))
+                bucket, _, name = self.path.removeprefix("/storage/v1/b/").partition("/o/")
+                found = f"gs://{bucket}/{unquote(name)}" in storage.objects
+                self._answer(200 if found else 404, {"name": unquote(name)} if found else {"error": {"code": 404}})
+
+            def do_POST(self) -> None:
+                storage.auth.append(self.headers.get("Authorization"))
+                url = urlsplit(self.path)
+                bucket = url.path.removeprefix("/upload/storage/v1/b/").removesuffix("/o")
+                query = parse_qs(url.query)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                storage.uploading.set()
+                time.sleep(storage.upload_s)
+                if query.get("uploadType") != ["media"] or "name" not in query:
+                    self._answer(400, {"error": {"code": 400}})
+                    return
+                uri = f"gs://{bucket}/{query['name'][0]}"
+                storage.objects[uri] = body
+                with open(log, "a") as f:
+                    f.write(json.dumps(["gcs", "upload", uri]) + "\n")
+                self._answer(200, {"name": query["name"][0]})
+
+            def _answer(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+MARKER_OF_2 = "gs://bucket/runs/job-1.respawn/attempt-2.exited"  # the attempt a head start's attempt 3 replaces
+MARKER_OF_3 = "gs://bucket/runs/job-1.respawn/attempt-3.exited"
+
+
+@pytest.fixture
+def storage(fakes: dict[str, str]) -> Iterator[FakeStorage]:
+    found = FakeStorage(fakes["FAKE_LOG"])
+    yield found
+    found.close()
+
+
+def on_a_machine(
+    fakes: dict[str, str], storage: FakeStorage, attributes: dict[str, str], emulator: str
+) -> tuple[dict[str, str], MetadataServer]:
+    """The fakes with the real curl, a metadata server with `attributes` (its token: "local") and Cloud Storage at
+    STORAGE_EMULATOR_HOST=`emulator` (the fake's host:port, with or without a scheme)."""
+    bin_dir = Path(fakes["PATH"].split(":")[0])
+    (bin_dir / "curl").unlink()
+    server = MetadataServer("my-project", attributes)
+    env = {**fakes, "GCE_METADATA_HOST": server.host, "STORAGE_EMULATOR_HOST": emulator.format(host=storage.host)}
+    return env, server
+
+
+def run_until_done(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(spec(), 3))
+    began = time.monotonic()
+    done = subprocess.run([BASH, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return done, time.monotonic() - began
+
+
+def test_a_noticed_trainer_that_saved_leaves_its_drain_marker_before_its_stopped_entry(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    env, server = on_a_machine(fakes, storage, {}, "http://{host}")
+    try:
+        proc = start_blocked(tmp_path, env, 0)
+        proc.send_signal(signal.SIGTERM)  # the notice
+        assert proc.wait(timeout=30) == 0
+    finally:
+        server.close()
+    assert list(storage.objects) == [MARKER_OF_3] and storage.auth == ["Bearer local"]  # the machine's token
+    assert json.loads(storage.objects[MARKER_OF_3]) == {"job_id": "job-1", "attempt": 3, "exit_code": 0}
+    order = [c[:2] for c in calls(env) if c[0] == "gcs" or c[:3] == ["gcloud", "logging", "write"]]
+    assert order == [["gcs", "upload"], ["gcloud", "logging"]]  # respawn deletes the machine on `stopped`
+    assert [p["event"] for p, _ in said(env)] == ["stopped"]
+
+
+def test_the_drain_marker_is_written_while_the_machine_shuts_down(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    """respawn deletes the noticed machine as soon as the trainer's own `stopped` entry arrives: the shutdown's SIGTERM
+    to every process of the script may come while the marker is on its way, and must not stop it."""
+    env, server = on_a_machine(fakes, storage, {}, "http://{host}")
+    storage.upload_s = 1.0
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(spec(), 3))
+    proc = subprocess.Popen(
+        [BASH, str(script)], cwd=tmp_path, env={**env, "FAKE_BLOCK": "1", "FAKE_RUN_RC": "0"}, process_group=0
+    )
+    try:
+        running = Path(env["FAKE_LOG"] + ".running")
+        deadline = time.monotonic() + 30
+        while not running.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)  # the notice
+        assert storage.uploading.wait(timeout=30)
+        os.killpg(proc.pid, signal.SIGTERM)  # the deletion, while the marker is written
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.close()
+    assert list(storage.objects) == [MARKER_OF_3]
+
+
+@pytest.mark.parametrize(("rc", "notice"), [(143, True), (0, False), (3, False)])
+def test_no_drain_marker_without_a_final_save_after_the_notice(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage, rc: int, notice: bool
+) -> None:
+    """Killed at the end of its grace (the save may be unfinished: the replacement waits for start-after), or no
+    notice at all (completed, failed)."""
+    env, server = on_a_machine(fakes, storage, {}, "http://{host}")
+    try:
+        if notice:
+            proc = start_blocked(tmp_path, env, rc)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == rc
+        else:
+            done, _ = run_until_done(tmp_path, {**env, "FAKE_RUN_RC": str(rc)})
+            assert done.returncode == rc
+    finally:
+        server.close()
+    assert storage.objects == {}
+
+
+@pytest.mark.parametrize("emulator", ["http://{host}", "{host}"])  # as the client libraries take it
+def test_a_head_starts_trainer_starts_at_once_when_the_replaced_machine_has_saved(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage, emulator: str
+) -> None:
+    storage.objects[MARKER_OF_2] = b"{}"
+    after = {"respawn-start-after": str(int(time.time()) + 40), "respawn-drain-marker": MARKER_OF_2}
+    env, server = on_a_machine(fakes, storage, after, emulator)
+    try:
+        done, took = run_until_done(tmp_path, env)
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert len(runs(env)) == 1 and took < 10, (took, done.stderr)  # not the 40 s to start-after
+    assert f"the machine this one replaces has saved ({MARKER_OF_2})" in done.stderr
+
+
+def test_a_head_starts_trainer_starts_as_the_marker_appears(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    """Polled each second: the trainer starts within about a second of the marker, long before start-after."""
+    after = {"respawn-start-after": str(int(time.time()) + 40), "respawn-drain-marker": MARKER_OF_2}
+    env, server = on_a_machine(fakes, storage, after, "http://{host}")
+    threading.Timer(3.0, lambda: storage.objects.__setitem__(MARKER_OF_2, b"{}")).start()
+    try:
+        done, took = run_until_done(tmp_path, env)
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert len(runs(env)) == 1 and 3.0 <= took < 8.0, (took, done.stderr)
+
+
+def test_without_the_marker_a_head_starts_trainer_starts_at_start_after(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    """The old machine wrote none (killed at its grace, or Cloud Storage out of reach): the bound holds."""
+    after = {"respawn-start-after": str(int(time.time()) + 3), "respawn-drain-marker": MARKER_OF_2}
+    env, server = on_a_machine(fakes, storage, after, "http://{host}")
+    try:
+        done, took = run_until_done(tmp_path, env)
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert len(runs(env)) == 1 and 2.0 <= took < 8.0, (took, done.stderr)
+    assert "waiting until the machine this one replaces has saved" in done.stderr
+
+
 SECRETS = (("HF_TOKEN", "projects/proj/secrets/hf/versions/3"), ("WANDB_KEY", "projects/42/secrets/wb/versions/latest"))
 VALUES = {
     "projects/proj/secrets/hf/versions/3": "hf_TOKEN7f3a $(touch CANARY)'\"\n",
@@ -774,8 +980,12 @@ def test_metadata_and_labels() -> None:
     assert "docker stop -t 25 respawn-trainer" in machine_metadata(spec("gpu"), 2)["shutdown-script"]
     head_start = machine_metadata(s, 2, start_after=1_700_000_000.2)  # whole seconds, never earlier
     assert head_start["respawn-start-after"] == "1700000001" and head_start.keys() - meta.keys() == {
-        "respawn-start-after"
+        "respawn-start-after",
+        "respawn-drain-marker",
     }
+    # the attempt replaced writes it once its final save is done: beside the checkpoints, not among them
+    assert head_start["respawn-drain-marker"] == "gs://bucket/runs/job-1.respawn/attempt-1.exited"
+    assert drain_marker("gs://b/ckpt/", 4) == "gs://b/ckpt.respawn/attempt-4.exited"
     assert (grace_s(s), grace_s(spec("gpu"))) == (8, 25)  # inside the 10 s a TPU gets and the 30 s a Spot VM gets
     assert machine_labels(s, 2) == {
         "team": "nlp",
@@ -831,7 +1041,7 @@ if "install" in sys.argv:
 
 # What the script runs besides the fakes. A PATH of only these and the fakes: the machine's own apt-get and
 # systemctl can never run.
-TOOLS = ("bash", "tr", "grep", "awk", "paste", "rm", "touch", "sleep", "seq", "cat", "sed", "cut", "base64")
+TOOLS = ("bash", "tr", "grep", "awk", "paste", "rm", "touch", "sleep", "seq", "cat", "sed", "cut", "base64", "date")
 
 
 def tools(tmp_path: Path) -> Path:

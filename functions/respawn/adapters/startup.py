@@ -33,8 +33,11 @@ The notice is the marker file the shutdown script (or the script's own SIGTERM
 trap) leaves, or the metadata server's `instance/preempted`. The shutdown script
 also writes the `notice` entry at once, trainer or not, so that respawn can
 request the next machine while this one saves (a head start); that next machine
-boots and pulls its image at once but starts its trainer only after metadata
-`respawn-start-after`, when the noticed machine is off.
+boots and pulls its image at once but starts its trainer only once the noticed
+machine's final save is done: when the noticed machine's drain marker appears
+(written by its worker 0 once its trainer exited 0 after the notice, before the
+`stopped` entry) or at metadata `respawn-start-after`, when the noticed machine is
+off, whichever comes first.
 
 The container's lines go to Cloud Logging through docker's gcplogs driver; when
 that driver cannot reach Cloud Logging as the container starts (`docker run`
@@ -49,7 +52,16 @@ import math
 import re
 import shlex
 
-from respawn.machine import CONTAINER, NOTICE_ENV, NOTICE_FILE, START_AFTER_METADATA, STARTUP_LOG, TRAINER_LOG
+from respawn.machine import (
+    CONTAINER,
+    DRAIN_MARKER_METADATA,
+    NOTICE_ENV,
+    NOTICE_FILE,
+    START_AFTER_METADATA,
+    STARTUP_LOG,
+    TRAINER_LOG,
+    drain_marker,
+)
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
@@ -132,7 +144,12 @@ def machine_metadata(
 ) -> dict[str, str]:
     """TPU node `metadata` map / GCE metadata items; `mtbi_s`, the placement outlook's expected seconds to
     interruption of the machine's zone, as `respawn-mtbi-s` and in the trainer's environment; `start_after`
-    (CreateMachine.start_after, epoch s) holds the trainer back until the noticed machine this one replaces is off."""
+    (CreateMachine.start_after, epoch s) holds the trainer back until the noticed machine this one replaces is off,
+    or until that machine's drain marker appears (`respawn-drain-marker`, its final save done).
+
+    The machine replaced is the attempt before this one: a head start's create follows the noticed attempt. Where
+    capacity refused that create and the zone walk made another attempt, the marker named is of an attempt that
+    never ran a trainer: it never appears, and the trainer starts at respawn-start-after as before the marker."""
     return {
         "startup-script": startup_script(spec, attempt, mtbi_s),
         "shutdown-script": shutdown_script(spec, attempt),
@@ -146,6 +163,11 @@ def machine_metadata(
         **({"respawn-secrets": json.dumps(dict(spec.secrets), sort_keys=True)} if spec.secrets else {}),  # references
         **({MTBI_METADATA: _seconds(mtbi_s)} if mtbi_s is not None else {}),
         **({START_AFTER_METADATA: str(math.ceil(start_after))} if start_after is not None else {}),
+        **(
+            {DRAIN_MARKER_METADATA: drain_marker(spec.checkpoint_uri, attempt - 1)}
+            if start_after is not None and attempt > 1
+            else {}
+        ),
     }
 
 
@@ -338,21 +360,77 @@ _SECRETS = """secret() {
 }
 """
 
+# Cloud Storage's JSON API with the machine's token, at STORAGE_EMULATOR_HOST where the machine names another (the
+# variable Google's client libraries read; the local cloud's fake-gcs-server), for a head start's drain marker
+# (respawn.machine.drain_marker). Uploads: https://cloud.google.com/storage/docs/uploading-objects#uploading-an-object
+# (JSON API, uploadType=media); objects.get: https://cloud.google.com/storage/docs/json_api/v1/objects/get (the name
+# percent-encoded, "/" too). Object names here are respawn's: spec.py's characters only, encoded below.
+_STORAGE = """storage=${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}
+case "$storage" in http://* | https://*) ;; *) storage="http://$storage" ;; esac
+gs_split() {  # gs://BUCKET/OBJECT -> the caller's bucket and object (percent-encoded)
+  local rest=${1#gs://}
+  bucket=${rest%%/*}
+  object=$(printf %s "${rest#*/}" | sed 's/%/%25/g; s#/#%2F#g; s/+/%2B/g; s/=/%3D/g; s/@/%40/g; s/,/%2C/g; s/~/%7E/g')
+}
+put_object() {  # object $1 (gs://BUCKET/OBJECT) with the JSON $2
+  local bucket object
+  gs_split "$1"
+  printf %s "$2" | curl -sf -m 10 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Type: application/json' \\
+    --data-binary @- "$storage/upload/storage/v1/b/$bucket/o?uploadType=media&name=$object" >/dev/null
+}
+has_object() {  # whether object $1 (gs://BUCKET/OBJECT) exists, asked with the token $2
+  local bucket object
+  gs_split "$1"
+  curl -sf -m 5 -o /dev/null -H "Authorization: Bearer $2" "$storage/storage/v1/b/$bucket/o/$object"
+}
+"""
+
 # A head start (respawn.decide): this machine replaces one that got the notice and may still be saving; its trainer
-# starts only after metadata respawn-start-after (epoch s), when that machine is off, so it restores what the final
-# save completed. Boot, readying and the image pull come first and overlap that save. Returns 1 when this machine is
-# shut down meanwhile (its trap ran): then no trainer starts.
+# starts once that machine's drain marker appears (metadata respawn-drain-marker, polled each second: its trainer
+# exited 0 after the notice, so the final save is done) or at metadata respawn-start-after (epoch s), when that
+# machine is off, whichever comes first; so it restores what the final save completed. Boot, readying and the image
+# pull come first and overlap that save. Without a marker to poll, one sleep. Returns 1 when this machine is shut
+# down meanwhile (its trap ran): then no trainer starts.
 _START_AFTER = """wait_to_start() {{
-  local after left
+  local after left marker auth
   after=$(md attributes/{key} || true)
   case "$after" in ''|*[!0-9]*) return 0 ;; esac
   left=$((after - $(date +%s)))
-  if [ "$left" -gt 0 ] && [ -z "$stopping" ]; then
+  [ "$left" -gt 0 ] && [ -z "$stopping" ] || {{ [ -z "$stopping" ]; return; }}
+  marker=$(md attributes/{marker_key} || true)
+  case "$marker" in gs://?*/?*) ;; *) marker= ;; esac
+  if [ -z "$marker" ]; then
     log "waiting ${{left}}s until the machine this one replaces is off ({key} $after)"
     sleep "$left" &
     wait $! || kill $! 2>/dev/null
+    [ -z "$stopping" ]
+    return
   fi
+  log "waiting until the machine this one replaces has saved ($marker) or is off (${{left}}s, {key} $after)"
+  auth=$(token)
+  while [ -z "$stopping" ] && [ "$(date +%s)" -lt "$after" ]; do
+    if has_object "$marker" "$auth"; then
+      log "the machine this one replaces has saved ($marker): starting the trainer"
+      break
+    fi
+    sleep 1 &
+    wait $! || kill $! 2>/dev/null
+  done
   [ -z "$stopping" ]
+}}
+"""
+
+# This attempt's drain marker (respawn.machine.drain_marker), written by worker 0 when its trainer exited 0 after the
+# notice, before the script's `stopped` entry: the final save is done, so a head start's replacement may start its
+# trainer. respawn deletes this machine as soon as it reads the trainer's own `stopped`, so the machine may be shutting
+# down as the marker is written: the write ignores the shutdown's SIGTERM (curl's own -m bounds it). Best effort:
+# without a marker, that trainer starts at its start-after.
+_DRAINED = """drained() {{
+  local marker={marker}
+  (
+    trap '' TERM INT HUP
+    put_object "$marker" "$(printf '{{"job_id": "%s", "attempt": %d, "exit_code": %d}}' {job_id} {attempt} "$rc")"
+  ) || log "could not write the drain marker $marker"
 }}
 """
 
@@ -425,7 +503,7 @@ if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi  # its s
 if [ "$rc" -ne 0 ] && [ -z "$noticed" ]; then  # failed, or killed without a word (OOM, segfault)
   say failed ERROR ", \\"error\\": \\"the trainer exited with code $rc\\""
 elif [ "$rc" -eq 0 ] && [ "$worker" -eq 0 ]; then  # worker 0 speaks for a slice
-  if [ -n "$noticed" ]; then say stopped WARNING ""; else say completed INFO ""; fi
+  if [ -n "$noticed" ]; then drained; say stopped WARNING ""; else say completed INFO ""; fi
 fi
 exit "$rc"
 """
@@ -447,7 +525,10 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
     parts = [_HEADER.format(attempt=int(attempt)), _METADATA, _CLOUD]
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt), trainer_log=TRAINER_LOG))
     parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt), startup_log=STARTUP_LOG))
-    parts.append(_START_AFTER.format(key=START_AFTER_METADATA))
+    parts.append(_STORAGE)
+    parts.append(_START_AFTER.format(key=START_AFTER_METADATA, marker_key=DRAIN_MARKER_METADATA))
+    marker = q(drain_marker(spec.checkpoint_uri, attempt))
+    parts.append(_DRAINED.format(marker=marker, job_id=q(spec.job_id), attempt=int(attempt)))
     parts.append(_DOCKER)
     if isinstance(spec.machine, GpuMachine):
         parts.append(_GPU)

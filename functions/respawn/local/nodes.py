@@ -53,7 +53,7 @@ from respawn.local.machine_host import MetadataServer, SecretManager
 from respawn.local.profiles import MachineTimings
 from respawn.local.slices import LocalSlice
 from respawn.local.timeline import Timeline
-from respawn.machine import CONTAINER, NOTICE_ENV, START_AFTER_METADATA
+from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, START_AFTER_METADATA
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
@@ -254,10 +254,9 @@ class Nodes:
         run.mkdir(parents=True, exist_ok=True)
         (run / "startup-script.sh").write_text(meta.get("startup-script", ""))
         (run / "shutdown-script.sh").write_text(meta.get("shutdown-script", ""))
-        if START_AFTER_METADATA in meta:  # a head start: its trainers wait until the noticed machine is off
-            self.timeline.add(
-                "start_after", machine=machine.name, attempt=node.attempt, until=float(meta[START_AFTER_METADATA])
-            )
+        if START_AFTER_METADATA in meta:  # a head start: its trainers wait for the noticed machine's final save
+            until, marker = float(meta[START_AFTER_METADATA]), meta.get(DRAIN_MARKER_METADATA)
+            self.timeline.add("start_after", machine=machine.name, attempt=node.attempt, until=until, marker=marker)
         port = free_port() if node.machine_slice.hosts > 1 else 0  # the slice's JAX coordinator, fresh per boot
         for index in node.machine_slice.workers:
             home = run / f"w-{index}"
@@ -297,8 +296,9 @@ class Nodes:
         return attributes
 
     def _vm_env(self, node: Node, worker: int, port: int, home: Path, server: MetadataServer) -> dict[str, str]:
-        """A worker VM's environment: its tools first on PATH, its metadata server, its notice file, and for its
-        `docker` the image (a slice's worker: with what its host gives the trainer, slices.py)."""
+        """A worker VM's environment: its tools first on PATH, its metadata server, Cloud Storage (fake-gcs-server,
+        where the script writes and polls a head start's drain marker, as the trainers' checkpoints go there), its
+        notice file, and for its `docker` the image (a slice's worker: with what its host gives the trainer)."""
         image_env = node.machine_slice.host_env(self.image.env, worker, port)
         t = self.timings
         if t.docker_install_s:  # a boot image without Docker: only the image's tools until apt-get installs it
@@ -310,6 +310,7 @@ class Nodes:
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "GCE_METADATA_HOST": server.host,
+            **{k: v for k, v in self.image.env.items() if k == "STORAGE_EMULATOR_HOST"},
             NOTICE_ENV: str(home / "respawn-notice"),
             IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),  # on the VM's disk
             machine_host.DOCKER_DIR: str(home / "docker"),
