@@ -23,14 +23,16 @@ if TYPE_CHECKING:
 
 def service(settings: Settings) -> Service:
     """The Service of the deployed functions: the records and the preemption history in the state bucket, TPUs and
-    GPUs, status notices when a status topic is set."""
+    GPUs, status notices when a status topic is set; decide's policy with the settings' time scale."""
     from respawn.adapters.clock import SystemClock
+    from respawn.decide import Policy
     from respawn.service import Service
 
     return Service(
         job_store(settings, in_functions=True),
         machine_providers(settings),
         SystemClock(),
+        Policy(time_scale=settings.time_scale),
         notifier=status_notifier(settings),
         history=history_store(settings, in_functions=True),
         advice=advice_source(settings),

@@ -7,6 +7,7 @@ configuration). A missing setting is one clear error naming the variable.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ VARIABLES = {
         "the Pub/Sub topic of status notices, respawn-status as deployed (unset: no notices are published)",
     ),
 }
+# Seconds of the machines' own timings per real second (decide.Policy.time_scale): 1 in the cloud; the local cloud
+# sets its recovery profile's scale (1/60 for `--profile cloud`), so that a head start's drain reads in its time.
+TIME_SCALE = "RESPAWN_TIME_SCALE"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Settings:
     machine_service_account: str | None = None
     tpu_endpoint: str | None = None  # local cloud only: http://127.0.0.1:PORT
     compute_endpoint: str | None = None  # local cloud only
+    time_scale: float = 1.0  # RESPAWN_TIME_SCALE: local cloud only (a recovery profile replayed faster)
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -64,6 +69,7 @@ class Settings:
             machine_service_account=get("RESPAWN_MACHINE_SERVICE_ACCOUNT"),
             tpu_endpoint=get("RESPAWN_TPU_ENDPOINT"),
             compute_endpoint=get("RESPAWN_COMPUTE_ENDPOINT"),
+            time_scale=_time_scale(get(TIME_SCALE)),
         )
 
     def require(self, *names: str) -> Settings:
@@ -73,6 +79,21 @@ class Settings:
                 variable, meaning = VARIABLES[name]
                 raise SettingsError(f"{variable} is not set: it must name {meaning}")
         return self
+
+
+def _time_scale(text: str | None) -> float:
+    """RESPAWN_TIME_SCALE as a number; SettingsError (one line) for anything but a positive finite number."""
+    if text is None:
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SettingsError(
+            f"{TIME_SCALE} is {text!r}: it must be a positive number (local seconds per real second; default 1)"
+        )
+    return value
 
 
 def service_from_env() -> Service:

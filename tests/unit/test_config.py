@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from respawn.config import Settings, SettingsError, service_from_env
+from respawn.decide import Policy
 
 
 def test_settings_read_the_environment_with_defaults() -> None:
@@ -58,3 +59,26 @@ def test_service_is_built_once_per_process_and_environment(monkeypatch: pytest.M
     monkeypatch.delenv("RESPAWN_STATE_BUCKET")
     with pytest.raises(SettingsError):
         service_from_env()
+
+
+def test_the_time_scale_reaches_decides_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RESPAWN_TIME_SCALE (the local cloud's recovery profile): a head start's drain in the profile's time."""
+    assert Settings.from_env({}).time_scale == 1.0
+    assert Settings.from_env({"RESPAWN_TIME_SCALE": "0.0166667"}).time_scale == pytest.approx(1 / 60, rel=1e-4)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing is called at construction
+    scaled = {"RESPAWN_PROJECT": "p", "RESPAWN_STATE_BUCKET": "state-scaled", "RESPAWN_TIME_SCALE": "0.5"}
+    for name, value in {
+        **scaled,
+        "RESPAWN_TPU_ENDPOINT": "http://127.0.0.1:9",
+        "RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:9",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert service_from_env()._one_job.policy == Policy(time_scale=0.5)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "fast", "nan", "inf"])
+def test_a_time_scale_that_is_no_positive_number_is_one_line_naming_the_variable(text: str) -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({"RESPAWN_TIME_SCALE": text})
+    assert str(e.value).startswith(f"RESPAWN_TIME_SCALE is {text!r}: it must be a positive number")
+    assert "\n" not in str(e.value)

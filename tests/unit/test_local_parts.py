@@ -350,3 +350,31 @@ def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Pa
         "FSSPEC_GCS_TOKEN": "anon",
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
     }
+
+
+def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--profile cloud` replays a real minute in a local second: the functions get its scale (RESPAWN_TIME_SCALE),
+    which decide's Policy.time_scale reads, so a head start's drain is as much shorter; the local profile's is 1."""
+    from respawn.config import Settings
+    from respawn.local import cloud
+    from respawn.local.emulators import FakeGcs
+    from respawn.local.profiles import CLOUD_SCALE
+
+    given: list[dict[str, str]] = []
+
+    class Recorded:
+        def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+            given.append(env)
+
+        def start(self) -> None:
+            return None
+
+        def stop(self) -> None:
+            return None
+
+    monkeypatch.setattr(cloud, "FunctionServers", Recorded)
+    api = type("Api", (), {"url": "http://127.0.0.1:9"})()
+    for scale in (CLOUD_SCALE, 1.0):
+        local = cloud.LocalCloud(cloud.Options(workdir=tmp_path, time_scale=scale), say=lambda line: None)
+        local._functions(api, FakeGcs(port=9), None)  # type: ignore[arg-type]
+        assert Settings.from_env(given[-1]).time_scale == scale

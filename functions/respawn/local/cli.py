@@ -372,6 +372,7 @@ def run(ns: argparse.Namespace) -> int:
     message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
     run_timings = given_timings.for_job(message)
     opts.creation_delay_s, opts.machine_timings = run_timings.creation_delay_s, run_timings.machine
+    opts.time_scale = run_timings.scale  # the functions read the head start's drain in the profile's time
     opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
     check_chaos_workers(opts, message)
     machine_slice = job_slice(message["machine"])

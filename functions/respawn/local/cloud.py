@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from respawn import bootstrap
-from respawn.config import Settings
+from respawn.config import TIME_SCALE, Settings
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
 from respawn.local.chaos import Chaos, Mtbi, StepAction, step_actions
 from respawn.local.cloudapi import CloudApiServer, CloudMachine
@@ -72,6 +72,9 @@ class Options:
     seed: int = 0
     creation_delay_s: float = 1.0  # create call -> READY (a queue's wait for capacity aside)
     machine_timings: MachineTimings = field(default_factory=MachineTimings)  # READY -> first step (profiles.py)
+    # local seconds per real second of the recovery profile (profiles.py): the functions' RESPAWN_TIME_SCALE, so that
+    # a head start's drain (a machine kind's real notice window) reads in the profile's time
+    time_scale: float = 1.0
     grace_s: float = 25.0
     sweep_every_s: float = 5.0
     timeout_s: float = 1800.0
@@ -287,6 +290,7 @@ class LocalCloud:
             "RESPAWN_COMPUTE_ENDPOINT": server.url,
             "RESPAWN_JOBS_TOPIC": JOBS_TOPIC,
             "RESPAWN_EVENTS_TOPIC": EVENTS_TOPIC,
+            TIME_SCALE: repr(self.options.time_scale),
             **gcs.env(),
         }
         if emulator is not None:  # the functions publish status notices there, as deployed
