@@ -153,6 +153,43 @@ TIMELINE = [
 ]  # fmt: skip
 
 
+def head_start_timeline(marked: bool) -> list[dict[str, object]]:
+    """TIMELINE with a head start: j-a2 is requested 0.3 s after j-a1's notice; j-a1 is deleted at its final save
+    (never marked PREEMPTED), or marked after j-a2 was requested."""
+    moved = ("create_call", "state", "trainer_start")
+    events = [
+        e for e in TIMELINE if e["kind"] != "preempted" and not (e.get("machine") == "j-a2" and e["kind"] in moved)
+    ]
+    events += [
+        _ev(10.3, "create_call", machine="j-a2", zone="z-b"),
+        _ev(10.3, "state", machine="j-a2", zone="z-b", state="CREATING"),
+        _ev(11.3, "state", machine="j-a2", zone="z-b", state="READY"),
+        _ev(11.3, "trainer_start", machine="j-a2", attempt=2),
+    ]
+    return [*events, _ev(11.5, "preempted", machine="j-a1", zone="z-a")] if marked else events
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_head_starts_recovery_is_measured_from_the_notice(marked: bool) -> None:
+    """The next machine was requested on the notice, before the noticed one was PREEMPTED (or it never was: deleted
+    at its final save): measured from the PREEMPTED mark, its create call would come before it."""
+    job = {"job_id": "j", "status": "SUCCEEDED", "attempts": [{"n": 1, "zone": "z-a"}, {"n": 2, "zone": "z-b"}],
+           "counters": {"preemptions": 1}, "result": {"params_sha256": "ab", "step": 60}}  # fmt: skip
+    r = report.build(
+        events=head_start_timeline(marked), job=job, reference_sha="ab", machines_left=0, leftover_processes=0,
+        price=None, timed_out=False,
+    )  # fmt: skip
+    (row,) = r["recovery"]
+    assert (row["from"], row["at_s"], row["stop_s"]) == ("notice", 10.0, pytest.approx(1.5) if marked else None)
+    assert r["recovery_create_s"] == [pytest.approx(0.3)] and r["recovery_first_step_s"] == [pytest.approx(6.5)]
+    assert (row["queue_s"], row["boot_s"], row["start_s"]) == (0.0, pytest.approx(1.0), pytest.approx(5.2))
+
+
+def test_a_notice_the_job_ended_on_is_no_recovery() -> None:
+    ended = [e for e in TIMELINE if e["kind"] != "preempted" and e.get("machine") != "j-a2"]
+    assert report.recoveries(ended) == []
+
+
 def test_report_from_a_timeline() -> None:
     job = {"job_id": "j", "status": "SUCCEEDED", "attempts": [{"n": 1, "zone": "z-a"}, {"n": 2, "zone": "z-a"}],
            "counters": {"preemptions": 1}, "result": {"params_sha256": "ab", "step": 60}}  # fmt: skip
@@ -169,7 +206,7 @@ def test_report_from_a_timeline() -> None:
     assert r["lost_steps"] == 2  # step 42 was reached, step 40 restored
     assert r["recovery_create_s"] == [pytest.approx(0.3)]
     assert r["recovery_first_step_s"] == [pytest.approx(5.0)]
-    assert r["recovery"][0]["stop_s"] == pytest.approx(1.5)
+    assert r["recovery"][0]["stop_s"] == pytest.approx(1.5) and r["recovery"][0]["from"] == "preempted"
     assert r["wall_s"] == pytest.approx(20.0)
     assert r["mtbi_realized_s"] == pytest.approx(8.5 + 7.7)  # READY to the notice, READY to its deletion; one notice
     assert r["goodput_s"]["productive_s"] == pytest.approx(11.0)

@@ -1,7 +1,9 @@
 """The report of a local run, computed from its timeline and the final job record (pure functions).
 
 Definitions:
-  preemption      the moment a machine was PREEMPTED and its system event emitted (after the trainer's save)
+  preemption      the moment a machine was PREEMPTED and its system event emitted (after the trainer's save); with a
+                  head start, its notice (the next machine was requested before the machine was PREEMPTED, or it was
+                  deleted at its final save and never marked): each `recovery` row says which (`from`)
   recovery_create_s      preemption -> the next create call the cloud API received
   recovery_first_step_s  preemption -> the first training step of a later attempt, split into create_s, queue_s
                   (create call -> the node exists: a queued resource's wait in the queue, 0 for a node create),
@@ -119,23 +121,33 @@ def lost_steps(events: list[dict[str, Any]]) -> int:
 
 
 def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per preemption: the machine, how long the trainer took to stop, and the two recovery latencies."""
+    """One row per preemption: the machine, how long the trainer took to stop, and the two recovery latencies.
+
+    Measured from the moment the machine was PREEMPTED, or from its notice where the next machine was requested
+    before that or the machine was deleted before it was marked (a head start: `from` says which). A notice whose
+    machine was neither marked nor replaced (the job ended meanwhile) is no recovery."""
     attempts = {e["machine"]: _attempt_of(e) for e in events if e["kind"] == "trainer_start"}
-    notices = {e["machine"]: e["t"] for e in events if e["kind"] == "notice"}
     created = _first_times(events, "state", state="CREATING")
     started = _first_times(events, "trainer_start")
     rows = []
-    for p in (e for e in events if e["kind"] == "preempted"):
-        tp, attempt = p["t"], attempts.get(p["machine"], 0)
+    for n in (e for e in events if e["kind"] == "notice"):
+        tn, attempt = n["t"], attempts.get(n["machine"], 0)
+        marked = next((e["t"] for e in events if e["kind"] == "preempted" and e["machine"] == n["machine"]), None)
+        called = next((e["t"] for e in events if e["kind"] == "create_call" and e["t"] >= tn), None)
+        head_start = called is not None and (marked is None or called < marked)
+        if marked is None and not head_start:
+            continue
+        tp = marked if marked is not None and not head_start else tn
         create = next((e["t"] for e in events if e["kind"] == "create_call" and e["t"] >= tp), None)
         first = next((e for e in events if e["kind"] == "step" and e["t"] >= tp and _attempt_of(e) > attempt), None)
         made, began = (created.get(first["machine"]), started.get(first["machine"])) if first else (None, None)
         rows.append(
             {
-                "machine": p["machine"],
-                "zone": p.get("zone"),
+                "machine": n["machine"],
+                "zone": n.get("zone"),
                 "at_s": tp,
-                "stop_s": tp - notices[p["machine"]] if p["machine"] in notices else None,
+                "from": "notice" if head_start else "preempted",
+                "stop_s": marked - tn if marked is not None else None,
                 "create_s": create - tp if create is not None else None,
                 "queue_s": _gap(create, made),
                 "boot_s": _gap(made, began),
