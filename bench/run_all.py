@@ -31,6 +31,7 @@ class Target:
     bound: float
     unit: str
     peers: str = ""
+    beside: tuple[str, str] | None = None  # (label, key): another figure of the same run, shown beside this one
 
     def met(self, value: float) -> bool:
         if self.op == "<":
@@ -85,13 +86,14 @@ TARGETS = [
         1.5,
         "s",
     ),
-    Target(
-        "Goodput under local chaos, MTBI 60 s",
-        "bench_recovery.py --mtbi 60 --steps 9000",
+    Target(  # issue 24: 0.95 (SPEC 7: 0.92), with the head start on as a job has it by default
+        "Goodput under local chaos, MTBI 60 s, head start on",
+        "bench_recovery.py --mtbi 60 --steps 9000 --head-start",
         "goodput",
         ">=",
-        0.92,
+        0.95,
         "fraction",
+        beside=("realized MTBI", "mtbi_realized_s"),
     ),
     Target("Exact resumption over randomized kill schedules", "bench_exactness.py", "exact_pct", "==", 100, "%"),
     Target("Kill schedules tried for exactness", "bench_exactness.py", "schedules", ">=", 20, "schedules"),
@@ -152,9 +154,10 @@ def main() -> int:
             ok = t.met(float(value))
             misses += not ok
             verdict, shown = ("pass" if ok else "MISS"), f"{value:g}"
-        rows.append(
-            f"| {t.what} | `{t.script}` `{t.key}` | {shown} {t.unit} | {t.op} {t.bound:g} | {verdict} | {t.peers} |"
-        )
+        other = figures.get(t.beside[1]) if t.beside else None
+        note = f" ({t.beside[0]} {other:g} s)" if t.beside and other is not None else ""
+        measured = f"{shown} {t.unit}{note}"
+        rows.append(f"| {t.what} | `{t.script}` `{t.key}` | {measured} | {t.op} {t.bound:g} | {verdict} | {t.peers} |")
 
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = "\n".join(
