@@ -6,6 +6,8 @@ machine), and reads its report:
 
   create      preemption (machine PREEMPTED, system event emitted) -> the replacement's create call at the API
   first step  preemption -> the first training step of the replacement trainer (persistent compilation cache)
+              (with a head start the replacement is requested before the PREEMPTED mark, or the noticed machine is
+              deleted at its final save and never marked: both are then measured from the notice, local/report.py)
   goodput     productive training time / wall time of the whole run (harsh: one preemption every --every steps)
 
 With --mtbi SECONDS every machine lives a seeded random time instead (the local cloud's --mtbi: every 10
