@@ -82,7 +82,7 @@ def test_a_compute_engine_slice_survives_a_vm_preemption_and_a_killed_worker(wor
     assert (report["preemptions"], report["failures"], report["attempts"]) == (1, 1, 3), why
     assert [z["api"] for z in report["zones"]] == ["compute"] * 3, why
     assert [z["end"] for z in report["zones"]] == ["preempted", "failed", "completed"], why
-    assert report["max_live_machines"] <= 1, why
+    assert report["max_live_machines"] <= 2, why  # a head start overlaps the noticed machine with its successor
     assert report["machines_left"] == 0 and report["processes_left"] == 0, why
 
     events = timeline(report)
