@@ -764,10 +764,11 @@ def _ranked(job: Job) -> bool:
 
 def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
     """The current tier's zones, best first by the outlook; a zone that just interrupted the job is penalised (the
-    newest end of a preempted or lost attempt of the job there)."""
+    newest end of a preempted or lost attempt of the job there), and one that just had no capacity for it more."""
     spec, tier, outlook = job.spec, _tier(job), ctx.outlook
     assert spec is not None and outlook is not None
     interrupted = {a.zone: a.ended_at for a in job.attempts if a.end_reason in COUNTED_AS_PREEMPTION and a.ended_at}
+    refused = {a.zone: a.ended_at for a in job.attempts if a.end_reason in NO_CAPACITY and a.ended_at}
     ranking = outlook.rank(
         tier.zones,
         now,
@@ -776,6 +777,7 @@ def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
         list_price_per_hour=rate_per_h(tier.provisioning, machine_price(dict(spec.machine.__dict__))),
         restart_cost_s=ctx.policy.restart_cost_s,
         just_interrupted=interrupted,
+        just_refused=refused,
     )
     return ranking.placed
 

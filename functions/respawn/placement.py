@@ -13,7 +13,7 @@ at all the pooled figure is `prior_hours` per `prior_interruptions`.
 model (checkpoint every sqrt(2 * checkpoint_cost * MTBI); waste = checkpoint_cost / interval, plus per interruption
 the restart cost and half an interval of lost work), over the price. A zone that just interrupted this job is
 penalised by a factor that fades with a half-life (interruptions cluster: a zone that just preempted one machine
-tends to preempt the next soon after). Ties keep the given zone order.
+tends to preempt the next soon after), and one that just had no capacity for it more. Ties keep the given zone order.
 
 `Outlook` is what decide reads: the history plus, for GPU machine types, what Google's Advice API said (an estimated
 uptime that enters a zone's MTBI as extra prior evidence, a price that replaces the list price). Every figure in a
@@ -252,6 +252,8 @@ class Outlook:
     note: str | None = None  # why the history is missing (e.g. the store could not be read)
     checkpoint_cost_s: float = 30.0  # seconds one checkpoint save costs, for the Young/Daly useful fraction
     penalty: float = 0.8  # how much a zone that just interrupted the job loses, fading with penalty_half_life_s
+    # ... and a zone that just had no capacity for the job: more, as it gave nothing at all, fading alike
+    refusal_penalty: float = 1.0
     penalty_half_life_s: float = HOUR
 
     def _zone_advice(self, zone: str, machine_type: str, provisioning: str) -> ZoneAdvice | None:
@@ -289,14 +291,17 @@ class Outlook:
         list_price_per_hour: float | Mapping[str, float] | None,
         restart_cost_s: float,
         just_interrupted: Mapping[str, float] | None = None,
+        just_refused: Mapping[str, float] | None = None,
     ) -> Ranking:
         """`zones` best first by expected useful training per dollar; `just_interrupted` maps a zone to when it
-        last interrupted this job, which scales its score by 1 - penalty * 0.5 ** (age / penalty_half_life_s).
+        last interrupted this job, which scales its score by 1 - penalty * 0.5 ** (age / penalty_half_life_s);
+        `just_refused` when it last had no capacity for it, likewise with refusal_penalty.
         An Advice API price replaces the list price; without either every zone costs the same (ranked by useful
         fraction alone). Equal scores keep the order of `zones`. Each reason names its figures' sources."""
-        if not 0 <= self.penalty <= 1:
-            raise ValueError(f"placement penalty: {self.penalty!r} must be between 0 and 1")
-        recent = just_interrupted or {}
+        for name in ("penalty", "refusal_penalty"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"placement {name}: {getattr(self, name)!r} must be between 0 and 1")
+        recent, refused = just_interrupted or {}, just_refused or {}
         advice = self.advice.get((machine_type, provisioning))
         placed = []
         for zone in zones:
@@ -323,10 +328,15 @@ class Outlook:
             if said is not None and said.obtainability is not None:
                 reason += f", obtainability {said.obtainability:.2f} (advice)"
             factor = 1.0
-            if zone in recent:
-                age = max(0.0, now - recent[zone])
-                factor = 1.0 - self.penalty * 0.5 ** (age / self.penalty_half_life_s)
-                reason += f"; interrupted this job {age / 60:.0f} min ago (x{factor:.2f})"
+            for seen_at, penalty, what in (
+                (recent, self.penalty, "interrupted"),
+                (refused, self.refusal_penalty, "had no capacity for"),
+            ):
+                if zone in seen_at:
+                    age = max(0.0, now - seen_at[zone])
+                    scaled = 1.0 - penalty * 0.5 ** (age / self.penalty_half_life_s)
+                    factor *= scaled
+                    reason += f"; {what} this job {age / 60:.0f} min ago (x{scaled:.2f})"
             score = useful / price * factor
             placed.append(Placed(zone, score, f"{reason} -> {score:.3f} useful h/$", mtbi, useful, price))
         order = sorted(range(len(placed)), key=lambda i: (-placed[i].score, i))

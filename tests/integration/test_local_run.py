@@ -102,7 +102,7 @@ def check(report: dict[str, Any], stderr: str, stockout: bool = False) -> None:
     split = report["recovery_split_p50_s"]
     assert split["queue_s"] is not None and split["queue_s"] < 1.0, detail  # no queue outside a stockout
     assert split["boot_s"] is not None and split["start_s"] is not None, detail
-    assert report["max_live_machines"] <= 1, detail
+    assert report["max_live_machines"] <= 2, detail  # a head start overlaps the noticed machine with its successor
     assert report["machines_left"] == 0, detail
     assert report["processes_left"] == 0, detail
     assert len(report["recovery_create_s"]) == 2, detail

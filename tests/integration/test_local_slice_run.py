@@ -45,7 +45,7 @@ def test_a_slice_survives_a_preemption_a_killed_worker_and_a_host_error(tmp_path
     assert report["preemptions"] == 2 and report["failures"] == 1, detail
     assert [c["action"] for c in report["chaos"]] == ["kill-worker", "host-error"], detail
     assert [z["end"] for z in report["zones"]][-1] == "completed" and report["attempts"] == 4, detail
-    assert report["max_live_machines"] <= 1, detail
+    assert report["max_live_machines"] <= 2, detail  # a head start overlaps the noticed machine with its successor
     assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
     timeline = [json.loads(line) for line in (Path(report["run_dir"]) / "timeline.jsonl").read_text().splitlines()]
     starts = [e for e in timeline if e["kind"] == "trainer_start"]

@@ -126,6 +126,21 @@ def test_after_a_preemption_the_zone_that_took_the_machine_is_penalised() -> Non
     assert f"{B}: MTBI" in job.attempts[-1].placement and f"runner-up {C}" in job.attempts[-1].placement
 
 
+def test_a_zone_that_just_had_no_capacity_for_the_job_is_avoided_more_than_one_that_just_preempted_it() -> None:
+    """Two zones: A refused the job's first request, B's machine is then preempted. A gave nothing at all: the
+    replacement stays in B (x0.2 for the preemption, against A's x0.02 for the refusal two minutes ago)."""
+    even = Outlook(History())
+    job, _ = step(None, JobSubmitted(eid(), T0, spec(zones=(A, B))), outlook=even)
+    job, _ = step(job, capacity(1), T0 + 30, outlook=even)
+    assert job.attempts[-1].zone == B
+    job, _ = step(job, started(2, T0 + 90), T0 + 90, outlook=even)
+    job, actions = step(job, preempted(2, B), T0 + 150, outlook=even)
+    assert creates(actions)[0].zone == B and f"runner-up {A} at 0.006" in job.attempts[-1].placement
+    job, _ = step(job, started(3, T0 + 200), T0 + 200, outlook=even)
+    job, actions = step(job, preempted(3, B), T0 + 12 * HOUR, outlook=even)
+    assert creates(actions)[0].zone == A  # half a day on, A's refusal has faded and B just took the machine
+
+
 def test_the_penalty_fades_so_a_long_lived_zone_that_preempted_long_ago_is_chosen_again() -> None:
     job, _ = step(None, JobSubmitted(eid(), T0, spec()))
     job, _ = step(job, started(1))
