@@ -101,11 +101,15 @@ class Run:
             state, step = (init() if callable(init) else init), 0
         else:
             state, step = restored
+        read = time.monotonic()
+        runtime.programs_ready()  # those compiled() loads in the background meanwhile
         now = time.monotonic()
         self.step = step
         self.schedule = SaveSchedule(self.schedule.policy, final_step=self.steps, restored_step=step)
-        self.goodput.startup_s, self.goodput.restore_s = began - self.goodput.started, now - began
-        split = {**self._startup_split, "compile_s": began - self._ready_at, "restore_s": now - began}
+        self.goodput.startup_s = began - self.goodput.started + now - read
+        self.goodput.restore_s = read - began
+        compile_s = began - self._ready_at + now - read
+        split = {**self._startup_split, "compile_s": compile_s, "restore_s": read - began}
         startup = now - self.goodput.started
         self.lifecycle.emit(
             "started",
@@ -114,7 +118,7 @@ class Run:
             startup_s=round(startup, 3),
             **{k: round(v, 3) for k, v in split.items()},
         )
-        log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", step, self.steps, startup, now - began)
+        log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", step, self.steps, startup, read - began)
         self._last_step_at = self._progress_at = now
         self._first_save_at = 0.0
         return state, step
