@@ -330,3 +330,27 @@ def test_checkpoints_import_orbax_only_when_first_used(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "True"]
+
+
+def test_the_garbage_collector_is_paused_from_run_to_the_end_of_restore(tmp_path: Path) -> None:
+    """The start's imports allocate objects that live as long as the process: collecting them again and again
+    is wasted start time; after the start they are frozen, so later collections skip them."""
+    import gc
+
+    from respawn_trainer import Run
+
+    class Empty:
+        def restore_newest(self, template: object, agree_any: object) -> None:
+            return None
+
+    env = {"RESPAWN_JOB_ID": "j", "RESPAWN_CHECKPOINT_URI": str(tmp_path), "RESPAWN_LOG_SINK": str(tmp_path / "e")}
+    assert gc.isenabled()
+    run = Run(3, checkpointer=Empty(), env=env, use_jax=False)
+    try:
+        assert not gc.isenabled()
+        run.restore({"step": 0})
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+        run.watch.stop()
