@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 import re
 import sys
 import threading
@@ -154,7 +155,8 @@ def compiled(jitted: Any, *args: Any, key: str | None = None) -> Any:
     if not cache or jax.process_count() == 1 or jax.default_backend() != "cpu":
         return lowered.compile()
     store = _ProgramStore(cache, _program_key(lowered.as_text(), args))
-    return store.read() or store.build(lowered.compile)
+    stored = store.read()
+    return stored if stored is not None else store.build(lowered.compile)
 
 
 def _program_key(text: str, args: Any) -> str:
@@ -192,8 +194,6 @@ class _ProgramStore:
 
     def read(self) -> Any:
         """The stored executable, loaded; None when there is none or it cannot be loaded (then: a compile)."""
-        import pickle
-
         try:
             return self._serialization.deserialize_and_load(*pickle.loads(self.fs.cat_file(self.path)))
         except FileNotFoundError:
@@ -204,8 +204,6 @@ class _ProgramStore:
 
     def build(self, build: Callable[[], Any]) -> Any:
         """`build()`, stored for the next start."""
-        import pickle
-
         executable = _without_jax_cache(build)
         try:
             self.fs.makedirs(self.root, exist_ok=True)
