@@ -3,6 +3,10 @@
 import os
 import sys
 
+# numpy's OpenBLAS starts a thread per core that spins after numpy's import: 0.06 s of CPU on this 2-core machine
+# (measured), a core taken from the start on a busy one, for BLAS the trainer never calls (XLA does its own math).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from respawn_trainer.goodput import process_started
 
 STARTED = process_started()

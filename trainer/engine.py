@@ -19,7 +19,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import respawn_trainer
-from respawn_trainer import runtime
 from trainer import data, model, sharding
 from trainer import step as train
 from trainer.config import Config, ConfigError
@@ -56,8 +55,8 @@ class LanguageModel:
             out_shardings=shardings,
             donate_argnums=donate,
         )
+        # Loads in the background while the checkpoint is read; run.restore() waits for it on every host.
         self._step = respawn_trainer.compiled(step_fn, self.abstract, tokens, key=program_key(cfg))
-        runtime.barrier("compiled")  # every host has its programs before the first collective
 
     def fresh(self) -> Any:
         """The state before step 1: the same numbers on every process, each holding its devices' shards."""

@@ -280,3 +280,77 @@ def test_a_program_stored_under_a_new_key_runs_when_jax_cache_already_held_it(tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True"]
     assert list((tmp_path / "cache").glob("*/respawn-programs/p0/*")), "nothing was stored"
+
+
+STORED_LOADS_IN_BACKGROUND = """
+import importlib.abc, sys, threading, jax, jax.numpy as jnp
+from respawn_trainer import runtime
+runtime.use_compile_cache(sys.argv[1])
+f = jax.jit(lambda x: jnp.sin(x) * 2)
+args = (jax.ShapeDtypeStruct((4,), jnp.float32),)
+x = jnp.arange(4.0)
+readers, imported = [], []
+read = runtime._ProgramStore.read
+runtime._ProgramStore.read = lambda store: readers.append(threading.current_thread().name) or read(store)
+
+class Imports(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if threading.current_thread() is not threading.main_thread():
+            imported.append(name)
+
+sys.meta_path.insert(0, Imports())
+built = runtime.compiled(f, *args, key="k")  # nothing stored yet: built on first need, on this thread
+runtime.programs_ready()
+stored = runtime.compiled(f, *args, key="k")
+runtime.programs_ready()
+print(readers == ["program-load", "program-load"], imported == [], float(stored(x).sum()) == float(f(x).sum()))
+"""
+
+
+def test_a_stored_program_loads_on_a_background_thread_that_imports_nothing(tmp_path: Path) -> None:
+    """The load overlaps the caller's imports (orbax); a thread importing beside them could deadlock on the
+    import locks, so everything it needs is imported before it starts."""
+    proc = subprocess.run(
+        [sys.executable, "-c", STORED_LOADS_IN_BACKGROUND, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "True", "True"]
+
+
+def test_checkpoints_import_orbax_only_when_first_used(tmp_path: Path) -> None:
+    """A restart's compiled program loads while orbax imports: Run() must not import it."""
+    code = (
+        "import sys; from respawn_trainer.checkpoint import Checkpoints; "
+        f"c = Checkpoints({str(tmp_path)!r}, 3); print('orbax' in sys.modules); "
+        "c.restore_newest(None); print('orbax' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True"]
+
+
+def test_the_garbage_collector_is_paused_from_run_to_the_end_of_restore(tmp_path: Path) -> None:
+    """The start's imports allocate objects that live as long as the process: collecting them again and again
+    is wasted start time; after the start they are frozen, so later collections skip them."""
+    import gc
+
+    from respawn_trainer import Run
+
+    class Empty:
+        def restore_newest(self, template: object, agree_any: object) -> None:
+            return None
+
+    env = {"RESPAWN_JOB_ID": "j", "RESPAWN_CHECKPOINT_URI": str(tmp_path), "RESPAWN_LOG_SINK": str(tmp_path / "e")}
+    assert gc.isenabled()
+    run = Run(3, checkpointer=Empty(), env=env, use_jax=False)
+    try:
+        assert not gc.isenabled()
+        run.restore({"step": 0})
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+        run.watch.stop()

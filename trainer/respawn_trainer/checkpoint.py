@@ -10,6 +10,7 @@ attempt removes (at start when its commit marker is gone, else at a save beyond 
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -21,9 +22,11 @@ from respawn_trainer.schedule import SaveDone
 log = logging.getLogger("trainer")
 
 
-def _import_orbax() -> Any:
-    """orbax.checkpoint imports google-cloud-logging (half a second) for an optional logger respawn does not use:
-    hide it for that one import, so a restart does not pay for it."""
+@functools.cache
+def _orbax() -> Any:
+    """orbax.checkpoint, imported at the first checkpoint operation rather than at import (a sixth of a second:
+    a restart's compiled program loads meanwhile). It imports google-cloud-logging (half a second) for an
+    optional logger respawn does not use: hidden for that one import, so a restart does not pay for it."""
     hidden = "google.cloud.logging" not in sys.modules
     if hidden:
         sys.modules["google.cloud.logging"] = None  # type: ignore[assignment]  # makes that import fail fast
@@ -33,9 +36,6 @@ def _import_orbax() -> Any:
         if hidden:
             del sys.modules["google.cloud.logging"]
     return ocp
-
-
-ocp = _import_orbax()
 
 
 class Checkpointer(Protocol):
@@ -52,20 +52,30 @@ class Checkpointer(Protocol):
 
 class Checkpoints:
     def __init__(self, uri: str, keep: int, save_delay_s: float = 0.0) -> None:
-        async_options = ocp.AsyncOptions(post_finalization_callback=_sleeper(save_delay_s)) if save_delay_s else None
-        self.manager = ocp.CheckpointManager(
-            uri,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep,
-                cleanup_tmp_directories=True,
-                enable_background_delete=True,
-                lightweight_initialize=True,
-                enable_async_checkpointing=True,
-                async_options=async_options,
-            ),
-        )
+        self.uri, self.keep, self.save_delay_s = uri, keep, save_delay_s
+        self._manager: Any = None
         self._pending: tuple[int, float, float] | None = None  # step, started, blocking_s
         self._finished: list[SaveDone] = []  # durable, not yet reported
+
+    @property
+    def manager(self) -> Any:
+        """Orbax's CheckpointManager, made at the first use."""
+        if self._manager is None:
+            ocp = _orbax()
+            delay = self.save_delay_s
+            async_options = ocp.AsyncOptions(post_finalization_callback=_sleeper(delay)) if delay else None
+            self._manager = ocp.CheckpointManager(
+                self.uri,
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=self.keep,
+                    cleanup_tmp_directories=True,
+                    enable_background_delete=True,
+                    lightweight_initialize=True,
+                    enable_async_checkpointing=True,
+                    async_options=async_options,
+                ),
+            )
+        return self._manager
 
     def restore_newest(
         self, abstract_state: Any, agree_any: Callable[[bool], bool] = lambda flag: flag
@@ -81,7 +91,7 @@ class Checkpoints:
         for step in sorted(self.manager.all_steps(), reverse=True):
             error: str | None = None
             try:
-                state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+                state = self.manager.restore(step, args=_orbax().args.StandardRestore(abstract_state))
             except Exception as e:  # any reason a step cannot be read: fall back to the previous one
                 error = _error_line(e)
                 log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, error)
@@ -102,7 +112,7 @@ class Checkpoints:
         """Start an async save; returns the seconds training was blocked (waiting for a previous save included)."""
         started = time.monotonic()
         self._collect()
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        self.manager.save(step, args=_orbax().args.StandardSave(state), force=True)
         blocking = time.monotonic() - started
         self._pending = (step, started, blocking)
         return blocking
@@ -128,14 +138,15 @@ class Checkpoints:
             self._finished.append(SaveDone(step, blocking, time.monotonic() - started))
 
     def close(self) -> None:
-        self.manager.close()
+        if self._manager is not None:
+            self._manager.close()
 
 
 def abstract(state: Any) -> Any:
     """Shapes, dtypes and shardings of `state`: the restore target."""
     import jax
 
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    return jax.tree.map(_orbax().utils.to_shape_dtype_struct, state)
 
 
 def _sleeper(seconds: float) -> Callable[[], None]:

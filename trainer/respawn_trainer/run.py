@@ -13,6 +13,7 @@ An exception inside the block waits for a save under way, sends `failed` and pro
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -64,6 +65,7 @@ class Run:
         sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
         self.lifecycle = Lifecycle(sink, *self._job_and_attempt())
         self._startup_split = {"import_s": began - self.goodput.started}
+        self._gc = _PausedGc()
         try:
             if use_jax:
                 runtime.configure(self.env, distributed)
@@ -101,11 +103,15 @@ class Run:
             state, step = (init() if callable(init) else init), 0
         else:
             state, step = restored
+        read = time.monotonic()
+        runtime.programs_ready()  # those compiled() loads in the background meanwhile
         now = time.monotonic()
         self.step = step
         self.schedule = SaveSchedule(self.schedule.policy, final_step=self.steps, restored_step=step)
-        self.goodput.startup_s, self.goodput.restore_s = began - self.goodput.started, now - began
-        split = {**self._startup_split, "compile_s": began - self._ready_at, "restore_s": now - began}
+        self.goodput.startup_s = began - self.goodput.started + now - read
+        self.goodput.restore_s = read - began
+        compile_s = began - self._ready_at + now - read
+        split = {**self._startup_split, "compile_s": compile_s, "restore_s": read - began}
         startup = now - self.goodput.started
         self.lifecycle.emit(
             "started",
@@ -114,7 +120,8 @@ class Run:
             startup_s=round(startup, 3),
             **{k: round(v, 3) for k, v in split.items()},
         )
-        log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", step, self.steps, startup, now - began)
+        log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", step, self.steps, startup, read - began)
+        self._gc.resume()
         self._last_step_at = self._progress_at = now
         self._first_save_at = 0.0
         return state, step
@@ -170,6 +177,7 @@ class Run:
 
         prune False, for a machine about to be taken away once its last save is durable: the deletion of old
         steps still under way in the background is not waited for (the next attempt removes what is left)."""
+        self._gc.resume()
         if not self._closed:
             self._closed = True
             if prune:
@@ -191,6 +199,7 @@ class Run:
 
     def _failed(self, error: BaseException) -> None:
         """Keep a save that was already under way, then tell the control plane (no entry for Ctrl-C)."""
+        self._gc.resume()
         if isinstance(error, KeyboardInterrupt):
             return
         text = one_line(error)
@@ -249,6 +258,23 @@ class Run:
         hang (a step only some hosts can read: a lost shard, or a transient read error)."""
         runtime.barrier("restored", RESTORE_FAILED_WAIT_S if failed else runtime.BARRIER_TIMEOUT_S)
         return runtime.agree_any(failed)
+
+
+class _PausedGc:
+    """Python's cyclic garbage collector, paused from Run() to the end of restore(): the start's imports and setup
+    allocate hundreds of thousands of objects that live as long as the process, and collecting them again and
+    again took a sixth of the CPU time of importing jax, optax and orbax (0.12 s of 0.69 s, measured). Resumed
+    with everything allocated so far frozen (gc.freeze), so later collections skip it too."""
+
+    def __init__(self) -> None:
+        self._paused = gc.isenabled()  # a program that turned it off itself keeps it off
+        gc.disable()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            gc.freeze()
+            gc.enable()
 
 
 def _template(init: Any) -> Any:

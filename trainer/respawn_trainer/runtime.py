@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 import re
 import sys
 import threading
@@ -140,18 +141,22 @@ def compiled(jitted: Any, *args: Any, key: str | None = None) -> Any:
 
     Through JAX's persistent cache, which traces and lowers the function to find its entry. With `key` (naming
     the function's code and all it closes over, e.g. a hash of its source and config) the executable is stored
-    under that key, so a restart skips tracing and lowering too; a wrong key gives a wrong program."""
+    under that key, so a restart skips tracing and lowering too; a wrong key gives a wrong program. A stored
+    one is returned as a `Program` that loads in the background while the caller goes on (restoring the
+    checkpoint, say); `Run.restore` waits for it, and every host for theirs, before it reports the start."""
     import jax
 
     cache = jax_config().jax_compilation_cache_dir
     if cache and key is not None:
-        return _stored_executable(cache, _program_key(key, args), lambda: jitted.lower(*args).compile())
+        return Program(_ProgramStore(cache, _program_key(key, args)), lambda: jitted.lower(*args).compile())
     lowered = jitted.lower(*args)
     # Not a local-only case: JAX's cache is written by process 0 alone, and XLA:CPU keys each process's programs
     # by its own topology, so every other process of any multi-process CPU run would compile at each start.
     if not cache or jax.process_count() == 1 or jax.default_backend() != "cpu":
         return lowered.compile()
-    return _stored_executable(cache, _program_key(lowered.as_text(), args), lowered.compile)
+    store = _ProgramStore(cache, _program_key(lowered.as_text(), args))
+    stored = store.read()
+    return stored if stored is not None else store.build(lowered.compile)
 
 
 def _program_key(text: str, args: Any) -> str:
@@ -170,34 +175,81 @@ def _program_key(text: str, args: Any) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _stored_executable(cache: str, key: str, build: Callable[[], Any]) -> Any:
-    """The executable stored under `key` in this process's part of the cache, else `build()`, stored there.
+class _ProgramStore:
+    """Where the executable of one key lives in this process's part of the cache.
 
     Built outside JAX's cache: on CPU an executable read from that cache serializes without its code, and the
     stored copy would fail at its first run ("Function ... not found")."""
-    import pickle
 
-    import fsspec
-    import jax
-    from jax.experimental import serialize_executable
+    def __init__(self, cache: str, key: str) -> None:
+        import fsspec
+        import jax
+        from jax.experimental import serialize_executable
 
-    fs, root = fsspec.core.url_to_fs(f"{cache}/respawn-programs/p{jax.process_index()}")
-    path = f"{root}/{key}"
-    try:
-        return serialize_executable.deserialize_and_load(*pickle.loads(fs.cat_file(path)))
-    except FileNotFoundError:
-        pass
-    except Exception as e:  # a damaged entry is a compile, not a failure
-        log.warning("stored program %s unreadable (%s): compiling", path, type(e).__name__)
-    executable = _without_jax_cache(build)
-    try:
-        fs.makedirs(root, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fs.pipe_file(tmp, pickle.dumps(serialize_executable.serialize(executable)))
-        fs.mv(tmp, path)
-    except Exception as e:
-        log.warning("could not store the compiled program (%s)", type(e).__name__)
-    return executable
+        # Imported here, on the caller's thread: read() may run on another one, which must import nothing
+        # (two threads importing the same modules can deadlock on the import locks).
+        self._serialization = serialize_executable
+        self.fs, root = fsspec.core.url_to_fs(f"{cache}/respawn-programs/p{jax.process_index()}")
+        self.root, self.path = root, f"{root}/{key}"
+
+    def read(self) -> Any:
+        """The stored executable, loaded; None when there is none or it cannot be loaded (then: a compile)."""
+        try:
+            return self._serialization.deserialize_and_load(*pickle.loads(self.fs.cat_file(self.path)))
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # a damaged entry is a compile, not a failure
+            log.warning("stored program %s unreadable (%s): compiling", self.path, type(e).__name__)
+            return None
+
+    def build(self, build: Callable[[], Any]) -> Any:
+        """`build()`, stored for the next start."""
+        executable = _without_jax_cache(build)
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            self.fs.pipe_file(tmp, pickle.dumps(self._serialization.serialize(executable)))
+            self.fs.mv(tmp, self.path)
+        except Exception as e:
+            log.warning("could not store the compiled program (%s)", type(e).__name__)
+        return executable
+
+
+_loading: list[Program] = []  # programs whose background load Run.restore has not waited for yet
+
+
+class Program:
+    """A stored program being read and loaded on a background thread (C++ that releases the GIL: it overlaps the
+    caller's imports and restore). Called like the executable; the first call waits for it, and compiles it on
+    the caller's thread when it was not stored (JAX's cache settings are process-wide: one thread changes them)."""
+
+    def __init__(self, store: _ProgramStore, build: Callable[[], Any]) -> None:
+        self._store, self._build = store, build
+        self._loaded: list[Any] = []
+        self._executable: Any = None
+        self._thread = threading.Thread(
+            target=lambda: self._loaded.append(store.read()), name="program-load", daemon=True
+        )
+        self._thread.start()
+        _loading.append(self)
+
+    def executable(self) -> Any:
+        if self._executable is None:
+            self._thread.join()
+            loaded = self._loaded[0] if self._loaded else None
+            self._executable = loaded if loaded is not None else self._store.build(self._build)
+        return self._executable
+
+    def __call__(self, *args: Any) -> Any:
+        return self.executable()(*args)
+
+
+def programs_ready() -> None:
+    """Wait for every program compiled() is loading (compiling those not stored), then for every host to have
+    theirs: the first collective after it then finds every peer at it (gloo gives up on one after 30 s)."""
+    while _loading:
+        _loading.pop().executable()
+    barrier("compiled")
 
 
 def _without_jax_cache(build: Callable[[], Any]) -> Any:
