@@ -30,9 +30,11 @@ class CreateMachine:
 
 @dataclass(frozen=True)
 class DeleteMachine:
+    """Delete attempt `attempt`'s machine (NotFound is done)."""
+
     job_id: str
     attempt: int
-    machine: str
+    machine: str  # a node, an instance, or a slice's MIG (its template and policy go with it)
     zone: str
 
 

@@ -45,6 +45,8 @@ class Sighting:
 
 @dataclass(frozen=True)
 class OneJob:
+    """One event on one job's record, in tries of one read each (the module docstring)."""
+
     records: Records
     machines: Machines
     acting: Acting

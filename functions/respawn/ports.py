@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
 from respawn.model import Job, JobSpec, MachineState
-from respawn.placement import Advice, History
+from respawn.placement import History
 
 
 class ProviderError(Exception):
@@ -103,21 +103,3 @@ class StatusNotifier(Protocol):
     def notify(self, notice: dict[str, Any]) -> None:
         """Publish one notice (respawn.notices). Raises TransientError when a later try may succeed,
         PermanentError when it cannot (no such topic, no permission)."""
-
-
-class Advisor(Protocol):
-    """What Google's Advice API says of a machine type's zones (respawn.placement.Advice); never raises: a failure
-    is an Advice without zones whose `note` says why."""
-
-    def advise(
-        self,
-        project: str,
-        region: str,
-        machine_type: str,
-        provisioning: str,
-        zones: Sequence[str],
-        *,
-        accelerators: Sequence[tuple[str, int]] = (),
-    ) -> Advice:
-        """Advice for `machine_type` (with `accelerators` attached: (accelerator type, count), N1 machine types)
-        under `provisioning` (respawn's word: spot, standard, ...) in `zones` of `region`."""

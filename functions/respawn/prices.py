@@ -39,7 +39,7 @@ class Priced:
     """An hourly rate and where it comes from (LIST_SOURCE or advice_source(...))."""
 
     rate_per_h: float
-    source: str
+    source: str  # LIST_SOURCE, or advice_source(when the Advice API was read)
 
     def text(self) -> str:
         return f"${self.rate_per_h:.2f}/h ({self.source})"

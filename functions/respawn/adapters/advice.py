@@ -46,7 +46,6 @@ from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
 from respawn.model import GpuMachine, JobSpec, MachineSpec
 from respawn.placement import HOUR, Advice, ZoneAdvice, machine_kind
-from respawn.ports import Advisor
 from respawn.topology import UnknownTpuType, tpu_topology
 
 CACHE_S = HOUR  # how long an answer is reused
@@ -91,7 +90,7 @@ def accelerators(machine: MachineSpec) -> tuple[tuple[str, int], ...]:
 
 
 def advise_regions(
-    advisor: Advisor,
+    advisor: GcpAdvisor,
     project: str,
     machine_type: str,
     provisioning: str,
@@ -120,7 +119,7 @@ def advise_regions(
     return Advice(merged, min(a.fetched_at for a in answers), "; ".join(notes) or None)
 
 
-def advice_for(advisor: Advisor, project: str, spec: JobSpec) -> dict[tuple[str, str], Advice]:
+def advice_for(advisor: GcpAdvisor, project: str, spec: JobSpec) -> dict[tuple[str, str], Advice]:
     """What the Advice API says of a job's machines: one Advice per (machine type, provisioning model) of its tiers,
     over all their zones, as the outlook keys it. A TPU: the note, no call."""
     kind, now = machine_kind(spec), time.time()
@@ -134,7 +133,8 @@ def advice_for(advisor: Advisor, project: str, spec: JobSpec) -> dict[tuple[str,
 
 
 class GcpAdvisor:
-    """respawn.ports.Advisor over compute_v1.AdviceClient (REST; `endpoint` for the local cloud's API)."""
+    """What Google's Advice API says of a machine type's zones, over compute_v1.AdviceClient (REST; `endpoint`
+    for the local cloud's API). The one advisor: tests run it against the local Advice API."""
 
     def __init__(
         self,

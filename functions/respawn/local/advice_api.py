@@ -23,7 +23,7 @@ import re
 import time
 from typing import Any
 
-from respawn.local.apicore import ApiError, CloudCore, CloudMachine, invalid, rfc3339
+from respawn.local.apicore import ApiError, CloudCore, CloudMachine, compute_error_json, invalid, rfc3339
 
 ADVICE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)/advice/(capacity|capacityHistory)$")
 MODELS = ("FLEX_START", "RESERVATION_BOUND", "SPOT", "STANDARD")
@@ -77,15 +77,7 @@ class AdviceApi:
         return self.capacity_history(project, region, body)
 
     def error_json(self, e: ApiError) -> dict[str, Any]:
-        """Compute's error format: code, message and errors[].reason."""
-        reason = e.reason or _REASONS.get(e.code, e.status.lower())
-        return {
-            "error": {
-                "code": e.code,
-                "message": e.message,
-                "errors": [{"message": e.message, "domain": "global", "reason": reason}],
-            }
-        }
+        return compute_error_json(e, _REASONS)
 
     def machines(self) -> list[CloudMachine]:
         return []

@@ -331,3 +331,15 @@ class CloudCore:
         if spot and zone in self.spot_queue_waits:
             return True, self.spot_queue_waits[zone]
         return False, 0.0
+
+
+def compute_error_json(e: ApiError, reasons: dict[int, str]) -> dict[str, Any]:
+    """Compute's error format: code, message and errors[].reason (`reasons` by HTTP code where `e` names none)."""
+    reason = e.reason or reasons.get(e.code, e.status.lower())
+    return {
+        "error": {
+            "code": e.code,
+            "message": e.message,
+            "errors": [{"message": e.message, "domain": "global", "reason": reason}],
+        }
+    }

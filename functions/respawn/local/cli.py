@@ -158,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--image-pull", metavar="DURATION", help="a docker pull of the image a machine lacks")
     r.add_argument("--image-refresh", metavar="DURATION", help="a docker pull of the image a machine has")
-    r.add_argument(
+    r.add_argument(  # on top of the local trainer's own start
         "--trainer-start-delay",
         metavar="DURATION",
         help="docker run -> the trainer's process starts (runtime init, a real compile and restore)",

@@ -52,6 +52,7 @@ from respawn.local.apicore import (
     CloudCore,
     CloudMachine,
     MachineCall,
+    compute_error_json,
     invalid,
     list_filter,
     rfc3339,
@@ -315,15 +316,7 @@ class ComputeApi:
         return None
 
     def error_json(self, e: ApiError) -> dict[str, Any]:
-        """Compute's error: code, message and errors[].reason."""
-        reason = e.reason or _REASONS.get(e.code, e.status.lower())
-        return {
-            "error": {
-                "code": e.code,
-                "message": e.message,
-                "errors": [{"message": e.message, "domain": "global", "reason": reason}],
-            }
-        }
+        return compute_error_json(e, _REASONS)
 
     def _listing(self, kind: str, path: str, items: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
         if query.get("filter"):
