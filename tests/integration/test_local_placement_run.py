@@ -28,6 +28,7 @@ CHAOS = ["--mtbi", f"{A}=20s,{B}=20s,{C}=5m", "--seed", "5", "--creation-delay",
 def job_file(folder: Path, steps: int, **fields: Any) -> Path:
     job = yaml.safe_load((ROOT / "examples" / "three-zones.yaml").read_text())
     job["args"] = ["--model=tiny", f"--steps={steps}", "--checkpoint-every=20", "--log-every=1"]
+    job["head_start"] = False  # zone choice alone; the head start's own run is test_local_head_start_run.py
     job.update(fields)
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(job))
