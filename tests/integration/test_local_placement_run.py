@@ -41,13 +41,15 @@ def detail(report: dict[str, Any], stderr: str) -> str:
 
 def test_ranked_placement_trains_mostly_in_the_long_lived_zone(tmp_path: Path) -> None:
     need(FakeGcs.missing())
-    report, stderr = run_local(job_file(tmp_path, 800), tmp_path, chaos=CHAOS, timeout=900)
+    # 1600 steps: the middle zone's 19 s machine trains ~350-450 of them at today's trainer speed, the long-lived
+    # zone the rest
+    report, stderr = run_local(job_file(tmp_path, 1600), tmp_path, chaos=CHAOS, timeout=900)
     why = detail(report, stderr)
-    assert report["status"] == "SUCCEEDED" and report["exact"] is True and report["final_step"] == 800, why
+    assert report["status"] == "SUCCEEDED" and report["exact"] is True and report["final_step"] == 1600, why
     zones = [z["zone"] for z in report["zones"]]
     assert zones[0] == A and zones[-1] == C and zones.index(C) <= 2, why  # A and B each lost once at most
     steps = {row["zone"]: row["productive_steps"] for row in report["by_zone"]}
-    assert sum(steps.values()) == 800 and steps[C] > 800 / 2, why
+    assert sum(steps.values()) == 1600 and steps[C] > 1600 / 2, why
     assert all(z["placement"].startswith(z["zone"]) for z in report["zones"]), why  # decide's reason for each
     learned = {row["zone"]: row for row in report["history"]}
     assert learned[A]["interruptions"] >= 1 and learned[C]["mtbi_s"] > learned[A]["mtbi_s"], why
