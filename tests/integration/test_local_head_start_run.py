@@ -19,10 +19,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import yaml
 from conftest import need
+from test_local_run import marked
 
 from respawn.local.emulators import FakeGcs
 
@@ -37,17 +37,6 @@ CHAOS = [
     *("--duplicate-deliveries", "3"),
     *("--creation-delay", "0.5s", "--sweep-every", "2s", "--grace", "10s"),
 ]
-
-
-def marked(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("LOCAL_RUN_MARKER") == marker:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def run_local(job_file: Path, workdir: Path) -> tuple[dict[str, Any], str]:
