@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -105,3 +107,29 @@ def test_docker_stop_sends_sigterm_then_sigkill_after_its_timeout(tmp_path: Path
     finally:
         run.kill()
         run.wait()
+
+
+def test_signals_after_the_container_exited_leave_docker_runs_exit_code_its_containers(tmp_path: Path) -> None:
+    """A noticed machine is deleted as soon as its trainer's `stopped` entry arrives: the deletion's SIGTERM can
+    reach `docker run` just as its container exits 0. The exit code stays the container's (0), or the startup
+    script would not write the drain marker the next machine waits for."""
+    ignores = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"  # a trainer that saves on SIGTERM, then exits 0
+    program = f"import signal, time; {ignores}; print('up', flush=True); time.sleep(0.3)"
+    env = {
+        machine_host.DOCKER_DIR: str(tmp_path / "docker"),
+        machine_host.IMAGE_CMD: json.dumps([sys.executable, "-c", program]),
+        "PYTHONPATH": str(Path(machine_host.__file__).resolve().parents[2]),
+    }
+    for _ in range(3):
+        run = subprocess.Popen(
+            [sys.executable, "-m", "respawn.local.machine_host", "docker", "run", "--rm", "--name", "t", "image"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert run.stdout is not None and run.stdout.readline() == "up\n"
+        while run.poll() is None:  # SIGTERM after SIGTERM, up to and past the container's exit
+            with contextlib.suppress(ProcessLookupError):
+                run.send_signal(signal.SIGTERM)
+            time.sleep(0.001)
+        assert run.returncode == 0

@@ -227,9 +227,12 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     state.mkdir(parents=True, exist_ok=True)
     pidfile = state / f"{name}.pid"
     pidfile.write_text(str(child.pid))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # docker run's --sig-proxy (on by default)
+    proxied = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for sig in proxied:  # docker run's --sig-proxy (on by default)
         signal.signal(sig, lambda s, _f: _kill(child.pid, s))
     code = child.wait()
+    for sig in proxied:  # the container is gone: a signal now (its machine deleted) must not change its exit code
+        signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         pidfile.unlink()
     return 128 - code if code < 0 else code
