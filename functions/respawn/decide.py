@@ -249,19 +249,21 @@ def _preempted(job: Job, live: Attempt, event: MachinePreempted, now: float, ctx
 
 
 def _head_start(job: Job, live: Attempt, event: MachineNoticed, now: float, ctx: Context) -> Decision:
-    """The notice reached the live attempt's machine: the cloud has decided to take it, so its replacement is
-    requested now, in another zone, and starts its trainer once the noticed machine is off (drain_until: the notice
-    plus the machine kind's notice window and a margin), so that its create, boot and image pull overlap the final
-    save and it restores what that save completed. Counted as the preemption it is: the attempt ends PREEMPTED, and
-    the system event or listing that follows names an older attempt. Not with head_start off, before the trainer
-    started (nothing to save), nor while another attempt drains (never more than two machines of a job): then the
-    preemption's own event or a listing replaces the machine, as without a notice."""
+    """The notice reached the live attempt's machine: the cloud has decided to take it, so its replacement is requested
+    now, in another zone, and starts its trainer once the noticed machine is off (drain_until: the notice plus the
+    machine kind's notice window, a Spot VM's preemption_notice before it, and a margin), so that its create, boot
+    and image pull overlap the final save and it restores what that save completed. Counted as the preemption it is:
+    the attempt ends PREEMPTED, and the system event or listing that follows names an older attempt. Not with
+    head_start off, before the trainer started (nothing to save), nor while another attempt drains (never more than
+    two machines of a job): then the preemption's own event or a listing replaces the machine, as without a notice."""
     spec = job.spec
     assert spec is not None
     if not spec.head_start or live.started_at is None or _draining(job) is not None:
         return job, []
     policy = ctx.policy
-    drain_until = event.time + (notice_s(spec.machine.kind) + policy.drain_margin_s) * policy.time_scale
+    lead = spec.preemption_notice_s if spec.all_tiers[live.tier].provisioning == "spot" else None
+    window = notice_s(spec.machine.kind) + (lead or 0) + policy.drain_margin_s
+    drain_until = event.time + window * policy.time_scale
     return _lost(job, now, EndReason.PREEMPTED, ctx, drain_until=drain_until)
 
 

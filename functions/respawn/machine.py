@@ -20,7 +20,8 @@ GRACE_S = {"gpu": 25, "tpu": 8}
 NOTICE_S = {"gpu": 30, "tpu": 10}
 
 CONTAINER = "respawn-trainer"  # the trainer's container, which `docker stop -t GRACE` stops
-NOTICE_FILE = "/run/respawn-notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`
+NOTICE_FILE = "/run/respawn/notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`,
+# and by a trainer that stops on a peer's notice (its directory is mounted into the container)
 NOTICE_ENV = "RESPAWN_NOTICE_FILE"  # names another notice file on a machine without /run (the local cloud's)
 TRAINER_LOG = "respawn-trainer"  # the lifecycle entries: the trainer's own and the startup script's
 STARTUP_LOG = "respawn-startup"  # the startup script's notes for the operator (never read by the control plane)

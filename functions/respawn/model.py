@@ -205,6 +205,9 @@ class JobSpec:
     # On a running machine's notice, request its replacement at once (in another zone, starting once the noticed
     # machine is off) instead of when the preemption's event comes (decide's head start)
     head_start: bool = True
+    # The metadata notice a Spot VM on Compute Engine asks for before its soft off (scheduling.preemptionNoticeDuration,
+    # preview); None: none, the soft off comes with the notice
+    preemption_notice_s: int | None = None
 
     @property
     def all_tiers(self) -> tuple[Tier, ...]:
@@ -250,6 +253,7 @@ class JobSpec:
             max_run_duration_s=d.get("max_run_duration_s"),
             placement=d.get("placement", "ranked"),
             head_start=d.get("head_start", True),
+            preemption_notice_s=d.get("preemption_notice_s"),
         )
 
 

@@ -37,6 +37,9 @@ SECRET_REF_RE = re.compile(
 )
 SECRET_REF_ALLOWED = "projects/PROJECT/secrets/SECRET_ID/versions/VERSION, VERSION a number or latest"
 TTL_RE = re.compile(r"^([0-9]{1,8})([smhd])$")
+TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The longest Spot VM metadata notice respawn asks for: Google documents none (preview), so a bound of respawn's
+PREEMPTION_NOTICE_MAX_S = 3600
 # An OCI image reference: [host[:port]/]path[:tag][@digest]; lowercase path components.
 _HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?/)"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
@@ -391,7 +394,7 @@ def parse_ttl(value: Any, field: str = "ttl", lo: int = TTL_MIN_S) -> int:
         m = TTL_RE.fullmatch(value)
         if not m:
             _fail(field, f"{show(value)} is not a duration", allowed)
-        seconds = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        seconds = int(m.group(1)) * TTL_UNITS[m.group(2)]
     else:
         seconds = value
     if not lo <= seconds <= TTL_MAX_S:
@@ -421,6 +424,29 @@ def _hang_timeout(value: Any, path: str) -> int | None:
 
 
 def _format_hang_timeout(seconds: int | None) -> str:
+    return "off" if seconds is None else format_ttl(seconds)
+
+
+def _preemption_notice(value: Any, path: str) -> int | None:
+    """`off` (or null) -> None; else a duration from 1s to 1h, the metadata notice before a Spot VM's soft off."""
+    if value is None or value == "off":
+        return None
+    allowed = "off, or a duration from 1s to 1h like 90s (a Spot VM on Compute Engine)"
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        _fail(path, f"expected a duration string or an integer, got {_type_name(value)}", allowed)
+    if isinstance(value, str):
+        m = TTL_RE.fullmatch(value)
+        if not m:
+            _fail(path, f"{show(value)} is not a duration", allowed)
+        seconds = int(m.group(1)) * TTL_UNITS[m.group(2)]
+    else:
+        seconds = value
+    if not 1 <= seconds <= PREEMPTION_NOTICE_MAX_S:
+        _fail(path, f"{show(value)} is out of range", allowed)
+    return seconds
+
+
+def _format_preemption_notice(seconds: int | None) -> str:
     return "off" if seconds is None else format_ttl(seconds)
 
 
@@ -819,6 +845,14 @@ SUBMIT = Shape(
         Field("placement", _one_of(PLACEMENTS, "a placement"), omitted_when_default=True),
         # on a running machine's notice, request the next machine at once (decide's head start)
         Field("head_start", _boolean, omitted_when_default=True),
+        # a Spot VM's metadata notice before its soft off, asked of Compute Engine (its machines only)
+        Field(
+            "preemption_notice",
+            _preemption_notice,
+            _format_preemption_notice,
+            "preemption_notice_s",
+            omitted_when_default=True,
+        ),
     ),
     "required for action submit",
     tag=("action", "submit"),
@@ -892,6 +926,12 @@ def _provisioning_fits_the_api(spec: JobSpec) -> None:
             _fail(path, problem, allowed)
         if tier.provisioning == "preemptible" and isinstance(spec.machine, TpuMachine) and api == API_COMPUTE:
             _fail(path, '"preemptible" is not offered for TPUs on Compute Engine', 'spot, or machine.api "tpu"')
+    if spec.preemption_notice_s is not None and api != API_COMPUTE:
+        problem = "the Cloud TPU API has no preemption notice to ask for (a Compute Engine Spot VM's)"
+        _fail("preemption_notice", problem, f'off, or machine.api "compute" ({COMPUTE_OFFERS})')
+    if spec.preemption_notice_s is not None and not any(t.provisioning == "spot" for t in spec.all_tiers):
+        allowed = 'off, or a tier with provisioning "spot"'
+        _fail("preemption_notice", "only a Spot VM gets it, and no tier is spot", allowed)
 
 
 def _queue_timeout_fits(spec: JobSpec, machine: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from conftest import need
 from test_local_run import ROOT, run_local
 
 from respawn.local.emulators import FakeGcs
+from respawn.local.recovery_split import recoveries
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -74,7 +75,10 @@ def test_a_compute_engine_slice_survives_a_vm_preemption_and_a_killed_worker(wor
     # to the attempt); test_local_head_start_run.py runs the head start.
     path = job_file(workdir, "compute-it", args, head_start=False)
     assert "api" not in yaml.safe_load(path.read_text())["machine"]  # v6e goes through Compute Engine by default
-    chaos = ["--preempt-at-step", "10", "--kill-worker-at-step", "20:2", "--duplicate-deliveries", "2", *FAST]
+    # Seed 1 takes worker 2's VM: worker 0's own VM gets no notice, its trainer stops on the peer's and exits 0,
+    # which must read as `stopped`, not `completed` (the notice file the trainer leaves).
+    chaos = ["--preempt-at-step", "10", "--kill-worker-at-step", "20:2", "--duplicate-deliveries", "2", "--seed", "1"]
+    chaos += FAST
     report, stderr = run_local(path, workdir, env=IN_PROCESS, chaos=chaos, timeout=900)
     why = detail(report, stderr)
     assert report["status"] == "SUCCEEDED", why
@@ -91,7 +95,7 @@ def test_a_compute_engine_slice_survives_a_vm_preemption_and_a_killed_worker(wor
     # one VM of a1 was preempted: its worker alone had the notice, its VM alone logged the system event
     (notice,) = [e for e in events if e["kind"] == "notice"]
     (preempted,) = [e for e in events if e["kind"] == "preempted"]
-    assert notice["workers"] == 1 and preempted["worker"] == notice["worker"], why
+    assert notice["workers"] == 1 and preempted["worker"] == notice["worker"] == 2, why
     (instance,) = preempted["instances"]
     assert instance.startswith("compute-it-a1-w-") and len(instance.rsplit("-", 1)[1]) == 4, why
     # each recovery: the lost MIG deleted once (by the API, however often a deletion was asked) and its replacement
@@ -130,6 +134,28 @@ def test_a_v6e_8_instance_walks_past_a_stockout_and_recovers_from_a_preemption(w
     assert preempted["instances"] == ["single-it-a2"], why  # the instance itself: no MIG for one host
     assert calls(events, "create", MIG) == [], why
     assert report["machines_left"] == 0 and report["processes_left"] == 0, why
+
+
+NOTICE = 6  # the job's preemption_notice, seconds: long enough to see the noticed machine train through it
+
+
+def test_with_a_longer_notice_the_noticed_machine_trains_on_while_the_next_one_boots(workdir: Path) -> None:
+    """preemption_notice: the metadata flag comes NOTICE s before the soft off. Its startup script's `notice` entry
+    starts the head start at once; the noticed trainer trains until the soft off's SIGTERM, then saves; the next
+    machine's trainer starts from that save. The recovery leaves less time without training than the notice ->
+    first step, by most of the notice."""
+    need(FakeGcs.missing())
+    steps = 200  # at ~20 steps/s, training outlasts the notice
+    args = ["--model=tiny", f"--steps={steps}", "--checkpoint-every=50", "--log-every=1"]
+    path = job_file(workdir, "notice-it", args, machine={"accelerator_type": "v6e-8"}, preemption_notice=f"{NOTICE}s")
+    report, stderr = run_local(path, workdir, env=IN_PROCESS, chaos=["--preempt-at-step", "30", *FAST], timeout=600)
+    why = detail(report, stderr)
+    assert report["status"] == "SUCCEEDED" and report["exact"] is True and report["final_step"] == steps, why
+    assert report["preemptions"] == 1 and report["max_live_machines"] <= 2, why
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, why
+    (row,) = recoveries(timeline(report))
+    assert row["after_notice_s"] >= NOTICE - 1.5, why  # trained on through the notice
+    assert row["gap_s"] <= row["first_step_s"] - (NOTICE - 1.5), why
 
 
 def test_a_flex_start_job_waits_in_its_zone_for_capacity_then_runs(workdir: Path) -> None:

@@ -213,7 +213,38 @@ def test_watch_notices_the_metadata_server_and_sigterm() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_with_a_longer_notice_the_metadata_flag_counts_that_much_later_and_sigterm_at_once() -> None:
+    """RESPAWN_NOTICE_LEAD_S: the flag comes that long before the soft off, so the trainer trains on until then;
+    the soft off's SIGTERM (the shutdown script's docker stop) is the notice whenever it comes."""
+    server = MetadataServer()
+    previous = signal.getsignal(signal.SIGTERM)
+    for lead, sigterm in ((0.6, False), (30.0, True)):
+        server.preempted = False
+        watch = PreemptionWatch(server.url, poll_s=0.05, lead_s=lead).start()
+        try:
+            server.preempted = True
+            deadline = time.monotonic() + 5
+            while watch.noticed_at is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            flagged = time.monotonic()
+            assert watch.noticed_at is not None and not watch.noticed  # due, not yet come
+            if sigterm:
+                signal.raise_signal(signal.SIGTERM)
+                assert watch.noticed and watch.source == "SIGTERM"
+            else:
+                while not watch.noticed and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert watch.noticed and time.monotonic() - flagged >= lead - 0.1
+                assert watch.source == "metadata instance/preempted"
+        finally:
+            watch.stop()
+            signal.signal(signal.SIGTERM, previous)
+    server.server.shutdown()
+
+
 def test_a_stopped_run_leaves_old_step_deletions_to_the_next_attempt_a_completed_one_waits(tmp_path: Path) -> None:
+    """And a run that stops short of its steps (the notice, its own host's or a slice peer's) leaves the startup
+    script's notice file, so that its exit 0 is read as `stopped`; a completed one leaves none."""
     from respawn_trainer import Run
     from respawn_trainer.schedule import SaveDone
 
@@ -242,6 +273,8 @@ def test_a_stopped_run_leaves_old_step_deletions_to_the_next_attempt_a_completed
 
     env = {"RESPAWN_JOB_ID": "j", "RESPAWN_CHECKPOINT_URI": str(tmp_path), "RESPAWN_LOG_SINK": str(tmp_path / "e")}
     for steps, event in ((5, "stopped"), (3, "completed")):
+        notice = tmp_path / event / "notice"  # its directory made by whoever leaves it
+        env["RESPAWN_NOTICE_FILE"] = str(notice)
         checkpoints = Recorded()
         run = Run(steps, checkpoint_every=100, checkpointer=checkpoints, env=env, use_jax=False)
         state, step = run.restore({"step": 0})
@@ -251,6 +284,7 @@ def test_a_stopped_run_leaves_old_step_deletions_to_the_next_attempt_a_completed
         assert run.finish(step, state) == event
         assert checkpoints.saved == [3]  # the last save, either way
         assert checkpoints.closed == (event == "completed"), event
+        assert notice.exists() == (event == "stopped"), event
 
 
 STORED_AFTER_JAX_CACHE = """

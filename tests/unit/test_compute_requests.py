@@ -196,6 +196,19 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: 
     }
 
 
+def test_a_spot_vm_asks_for_the_jobs_preemption_notice_a_standard_one_does_not(gce: GcpComputeProvider) -> None:
+    """scheduling.preemptionNoticeDuration: the metadata notice before the soft off, for Spot VMs only."""
+    spot = job(tpu("v6e-8"), preemption_notice_s=90)
+    assert body(gce.instance(create(), spot))["scheduling"]["preemptionNoticeDuration"] == {"seconds": "90"}
+    template = body(slices.instance_template(gce.slice(create(), job(tpu("v6e-16"), preemption_notice_s=90))))
+    assert template["properties"]["scheduling"]["preemptionNoticeDuration"] == {"seconds": "90"}
+    tiers = (Tier("spot", (ZONE,)), Tier("standard", (ZONE,)))
+    standard = job(GpuMachine("g2-standard-8", "nvidia-l4", 1), tiers=tiers, preemption_notice_s=90)
+    on_standard = replace(create(), tier=1)
+    assert "preemptionNoticeDuration" not in body(gce.instance(on_standard, standard))["scheduling"]
+    assert "preemptionNoticeDuration" not in body(gce.instance(create(), job(tpu("v6e-8"))))["scheduling"]
+
+
 def test_a_slice_template_holds_the_properties_a_single_host_instance_has(gce: GcpComputeProvider) -> None:
     """One builder: apart from the machine type, the zonal names, the preemption action and the startup script
     (a slice VM's waits for its peers), they are the same."""

@@ -28,7 +28,7 @@ from respawn.events import (
     TrainerStarted,
 )
 from respawn.machine import NOTICE_S
-from respawn.model import LEGAL_TRANSITIONS, EndReason, GpuMachine, Job, JobSpec, MachineState, Status, TpuMachine
+from respawn.model import LEGAL_TRANSITIONS, EndReason, GpuMachine, Job, JobSpec, MachineState, Status, Tier, TpuMachine
 from respawn.placement import History, Key, Outlook
 from respawn.spec import parse_job_message, spec_to_message
 
@@ -110,6 +110,15 @@ def test_a_gpu_vms_longer_notice_window_drains_longer() -> None:
     gpu = spec(machine=GpuMachine("g2-standard-8", "nvidia-l4", 1))
     job = head_started(gpu)
     assert job.attempts[0].drain_until == NOTICED_AT + 30 + POLICY.drain_margin_s
+
+
+def test_a_spot_vms_metadata_notice_before_its_soft_off_drains_that_much_longer() -> None:
+    """The notice comes with the metadata flag, the job's preemption_notice before the soft off; on a standard
+    tier there is no such notice to wait out."""
+    gpu = spec(machine=GpuMachine("g2-standard-8", "nvidia-l4", 1), preemption_notice_s=120)
+    assert head_started(gpu).attempts[0].drain_until == NOTICED_AT + 120 + 30 + POLICY.drain_margin_s
+    standard = replace(gpu, tiers=(Tier("standard", (A, B)),))
+    assert head_started(standard).attempts[0].drain_until == NOTICED_AT + 30 + POLICY.drain_margin_s
 
 
 def test_a_local_cloud_replaying_real_timings_faster_drains_as_much_shorter() -> None:

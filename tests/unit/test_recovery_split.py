@@ -42,6 +42,17 @@ def test_the_steps_add_up_to_the_notice_to_the_first_step() -> None:
     assert (row["machine"], row["next"], row["first_step_s"]) == ("job-a1", "job-a2", 20.0)
     assert [row[k] for k in PHASES] == [4.0, 0.5, 3.5, 1.0, 2.0, 3.0, 6.0]
     assert sum(row[k] for k in PHASES) == pytest.approx(row["first_step_s"])
+    # no training from the old trainer's last step (101, inside the notice) to the new one's first
+    assert (row["gap_s"], row["after_notice_s"]) == (19.0, 1.0)
+
+
+def test_a_machine_that_trains_on_through_a_longer_notice_leaves_a_shorter_gap() -> None:
+    """The job's preemption_notice: the old trainer trains until the soft off while the next machine boots."""
+    events = [*one_recovery(), ev(115, "step", "job-a1", attempt=1, step=25)]
+    (row,) = recoveries(events)
+    assert (row["first_step_s"], row["gap_s"], row["after_notice_s"]) == (20.0, 5.0, 15.0)
+    # the gap, not the notice -> first step, is what an interruption costs
+    assert goodput_at(3600, row["gap_s"], 12, 0, row["after_notice_s"]) > goodput_at(3600, 20.0, 12, 0)
 
 
 def test_a_slice_step_ends_when_its_last_vm_has_done_it() -> None:
@@ -72,10 +83,12 @@ def test_a_notice_no_later_attempt_trained_after_is_no_recovery() -> None:
 
 
 def test_the_summary_is_nearest_rank_percentiles() -> None:
-    rows = [{"first_step_s": float(v), **{k: float(v) for k in PHASES}} for v in (10, 30, 20)]
+    keys = ("first_step_s", *PHASES, "gap_s", "after_notice_s")
+    rows = [{k: float(v) for k in keys} for v in (10, 30, 20)]
     s = summary(rows)
     assert (s["first_step_p50_s"], s["first_step_p95_s"]) == (20.0, 30.0)
     assert s["split_p50_s"] == dict.fromkeys(PHASES, 20.0)
+    assert (s["gap_p50_s"], s["after_notice_p50_s"]) == (20.0, 20.0)
     assert summary([])["first_step_p50_s"] is None
 
 

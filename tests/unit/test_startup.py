@@ -76,6 +76,8 @@ stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
+    if os.environ.get("FAKE_PEER_NOTICE"):  # a trainer that stops on a slice peer's notice leaves the notice file
+        pathlib.Path(os.environ["RESPAWN_NOTICE_FILE"]).touch()
     if os.environ.get("FAKE_BLOCK"):
         pathlib.Path(log + ".running").touch()
         while not stopped.exists():
@@ -156,6 +158,12 @@ def run_script(tmp_path: Path, env: dict[str, str], s: JobSpec, **extra: str) ->
     )
 
 
+def place(env: dict[str, str]) -> dict[str, str]:
+    """The slice place `docker run -e NAME` passed on to the trainer (the fake docker's record)."""
+    passed = json.loads(Path(env["FAKE_LOG"] + ".env").read_text())
+    return {k: v for k, v in passed.items() if k.startswith("TPU_WORKER_")}
+
+
 def docker_run(env: dict[str, str]) -> list[str]:
     runs = [c for c in calls(env) if c[:2] == ["docker", "run"]]
     assert len(runs) == 1
@@ -187,7 +195,9 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         "RESPAWN_PROGRESS_S=60",  # the default hang_timeout (30m) / 4, at most once a minute
         "TPU_WORKER_ID",  # this worker of the slice, exported by the script from the metadata server
         "TPU_WORKER_HOSTNAMES",
+        "RESPAWN_NOTICE_FILE",  # the script's notice file, in a directory mounted at the same path
     ]
+    assert options[options.index("-v") + 1] == "/run/respawn:/run/respawn"
     assert ["docker", "pull", image] in calls(fakes)
     assert not [c for c in calls(fakes) if c[:2] == ["gcloud", "auth"]]  # not an Artifact Registry image
 
@@ -572,11 +582,13 @@ def test_the_exit_code_speaks_for_the_trainer(
         assert "no step" in getattr(got, "reason", "")
 
 
-def start_blocked(tmp_path: Path, fakes: dict[str, str], rc: int) -> subprocess.Popen[bytes]:
-    """The script with its trainer running until `docker stop`, after which the trainer exits `rc`."""
+def start_blocked(
+    tmp_path: Path, fakes: dict[str, str], rc: int, s: JobSpec | None = None, **extra: str
+) -> subprocess.Popen[bytes]:
+    """The script (of spec `s`) with its trainer running until `docker stop`, after which the trainer exits `rc`."""
     script = tmp_path / "startup.sh"
-    script.write_text(startup_script(spec(), 3))
-    env = {**fakes, "FAKE_BLOCK": "1", "FAKE_RUN_RC": str(rc)}
+    script.write_text(startup_script(s or spec(), 3))
+    env = {**fakes, "FAKE_BLOCK": "1", "FAKE_RUN_RC": str(rc), **extra}
     proc = subprocess.Popen(
         ["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -619,6 +631,49 @@ def test_after_the_shutdown_script_a_clean_exit_is_stopped_not_completed(tmp_pat
     # the shutdown script's notice (for respawn's head start), and the startup script's word for the exit code
     assert sorted((p["event"], p.get("source")) for p, _ in said(fakes)) == [("notice", None), ("stopped", "exit-code")]
     assert Path(startup.NOTICE_FILE).exists()
+
+
+def test_worker_0_whose_trainer_stopped_on_a_peers_notice_says_stopped_not_completed(
+    tmp_path: Path, fakes: dict[str, str]
+) -> None:
+    """On a Compute Engine slice each worker is its own Spot VM: a peer's notice stops every host (the trainers
+    agree), and worker 0's own VM, never noticed, sees its trainer exit 0. The notice file the trainer left (its
+    directory is mounted into the container) is what tells that exit from a finished job's."""
+    s = spec("compute", tpu="tpu7x-16")
+    env = {**fakes, "FAKE_AGENT_WORKER_NUMBER": "0", "FAKE_ENDPOINTS": "a,b", "FAKE_PEER_NOTICE": "1"}
+    result = run_script(tmp_path, env, s)
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())["RESPAWN_NOTICE_FILE"] == startup.NOTICE_FILE
+    assert [(p["event"], p.get("source")) for p, _ in said(fakes)] == [("stopped", "exit-code")]
+
+
+def test_a_longer_metadata_notice_tells_respawn_at_once_and_lets_the_trainer_run_on(
+    tmp_path: Path, fakes: dict[str, str]
+) -> None:
+    """The job's preemption_notice: the metadata says `preempted` before the soft off. The script logs the notice
+    (respawn's head start) and marks it, but leaves the trainer running: it trains until its own notice is due or
+    the shutdown script stops it at the soft off; then its exit 0 is `stopped`."""
+    s = spec("compute", tpu="v6e-8", preemption_notice_s=60)
+    proc = start_blocked(tmp_path, fakes, 0, s, FAKE_PREEMPTED="TRUE")
+    try:
+        deadline = time.monotonic() + 30
+        while not said(fakes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p["event"] for p, _ in said(fakes)] == ["notice"] and Path(startup.NOTICE_FILE).exists()
+        assert proc.poll() is None and not [c for c in calls(fakes) if c[:2] == ["docker", "stop"]]
+        assert [a for a in docker_run(fakes) if a.startswith("RESPAWN_NOTICE_LEAD_S")] == ["RESPAWN_NOTICE_LEAD_S=60"]
+        Path(fakes["FAKE_LOG"] + ".stopped").touch()  # the soft off's docker stop
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [(p["event"], p.get("source")) for p, _ in said(fakes)] == [("notice", None), ("stopped", "exit-code")]
+
+
+def test_without_a_longer_notice_the_startup_script_does_not_watch_for_one() -> None:
+    assert "watch_notice" not in startup_script(spec("compute", tpu="v6e-8"), 3)
+    assert "RESPAWN_NOTICE_LEAD_S" not in startup_script(spec("compute", tpu="v6e-8"), 3)
 
 
 @pytest.mark.parametrize(("worker", "said_worker"), [("2", 2), ("", 0)])
@@ -1012,7 +1067,7 @@ def test_each_tpu_worker_tells_its_trainer_which_host_of_the_slice_it_is(
 ) -> None:
     """docker passes only the variables it is given: the worker index and the slice's hosts go in explicitly."""
     assert run_script(tmp_path, fakes, spec(), FAKE_AGENT_WORKER_NUMBER="1", FAKE_ENDPOINTS=endpoints).returncode == 0
-    workers = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
+    workers = place(fakes)
     assert workers == {"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": hosts}
     (run,) = [c for c in calls(fakes) if c[:2] == ["docker", "run"]]
     assert run[run.index("TPU_WORKER_ID") - 1 :][:4] == ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
@@ -1140,7 +1195,7 @@ def test_a_slice_vm_waits_for_its_worker_number_and_every_peer(tmp_path: Path, b
 
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("waiting for the slice's metadata") == 2  # the first read and one retry were early
-    workers = json.loads(Path(bare["FAKE_LOG"] + ".env").read_text())
+    workers = place(bare)
     assert workers == {"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": FOUR_HOSTS}
     assert names(bare).index("apt-get -q") < names(bare).index("docker pull")
     assert said(bare) == []  # worker 2's clean exit: worker 0 speaks for the slice
@@ -1168,7 +1223,7 @@ def test_a_compute_engine_slice_vm_gets_its_place_from_the_migs_metadata(tmp_pat
 
     assert result.returncode == 0, result.stderr
     assert ["apt-get", "-q", "-y", "-o", "DPkg::Lock::Timeout=120", "install", "docker.io"] in calls(bare)
-    workers = json.loads(Path(bare["FAKE_LOG"] + ".env").read_text())
+    workers = place(bare)
     assert workers == {"TPU_WORKER_ID": "3", "TPU_WORKER_HOSTNAMES": FOUR_HOSTS}
     assert "--privileged" in docker_run(bare)  # the chips are /dev/accel* (or vfio) devices, as on Cloud TPU VMs
 
@@ -1186,7 +1241,7 @@ def test_a_single_host_tpu_does_not_wait_for_peers(tmp_path: Path, fakes: dict[s
     result = run_script(tmp_path, fakes, spec(tpu="v5litepod-8"))
     assert result.returncode == 0, result.stderr
     assert "waiting" not in result.stderr
-    workers = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
+    workers = place(fakes)
     assert workers == {"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": ""}
 
 

@@ -43,6 +43,8 @@ class RunEnv:
     worker_id: int | None  # TPU_WORKER_ID: this host's index in the slice
     worker_hostnames: tuple[str, ...]  # TPU_WORKER_HOSTNAMES: every host of the slice, in worker order
     coordinator_address: str | None  # JAX_COORDINATOR_ADDRESS (local slices); else the first host, port 8482
+    notice_file: str | None  # RESPAWN_NOTICE_FILE: left when this host stops on the notice (its own or a peer's)
+    notice_lead_s: float  # RESPAWN_NOTICE_LEAD_S: the metadata flag comes this long before the soft off (SIGTERM)
 
     @property
     def hosts(self) -> int:
@@ -117,6 +119,12 @@ def _hostnames(text: str) -> tuple[str, ...]:
     return hosts
 
 
+def _path(text: str) -> str:
+    if not os.path.isabs(text) or text.endswith("/"):
+        raise ValueError(f"{text!r} is not an absolute file path")
+    return text
+
+
 def _host_port(text: str) -> str:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
@@ -140,6 +148,8 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "TPU_WORKER_ID": (parse_int(0, 65535), "an integer 0..65535, below the number of TPU_WORKER_HOSTNAMES"),
     "TPU_WORKER_HOSTNAMES": (_hostnames, "comma-separated host names or addresses"),
     "JAX_COORDINATOR_ADDRESS": (_host_port, "HOST:PORT"),
+    "RESPAWN_NOTICE_FILE": (_path, "an absolute file path"),
+    "RESPAWN_NOTICE_LEAD_S": (parse_float(0.0, 3600.0), "seconds 0..3600"),
 }
 
 
@@ -181,6 +191,8 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         worker_id=e.get("TPU_WORKER_ID"),
         worker_hostnames=e.get("TPU_WORKER_HOSTNAMES", ()),
         coordinator_address=e.get("JAX_COORDINATOR_ADDRESS"),
+        notice_file=e.get("RESPAWN_NOTICE_FILE"),
+        notice_lead_s=e.get("RESPAWN_NOTICE_LEAD_S", 0.0),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])

@@ -24,23 +24,42 @@ def on_gce() -> bool:
         return False
 
 
+def leave_notice(path: str | None) -> None:
+    """A host that stops on the notice, its own or a peer's (a slice stops whole), leaves the startup script's notice
+    file (RESPAWN_NOTICE_FILE): its exit 0 is then `stopped`, not `completed` (docs/trainer-protocol.md)."""
+    if path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).touch()
+        except OSError as e:
+            log.warning("could not leave the notice file %s (%s)", path, e)
+
+
 class PreemptionWatch:
-    def __init__(self, metadata_url: str | None, poll_s: float = POLL_S) -> None:
+    """`lead_s` (RESPAWN_NOTICE_LEAD_S): the metadata flag comes this long before the soft off (a Spot VM that asked
+    for a longer notice), so it counts as the notice only that much later; SIGTERM always counts at once."""
+
+    def __init__(self, metadata_url: str | None, poll_s: float = POLL_S, lead_s: float = 0.0) -> None:
         self.metadata_url = metadata_url
         self.poll_s = poll_s
-        self.noticed_at: float | None = None  # time.monotonic() of the first notice
+        self.lead_s = lead_s
+        self.noticed_at: float | None = None  # time.monotonic() of the notice (with a lead: when it is due)
         self.source: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def noticed(self) -> bool:
-        return self.noticed_at is not None
+        return self.noticed_at is not None and self.noticed_at <= time.monotonic()
 
-    def notice(self, source: str) -> None:
-        if self.noticed_at is None:
-            self.noticed_at, self.source = time.monotonic(), source
-            log.warning("preemption notice (%s): finishing the step, saving, exiting", source)
+    def notice(self, source: str, after_s: float = 0.0) -> None:
+        at = time.monotonic() + after_s
+        if self.noticed_at is None or at < self.noticed_at:
+            self.noticed_at, self.source = at, source
+            if after_s:
+                log.warning("preemption notice (%s): training on for %.0fs, then saving and exiting", source, after_s)
+            else:
+                log.warning("preemption notice (%s): finishing the step, saving, exiting", source)
 
     def start(self) -> PreemptionWatch:
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -59,11 +78,11 @@ class PreemptionWatch:
         url = f"{self.metadata_url}/instance/preempted"
         request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
         warned = False
-        while not self._stop.is_set() and not self.noticed:
+        while not self._stop.is_set() and self.noticed_at is None:
             try:
                 with urllib.request.urlopen(request, timeout=max(self.poll_s, 1.0)) as response:
                     if response.read(64).decode(errors="replace").strip().upper() == "TRUE":
-                        self.notice("metadata instance/preempted")
+                        self.notice("metadata instance/preempted", self.lead_s)
                         return
             except OSError as e:
                 if not warned:

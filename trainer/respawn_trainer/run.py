@@ -29,7 +29,7 @@ from respawn_trainer import runtime
 from respawn_trainer.env import ConfigError, RunEnv, load_env
 from respawn_trainer.goodput import Goodput, process_started
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
-from respawn_trainer.notice import PreemptionWatch, on_gce
+from respawn_trainer.notice import PreemptionWatch, leave_notice, on_gce
 from respawn_trainer.schedule import SaveDone, SaveSchedule, save_policy
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class Run:
         environ = os.environ if env is None else env
         self.env: RunEnv = load_env(environ, on_gce=on_gce())
         self.steps, self.step = steps, 0
-        self.watch = PreemptionWatch(self.env.metadata_url).start()
+        self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s).start()
         sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
         self.lifecycle = Lifecycle(sink, *self._job_and_attempt())
         self._startup_split = {"import_s": began - self.goodput.started}
@@ -152,6 +152,8 @@ class Run:
         """The last save, then `completed` (step >= steps, with `params_sha256` of `params`, by default of the
         whole state) or `stopped` (the notice). Returns the event sent."""
         self.step = step
+        if step < self.steps:
+            leave_notice(self.env.notice_file)
         self._save_last(state)
         if step >= self.steps:
             digest = state_sha256(state if params is None else params)

@@ -105,19 +105,26 @@ class VmShape:
     metadata: tuple[tuple[str, str], ...] = ()
 
 
-def scheduling(provisioning: str, run_s: int, on_preemption: str = "DELETE") -> compute_v1.Scheduling:
+def scheduling(
+    provisioning: str, run_s: int, on_preemption: str = "DELETE", notice_s: int | None = None
+) -> compute_v1.Scheduling:
     """GPUs and TPUs cannot live-migrate, so host maintenance terminates; respawn, not GCE, restarts the work.
     A reservation tier runs standard VMs that consume the reservation (`reservation_affinity`). `on_preemption` is
-    the instanceTerminationAction of a Spot or standard VM; a flex-start VM is always deleted at its end."""
+    the instanceTerminationAction of a Spot or standard VM; a flex-start VM is always deleted at its end. A Spot VM
+    asks for `notice_s` of metadata notice before its soft off (the job's preemption_notice; preview)."""
     if provisioning == "preemptible":  # legacy preemptible VMs: at most 24 h, no maxRunDuration
         return compute_v1.Scheduling(preemptible=True, automatic_restart=False, on_host_maintenance="TERMINATE")
     flex = provisioning == "flex-start"
+    fields: dict[str, compute_v1.Duration] = {}
+    if provisioning == "spot" and notice_s is not None:
+        fields["preemption_notice_duration"] = compute_v1.Duration(seconds=notice_s)
     return compute_v1.Scheduling(
         provisioning_model="FLEX_START" if flex else "SPOT" if provisioning == "spot" else "STANDARD",
         instance_termination_action="DELETE" if flex else on_preemption,
         max_run_duration=compute_v1.Duration(seconds=run_s),
         automatic_restart=False,
         on_host_maintenance="TERMINATE",
+        **fields,
     )
 
 
@@ -206,7 +213,9 @@ class GcpComputeProvider:
         )
         fields: dict[str, Any] = {
             "machine_type": _zonal(zone, "machineTypes", vm.machine_type, template),
-            "scheduling": scheduling(tier.provisioning, run_s, "STOP" if template else "DELETE"),
+            "scheduling": scheduling(
+                tier.provisioning, run_s, "STOP" if template else "DELETE", spec.preemption_notice_s
+            ),
             "disks": [disk],
             "network_interfaces": [nic],
             "metadata": compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in metadata.items()]),

@@ -66,6 +66,8 @@ from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
 
+NOTICE_DIR = NOTICE_FILE.rsplit("/", 1)[0]  # mounted into the container at the same path
+
 
 def grace_s(spec: JobSpec) -> int:
     """The grace period of the job's machine kind (respawn/machine.py)."""
@@ -90,12 +92,13 @@ def progress_s(spec: JobSpec) -> int:
 # The expected seconds to interruption of the machine's zone (the placement outlook's, CreateMachine.mtbi_s): the
 # trainer's Young/Daly checkpoint interval comes from it. A job's env cannot set it (RESPAWN_ names are reserved).
 MTBI_ENV = "RESPAWN_MTBI_S"
+NOTICE_LEAD_ENV = "RESPAWN_NOTICE_LEAD_S"  # metadata `preempted` comes this long before the soft off (SIGTERM)
 MTBI_METADATA = "respawn-mtbi-s"
 
 
 def trainer_env(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> list[tuple[str, str]]:
-    """The container's environment (respawn/machine.py): the job's env, then respawn's, and the zone's MTBI when
-    the placement outlook gave one."""
+    """The container's environment (respawn/machine.py): the job's env, then respawn's, the zone's MTBI when
+    the placement outlook gave one, and the Spot VM's metadata notice before its soft off when the job asks for one."""
     env = machine_trainer_env(
         kind=spec.machine.kind,
         job_id=spec.job_id,
@@ -104,7 +107,11 @@ def trainer_env(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> lis
         progress_s=progress_s(spec),
         env=spec.env,
     )
-    return env if mtbi_s is None else [*env, (MTBI_ENV, _seconds(mtbi_s))]
+    if mtbi_s is not None:
+        env.append((MTBI_ENV, _seconds(mtbi_s)))
+    if spec.preemption_notice_s is not None:
+        env.append((NOTICE_LEAD_ENV, str(spec.preemption_notice_s)))
+    return env
 
 
 def _seconds(mtbi_s: float) -> str:
@@ -134,6 +141,8 @@ def docker_run_argv(
         argv += ["-e", f"{key}={value}"]
     if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
         argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
+    # The notice file, which a trainer that stops on a slice peer's notice leaves too (docs/trainer-protocol.md)
+    argv += ["-v", f"{NOTICE_DIR}:{NOTICE_DIR}", "-e", NOTICE_ENV]
     for key, _ in spec.secrets:  # the value comes from the script's environment (see _SECRETS)
         argv += ["-e", key]
     return [*argv, spec.image, *spec.args]
@@ -178,13 +187,24 @@ def machine_metadata(
 _SHUTDOWN = """#!/bin/bash
 # respawn: the notice of attempt {attempt}: marked, the trainer stopped within its grace, and respawn told.
 notice=${{{notice_env}:-{notice}}}
-touch "$notice"
+mkdir -p "${{notice%/*}}" && touch "$notice"
 docker stop -t {grace} {container} &
 """
 _NOTICE_ENTRY = """write_entry {trainer_log} WARNING \\
   "$(printf '{{"event": "notice", "job_id": "%s", "attempt": %d, "worker": %d}}' {job_id} {attempt} "$worker")" \\
-  || echo "respawn-shutdown: could not log the notice" >&2
-wait
+  || echo "respawn: could not log the notice" >&2
+"""
+# The job's preemption_notice: this Spot VM's metadata says `preempted` that long before its soft off (and its
+# shutdown script). respawn hears of it at once (the `notice` entry: the head start), and the trainer's exit will
+# read as `stopped`; the trainer trains on until its own notice (RESPAWN_NOTICE_LEAD_S after the flag, in
+# respawn_trainer) or the shutdown script's SIGTERM, so the next machine boots while this one still trains.
+_WATCH = """watch_notice() {{
+  until [ "$(md preempted)" = TRUE ]; do sleep 1; done
+  touch "$notice"
+  log "the metadata server says preempted: the soft off follows in {lead}s"
+  {entry}}}
+watch_notice &
+watcher=$!
 """
 
 
@@ -194,8 +214,11 @@ def shutdown_script(spec: JobSpec, attempt: int) -> str:
     header = _SHUTDOWN.format(
         attempt=int(attempt), notice_env=NOTICE_ENV, notice=q(NOTICE_FILE), grace=grace_s(spec), container=CONTAINER
     )
-    entry = _NOTICE_ENTRY.format(trainer_log=TRAINER_LOG, job_id=q(spec.job_id), attempt=int(attempt))
-    return header + _METADATA + _CLOUD + entry
+    return header + _METADATA + _CLOUD + _notice_entry(spec, attempt) + "wait\n"
+
+
+def _notice_entry(spec: JobSpec, attempt: int) -> str:
+    return _NOTICE_ENTRY.format(trainer_log=TRAINER_LOG, job_id=shlex.quote(spec.job_id), attempt=int(attempt))
 
 
 def _registry_host(image: str) -> str | None:
@@ -456,7 +479,8 @@ _REUSE_DIGEST = """else
 """
 
 _RUN = """notice=${{{notice_env}:-{notice}}}
-rm -f "$notice"
+mkdir -p "${{notice%/*}}" && rm -f "$notice"
+export {notice_env}="$notice"  # the trainer leaves it when it stops on a peer's notice (docker_run_argv)
 stopping=
 shutdown() {{
   stopping=1; touch "$notice"
@@ -476,7 +500,8 @@ trainer() {{  # runs the container (the command line in "$@") in the background,
   done
 }}
 wait_to_start || {{ log "shut down before the trainer started"; exit 143; }}
-trainer {run}
+{watch}trainer {run}
+[ -z "${{watcher-}}" ] || kill "$watcher" 2>/dev/null || true
 # 125: docker itself failed. If the cause is the gcplogs driver (a probe container that runs nothing fails the same
 # way), Cloud Logging is out of reach (no external IP nor Private Google Access, a hiccup), or this docker has no
 # gcplogs driver: the trainer runs again with local logs, which is no failure of the trainer's.
@@ -550,6 +575,11 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
             notice_env=NOTICE_ENV,
             run=shlex.join(docker_run_argv(spec, attempt, mtbi_s=mtbi_s)),
             run_local=shlex.join(docker_run_argv(spec, attempt, LOCAL_LOGS, mtbi_s)),
+            watch=(
+                _WATCH.format(lead=spec.preemption_notice_s, entry=_notice_entry(spec, attempt))
+                if spec.preemption_notice_s is not None
+                else ""
+            ),
             job_id=q(spec.job_id),
             attempt=int(attempt),
             trainer_log=TRAINER_LOG,

@@ -241,6 +241,7 @@ class LocalCloud:
             entrypoint=self.options.entrypoint,
             secrets=self.options.secrets,
             timings=self.options.machine_timings,
+            time_scale=self.options.time_scale,
         )
         self._stack.callback(nodes.stop)  # teardown kills the trainers first (after chaos, started later)
 

@@ -64,6 +64,7 @@ _SCHEDULING = dict.fromkeys(
         "automaticRestart",
         "onHostMaintenance",
         "preemptible",
+        "preemptionNoticeDuration",
     ]
 )
 _PROPERTIES: dict[str, Any] = {
@@ -201,6 +202,13 @@ def check_properties(props: dict[str, Any], where: str, machine_type: str) -> No
     run = seconds(scheduling.get("maxRunDuration")) if "maxRunDuration" in scheduling else None
     if "maxRunDuration" in scheduling and (run is None or run <= 0):
         raise invalid(f"Invalid value for field '{where}.scheduling.maxRunDuration': must be a positive duration.")
+    if "preemptionNoticeDuration" in scheduling:  # "for Spot VMs only" (the field's description)
+        notice = seconds(scheduling.get("preemptionNoticeDuration"))
+        if model != "SPOT" or notice is None or notice <= 0:
+            raise invalid(
+                f"Invalid value for field '{where}.scheduling.preemptionNoticeDuration': a positive duration, "
+                "for Spot VMs only (provisioningModel SPOT)."
+            )
     if model == "FLEX_START" and (run is None or run > FLEX_START_MAX_RUN_S):
         raise invalid(
             f"Invalid value for field '{where}.scheduling.maxRunDuration': a FLEX_START instance needs a "

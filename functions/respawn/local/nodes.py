@@ -14,17 +14,18 @@ a boot image without Docker (`docker_install_s`) has no `docker` on the VM's PAT
 baked one holds the trainer image in the VM's image store; the docker shim times pulls and the trainer's start.
 Each timed step a shim reports (`STEP_MARK` lines) is a `machine_step` in the timeline.
 
-The machine names its worker VMs (`CloudMachine.workers`, in worker order): a TPU node's hidden `t1v-n-...-w-I`,
-a Compute Engine slice's MIG VMs `NAME-w-x7k2`, a single VM itself. Preempting a machine is what the cloud does:
-the metadata server says `preempted`, each VM runs its shutdown script (the notice, then `docker stop -t GRACE`),
-and the VM is off (every process killed) once the notice window (`grace_s`) is over; then the machine is marked
-PREEMPTED and one `compute.instances.preempted` is emitted per worker VM. On a Compute Engine slice each worker is
-its own Spot VM, so one VM is preempted: its worker alone gets the notice, the API marks that VM TERMINATED and only
-its event is routed; the other workers stop with it (the trainer's hosts agree on a notice any of them got) or are
-stopped when respawn deletes the group. A trainer that exits on its own leaves its machine READY, as on a real VM:
-the control plane decides. A VM with a host error is off at once: nobody speaks for its trainer (its VM, the whole
-TPU node, is TERMINATED and `compute.instances.hostError` routed first). Deleting a machine shuts every VM down
-(SIGTERM to the script, whose trap stops the container), off after a few seconds.
+The machine names its worker VMs (`CloudMachine.workers`, in worker order): a TPU node's hidden `t1v-n-...-w-I`, a
+Compute Engine slice's MIG VMs `NAME-w-x7k2`, a single VM itself. Preempting a machine is what the cloud does: the
+metadata server says `preempted` (a Spot VM that asked for a longer notice, scheduling.preemptionNoticeDuration,
+stays up that long, scaled, before anything else), each VM runs its shutdown script (the notice, then `docker stop
+-t GRACE`), and the VM is off (every process killed) once the notice window (`grace_s`) is over; then the machine is
+marked PREEMPTED and one `compute.instances.preempted` is emitted per worker VM. On a Compute Engine slice each
+worker is its own Spot VM, so one VM is preempted: its worker alone gets the notice, the API marks that VM
+TERMINATED and only its event is routed; the other workers stop with it (the trainer's hosts agree on a notice any
+of them got) or are stopped when respawn deletes the group. A trainer that exits on its own leaves its machine
+READY, as on a real VM: the control plane decides. A VM with a host error is off at once: nobody speaks for its
+trainer (its VM, the whole TPU node, is TERMINATED and `compute.instances.hostError` routed first). Deleting a
+machine shuts every VM down (SIGTERM to the script, whose trap stops the container), off after a few seconds.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import IO, Any
 from respawn.adapters.startup import IMAGE_MARK_ENV
 from respawn.local import machine_host
 from respawn.local.cloudapi import CloudMachine
+from respawn.local.compute_checks import seconds
 from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, trainer_entry
 from respawn.local.machine_host import MetadataServer, SecretManager
@@ -64,6 +66,12 @@ BOOT_WAIT_S = 30.0  # how long a boot waits for each worker's script to start it
 DELETE_WINDOW_S = 5.0  # a deleted machine's VMs are off this long after their shutdown begins
 BASH = shutil.which("bash") or "/bin/bash"
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
+
+
+def notice_lead_s(machine: CloudMachine) -> float:
+    """The metadata notice a Spot VM asked for before its soft off (its scheduling's preemptionNoticeDuration, a
+    slice's from its template), in real seconds; 0 when none."""
+    return float(seconds((machine.resource.get("scheduling") or {}).get("preemptionNoticeDuration")) or 0)
 
 
 def progress(line: str) -> tuple[int, float] | None:
@@ -192,12 +200,14 @@ class Nodes:
         entrypoint: Sequence[str] | None = None,
         secrets: Mapping[str, str] | None = None,
         timings: MachineTimings | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         """`mark_preempted(name, worker)` and `set_state(name, state, worker)` change the machine in the cloud API
         (CloudHooks). `grace_s` is the notice window: a preempted VM is off this long after the notice (its trainer
         has its machine kind's grace period, respawn/machine.py, from its shutdown script's `docker stop -t`).
         `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}, what the local Secret Manager has;
-        `timings`: how long each machine takes from READY to its trainer's first step."""
+        `timings`: how long each machine takes from READY to its trainer's first step; `time_scale`: local seconds
+        per real second, for a Spot VM's metadata notice before its soft off (scheduling.preemptionNoticeDuration)."""
         self.image = Image({**base_env, "PYTHONUNBUFFERED": "1"}, list(entrypoint) if entrypoint else TRAINER)
         self.timings = timings or MachineTimings()
         self.secret_manager = SecretManager(secrets or {})
@@ -206,6 +216,7 @@ class Nodes:
         self.project = project
         self.log_dir = log_dir
         self.grace_s = grace_s
+        self.time_scale = time_scale
         self.timeline = timeline
         self._lock = threading.RLock()
         self._nodes: dict[str, Node] = {}
@@ -386,6 +397,10 @@ class Nodes:
         noticed = [w for w in node.workers if vm is None or w.index == vm]
         for worker in noticed:
             worker.metadata.preempted = True
+        lead = notice_lead_s(node.machine) * self.time_scale
+        if lead and (self._stopping.wait(lead) or node.deleted):  # the soft off comes after the metadata notice
+            self.timeline.add("preempt_skipped", machine=node.machine.name, reason="deleted during its notice")
+            return
         stoppers = [self._spawn(self._shut_down, node, w, self.grace_s) for w in noticed]
         for thread in stoppers:
             thread.join()

@@ -13,6 +13,10 @@ The steps, each ending where the next begins, so that they add up to the whole:
 
 A slice's VMs do each step in parallel: a step ends when its last VM has done it. A boundary never comes before
 the one before it (a step that did not happen lasts 0). `first_step_s` is the notice -> the first step.
+
+`gap_s` is the time no trainer of the job trained: the noticed attempt's last step -> the new attempt's first, and
+`after_notice_s` how long the noticed attempt trained on after its notice (a Spot VM's longer metadata notice: the
+job's preemption_notice, during which the next machine is already booting).
 """
 
 from __future__ import annotations
@@ -69,7 +73,16 @@ def split(events: list[dict[str, Any]], notice: dict[str, Any]) -> dict[str, Any
     for b in boundaries:  # monotone: a missing or earlier boundary is where the one before it was
         times.append(min(times[-1] if b is None else max(b, times[-1]), float(first["t"])))
     steps = {name: round(times[i + 1] - times[i], 3) for i, name in enumerate(PHASES)}
-    return {"machine": notice["machine"], "next": new, "first_step_s": round(first["t"] - tn, 3), **steps}
+    trained = [float(e["t"]) for e in events if e["kind"] == "step" and _attempt(e) == old and e["t"] <= first["t"]]
+    last = max(trained, default=tn)
+    return {
+        "machine": notice["machine"],
+        "next": new,
+        "first_step_s": round(first["t"] - tn, 3),
+        **steps,
+        "gap_s": round(float(first["t"]) - last, 3),
+        "after_notice_s": round(max(0.0, last - tn), 3),
+    }
 
 
 def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -87,26 +100,30 @@ def percentile(values: Iterable[float], q: float) -> float | None:
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """p50 and p95 of the notice -> first step, and each step's p50."""
+    """p50 and p95 of the notice -> first step, each step's p50, and the p50 of the gap and of the training after
+    the notice."""
     return {
         "first_step_p50_s": percentile((r["first_step_s"] for r in rows), 50),
         "first_step_p95_s": percentile((r["first_step_s"] for r in rows), 95),
         "split_p50_s": {k: percentile((r[k] for r in rows), 50) for k in PHASES},
+        "gap_p50_s": percentile((r["gap_s"] for r in rows), 50),
+        "after_notice_p50_s": percentile((r["after_notice_s"] for r in rows), 50),
     }
 
 
-def goodput_at(mtbi_s: float, recovery_s: float, boot_to_step_s: float, lost_s: float) -> float:
+def goodput_at(mtbi_s: float, gap_s: float, boot_to_step_s: float, lost_s: float, after_notice_s: float = 0.0) -> float:
     """Goodput at a mean time between interruptions of `mtbi_s` (a machine's READY -> its notice), from one
-    recovery's figures: `recovery_s` the notice -> the next first step, `boot_to_step_s` its READY -> first step
-    (part of the machine's lifetime, not training) and `lost_s` the work trained again per preemption.
+    recovery's figures: `gap_s` the noticed trainer's last step -> the next trainer's first, `boot_to_step_s` the
+    next machine's READY -> first step (part of its lifetime, not training), `lost_s` the work trained again per
+    preemption and `after_notice_s` the training the noticed machine still did after its notice.
 
-    A cycle is one machine's lifetime and the wait for the next: mtbi + recovery - boot_to_step, of which
-    mtbi - boot_to_step - lost trains. What periodic checkpoints cost a running trainer is left out: that is the
-    job's own interval, not its recoveries'."""
-    training = mtbi_s - boot_to_step_s
+    A cycle is one machine's training, mtbi - boot_to_step + after_notice, and the gap before the next, of which
+    all but the lost work counts. What periodic checkpoints cost a running trainer is left out: that is the job's
+    own interval, not its recoveries'."""
+    training = mtbi_s - boot_to_step_s + after_notice_s
     if training <= 0:
         return 0.0
-    return round(max(0.0, training - lost_s) / (training + recovery_s), 4)
+    return round(max(0.0, training - lost_s) / (training + gap_s), 4)
 
 
 def programs_written(cache: Path, since: float, processes: int) -> dict[str, int]:
