@@ -35,8 +35,9 @@ real-cloud minutes they stand for; goodput at a realistic MTBI (--mtbi-hours, sc
 the measured recoveries and lost work (the job's periodic checkpoints left out: recovery_split.goodput_at); and,
 per trainer process, the programs compiled after the first attempt's first step (0: every restart of every process
 read its program from the persistent compilation cache). --head-start sets the job option head_start (a head start
-on the notice), off without it; a respawn whose job message has no such option runs without, and refuses
---head-start saying so.
+on the notice), off without it; `--head-start both` runs each API twice, without and with, in columns side by side
+("compute", "compute head start"; the last line's top-level figures are then the head start's). A respawn whose job
+message has no such option runs without, and refuses --head-start saying so.
 
 Targets (SPEC section 7): create p95 < 0.5 s, first step p50 < 2.5 s; a 4-host local slice: first step p50 < 8 s.
 The last line printed is one JSON object {"create_p50_s", "create_p95_s", "first_step_p50_s",
@@ -52,6 +53,8 @@ of the API the job takes by default (compute for v6e, tpu for the quickstart's v
     .venv/bin/python bench/bench_recovery.py --hosts 4 --api compute --preemptions 3 --steps 120
     .venv/bin/python bench/bench_recovery.py --profile cloud --preemptions 3 --steps 500
     .venv/bin/python bench/bench_recovery.py --profile cloud-baked --hosts 4 --preemptions 2 --steps 120
+    .venv/bin/python bench/bench_recovery.py --profile cloud --head-start both --preemptions 4 --steps 600
+    .venv/bin/python bench/bench_recovery.py --profile cloud --head-start both --hosts 4 --api compute --preemptions 3
 """
 
 from __future__ import annotations
@@ -68,10 +71,14 @@ import yaml
 
 from respawn.local.profiles import PROFILES, profile, real_minutes
 from respawn.local.recovery_split import PHASES, goodput_at, programs_written, recoveries, summary
+from respawn.machine import NOTICE_S
 from respawn.spec import SpecError, parse_job_message
 
 ROOT = Path(__file__).resolve().parents[1]
 APIS = ("tpu", "compute")
+HEAD_STARTS = ("on", "off", "both")
+HEAD_START_COLUMN = " head start"  # the column of a run with the head start, beside one without
+W = 20  # a column of the side-by-side tables: one per run ("compute head start")
 # The Cloud TPU API's software version for v6e (https://cloud.google.com/tpu/docs/runtimes): the v6e-16 slice
 # through queued resources, the same job as Compute Engine's MIG but for the API.
 V6E_RUNTIME = "v2-alpha-tpuv6e"
@@ -151,19 +158,24 @@ def from_the_notice(r: dict[str, Any], events: list[dict[str, Any]], workdir: st
         "notice_first_step_p50_s": s["first_step_p50_s"],
         "notice_first_step_p95_s": s["first_step_p95_s"],
         "notice_split_p50_s": split,
+        "gap_p50_s": s["gap_p50_s"],
+        "after_notice_p50_s": s["after_notice_p50_s"],
         "real_min": {
             "notice_first_step_p50": _minutes(s["first_step_p50_s"], scale),
             "notice_first_step_p95": _minutes(s["first_step_p95_s"], scale),
             "notice_split_p50": {k: _minutes(v, scale) for k, v in split.items()},
+            "gap_p50": _minutes(s["gap_p50_s"], scale),
+            "after_notice_p50": _minutes(s["after_notice_p50_s"], scale),
         },
         "mtbi_h": mtbi_h,
         "goodput_at_mtbi": None
         if not rows
         else goodput_at(
             mtbi_h * 3600 * scale,
-            s["first_step_p50_s"] or 0.0,
+            s["gap_p50_s"] or 0.0,
             sorted(after_ready)[(len(after_ready) - 1) // 2],
             wasted / max(r["preemptions"], 1),
+            s["after_notice_p50_s"] or 0.0,
         ),
         "programs_compiled_on_restart": compiled,
     }
@@ -217,29 +229,47 @@ def notice_table(by_api: dict[str, dict[str, Any]]) -> str:
     lines = [
         f"profile {first['profile']} (1 local s = {1 / scale / 60:g} real min): from the notice, p50 (s / min)",
         f"  {profile(first['profile']).description}",
-        f"{'':36}" + "".join(f"{api:>18}" for api in apis),
+        f"{'':36}" + "".join(f"{api:>{W}}" for api in apis),
     ]
-    for key in (*PHASES, "first_step"):
+    labels = {"first_step": "notice -> first step", "after_notice": "trained after the notice", "gap": "no training"}
+    for key in (*PHASES, "first_step", "after_notice", "gap"):
         cells = []
         for api in apis:
             f = by_api[api]
-            local = f["notice_first_step_p50_s"] if key == "first_step" else f["notice_split_p50_s"][key]
-            real = (
-                f["real_min"]["notice_first_step_p50"]
-                if key == "first_step"
-                else f["real_min"]["notice_split_p50"][key]
-            )
+            if key in PHASES:
+                local, real = f["notice_split_p50_s"][key], f["real_min"]["notice_split_p50"][key]
+            else:
+                local = f["notice_first_step_p50_s"] if key == "first_step" else f[f"{key}_p50_s"]
+                real = f["real_min"][f"notice_{key}_p50" if key == "first_step" else f"{key}_p50"]
             cells.append("-" if local is None else f"{local:.2f}s / {real:.1f}m")
-        label = "notice -> first step" if key == "first_step" else f"  {key.removesuffix('_s')}"
-        lines.append(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
+        label = labels.get(key) or f"  {key.removesuffix('_s')}"
+        lines.append(f"{label:36}" + "".join(f"{c:>{W}}" for c in cells))
     goodput = ["-" if by_api[a]["goodput_at_mtbi"] is None else f"{by_api[a]['goodput_at_mtbi']:.4f}" for a in apis]
     mtbi = f"goodput at MTBI {first['mtbi_h']:g} h ({first['mtbi_h'] * 3600 * scale:.0f}s)"
-    lines.append(f"{mtbi:36}" + "".join(f"{c:>18}" for c in goodput))
+    lines.append(f"{mtbi:36}" + "".join(f"{c:>{W}}" for c in goodput))
     compiled = [
         ",".join(str(n) for _, n in sorted(by_api[a]["programs_compiled_on_restart"].items())) or "-" for a in apis
     ]
-    lines.append(f"{'programs compiled on restart p0,p1..':36}" + "".join(f"{c:>18}" for c in compiled))
-    return "\n".join(lines)
+    lines.append(f"{'programs compiled on restart p0,p1..':36}" + "".join(f"{c:>{W}}" for c in compiled))
+    return "\n".join([*lines, *head_start_gains(by_api)])
+
+
+def head_start_gains(by_api: dict[str, dict[str, Any]]) -> list[str]:
+    """With `--head-start both`: per API, how much sooner the first step comes with the head start (p50 from the
+    notice), beside the notice window it overlaps (a TPU's 10 s, respawn/machine.py: the bench's jobs are TPUs)."""
+    lines = []
+    for column, on in by_api.items():
+        name = column.removesuffix(HEAD_START_COLUMN)
+        off = by_api.get(name)
+        if column == name or off is None:
+            continue
+        saved = (off["notice_first_step_p50_s"] or 0.0) - (on["notice_first_step_p50_s"] or 0.0)
+        window = NOTICE_S["tpu"] * on["scale"]
+        lines.append(
+            f"head start ({name}): the first step {saved:.2f}s / {real_minutes(saved, on['scale']):.1f}m sooner, "
+            f"{saved / window:.1f} x the notice window ({window:.2f}s / {NOTICE_S['tpu']} real s)"
+        )
+    return lines
 
 
 def head_start_option(job: dict[str, Any]) -> str | None:
@@ -255,13 +285,13 @@ def head_start_option(job: dict[str, Any]) -> str | None:
 def table(by_api: dict[str, dict[str, Any]]) -> str:
     """The APIs' figures side by side, one column per API."""
     apis = list(by_api)
-    lines = [f"{'':36}" + "".join(f"{api:>18}" for api in apis)]
+    lines = [f"{'':36}" + "".join(f"{api:>{W}}" for api in apis)]
     for label, key, fmt in ROWS:
         cells = ["-" if by_api[api][key] is None else fmt.format(by_api[api][key]) for api in apis]
-        lines.append(f"{label:36}" + "".join(f"{c:>18}" for c in cells))
+        lines.append(f"{label:36}" + "".join(f"{c:>{W}}" for c in cells))
     parts = ("create_s", "queue_s", "boot_s", "start_s")
     split = ["/".join(f"{by_api[api]['split_p50_s'][k] or 0:.1f}" for k in parts) for api in apis]
-    lines.append(f"{'split p50 s create/queue/boot/start':36}" + "".join(f"{c:>18}" for c in split))
+    lines.append(f"{'split p50 s create/queue/boot/start':36}" + "".join(f"{c:>{W}}" for c in split))
     return "\n".join(lines)
 
 
@@ -301,7 +331,21 @@ def main() -> int:
         help="recovery timings (respawn/local/profiles.py): local, or real-cloud figures a minute to a second",
     )
     p.add_argument("--mtbi-hours", type=float, help="MTBI for the modelled goodput, real hours (the profile's: 8)")
-    p.add_argument("--head-start", action="store_true", help="the job asks for a head start on the notice")
+    p.add_argument(
+        "--head-start",
+        nargs="?",
+        const="on",
+        default="off",
+        choices=HEAD_STARTS,
+        help="the job's head_start on the notice: on (the flag alone), off (without the flag), or both: each API "
+        "runs twice, without and with, side by side",
+    )
+    p.add_argument(
+        "--preemption-notice",
+        metavar="DURATION",
+        help="the job's preemption_notice (a Spot VM's metadata notice before its soft off, e.g. 2m; real time, "
+        "scaled like the profile's figures): Compute Engine machines only",
+    )
     a = p.parse_args()
     mtbi_h = a.mtbi_hours or profile(a.profile).mtbi.real_s / 3600
     slice_job = a.hosts > 1
@@ -314,12 +358,14 @@ def main() -> int:
     default_api = "compute" if slice_job else "tpu"  # what the job takes without `api` (v6e-16; the v5e quickstart)
 
     problem = head_start_option(job_of(a.hosts, apis[0]))
-    if problem and a.head_start:
+    if problem and a.head_start != "off":
         print(f"bench_recovery: --head-start: not available yet: {problem}", file=sys.stderr)
         return 2
+    head_starts = [False, True] if a.head_start == "both" else [a.head_start == "on"]
     by_api: dict[str, dict[str, Any]] = {}
     ok = True
-    for api in apis:
+    for api, head_start in [(api, h) for api in apis for h in head_starts]:
+        column = api + (HEAD_START_COLUMN if head_start and len(head_starts) > 1 else "")
         job = job_of(a.hosts, api)
         job["job_id"] = f"bench-recovery{'-slice' if slice_job else ''}{'' if api == 'tpu' else '-compute'}"
         job["args"] = [f"--model={model}", f"--steps={total}", "--log-every=1"]
@@ -328,17 +374,23 @@ def main() -> int:
         elif not a.mtbi:  # chaos (goodput) runs the trainer's default interval, as a user's job does
             job["args"] += ["--checkpoint-every=50"]
         if not problem:  # a respawn with the option: on with --head-start only, so that runs compare
-            job["head_start"] = a.head_start
-        plot = plot_path(a.plot, a.workdir, slice_job, api, len(apis) > 1)
-        r = run_one(a, api, job, plot)
+            job["head_start"] = head_start
+        if a.preemption_notice:
+            job["preemption_notice"] = a.preemption_notice
+        tag = api + ("_head_start" if head_start and len(head_starts) > 1 else "")
+        plot = plot_path(a.plot, a.workdir, slice_job, tag, len(apis) * len(head_starts) > 1)
+        r = run_one(a, column, job, plot)
         if r is None:
             ok = False
             continue
-        by_api[api] = figures(r, a.hosts, api, timeline(r["run_dir"]), a.workdir, mtbi_h)
+        by_api[column] = {
+            **figures(r, a.hosts, api, timeline(r["run_dir"]), a.workdir, mtbi_h),
+            "head_start": head_start,
+        }
         wanted = min(10, a.preemptions)
         if r["preemptions"] < wanted and not a.mtbi:
             print(
-                f"{api}: only {r['preemptions']} preemptions: raise --steps so the job outlasts the schedule",
+                f"{column}: only {r['preemptions']} preemptions: raise --steps so the job outlasts the schedule",
                 file=sys.stderr,
             )
         ok = ok and r["status"] == "SUCCEEDED" and bool(a.mtbi or r["preemptions"] >= wanted)
@@ -346,7 +398,7 @@ def main() -> int:
         return 1
     print(table(by_api))
     print(notice_table(by_api))
-    top = by_api.get(default_api) or next(iter(by_api.values()))
+    top = by_api.get(default_api + (HEAD_START_COLUMN if len(head_starts) > 1 else "")) or next(iter(by_api.values()))
     print(json.dumps({**top, "apis": by_api}))
     return 0 if ok else 1
 

@@ -22,10 +22,11 @@ from respawn.model import GpuMachine, TpuMachine
 
 CLOUD_SCALE = 1 / 60  # local seconds per real second: a real minute is a local second
 
-# The local trainer's own warm start (process start -> first step with a warm compilation cache on a quiet 2-core
-# machine: imports, CPU compile from the cache, restore from fake-gcs-server), 1.4-1.7 s by bench/bench_trainer.py
-# (issue 24). A profile's trainer start is the real one, so the delay added before the local trainer is the scaled
-# real figure less this (the local trainer's own start stands for that much of it).
+# The local trainer's own warm start inside a local run (process start -> first step with a warm compilation cache:
+# imports, CPU compile from the cache, restore from fake-gcs-server, on 2 cores the local cloud shares): about 1.4 s,
+# the `start` of the recovery split (bench/bench_trainer.py's bare warm start, no cloud beside it, is 0.7 s). A
+# profile's trainer start is the real one, so the delay added before the local trainer is the scaled real figure less
+# this (the local trainer's own start stands for that much of it).
 LOCAL_TRAINER_START_S = 1.5
 
 # Sources (each figure below names the one it comes from).
