@@ -770,7 +770,6 @@ def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
     spec, tier, outlook = job.spec, _tier(job), ctx.outlook
     assert spec is not None and outlook is not None
     interrupted = {a.zone: a.ended_at for a in job.attempts if a.end_reason in COUNTED_AS_PREEMPTION and a.ended_at}
-    refused = {a.zone: a.ended_at for a in job.attempts if a.end_reason in NO_CAPACITY and a.ended_at}
     ranking = outlook.rank(
         tier.zones,
         now,
@@ -779,26 +778,39 @@ def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
         list_price_per_hour=rate_per_h(tier.provisioning, machine_price(dict(spec.machine.__dict__))),
         restart_cost_s=ctx.policy.restart_cost_s,
         just_interrupted=interrupted,
-        just_refused=refused,
+        just_refused=_refused(job),
     )
     return ranking.placed
 
 
+def _refused(job: Job) -> dict[str, float]:
+    """The zones that had no capacity for the job: when each last refused it."""
+    return {a.zone: a.ended_at for a in job.attempts if a.end_reason in NO_CAPACITY and a.ended_at}
+
+
 def _best_untried(job: Job, now: float, ctx: Context, avoid: str | None = None) -> tuple[Placed, str]:
     """The best-ranked zone not tried in the current walk of stockouts (nor `avoid`, while another is left), and the
-    one-line reason: its figures, the runner-up's, the zones skipped as tried, and what the outlook lacked."""
+    one-line reason: its figures, the runner-up's, the zones skipped as tried, and what the outlook lacked. A zone
+    that once refused the job and still ranks below `avoid` (the refusal's penalty outweighs the interruption's) is
+    no other zone to go to: a head start would wait in its queue while the dying zone had capacity a moment ago."""
     assert ctx.outlook is not None
     placed = _ranking(job, now, ctx)
     tried = _tried_in_walk(job)
     untried = [p for p in placed if p.zone not in tried] or list(placed)
-    elsewhere = [p for p in untried if p.zone != avoid] or untried
+    dying = next((p.score for p in untried if p.zone == avoid), None)
+    refused = _refused(job)
+    elsewhere = [
+        p for p in untried if p.zone != avoid and not (p.zone in refused and dying is not None and p.score < dying)
+    ] or untried
     best = elsewhere[0]
     reason = f"{best.reason}"
     if len(elsewhere) > 1:
         reason += f"; runner-up {elsewhere[1].zone} at {elsewhere[1].score:.3f} useful h/$"
     if tried:
         reason += f"; no capacity this walk in {', '.join(sorted(tried))}"
-    if len(elsewhere) < len(untried):
+    if dying is not None and best.zone == avoid and len(untried) > 1:
+        reason += f"; {avoid} again, its machine on notice: every other zone just had no capacity for the job"
+    elif dying is not None:
         reason += f"; not {avoid}: its machine is on notice"
     notes = [n for n in (ctx.outlook.note, _advice_note(job, ctx)) if n]
     return best, reason + "".join(f"; {n}" for n in notes)

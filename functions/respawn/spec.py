@@ -385,9 +385,11 @@ def _valid_bucket(name: str) -> bool:
     return all(0 < len(part) <= 63 for part in name.split("."))
 
 
-def parse_ttl(value: Any, field: str = "ttl", lo: int = TTL_MIN_S) -> int:
-    """A TTL ("90s", "30m", "48h", "2d" or integer seconds) -> seconds, within lo (default 60 s) .. 14 d."""
-    allowed = f"a duration like 90s, 30m, 48h, 2d or integer seconds, from {format_ttl(lo)} to 14d"
+def parse_ttl(
+    value: Any, field: str = "ttl", lo: int = TTL_MIN_S, hi: int = TTL_MAX_S, allowed: str | None = None
+) -> int:
+    """A TTL ("90s", "30m", "48h", "2d" or integer seconds) -> seconds, within lo (default 60 s) .. hi (14 d)."""
+    allowed = allowed or f"a duration like 90s, 30m, 48h, 2d or integer seconds, from {format_ttl(lo)} to 14d"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         _fail(field, f"expected a duration string or an integer, got {_type_name(value)}", allowed)
     if isinstance(value, str):
@@ -397,7 +399,7 @@ def parse_ttl(value: Any, field: str = "ttl", lo: int = TTL_MIN_S) -> int:
         seconds = int(m.group(1)) * TTL_UNITS[m.group(2)]
     else:
         seconds = value
-    if not lo <= seconds <= TTL_MAX_S:
+    if not lo <= seconds <= hi:
         _fail(field, f"{show(value)} is out of range", allowed)
     return int(seconds)
 
@@ -423,7 +425,7 @@ def _hang_timeout(value: Any, path: str) -> int | None:
     return parse_ttl(value, path, HANG_TIMEOUT_MIN_S)
 
 
-def _format_hang_timeout(seconds: int | None) -> str:
+def _format_off_or_duration(seconds: int | None) -> str:
     return "off" if seconds is None else format_ttl(seconds)
 
 
@@ -432,22 +434,7 @@ def _preemption_notice(value: Any, path: str) -> int | None:
     if value is None or value == "off":
         return None
     allowed = "off, or a duration from 1s to 1h like 90s (a Spot VM on Compute Engine)"
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        _fail(path, f"expected a duration string or an integer, got {_type_name(value)}", allowed)
-    if isinstance(value, str):
-        m = TTL_RE.fullmatch(value)
-        if not m:
-            _fail(path, f"{show(value)} is not a duration", allowed)
-        seconds = int(m.group(1)) * TTL_UNITS[m.group(2)]
-    else:
-        seconds = value
-    if not 1 <= seconds <= PREEMPTION_NOTICE_MAX_S:
-        _fail(path, f"{show(value)} is out of range", allowed)
-    return seconds
-
-
-def _format_preemption_notice(seconds: int | None) -> str:
-    return "off" if seconds is None else format_ttl(seconds)
+    return parse_ttl(value, path, 1, PREEMPTION_NOTICE_MAX_S, allowed)
 
 
 def _max_preemptions(value: Any, path: str) -> int | None:
@@ -832,7 +819,7 @@ SUBMIT = Shape(
         Field("max_preemptions", _max_preemptions),
         Field("max_failures", _within(0, MAX_FAILURES)),
         Field("labels", _labels, dict),
-        Field("hang_timeout", _hang_timeout, _format_hang_timeout, "hang_timeout_s"),
+        Field("hang_timeout", _hang_timeout, _format_off_or_duration, "hang_timeout_s"),
         Field("tiers", _tiers, lambda tiers: [_tier_message(t) for t in tiers], omitted_when_default=True),
         Field(
             "max_run_duration",
@@ -849,7 +836,7 @@ SUBMIT = Shape(
         Field(
             "preemption_notice",
             _preemption_notice,
-            _format_preemption_notice,
+            _format_off_or_duration,
             "preemption_notice_s",
             omitted_when_default=True,
         ),

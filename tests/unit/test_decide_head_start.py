@@ -302,3 +302,22 @@ def test_the_option_is_on_by_default_and_a_job_message_may_turn_it_off() -> None
     assert JobSpec.from_dict(off.to_dict()) == off
     job = head_started()
     assert Job.from_dict(job.to_dict()) == job  # drain_until reads back
+
+
+@pytest.mark.parametrize(("refused_ago_h", "then"), [(0.1, B), (3.0, A)])
+def test_a_head_start_stays_in_the_dying_zone_while_the_other_just_had_no_capacity(
+    refused_ago_h: float, then: str
+) -> None:
+    """Ranked, two zones alike: A refused the job, B took it and is noticed. A refusal under about 20 minutes old
+    outweighs the notice (penalties 1.0 and 0.8, each halving hourly): the next machine would wait in A's queue while
+    B had capacity a moment ago. One hours old does not."""
+    outlook = Outlook(History())
+    at = NOTICED_AT + refused_ago_h * 3600
+    job, _ = step(None, JobSubmitted(eid(), T0, spec(zones=(A, B))), T0, outlook)
+    job, _ = step(job, CreateFailed(eid(), T0, "llm", 1, CreateFailure.CAPACITY, "ZONE_RESOURCE_POOL_EXHAUSTED"), T0)
+    assert job.current is not None and job.current.zone == B
+    job, _ = step(job, TrainerStarted(eid(), T0 + 60, "llm", 2, None), T0 + 60, outlook)
+    job, actions = step(job, notice(2, at=at), at + 1, outlook)
+    assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [then]
+    said = f"{B} again, its machine on notice" if then == B else f"not {B}: its machine is on notice"
+    assert said in job.attempts[2].placement
