@@ -53,7 +53,7 @@ from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, trainer_entry
 from respawn.local.machine_host import MetadataServer, SecretManager
 from respawn.local.profiles import MachineTimings
-from respawn.local.slices import LocalSlice
+from respawn.local.slices import LocalSlice, compile_bytecode
 from respawn.local.timeline import Timeline
 from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, START_AFTER_METADATA
 from respawn.parsing import TRAINER_EVENTS
@@ -209,6 +209,7 @@ class Nodes:
         `timings`: how long each machine takes from READY to its trainer's first step; `time_scale`: local seconds
         per real second, for a Spot VM's metadata notice before its soft off (scheduling.preemptionNoticeDuration)."""
         self.image = Image({**base_env, "PYTHONUNBUFFERED": "1"}, list(entrypoint) if entrypoint else TRAINER)
+        compile_bytecode()  # the image's bytecode, as its build writes it
         self.timings = timings or MachineTimings()
         self.secret_manager = SecretManager(secrets or {})
         self.bin_dir = machine_host.install(log_dir / ".bin")

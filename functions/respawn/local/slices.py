@@ -41,6 +41,19 @@ def local_trainer_env(workdir: Path, environ: Mapping[str, str] = os.environ) ->
     return {**env, **LOCAL_TRAINER_ENV}
 
 
+def compile_bytecode(packages: tuple[str, ...] = ("trainer", "respawn")) -> None:
+    """Bytecode for what a local machine runs (the trainer, respawn_trainer inside it, and respawn's shims), written
+    once as the trainer image's build writes it (trainer/Dockerfile: compileall): where PYTHONDONTWRITEBYTECODE is
+    set, every trainer process would otherwise compile its sources anew. Only stale files are compiled again."""
+    import compileall
+    import importlib.util
+
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        for where in (spec.submodule_search_locations or []) if spec is not None else []:
+            compileall.compile_dir(where, quiet=1)
+
+
 @dataclass(frozen=True)
 class LocalSlice:
     """`hosts` trainer processes with `chips_per_host` CPU devices each; LocalSlice() is a single host."""
