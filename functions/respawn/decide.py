@@ -810,7 +810,7 @@ def _best_untried(job: Job, now: float, ctx: Context, avoid: str | None = None) 
         reason += f"; no capacity this walk in {', '.join(sorted(tried))}"
     if dying is not None and best.zone == avoid and len(untried) > 1:
         reason += f"; {avoid} again, its machine on notice: every other zone just had no capacity for the job"
-    elif dying is not None:
+    elif dying is not None and best.zone != avoid:
         reason += f"; not {avoid}: its machine is on notice"
     notes = [n for n in (ctx.outlook.note, _advice_note(job, ctx)) if n]
     return best, reason + "".join(f"; {n}" for n in notes)

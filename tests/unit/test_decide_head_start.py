@@ -321,3 +321,10 @@ def test_a_head_start_stays_in_the_dying_zone_while_the_other_just_had_no_capaci
     assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [then]
     said = f"{B} again, its machine on notice" if then == B else f"not {B}: its machine is on notice"
     assert said in job.attempts[2].placement
+
+
+def test_ranked_with_one_zone_the_replacement_stays_and_its_reason_says_nothing_of_leaving_it() -> None:
+    outlook = Outlook(History())
+    job, actions = step(running(spec(zones=(A,)), outlook), notice(), NOTICED_AT + 1, outlook)
+    assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [A]
+    assert "on notice" not in job.attempts[1].placement

@@ -23,8 +23,8 @@ from respawn.model import GpuMachine, TpuMachine
 CLOUD_SCALE = 1 / 60  # local seconds per real second: a real minute is a local second
 
 # The local trainer's own warm start inside a local run (process start -> first step with a warm compilation cache:
-# imports, CPU compile from the cache, restore from fake-gcs-server, on 2 cores the local cloud shares): about 1.4 s,
-# the `start` of the recovery split (bench/bench_trainer.py's bare warm start, no cloud beside it, is 0.7 s). A
+# imports, CPU compile from the cache, restore from fake-gcs-server, on 2 cores the local cloud shares): 1.4-1.9 s,
+# the `start` of the recovery split (bench/bench_trainer.py's bare warm start, no cloud beside it, is 0.7-1.1 s). A
 # profile's trainer start is the real one, so the delay added before the local trainer is the scaled real figure less
 # this (the local trainer's own start stands for that much of it).
 LOCAL_TRAINER_START_S = 1.5
