@@ -39,6 +39,9 @@ RESERVED_ENV = (
     "RESPAWN_LOG_SINK",
     "RESPAWN_GRACE_S",
     "RESPAWN_PROGRESS_S",
+    "RESPAWN_HANDOVER",
+    "RESPAWN_TAKEOVER",
+    "RESPAWN_START_AFTER",
 )
 
 
@@ -61,7 +64,14 @@ def drain_marker(checkpoint_uri: str, attempt: int) -> str:
     the notice: its final save is done, so a head start's replacement may start its trainer before
     respawn-start-after. Beside the job's checkpoints, not among them (`{checkpoint_uri}.respawn/`), so that no
     checkpoint manager lists it."""
-    return f"{checkpoint_uri.rstrip('/')}.respawn/attempt-{int(attempt)}.exited"
+    return handover_prefix(checkpoint_uri, attempt) + ".exited"
+
+
+def handover_prefix(checkpoint_uri: str, attempt: int) -> str:
+    """Attempt `attempt`'s objects of a head start's handover (docs/trainer-protocol.md, The handover): PREFIX.exited
+    (drain_marker, written by the trainer once its final save is durable, and by the startup script at its exit 0)
+    and PREFIX.ready (written by the trainer of the machine that replaces it, once it has set itself up)."""
+    return f"{checkpoint_uri.rstrip('/')}.respawn/attempt-{int(attempt)}"
 
 
 def trainer_env(

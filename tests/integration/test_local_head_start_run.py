@@ -4,8 +4,8 @@
 timed at a step that starts a periodic save (`--checkpoint-every=20`, preempted at steps 60 and 140), so the notice
 comes while the trainer saves. The machines run the real startup and shutdown scripts: the shutdown script's
 `notice` entry reaches the service through the local `gcloud`, the next machine is created while the noticed one
-still saves, and its startup script holds the trainer until the noticed machine's drain marker appears in
-fake-gcs-server (its final save done), long before `respawn-start-after`.
+trains on, its trainer (respawn's image takes over itself) sets itself up, says it is ready, and restores once the
+noticed machine's drain marker appears in fake-gcs-server (its final save done), long before `respawn-start-after`.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ def test_each_notice_starts_the_next_machine_while_the_noticed_one_saves(tmp_pat
         assert hold["marker"] == f"{job['checkpoint_uri']}.respawn/attempt-{noticed}.exited", detail
         assert stopped[noticed]["t"] <= started[noticed + 1]["t"] < hold["until"], (noticed, detail)
         assert started[noticed + 1]["restored_step"] == stopped[noticed]["step"], (noticed, detail)
+        # the handover: the new trainer set itself up at once and waited (respawn's trainer image takes over itself),
+        # and the noticed one trained on until it was ready, past the step of its notice
+        assert started[noticed + 1]["takeover_wait_s"] > 0, (noticed, detail)
+        assert stopped[noticed]["step"] > SAVE_STEPS[noticed - 1], (noticed, detail)
         print(
             f"attempt {noticed + 1}: notice -> old final save {stopped[noticed]['t'] - notices[noticed]['t']:.2f}s, "
             f"final save -> new trainer started {started[noticed + 1]['t'] - stopped[noticed]['t']:.2f}s, "

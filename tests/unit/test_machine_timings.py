@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from respawn.adapters.startup import IMAGE_MARK_ENV, startup_script
+from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
 from respawn.local import machine_host
 from respawn.local.machine_host import MetadataServer
 from respawn.local.nodes import machine_step
@@ -42,7 +42,11 @@ def test_a_pull_takes_the_pull_time_once_then_the_refresh_time(tmp_path: Path) -
     ((_, start, end),) = steps(second.stderr)
     assert end - start < 0.4
     inspect = shim("docker", ["image", "inspect", IMAGE], env)
-    assert inspect.returncode == 0 and json.loads(inspect.stdout) == [{"RepoTags": [IMAGE]}]
+    assert inspect.returncode == 0 and json.loads(inspect.stdout) == [{"RepoTags": [IMAGE], "Config": {"Labels": None}}]
+    labelled = {**env, machine_host.IMAGE_LABELS: json.dumps({TAKEOVER_LABEL: "1"})}
+    labels = shim("docker", ["image", "inspect", "--format", machine_host.LABELS_FORMAT, IMAGE], labelled)
+    assert labels.returncode == 0 and labels.stdout == f'{{"{TAKEOVER_LABEL}":"1"}}\n'
+    assert shim("docker", ["image", "inspect", "--format", "{{.Id}}", IMAGE], env).returncode == 1
     assert shim("docker", ["image", "inspect", "other:1"], env).stderr.strip().endswith("No such image: other:1")
 
 

@@ -65,8 +65,11 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # the daemon: th
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "login":  # the password comes on stdin
     pathlib.Path(log + ".login").write_text(sys.stdin.read())
 images = pathlib.Path(log + ".images")  # the machine's image store: the images pulled (or baked), one a line
-if os.path.basename(sys.argv[0]) == "docker" and cmd == "image":  # image inspect NAME
-    sys.exit(0 if images.exists() and sys.argv[3] in images.read_text().splitlines() else 1)
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "image":  # image inspect [--format F] NAME
+    has = images.exists() and sys.argv[-1] in images.read_text().splitlines()
+    if has and "--format" in sys.argv:  # the labels, as `{{{{json .Config.Labels}}}}` prints them
+        print(os.environ.get("FAKE_LABELS", "null"))
+    sys.exit(0 if has else 1)
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "pull":
     if os.environ.get("FAKE_REGISTRY_DOWN"):
         sys.exit("Error response from daemon: Get https://registry/v2/: dial tcp: i/o timeout")
@@ -193,9 +196,12 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         "RESPAWN_LOG_SINK=cloud",
         "RESPAWN_GRACE_S=8",  # a TPU VM's notice is about 10 s
         "RESPAWN_PROGRESS_S=60",  # the default hang_timeout (30m) / 4, at most once a minute
+        f"RESPAWN_HANDOVER={uri}.respawn/attempt-3",  # the head start is on by default: where it hands over
         "TPU_WORKER_ID",  # this worker of the slice, exported by the script from the metadata server
         "TPU_WORKER_HOSTNAMES",
         "RESPAWN_NOTICE_FILE",  # the script's notice file, in a directory mounted at the same path
+        "RESPAWN_TAKEOVER",  # set by the script on a head start's machine whose image takes over itself
+        "RESPAWN_START_AFTER",
     ]
     assert options[options.index("-v") + 1] == "/run/respawn:/run/respawn"
     assert ["docker", "pull", image] in calls(fakes)
@@ -690,7 +696,17 @@ def test_the_shutdown_script_tells_respawn_of_the_notice_whatever_the_trainer(
     assert said(fakes) == [({"event": "notice", "job_id": "job-1", "attempt": 4, "worker": said_worker}, "WARNING")]
     assert parsed(said(fakes)[0][0]) == MachineNoticed("log:x1", 1795255200.0, "job-1", 4, said_worker)
     assert ["docker", "stop", "-t", str(GRACE_S["tpu"]), "respawn-trainer"] in calls(fakes)
-    assert Path(startup.NOTICE_FILE).exists()
+    assert Path(startup.NOTICE_FILE).read_text() == ""  # a deletion: no metadata `preempted`
+
+
+def test_the_shutdown_script_marks_a_preemption_in_the_notice_file(tmp_path: Path, fakes: dict[str, str]) -> None:
+    """The metadata server says `preempted`: the trainer may hand over to a head start's (respawn_trainer reads the
+    file at SIGTERM); a deletion (a cancel, a hang) leaves the file empty, and the trainer saves at once."""
+    shutdown = tmp_path / "shutdown.sh"
+    shutdown.write_text(machine_metadata(spec(), 4)["shutdown-script"])
+    subprocess.run([BASH, str(shutdown)], env={**fakes, "FAKE_PREEMPTED": "TRUE"}, check=True, timeout=30)
+    assert Path(startup.NOTICE_FILE).read_text() == "preempted\n"
+    assert ["docker", "stop", "-t", str(GRACE_S["tpu"]), "respawn-trainer"] in calls(fakes)
 
 
 # sleep, recorded in the calls; with FAKE_SLEEP_REAL it sleeps too (else it returns at once)
@@ -941,6 +957,43 @@ def test_a_head_starts_trainer_starts_as_the_marker_appears(
         server.close()
     assert done.returncode == 0, done.stderr
     assert len(runs(env)) == 1 and 3.0 <= took < 8.0, (took, done.stderr)
+
+
+def test_an_image_that_takes_over_itself_starts_its_trainer_at_once_with_the_handover_in_its_environment(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    """respawn's trainer image (LABEL respawn.takeover="1"): no marker yet, start-after 40 s away, and the trainer
+    starts at once; it is told what to wait for (the marker's prefix, and start-after) and waits itself."""
+    after = {"respawn-start-after": str(int(time.time()) + 40), "respawn-drain-marker": MARKER_OF_2}
+    env, server = on_a_machine(fakes, storage, after, "http://{host}")
+    try:
+        done, took = run_until_done(tmp_path, {**env, "FAKE_LABELS": '{"respawn.takeover":"1"}'})
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert len(runs(env)) == 1 and took < 10, (took, done.stderr)
+    passed = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
+    assert passed["RESPAWN_TAKEOVER"] == MARKER_OF_2.removesuffix(".exited")
+    assert passed["RESPAWN_START_AFTER"] == after["respawn-start-after"]
+    assert "the trainer starts now and takes over once" in done.stderr
+    assert storage.objects == {}  # the script polled nothing: the trainer does
+
+
+@pytest.mark.parametrize("labels", ["null", '{"respawn.takeover":"0"}', '{"other":"1"}'])
+def test_an_image_without_the_label_is_held_back_by_the_script(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage, labels: str
+) -> None:
+    """A program of the user's own may know nothing of a takeover: its script holds it back until the marker."""
+    after = {"respawn-start-after": str(int(time.time()) + 3), "respawn-drain-marker": MARKER_OF_2}
+    env, server = on_a_machine(fakes, storage, after, "http://{host}")
+    try:
+        done, took = run_until_done(tmp_path, {**env, "FAKE_LABELS": labels})
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert 2.0 <= took < 8.0, (took, done.stderr)
+    passed = json.loads(Path(fakes["FAKE_LOG"] + ".env").read_text())
+    assert passed["RESPAWN_TAKEOVER"] is None and passed["RESPAWN_START_AFTER"] is None
 
 
 def test_without_the_marker_a_head_starts_trainer_starts_at_start_after(

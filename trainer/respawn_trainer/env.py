@@ -45,6 +45,9 @@ class RunEnv:
     coordinator_address: str | None  # JAX_COORDINATOR_ADDRESS (local slices); else the first host, port 8482
     notice_file: str | None  # RESPAWN_NOTICE_FILE: left when this host stops on the notice (its own or a peer's)
     notice_lead_s: float  # RESPAWN_NOTICE_LEAD_S: the metadata flag comes this long before the soft off (SIGTERM)
+    handover: str | None  # RESPAWN_HANDOVER: this attempt's objects for a head start's successor (handover.py)
+    takeover: str | None  # RESPAWN_TAKEOVER: the noticed attempt's objects this one takes over from
+    start_after: float  # RESPAWN_START_AFTER: epoch s, when the noticed machine is off in any case
 
     @property
     def hosts(self) -> int:
@@ -125,6 +128,12 @@ def _path(text: str) -> str:
     return text
 
 
+def _prefix(text: str) -> str:
+    if text.startswith("gs://"):
+        return _match(GCS_URI_RE, text)
+    return _path(text)
+
+
 def _host_port(text: str) -> str:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
@@ -150,6 +159,9 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "JAX_COORDINATOR_ADDRESS": (_host_port, "HOST:PORT"),
     "RESPAWN_NOTICE_FILE": (_path, "an absolute file path"),
     "RESPAWN_NOTICE_LEAD_S": (parse_float(0.0, 3600.0), "seconds 0..3600"),
+    "RESPAWN_HANDOVER": (_prefix, "gs://BUCKET/PREFIX or an absolute path"),
+    "RESPAWN_TAKEOVER": (_prefix, "gs://BUCKET/PREFIX or an absolute path"),
+    "RESPAWN_START_AFTER": (parse_float(0.0, 1e11), "epoch seconds"),
 }
 
 
@@ -193,6 +205,9 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         coordinator_address=e.get("JAX_COORDINATOR_ADDRESS"),
         notice_file=e.get("RESPAWN_NOTICE_FILE"),
         notice_lead_s=e.get("RESPAWN_NOTICE_LEAD_S", 0.0),
+        handover=e.get("RESPAWN_HANDOVER"),
+        takeover=e.get("RESPAWN_TAKEOVER"),
+        start_after=e.get("RESPAWN_START_AFTER", 0.0),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])

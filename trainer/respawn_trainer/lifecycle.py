@@ -45,6 +45,29 @@ class FileSink:
             f.write(json.dumps(payload, separators=(",", ":")) + "\n")
 
 
+class MetadataServer:
+    """The machine's metadata server: its values, and its service account's access token (cached until a minute
+    before it expires)."""
+
+    TIMEOUT_S = 10.0
+
+    def __init__(self, url: str = DEFAULT_METADATA_URL) -> None:
+        self.url = url.rstrip("/")
+        self._token, self._token_until = "", 0.0
+
+    def get(self, path: str) -> str:
+        request = urllib.request.Request(f"{self.url}/{path}", headers={"Metadata-Flavor": "Google"})
+        with urllib.request.urlopen(request, timeout=self.TIMEOUT_S) as response:
+            return str(response.read().decode())
+
+    def token(self) -> str:
+        if time.monotonic() > self._token_until:
+            token = json.loads(self.get("instance/service-accounts/default/token"))
+            self._token = token["access_token"]
+            self._token_until = time.monotonic() + float(token.get("expires_in", 300)) - 60.0
+        return self._token
+
+
 class CloudLoggingSink:
     """Structured entries through Cloud Logging's REST API (`entries:write`), authorized by the machine's service
     account token from the metadata server: no client library to import on the way to the first step.
@@ -58,28 +81,16 @@ class CloudLoggingSink:
     def __init__(
         self, job_id: str, attempt: int, metadata_url: str = DEFAULT_METADATA_URL, endpoint: str = ENDPOINT
     ) -> None:
-        self.metadata_url, self.endpoint = metadata_url.rstrip("/"), endpoint
+        self.metadata, self.endpoint = MetadataServer(metadata_url), endpoint
         self.labels = {"respawn-job": job_id, "respawn-attempt": str(attempt)}
-        self._token, self._token_until = "", 0.0
         self._where: tuple[str, dict[str, Any]] | None = None  # logName, resource
-
-    def _metadata(self, path: str) -> str:
-        request = urllib.request.Request(f"{self.metadata_url}/{path}", headers={"Metadata-Flavor": "Google"})
-        with urllib.request.urlopen(request, timeout=self.TIMEOUT_S) as response:
-            return str(response.read().decode())
-
-    def _authorization(self) -> str:
-        if time.monotonic() > self._token_until:
-            token = json.loads(self._metadata("instance/service-accounts/default/token"))
-            self._token = token["access_token"]
-            self._token_until = time.monotonic() + float(token.get("expires_in", 300)) - 60.0
-        return f"Bearer {self._token}"
 
     def _location(self) -> tuple[str, dict[str, Any]]:
         if self._where is None:
-            project = self._metadata("project/project-id")
-            zone = self._metadata("instance/zone").rsplit("/", 1)[-1]
-            labels = {"project_id": project, "instance_id": self._metadata("instance/id"), "zone": zone}
+            get = self.metadata.get
+            project = get("project/project-id")
+            zone = get("instance/zone").rsplit("/", 1)[-1]
+            labels = {"project_id": project, "instance_id": get("instance/id"), "zone": zone}
             self._where = f"projects/{project}/logs/{LOG_NAME}", {"type": "gce_instance", "labels": labels}
         return self._where
 
@@ -93,7 +104,7 @@ class CloudLoggingSink:
             "jsonPayload": payload,
         }
         body = json.dumps({"entries": [entry]}).encode()
-        headers = {"Authorization": self._authorization(), "Content-Type": "application/json"}
+        headers = {"Authorization": f"Bearer {self.metadata.token()}", "Content-Type": "application/json"}
         request = urllib.request.Request(self.endpoint, data=body, headers=headers, method="POST")
         with urllib.request.urlopen(request, timeout=self.TIMEOUT_S) as response:
             response.read()

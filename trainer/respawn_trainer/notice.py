@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -37,12 +38,20 @@ def leave_notice(path: str | None) -> None:
 
 class PreemptionWatch:
     """`lead_s` (RESPAWN_NOTICE_LEAD_S): the metadata flag comes this long before the soft off (a Spot VM that asked
-    for a longer notice), so it counts as the notice only that much later; SIGTERM always counts at once."""
+    for a longer notice), so it counts as the notice only that much later. SIGTERM counts at once, or `train_on(watch)`
+    seconds later (a head start's handover, which may call notice() sooner)."""
 
-    def __init__(self, metadata_url: str | None, poll_s: float = POLL_S, lead_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        metadata_url: str | None,
+        poll_s: float = POLL_S,
+        lead_s: float = 0.0,
+        train_on: Callable[[PreemptionWatch], float] | None = None,
+    ) -> None:
         self.metadata_url = metadata_url
         self.poll_s = poll_s
         self.lead_s = lead_s
+        self.train_on = train_on
         self.noticed_at: float | None = None  # time.monotonic() of the notice (with a lead: when it is due)
         self.source: str | None = None
         self._stop = threading.Event()
@@ -57,7 +66,7 @@ class PreemptionWatch:
         if self.noticed_at is None or at < self.noticed_at:
             self.noticed_at, self.source = at, source
             if after_s:
-                log.warning("preemption notice (%s): training on for %.0fs, then saving and exiting", source, after_s)
+                log.warning("preemption notice (%s): training on for %.1fs, then saving and exiting", source, after_s)
             else:
                 log.warning("preemption notice (%s): finishing the step, saving, exiting", source)
 
@@ -72,7 +81,7 @@ class PreemptionWatch:
         self._stop.set()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.notice("SIGTERM")
+        self.notice("SIGTERM", self.train_on(self) if self.train_on and self.noticed_at is None else 0.0)
 
     def _poll(self) -> None:
         url = f"{self.metadata_url}/instance/preempted"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from respawn_trainer import runtime
 from respawn_trainer.env import ConfigError, RunEnv, load_env
 from respawn_trainer.goodput import Goodput, process_started
+from respawn_trainer.handover import Handover, objects_for, take_over
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
 from respawn_trainer.notice import PreemptionWatch, leave_notice, on_gce
 from respawn_trainer.schedule import SaveDone, SaveSchedule, save_policy
@@ -61,7 +62,9 @@ class Run:
         environ = os.environ if env is None else env
         self.env: RunEnv = load_env(environ, on_gce=on_gce())
         self.steps, self.step = steps, 0
-        self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s).start()
+        self.handover = Handover(self.env, objects_for(self.env)) if self.env.handover else None
+        train_on = self.handover.on_notice if self.handover else None
+        self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s, train_on=train_on).start()
         sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
         self.lifecycle = Lifecycle(sink, *self._job_and_attempt())
         self._startup_split = {"import_s": began - self.goodput.started}
@@ -94,7 +97,19 @@ class Run:
         """(state, step): the newest readable checkpoint, else the fresh state at step 0.
 
         init: the fresh state, or a function returning it (called only when there is no checkpoint).
-        template: the restore target (shapes, dtypes, shardings); by default that of `init`."""
+        template: the restore target (shapes, dtypes, shardings); by default that of `init`.
+
+        On a head start's machine (RESPAWN_TAKEOVER) it first waits for the noticed machine's final save; a notice of
+        its own meanwhile ends the process (exit 143, nothing to save)."""
+        waited = 0.0
+        if self.env.takeover:
+            if "jax" in sys.modules:  # Orbax's import, on the way to the restore: now, while the noticed machine saves
+                from respawn_trainer.checkpoint import _orbax
+
+                _orbax()
+            outcome, waited = take_over(self.env, objects_for(self.env), self.watch, runtime.is_primary())
+            if outcome == "stopped":
+                raise NoticedBeforeStart(143)
         began = time.monotonic()
         if template is None:
             template = _template(init)
@@ -108,11 +123,13 @@ class Run:
         now = time.monotonic()
         self.step = step
         self.schedule = SaveSchedule(self.schedule.policy, final_step=self.steps, restored_step=step)
-        self.goodput.startup_s = began - self.goodput.started + now - read
+        self.goodput.startup_s = began - waited - self.goodput.started + now - read
         self.goodput.restore_s = read - began
         compile_s = began - self._ready_at + now - read
-        split = {**self._startup_split, "compile_s": compile_s, "restore_s": read - began}
-        startup = now - self.goodput.started
+        split = {**self._startup_split, "compile_s": compile_s - waited, "restore_s": read - began}
+        if self.env.takeover:
+            split["takeover_wait_s"] = waited
+        startup = now - waited - self.goodput.started
         self.lifecycle.emit(
             "started",
             step,
@@ -155,6 +172,8 @@ class Run:
         if step < self.steps:
             leave_notice(self.env.notice_file)
         self._save_last(state)
+        if self.handover and self.watch.noticed_at is not None and runtime.is_primary():  # done, or trained to the end
+            self.handover.drained(self.env.job_id, self.env.attempt, step)
         if step >= self.steps:
             digest = state_sha256(state if params is None else params)
             loss = _finite(state.get("loss") if isinstance(state, dict) and "loss" in state else self._loss)
@@ -202,7 +221,7 @@ class Run:
     def _failed(self, error: BaseException) -> None:
         """Keep a save that was already under way, then tell the control plane (no entry for Ctrl-C)."""
         self._gc.resume()
-        if isinstance(error, KeyboardInterrupt):
+        if isinstance(error, (KeyboardInterrupt, NoticedBeforeStart)):
             return
         text = one_line(error)
         log.error("failed: %s", text, exc_info=not isinstance(error, ConfigError))
@@ -248,6 +267,8 @@ class Run:
 
     def _report(self, saves: list[SaveDone]) -> None:
         for done in saves:
+            if self.handover:
+                self.handover.saved(done.total_s)
             self.lifecycle.emit(
                 "checkpoint", done.step, blocking_s=round(done.blocking_s, 4), total_s=round(done.total_s, 4)
             )
@@ -260,6 +281,10 @@ class Run:
         hang (a step only some hosts can read: a lost shard, or a transient read error)."""
         runtime.barrier("restored", RESTORE_FAILED_WAIT_S if failed else runtime.BARRIER_TIMEOUT_S)
         return runtime.agree_any(failed)
+
+
+class NoticedBeforeStart(SystemExit):
+    """A head start's trainer got the notice before it took over: it exits 143 (SIGTERM's), having saved nothing."""
 
 
 class _PausedGc:

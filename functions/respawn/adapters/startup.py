@@ -61,6 +61,7 @@ from respawn.machine import (
     STARTUP_LOG,
     TRAINER_LOG,
     drain_marker,
+    handover_prefix,
 )
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
@@ -93,6 +94,11 @@ def progress_s(spec: JobSpec) -> int:
 # trainer's Young/Daly checkpoint interval comes from it. A job's env cannot set it (RESPAWN_ names are reserved).
 MTBI_ENV = "RESPAWN_MTBI_S"
 NOTICE_LEAD_ENV = "RESPAWN_NOTICE_LEAD_S"  # metadata `preempted` comes this long before the soft off (SIGTERM)
+HANDOVER_ENV = "RESPAWN_HANDOVER"
+# A head start's machine whose image starts early (TAKEOVER_LABEL): the noticed attempt's handover prefix and
+# respawn-start-after, set by the startup script, so that the trainer sets itself up before it takes over
+TAKEOVER_ENV, START_AFTER_ENV = "RESPAWN_TAKEOVER", "RESPAWN_START_AFTER"
+TAKEOVER_LABEL = "respawn.takeover"  # an image label, "1": its trainer honours RESPAWN_TAKEOVER (respawn_trainer's)
 MTBI_METADATA = "respawn-mtbi-s"
 
 
@@ -111,6 +117,8 @@ def trainer_env(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> lis
         env.append((MTBI_ENV, _seconds(mtbi_s)))
     if spec.preemption_notice_s is not None:
         env.append((NOTICE_LEAD_ENV, str(spec.preemption_notice_s)))
+    if spec.head_start:  # its trainer hands over to a head start's (docs/trainer-protocol.md, The handover)
+        env.append((HANDOVER_ENV, handover_prefix(spec.checkpoint_uri, attempt)))
     return env
 
 
@@ -143,6 +151,7 @@ def docker_run_argv(
         argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
     # The notice file, which a trainer that stops on a slice peer's notice leaves too (docs/trainer-protocol.md)
     argv += ["-v", f"{NOTICE_DIR}:{NOTICE_DIR}", "-e", NOTICE_ENV]
+    argv += ["-e", TAKEOVER_ENV, "-e", START_AFTER_ENV]  # set on a head start's machine only (_START_AFTER)
     for key, _ in spec.secrets:  # the value comes from the script's environment (see _SECRETS)
         argv += ["-e", key]
     return [*argv, spec.image, *spec.args]
@@ -188,6 +197,10 @@ _SHUTDOWN = """#!/bin/bash
 # respawn: the notice of attempt {attempt}: marked, the trainer stopped within its grace, and respawn told.
 notice=${{{notice_env}:-{notice}}}
 mkdir -p "${{notice%/*}}" && touch "$notice"
+# A preemption, not a deletion: the trainer may hand over to a head start's (docs/trainer-protocol.md, The handover)
+[ "$(curl -sf -m 1 -H 'Metadata-Flavor: Google' \
+  "http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1/instance/preempted")" = TRUE ] \
+  && echo preempted > "$notice"
 docker stop -t {grace} {container} &
 """
 _NOTICE_ENTRY = """write_entry {trainer_log} WARNING \\
@@ -200,7 +213,7 @@ _NOTICE_ENTRY = """write_entry {trainer_log} WARNING \\
 # respawn_trainer) or the shutdown script's SIGTERM, so the next machine boots while this one still trains.
 _WATCH = """watch_notice() {{
   until [ "$(md preempted)" = TRUE ]; do sleep 1; done
-  touch "$notice"
+  echo preempted > "$notice"
   log "the metadata server says preempted: the soft off follows in {lead}s"
   {entry}}}
 watch_notice &
@@ -413,7 +426,10 @@ has_object() {  # whether object $1 (gs://BUCKET/OBJECT) exists, asked with the 
 # exited 0 after the notice, so the final save is done) or at metadata respawn-start-after (epoch s), when that
 # machine is off, whichever comes first; so it restores what the final save completed. Boot, readying and the image
 # pull come first and overlap that save. Without a marker to poll, one sleep. Returns 1 when this machine is shut
-# down meanwhile (its trap ran): then no trainer starts.
+# down meanwhile (its trap ran): then no trainer starts. An image labelled respawn.takeover=1 (respawn's trainer's)
+# waits itself: its trainer starts at once with RESPAWN_TAKEOVER (the marker's prefix) and RESPAWN_START_AFTER, sets
+# itself up (JAX, its programs) while the noticed machine trains on and saves, and restores once the marker appears
+# (docs/trainer-protocol.md, The handover). Docker's `image inspect --format` prints the labels as JSON.
 _START_AFTER = """wait_to_start() {{
   local after left marker auth
   after=$(md attributes/{key} || true)
@@ -421,7 +437,14 @@ _START_AFTER = """wait_to_start() {{
   left=$((after - $(date +%s)))
   [ "$left" -gt 0 ] && [ -z "$stopping" ] || {{ [ -z "$stopping" ]; return; }}
   marker=$(md attributes/{marker_key} || true)
-  case "$marker" in gs://?*/?*) ;; *) marker= ;; esac
+  case "$marker" in gs://?*/?*.exited) ;; *) marker= ;; esac
+  if [ -n "$marker" ] && docker image inspect --format '{{{{json .Config.Labels}}}}' {image} 2>/dev/null \
+    | grep -q '"{label}": *"1"'; then
+    export {takeover_env}="${{marker%.exited}}" {start_after_env}="$after"
+    log "the trainer starts now and takes over once the machine this one replaces has saved ($marker) or is off" \
+      "(${{left}}s, {key} $after)"
+    return 0
+  fi
   if [ -z "$marker" ]; then
     log "waiting ${{left}}s until the machine this one replaces is off ({key} $after)"
     sleep "$left" &
@@ -551,7 +574,16 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
     parts.append(_FAIL.format(job_id=q(spec.job_id), attempt=int(attempt), trainer_log=TRAINER_LOG))
     parts.append(_NOTE.format(job_id=q(spec.job_id), attempt=int(attempt), startup_log=STARTUP_LOG))
     parts.append(_STORAGE)
-    parts.append(_START_AFTER.format(key=START_AFTER_METADATA, marker_key=DRAIN_MARKER_METADATA))
+    parts.append(
+        _START_AFTER.format(
+            key=START_AFTER_METADATA,
+            marker_key=DRAIN_MARKER_METADATA,
+            image=q(spec.image),
+            label=TAKEOVER_LABEL,
+            takeover_env=TAKEOVER_ENV,
+            start_after_env=START_AFTER_ENV,
+        )
+    )
     marker = q(drain_marker(spec.checkpoint_uri, attempt))
     parts.append(_DRAINED.format(marker=marker, job_id=q(spec.job_id), attempt=int(attempt)))
     parts.append(_DOCKER)

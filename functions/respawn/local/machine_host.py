@@ -47,6 +47,8 @@ from respawn.machine import TRAINER_LOG
 DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its containers (NAME.pid)
 IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
+IMAGE_LABELS = "RESPAWN_LOCAL_IMAGE_LABELS"  # JSON object: the image's labels
+LABELS_FORMAT = "{{json .Config.Labels}}"  # the one `image inspect --format` the startup script asks
 SECRET_MANAGER = "RESPAWN_LOCAL_SECRET_MANAGER"  # URL of the local Secret Manager
 PULL_S = "RESPAWN_LOCAL_PULL_S"  # seconds a `docker pull` of an image the VM lacks takes
 REFRESH_S = "RESPAWN_LOCAL_REFRESH_S"  # seconds a `docker pull` of an image the VM has takes (its manifest)
@@ -330,18 +332,26 @@ def _pull(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     return 0
 
 
-def _image(args: Sequence[str], state: Path) -> int:
-    """`image inspect NAME`: 0 when the VM has the image, 1 (docker's message) when not."""
-    _, rest = _options(args[1:])
-    if args[:1] != ["inspect"] or not rest:
-        print(f"docker: 'image {' '.join(args[:1])}' is not a command the local machine has.", file=sys.stderr)
+def _image(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
+    """`image inspect [--format '{{json .Config.Labels}}'] NAME`: 0 when the VM has the image (its labels with that
+    format), 1 (docker's message) when not."""
+    opts, rest = _options(args[1:], {"--format", "-f"})
+    formats = {value for flag, value in opts if flag in ("--format", "-f")}
+    if args[:1] != ["inspect"] or not rest or not formats <= {LABELS_FORMAT}:
+        print(f"docker: 'image {' '.join(args)}' is not a command the local machine has.", file=sys.stderr)
         return 1
     missing = [image for image in rest if not has_image(state, image)]
     for image in missing:
         print(f"Error response from daemon: No such image: {image}", file=sys.stderr)
-    if not missing:
-        print(json.dumps([{"RepoTags": list(rest)}]))
-    return 1 if missing else 0
+    if missing:
+        return 1
+    labels = json.loads(environ.get(IMAGE_LABELS) or "null")
+    for image in rest:
+        if formats:
+            print(json.dumps(labels, separators=(",", ":")))
+        else:
+            print(json.dumps([{"RepoTags": [image], "Config": {"Labels": labels}}]))
+    return 0
 
 
 def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -356,7 +366,7 @@ def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
     if command == "pull":
         return _pull(rest, environ, state)
     if command == "image":
-        return _image(rest, state)
+        return _image(rest, environ, state)
     if command == "login":
         sys.stdin.read()
         print("Login Succeeded")

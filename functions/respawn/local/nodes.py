@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from respawn.adapters.startup import IMAGE_MARK_ENV
+from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL
 from respawn.local import machine_host
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.compute_checks import seconds
@@ -166,10 +166,15 @@ class Node:
 @dataclass(frozen=True)
 class Image:
     """The trainer image a local machine's `docker` runs: its command (`python -m trainer`, or the local cloud's
-    `entrypoint`) and its environment (`env`, what every local trainer starts from)."""
+    `entrypoint`), its environment (`env`, what every local trainer starts from) and its labels (respawn's trainer's
+    image, trainer/Dockerfile, says that its trainer takes over a head start's job itself)."""
 
     env: Mapping[str, str]
     command: Sequence[str] = TRAINER
+
+    @property
+    def labels(self) -> dict[str, str] | None:
+        return {TAKEOVER_LABEL: "1"} if tuple(self.command) == TRAINER else None
 
 
 @dataclass(frozen=True)
@@ -328,6 +333,7 @@ class Nodes:
             machine_host.DOCKER_DIR: str(home / "docker"),
             machine_host.IMAGE_ENV: json.dumps(image_env),
             machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),
+            machine_host.IMAGE_LABELS: json.dumps(self.image.labels),
             machine_host.SECRET_MANAGER: self.secret_manager.url,
             machine_host.BIN_DIR: str(self.bin_dir),
             machine_host.VM_BIN: str(home / "bin"),

@@ -330,6 +330,10 @@ def build(
     wall = max(0.0, end - t0)
     job = job or {}
     result = job.get("result") or (completed[-1]["payload"] if completed else {})
+    if result.get("source") == "exit-code":  # the trainer's own may come after the record was read: it fills it in
+        last = completed[-1].get("attempt") if completed else None
+        own = [e["payload"] for e in completed if e.get("attempt") == last and e["payload"].get("source") is None]
+        result = own[-1] if own else result
     sha = result.get("params_sha256")
     rows = recoveries(events)
     create = [r["create_s"] for r in rows if r["create_s"] is not None]

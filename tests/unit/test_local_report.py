@@ -1,0 +1,30 @@
+"""The local run's report: what it says of the job's result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from respawn.local.report import build
+
+SHA = "f0c63fffbb008e70d3a1d5fa802029101f6e4755236e0a76964ca7c82ed0db66"
+
+
+def entry(t: float, attempt: int, **payload: Any) -> dict[str, Any]:
+    return {"t": t, "kind": "entry", "machine": f"job-a{attempt}", "attempt": attempt, "payload": payload}
+
+
+def test_the_trainers_own_result_fills_in_a_record_its_startup_script_ended_first() -> None:
+    """Entries arrive in any order: the exit code's `completed` may end the job before the trainer's own, which then
+    fills in the record (decide._filled_in); a report that read the record in between says what it will hold."""
+    events = [
+        {"t": 0.0, "kind": "submitted"},
+        entry(1.0, 1, event="completed", step=3000, params_sha256="0" * 64),  # an attempt already over
+        entry(2.0, 2, event="completed", step=3000, params_sha256=SHA),
+        entry(2.1, 2, event="completed", source="exit-code", exit_code=0),
+    ]
+    job = {"status": "SUCCEEDED", "result": {"source": "exit-code", "final_step": 3000}}
+    kw: dict[str, Any] = dict(machines_left=0, leftover_processes=0, price=None, timed_out=False)
+    report = build(events=events, job=job, reference_sha=SHA, **kw)
+    assert report["params_sha256"] == SHA and report["exact"] is True
+    alone = build(events=[*events[:2], events[3]], job=job, reference_sha=SHA, **kw)  # the trainer sent none
+    assert alone["params_sha256"] is None and not alone["exact"]
