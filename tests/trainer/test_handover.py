@@ -61,6 +61,15 @@ def test_the_noticed_trainer_trains_on_only_on_a_preemption_and_within_half_its_
     assert handover.train_on_s() == pytest.approx(train_on)
 
 
+def test_a_replay_of_real_timings_shrinks_the_bound_alike(tmp_path: Path) -> None:
+    """The local cloud's --profile cloud (1 local s per real minute): a TPU's 4 s of training on are 1/15 s."""
+    notice = tmp_path / "notice"
+    notice.write_text("preempted\n")
+    extra = {"RESPAWN_HANDOVER": str(tmp_path / "h"), "RESPAWN_NOTICE_FILE": str(notice)}
+    env = load_env(env_of(tmp_path, RESPAWN_TEST_TIME_SCALE=str(1 / 60), **extra))
+    assert Handover(env, Objects()).train_on_s() == pytest.approx(4 / 60)
+
+
 def test_the_noticed_trainer_stops_training_as_its_successor_says_it_is_ready(tmp_path: Path) -> None:
     notice = tmp_path / "notice"
     notice.write_text("preempted\n")
@@ -141,3 +150,26 @@ def test_a_head_start_hands_over_with_one_save_and_the_successor_restores_it(
     client = storage.Client(project="local", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     names = {blob.name for blob in client.list_blobs(bucket, prefix="runs/job-test.respawn/")}
     assert names == {"runs/job-test.respawn/attempt-1.ready", "runs/job-test.respawn/attempt-1.exited"}
+
+
+def test_a_successor_noticed_before_it_took_over_exits_143_without_a_word(tmp_path: Path) -> None:
+    """Nothing restored, nothing to save: no `failed` (its exit code with the notice file says nothing either), no
+    `started`; the machine's preemption event replaces it."""
+    from respawn_trainer import Run
+    from respawn_trainer.run import NoticedBeforeStart
+    from trainer.sleeper import MarkerCheckpoints
+
+    sink = tmp_path / "entries.jsonl"
+    env = env_of(
+        tmp_path,
+        RESPAWN_LOG_SINK=str(sink),
+        RESPAWN_TAKEOVER=str(tmp_path / "attempt-1"),
+        RESPAWN_START_AFTER=str(time.time() + 30),
+    )
+    run = Run(10, checkpointer=MarkerCheckpoints(str(tmp_path / "ckpt")), env=env, use_jax=False)
+    threading.Timer(0.3, lambda: run.watch.notice("SIGTERM")).start()
+    with pytest.raises(NoticedBeforeStart) as stopped, run:
+        run.restore({"step": 0})
+    assert stopped.value.code == 143
+    assert Path(str(tmp_path / "attempt-1") + READY).exists()
+    assert not sink.exists() or entries(sink) == []

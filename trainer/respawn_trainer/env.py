@@ -48,6 +48,7 @@ class RunEnv:
     handover: str | None  # RESPAWN_HANDOVER: this attempt's objects for a head start's successor (handover.py)
     takeover: str | None  # RESPAWN_TAKEOVER: the noticed attempt's objects this one takes over from
     start_after: float  # RESPAWN_START_AFTER: epoch s, when the noticed machine is off in any case
+    time_scale: float  # test knob: the local cloud replays real timings this much faster (the handover's bound too)
 
     @property
     def hosts(self) -> int:
@@ -162,6 +163,7 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "RESPAWN_HANDOVER": (_prefix, "gs://BUCKET/PREFIX or an absolute path"),
     "RESPAWN_TAKEOVER": (_prefix, "gs://BUCKET/PREFIX or an absolute path"),
     "RESPAWN_START_AFTER": (parse_float(0.0, 1e11), "epoch seconds"),
+    "RESPAWN_TEST_TIME_SCALE": (parse_float(0.0, 1.0, lo_open=True), "a fraction in (0, 1]"),
 }
 
 
@@ -208,6 +210,7 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         handover=e.get("RESPAWN_HANDOVER"),
         takeover=e.get("RESPAWN_TAKEOVER"),
         start_after=e.get("RESPAWN_START_AFTER", 0.0),
+        time_scale=e.get("RESPAWN_TEST_TIME_SCALE", 1.0),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])

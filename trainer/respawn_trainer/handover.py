@@ -133,7 +133,7 @@ class Handover:
 
     def __init__(self, env: RunEnv, objects: Objects) -> None:
         assert env.handover
-        self.prefix, self.grace_s, self.notice_file = env.handover, env.grace_s, env.notice_file
+        self.prefix, self.grace_s, self.notice_file = env.handover, env.grace_s * env.time_scale, env.notice_file
         self.objects, self.longest_save_s = objects, 0.0
         self._thread: threading.Thread | None = None
 
@@ -174,5 +174,12 @@ def take_over(env: RunEnv, objects: Objects, watch: Notice, primary: bool) -> tu
         say(objects, env.takeover + READY, {"job_id": env.job_id, "attempt": env.attempt})
     outcome = wait_for(objects, env.takeover + EXITED, env.start_after, lambda: watch.noticed)
     waited = time.monotonic() - began
-    log.info("took over from %s after %.2fs (%s)", env.takeover, waited, outcome)
+    log.info("%.2fs waiting for %s: %s", waited, env.takeover + EXITED, _OUTCOMES[outcome])
     return outcome, waited
+
+
+_OUTCOMES = {
+    "found": "its final save is done; restoring it",
+    "timeout": "not written by RESPAWN_START_AFTER, when that machine is off; restoring the newest save",
+    "stopped": "this machine got the notice meanwhile; exiting without a save",
+}
