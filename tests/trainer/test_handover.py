@@ -70,6 +70,14 @@ def test_a_replay_of_real_timings_shrinks_the_bound_alike(tmp_path: Path) -> Non
     assert Handover(env, Objects()).train_on_s() == pytest.approx(4 / 60)
 
 
+def test_a_local_cloud_whose_machines_are_off_before_the_grace_ends_bounds_it_by_its_window(tmp_path: Path) -> None:
+    notice = tmp_path / "notice"
+    notice.write_text("preempted\n")
+    extra = {"RESPAWN_HANDOVER": str(tmp_path / "h"), "RESPAWN_NOTICE_FILE": str(notice), "RESPAWN_GRACE_S": "25"}
+    assert Handover(load_env(env_of(tmp_path, **extra, RESPAWN_TEST_WINDOW_S="5")), Objects()).train_on_s() == 2.5
+    assert Handover(load_env(env_of(tmp_path, **extra, RESPAWN_TEST_WINDOW_S="30")), Objects()).train_on_s() == 12.5
+
+
 def test_the_noticed_trainer_stops_training_as_its_successor_says_it_is_ready(tmp_path: Path) -> None:
     notice = tmp_path / "notice"
     notice.write_text("preempted\n")

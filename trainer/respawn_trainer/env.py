@@ -49,6 +49,7 @@ class RunEnv:
     takeover: str | None  # RESPAWN_TAKEOVER: the noticed attempt's objects this one takes over from
     start_after: float  # RESPAWN_START_AFTER: epoch s, when the noticed machine is off in any case
     time_scale: float  # test knob: the local cloud replays real timings this much faster (the handover's bound too)
+    window_s: float | None  # test knob: the local cloud's notice window (its --grace), where shorter than the grace
 
     @property
     def hosts(self) -> int:
@@ -164,6 +165,7 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "RESPAWN_TAKEOVER": (_prefix, "gs://BUCKET/PREFIX or an absolute path"),
     "RESPAWN_START_AFTER": (parse_float(0.0, 1e11), "epoch seconds"),
     "RESPAWN_TEST_TIME_SCALE": (parse_float(0.0, 1.0, lo_open=True), "a fraction in (0, 1]"),
+    "RESPAWN_TEST_WINDOW_S": (parse_float(0.0, 3600.0, lo_open=True), "seconds in (0, 3600]"),
 }
 
 
@@ -211,6 +213,7 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         takeover=e.get("RESPAWN_TAKEOVER"),
         start_after=e.get("RESPAWN_START_AFTER", 0.0),
         time_scale=e.get("RESPAWN_TEST_TIME_SCALE", 1.0),
+        window_s=e.get("RESPAWN_TEST_WINDOW_S"),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])

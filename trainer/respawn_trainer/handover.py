@@ -133,7 +133,8 @@ class Handover:
 
     def __init__(self, env: RunEnv, objects: Objects) -> None:
         assert env.handover
-        self.prefix, self.grace_s, self.notice_file = env.handover, env.grace_s * env.time_scale, env.notice_file
+        window = min(env.grace_s, env.window_s or env.grace_s)  # a local cloud's VM may be off before the grace ends
+        self.prefix, self.grace_s, self.notice_file = env.handover, window * env.time_scale, env.notice_file
         self.objects, self.longest_save_s = objects, 0.0
         self._thread: threading.Thread | None = None
 

@@ -213,10 +213,11 @@ class Nodes:
         `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}, what the local Secret Manager has;
         `timings`: how long each machine takes from READY to its trainer's first step; `time_scale`: local seconds
         per real second, for a Spot VM's metadata notice before its soft off (scheduling.preemptionNoticeDuration)."""
-        # A replay of real timings at time_scale: a noticed trainer's handover (trains on for part of its real grace)
-        # shrinks alike, as the machine's steps do
+        # A noticed trainer's handover trains on for part of its grace: within this cloud's notice window, which
+        # may be shorter (`grace_s`), and in a replay of real timings at time_scale shrunk alike, as the machine's
+        # steps are
         scaled = {"RESPAWN_TEST_TIME_SCALE": f"{time_scale:g}"} if time_scale != 1.0 else {}
-        image_env = {**base_env, "PYTHONUNBUFFERED": "1", **scaled}
+        image_env = {**base_env, "PYTHONUNBUFFERED": "1", "RESPAWN_TEST_WINDOW_S": f"{grace_s:g}", **scaled}
         self.image = Image(image_env, list(entrypoint) if entrypoint else TRAINER)
         compile_bytecode()  # the image's bytecode, as its build writes it
         self.timings = timings or MachineTimings()
