@@ -51,6 +51,8 @@ class Config:
     log_every: int
     step_time: float
     distributed: str  # auto | on | off
+    data: str  # "" = the generated corpus; else ArrayRecord shards (trainer/dataset.py)
+    data_cache: str  # where shards on gs:// are copied
 
     @property
     def size(self) -> ModelSize | None:
@@ -64,6 +66,14 @@ def _choice(*options: str) -> Callable[[str], str]:
         return text
 
     return parse
+
+
+def _data(text: str) -> str:
+    if text.startswith("gs://") and not text.removeprefix("gs://").split("/", 1)[0]:
+        raise ValueError(f"{text!r} names no bucket")
+    if not text:
+        raise ValueError("is empty")
+    return text
 
 
 def _every(text: str) -> int | None:
@@ -83,6 +93,8 @@ FLAGS: dict[str, tuple[Callable[[str], Any], Any, str, str]] = {
     "log-every": (parse_int(1, 10**9), 10, "an integer >= 1", "progress line to stderr every N steps"),
     "step-time": (parse_float(0.0, 3600.0), 0.1, "seconds 0..3600", "seconds per step with --model=none"),
     "distributed": (_choice("auto", "on", "off"), "auto", "auto | on | off", "jax.distributed.initialize()"),
+    "data": (_data, "", "gs://BUCKET/PREFIX or a directory", "ArrayRecord shards to train on (default: generated)"),
+    "data-cache": (_data, "~/.cache/respawn/data", "a directory", "where shards on gs:// are copied first"),
 }
 
 
@@ -126,6 +138,8 @@ def load_config(argv: Sequence[str]) -> Config:
         log_every=flags["log-every"],
         step_time=flags["step-time"],
         distributed=flags["distributed"],
+        data=flags["data"],
+        data_cache=flags["data-cache"],
     )
 
 
@@ -135,7 +149,7 @@ def _flag_names() -> str:
 
 def help_text() -> str:
     lines = ["usage: python -m trainer [--FLAG=VALUE ...]", "", "flags:"]
-    shown = {"checkpoint-every": "auto", "batch-size": "per model", "seq-len": "per model"}
+    shown = {"checkpoint-every": "auto", "batch-size": "per model", "seq-len": "per model", "data": "generated"}
     lines += [f"  --{n:<17} {h} ({a}; default {shown.get(n, d)})" for n, (_, d, a, h) in FLAGS.items()]
     lines += ["", "environment:", *env_help()]
     return "\n".join(lines)

@@ -63,10 +63,14 @@ class LanguageModel:
         host = model.init_params(self.cfg.seed, self.size, self.cfg.seq_len)
         return self._init(jax.tree.map(sharding.global_array, host, self.param_shardings))
 
-    def step(self, state: Any, step: int) -> Any:
-        """Train step `step` (1-based) on its batch, a pure function of (seed, step)."""
-        host = data.batch(self.cfg.seed, step, self.cfg.batch_size, self.cfg.seq_len)
-        return self._step(state, sharding.global_batch(host, self.sharded))
+    def step(self, state: Any, step: int, local: Any = None) -> Any:
+        """Train step `step` (1-based) on its batch: of the generated corpus, a pure function of (seed, step), or
+        `local`, this process's rows of the global batch (tokens [batch / processes, seq_len + 1]) from --data."""
+        if local is None:
+            host = data.batch(self.cfg.seed, step, self.cfg.batch_size, self.cfg.seq_len)
+            return self._step(state, sharding.global_batch(host, self.sharded))
+        shape = (self.cfg.batch_size, self.cfg.seq_len + 1)
+        return self._step(state, jax.make_array_from_process_local_data(self.sharded, local, shape))
 
 
 def program_key(cfg: Config) -> str:
@@ -75,5 +79,5 @@ def program_key(cfg: Config) -> str:
     digest = hashlib.sha256(optax.__version__.encode())
     for name in ("engine.py", "model.py", "step.py", "sharding.py"):
         digest.update(Path(__file__).with_name(name).read_bytes())
-    flags = (cfg.model, cfg.seed, cfg.batch_size, cfg.seq_len, cfg.learning_rate, cfg.steps)
+    flags = (cfg.model, cfg.seed, cfg.batch_size, cfg.seq_len, cfg.learning_rate, cfg.steps)  # not --data: same program
     return f"train_step:{flags}:{digest.hexdigest()}"

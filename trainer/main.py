@@ -37,6 +37,8 @@ def train(cfg: Config, run: Run) -> None:
 
         model = LanguageModel(cfg)
         step_fn = model.step
+        if cfg.data:
+            return train_on_dataset(cfg, run, model)
         state, step = run.restore(model.fresh, template=model.abstract)
         if int(state["step"]) != step:
             raise RuntimeError(f"checkpoint step {step} holds state of step {int(state['step'])}")
@@ -48,6 +50,36 @@ def train(cfg: Config, run: Run) -> None:
             window = _log_progress(cfg, step, state, window)
         run.step_done(step, state, loss=state.get("loss"))
     run.finish(step, state, params=state["params"] if cfg.model != "none" else None)
+
+
+def train_on_dataset(cfg: Config, run: Run, model: Any) -> None:
+    """The same loop on --data: the Grain iterator's state is saved and restored with the train state, and the
+    final entry says which stream positions this attempt trained (`examples`: from, to), so that a run's examples
+    can be counted across its attempts."""
+    import jax
+
+    from trainer import dataset
+
+    where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
+    paths = dataset.shard_paths(cfg.data, cfg.data_cache)
+    batches = dataset.iterator(paths, seed=cfg.seed, global_batch=cfg.batch_size, seq_len=cfg.seq_len, **where)
+    state, step = run.restore(model.fresh, template=model.abstract, data=batches)
+    assert run.data is not None
+    span: list[int] = []  # the positions trained: [first, end)
+    window = (time.monotonic(), step)
+    while run.keep_going(step):
+        batch = next(run.data)
+        first, end = dataset.global_span(batch, **where)
+        if span and first != span[1]:
+            raise RuntimeError(f"the data iterator jumped from position {span[1]} to {first} at step {step + 1}")
+        span = [span[0] if span else first, end]
+        state = model.step(state, step + 1, batch.tokens)
+        step += 1
+        if step % cfg.log_every == 0:
+            window = _log_progress(cfg, step, state, window)
+        run.step_done(step, state, loss=state.get("loss"))
+    examples = {"from": span[0], "to": span[1]} if span else None
+    run.finish(step, state, params=state["params"], examples=examples)
 
 
 def _log_progress(cfg: Config, step: int, state: Any, window: tuple[float, int]) -> tuple[float, int]:

@@ -8,6 +8,7 @@ is filled in from the record's times. Categories, in seconds of the job's wall t
   startup_s     the trainer's process start to its first step: imports, initialisation, compilation
   restore_s     reading the checkpoint
   checkpoint_s  training blocked by saves
+  input_s       training waiting for its data iterator (a trainer that times it: respawn_trainer's `Run.data`)
   wasted_s      steps trained after the last save of an attempt that failed (the trainer's own count)
   lost_s        an attempt that ended without its trainer's split (killed before it could report: a save cut
                 short by the hard stop, a host error, a machine that vanished): from its last checkpoint entry
@@ -30,8 +31,18 @@ from typing import Any
 from respawn.model import Attempt, EndReason, Job
 from respawn.prices import LIST_SOURCE, cost, machine_price, rate_per_h
 
-TRAINER_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "wasted_s", "total_s")
-CATEGORIES = ("productive_s", "startup_s", "restore_s", "checkpoint_s", "wasted_s", "lost_s", "waiting_s", "idle_s")
+TRAINER_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "input_s", "wasted_s", "total_s")
+CATEGORIES = (
+    "productive_s",
+    "startup_s",
+    "restore_s",
+    "checkpoint_s",
+    "input_s",
+    "wasted_s",
+    "lost_s",
+    "waiting_s",
+    "idle_s",
+)
 MAX_SECONDS = 1e8  # about three years: anything larger is not a duration a trainer measured
 
 

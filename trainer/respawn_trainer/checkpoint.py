@@ -6,11 +6,17 @@ crash at any moment leaves either a complete step or none. Steps beyond the newe
 in the background too, off the save's path; a deletion cut short leaves an old step that the next
 attempt removes (at start when its commit marker is gone, else at a save beyond `keep`).
 `restore_newest` walks back from the newest step when one cannot be read.
+
+A data iterator followed by `follow(data)` (get_state()/set_state(): a Grain iterator, say) is saved in the same
+step as the state, one file per process (`data/process_<i>-of-<n>.json`, Grain's own layout), so the step commits
+both or neither; its state is read at the save call, and set back on the iterator by the restore of that step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import sys
 import time
@@ -56,6 +62,14 @@ class Checkpoints:
         self._manager: Any = None
         self._pending: tuple[int, float, float] | None = None  # step, started, blocking_s
         self._finished: list[SaveDone] = []  # durable, not yet reported
+        self.data: Any = None  # the iterator whose state each step holds beside the state (follow())
+
+    def follow(self, data: Any) -> None:
+        """Save `data.get_state()` with every step from now on, and restore it with the state."""
+        for method in ("get_state", "set_state"):
+            if not callable(getattr(data, method, None)):
+                raise TypeError(f"data: {type(data).__name__} has no {method}(); a Grain DatasetIterator has both")
+        self.data = data
 
     @property
     def manager(self) -> Any:
@@ -91,7 +105,7 @@ class Checkpoints:
         for step in sorted(self.manager.all_steps(), reverse=True):
             error: str | None = None
             try:
-                state = self.manager.restore(step, args=_orbax().args.StandardRestore(abstract_state))
+                state = self._restore(step, abstract_state)
             except Exception as e:  # any reason a step cannot be read: fall back to the previous one
                 error = _error_line(e)
                 log.warning("checkpoint step %d cannot be read (%s); trying the previous one", step, error)
@@ -112,10 +126,22 @@ class Checkpoints:
         """Start an async save; returns the seconds training was blocked (waiting for a previous save included)."""
         started = time.monotonic()
         self._collect()
-        self.manager.save(step, args=_orbax().args.StandardSave(state), force=True)
+        ocp = _orbax()
+        args = ocp.args.StandardSave(state)
+        if self.data is not None:
+            args = ocp.args.Composite(state=args, data=_iterator_args()[0](self.data.get_state()))
+        self.manager.save(step, args=args, force=True)
         blocking = time.monotonic() - started
         self._pending = (step, started, blocking)
         return blocking
+
+    def _restore(self, step: int, abstract_state: Any) -> Any:
+        ocp = _orbax()
+        if self.data is None:
+            return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        restore = _iterator_args()[1]
+        both = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=restore(self.data))
+        return self.manager.restore(step, args=both)["state"]
 
     def poll(self) -> list[SaveDone]:
         """Saves that have become durable since the last call (non-blocking)."""
@@ -140,6 +166,46 @@ class Checkpoints:
     def close(self) -> None:
         if self._manager is not None:
             self._manager.close()
+
+
+@functools.cache
+def _iterator_args() -> tuple[Any, Any]:
+    """Orbax's save and restore arguments of a data iterator's state, registered with their handler at first use."""
+    ocp = _orbax()
+
+    class IteratorStateHandler(ocp.CheckpointHandler):  # type: ignore[misc,name-defined]
+        """Each process writes its iterator's state in the step (JSON; a bytes state as its text), and reads its own
+        back into the iterator: a process count other than the saved one finds no file, so that step is unreadable."""
+
+        def save(self, directory: Any, args: Any) -> None:
+            state = args.state.decode() if isinstance(args.state, bytes) else json.dumps(args.state)
+            (directory / _process_file()).write_text(state)
+
+        def restore(self, directory: Any, args: Any) -> Any:
+            path = directory / _process_file()
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: no data iterator state for this process")
+            text = path.read_text()
+            args.iterator.set_state(text.encode() if isinstance(args.iterator.get_state(), bytes) else json.loads(text))
+            return args.iterator
+
+    @ocp.args.register_with_handler(IteratorStateHandler, for_save=True)
+    @dataclasses.dataclass
+    class IteratorSave(ocp.args.CheckpointArgs):  # type: ignore[misc,name-defined]
+        state: Any
+
+    @ocp.args.register_with_handler(IteratorStateHandler, for_restore=True)
+    @dataclasses.dataclass
+    class IteratorRestore(ocp.args.CheckpointArgs):  # type: ignore[misc,name-defined]
+        iterator: Any
+
+    return IteratorSave, IteratorRestore
+
+
+def _process_file() -> str:
+    import jax
+
+    return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
 
 def abstract(state: Any) -> Any:

@@ -2,7 +2,8 @@
 
 startup (process start to the first step ready: imports, init, compile), restore (reading the checkpoint),
 productive (steps whose results are kept by a checkpoint or by completion), checkpoint (time training was
-blocked by saves), wasted (steps computed after the last save when the attempt fails). total is wall time.
+blocked by saves), input (the loop waiting for its data iterator, through `Run.data`), wasted (steps computed after
+the last save when the attempt fails). total is wall time.
 """
 
 from __future__ import annotations
@@ -31,9 +32,17 @@ class Goodput:
     checkpoint_s: float = 0.0
     kept_steps_s: float = 0.0
     unsaved_steps_s: float = 0.0
+    input_s: float = 0.0
+    _input_since_step: float = 0.0
+
+    def waited_for_input(self, seconds: float) -> None:
+        self.input_s += seconds
+        self._input_since_step += seconds
 
     def steps(self, seconds: float) -> None:
-        self.unsaved_steps_s += seconds
+        """A step's wall time; the part of it spent waiting for input is input_s, not training."""
+        self.unsaved_steps_s += max(0.0, seconds - self._input_since_step)
+        self._input_since_step = 0.0
 
     def saved(self, blocking_s: float) -> None:
         """A save of everything trained so far has started: those steps are kept."""
@@ -49,6 +58,7 @@ class Goodput:
             "restore_s": round(self.restore_s, 3),
             "productive_s": round(productive, 3),
             "checkpoint_s": round(self.checkpoint_s, 3),
+            "input_s": round(self.input_s, 3),
             "wasted_s": round(self.unsaved_steps_s if lost else 0.0, 3),
             "total_s": round((now if now is not None else time.monotonic()) - self.started, 3),
         }

@@ -3,7 +3,7 @@
     with Run(steps=STEPS) as run:                 # the notice watch, JAX setup, the compilation cache
         state, step = run.restore(init_state)     # the newest checkpoint, else init_state()
         while run.keep_going(step):               # False at STEPS, or once any host got the notice
-            state = train_step(state, step)
+            state = train_step(state, step)       # (or with data=iterator in restore: next(run.data))
             step += 1
             run.step_done(step, state)            # saves on schedule (Young/Daly); `progress` entries
         run.finish(step, state)                   # the last save; `completed` or `stopped`
@@ -83,6 +83,7 @@ class Run:
             raise
         self.checkpoints = checkpointer
         self._closed, self._loss = False, None
+        self.data: TimedIterator | None = None
         self._first_save_at = 0.0
         self.schedule = SaveSchedule(save_policy(checkpoint_every, self.env.mtbi_s), final_step=steps)
         self._ready_at = time.monotonic()
@@ -93,11 +94,14 @@ class Run:
 
     # -- the loop's calls ---------------------------------------------------------------------------------------
 
-    def restore(self, init: Any, template: Any = None) -> tuple[Any, int]:
+    def restore(self, init: Any, template: Any = None, data: Any = None) -> tuple[Any, int]:
         """(state, step): the newest readable checkpoint, else the fresh state at step 0.
 
         init: the fresh state, or a function returning it (called only when there is no checkpoint).
         template: the restore target (shapes, dtypes, shardings); by default that of `init`.
+        data: a data iterator with get_state()/set_state() (a Grain DatasetIterator, say), fresh: every save holds
+        its state (each process its own), and the restore sets it back to the restored step's. `run.data` is it,
+        timed: `next(run.data)` counts its wait as `input_s`, not as training.
 
         On a head start's machine (RESPAWN_TAKEOVER) it first waits for the noticed machine's final save; a notice of
         its own meanwhile ends the process (exit 143, nothing to save)."""
@@ -111,6 +115,12 @@ class Run:
             if outcome == "stopped":
                 raise NoticedBeforeStart(143)
         began = time.monotonic()
+        if data is not None:
+            follow = getattr(self.checkpoints, "follow", None)
+            if follow is None:
+                raise TypeError(f"data: {type(self.checkpoints).__name__} cannot save a data iterator's state")
+            follow(data)
+            self.data = TimedIterator(data, self.goodput)
         if template is None:
             template = _template(init)
         restored = self.checkpoints.restore_newest(template, self._agree_after_restore)
@@ -165,9 +175,10 @@ class Run:
         self._report(self.checkpoints.poll())
         self._last_step_at = time.monotonic()
 
-    def finish(self, step: int, state: Any, params: Any = None) -> str:
+    def finish(self, step: int, state: Any, params: Any = None, **fields: Any) -> str:
         """The last save, then `completed` (step >= steps, with `params_sha256` of `params`, by default of the
-        whole state) or `stopped` (the notice). Returns the event sent."""
+        whole state) or `stopped` (the notice), each with `fields` of the caller's own (JSON values) added.
+        Returns the event sent."""
         self.step = step
         if step < self.steps:
             leave_notice(self.env.notice_file)
@@ -178,12 +189,12 @@ class Run:
             digest = state_sha256(state if params is None else params)
             loss = _finite(state.get("loss") if isinstance(state, dict) and "loss" in state else self._loss)
             self.lifecycle.emit(
-                "completed", step, final_loss=loss, params_sha256=digest, goodput=self.goodput.summary()
+                "completed", step, final_loss=loss, params_sha256=digest, goodput=self.goodput.summary(), **fields
             )
             log.info("completed step %d: loss %.4f params_sha256 %s", step, loss or 0.0, digest)
             event = "completed"
         else:
-            self.lifecycle.emit("stopped", step, reason="preempted", goodput=self.goodput.summary())
+            self.lifecycle.emit("stopped", step, reason="preempted", goodput=self.goodput.summary(), **fields)
             took = time.monotonic() - (self.watch.noticed_at or time.monotonic())
             level = logging.INFO if took <= self.env.grace_s else logging.WARNING
             log.log(
@@ -281,6 +292,29 @@ class Run:
         hang (a step only some hosts can read: a lost shard, or a transient read error)."""
         runtime.barrier("restored", RESTORE_FAILED_WAIT_S if failed else runtime.BARRIER_TIMEOUT_S)
         return runtime.agree_any(failed)
+
+
+class TimedIterator:
+    """The loop's data iterator, each next() timed as the goodput's input_s; get_state/set_state pass through."""
+
+    def __init__(self, iterator: Any, goodput: Goodput) -> None:
+        self.iterator, self._goodput = iterator, goodput
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        began = time.monotonic()
+        try:
+            return next(self.iterator)
+        finally:
+            self._goodput.waited_for_input(time.monotonic() - began)
+
+    def get_state(self) -> Any:
+        return self.iterator.get_state()
+
+    def set_state(self, state: Any) -> None:
+        self.iterator.set_state(state)
 
 
 class NoticedBeforeStart(SystemExit):
