@@ -51,3 +51,12 @@ def test_the_pinned_jax_is_the_one_the_project_installs_and_tests() -> None:
 def test_version_reads_release_numbers_only() -> None:
     assert version("0.10.2") == (0, 10, 2) > (0, 9, 9) and version("0.10.2rc1") == (0, 10, 2)
     assert version("0.4.35") < MIG_FIX
+
+
+def test_every_pin_of_the_image_is_the_version_the_tests_run() -> None:
+    """The image installs trainer/requirements.txt: each pin (Grain and ArrayRecord for --data among them) is the
+    version installed here, so the image runs what the trainer's tests ran."""
+    text = (REPO / "trainer" / "requirements.txt").read_text(encoding="utf-8")
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==(\S+)", text, re.M))
+    assert {"grain", "array-record", "orbax-checkpoint"} <= set(pins)
+    assert {name: metadata.version(name) for name in pins} == pins
