@@ -8,6 +8,7 @@ be the uninterrupted run's.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def assert_each_example_once(sink: Path, steps: int) -> None:
     got = spans(sink)
     assert len(got) >= 2, got
     assert got[0][0] == 0 and got[-1][1] == steps * BATCH, got
-    assert all(a[1] == b[0] for a, b in zip(got, got[1:], strict=False)), f"a gap or an overlap: {got}"
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(got)), f"a gap or an overlap: {got}"
 
 
 def test_prepare_writes_the_text_as_sequences_in_order(tmp_path: Path) -> None:
@@ -81,7 +82,7 @@ def test_prepare_writes_the_text_as_sequences_in_order(tmp_path: Path) -> None:
     done = prepare(text, str(tmp_path / "shards"), "--seq-len=15", "--shards=4")
     assert done.returncode == 0, done.stderr
     paths = sorted(str(p) for p in (tmp_path / "shards").iterdir())
-    assert [Path(p).name for p in paths][0] == "shard-00000-of-00004.array_record" and len(paths) == 4
+    assert next(Path(p).name for p in paths) == "shard-00000-of-00004.array_record" and len(paths) == 4
     records = list(grain.sources.ArrayRecordDataSource(paths))
     assert len(records) == 10_000 // 16 and all(len(r) == 16 for r in records)
     assert b"".join(records) == text[: len(records) * 16]

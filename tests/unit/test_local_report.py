@@ -28,3 +28,23 @@ def test_the_trainers_own_result_fills_in_a_record_its_startup_script_ended_firs
     assert report["params_sha256"] == SHA and report["exact"] is True
     alone = build(events=[*events[:2], events[3]], job=job, reference_sha=SHA, **kw)  # the trainer sent none
     assert alone["params_sha256"] is None and not alone["exact"]
+
+
+def test_examples_are_counted_over_the_attempts_spans_of_the_data_stream() -> None:
+    """Each attempt trains positions [from, to) of its data stream: spans that tile 0..end are each example once; a
+    span that starts before the previous one ended repeats examples, one that starts after it skipped some."""
+    from respawn.local.report import example_counts
+
+    def ended(attempt: int, event: str, first: int, end: int) -> dict[str, Any]:
+        return entry(float(attempt), attempt, event=event, examples={"from": first, "to": end})
+
+    tiled = [ended(1, "stopped", 0, 136), ended(2, "stopped", 136, 328), ended(3, "completed", 328, 480)]
+    assert example_counts([*tiled, tiled[1]]) == {"trained": 480, "once": 480, "repeated": 0, "skipped": 0}
+    overlap = [ended(1, "stopped", 0, 136), ended(2, "completed", 128, 480)]
+    assert example_counts(overlap) == {"trained": 488, "once": 472, "repeated": 8, "skipped": 0}
+    gap = [ended(1, "stopped", 0, 136), ended(2, "completed", 144, 480)]
+    assert example_counts(gap) == {"trained": 472, "once": 472, "repeated": 0, "skipped": 8}
+    assert example_counts([entry(1.0, 1, event="completed", step=3)]) is None  # a trainer without a dataset
+    kw: dict[str, Any] = dict(machines_left=0, leftover_processes=0, price=None, timed_out=False)
+    report = build(events=[{"t": 0.0, "kind": "submitted"}, *tiled], job=None, reference_sha=None, **kw)
+    assert report["examples"]["once"] == 480

@@ -38,12 +38,17 @@ Definitions:
   max_live_machines  the most machines live (CREATING/READY) at once: a slice counts once, whatever its hosts
   machines_left   every object of the attempts the local APIs still hold at the end (nodes, queued resources,
                   instances, managed instance groups, instance templates, workload policies, resize requests): 0
+  examples        a trainer reading a dataset (`examples` {from, to} in its stopped/completed entries: the positions
+                  of its data stream it trained): `trained` (the spans' total), `once`, `repeated` (positions
+                  trained by more than one attempt) and `skipped` (positions before the last one no attempt
+                  trained); null when no trainer says
   exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
                   reference hash, `exact_reason` saying why (no reference run, it failed, the program sends no hash)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -400,10 +405,30 @@ def build(
         "reference_sha256": reference_sha,
         "exact": None if reference_sha is None else bool(sha) and sha == reference_sha,
         "exact_reason": reference_note if reference_sha is None else None,
+        "examples": example_counts(events),
         "max_live_machines": max_live_machines(events),
         "machines_left": machines_left,
         "processes_left": leftover_processes,
     }
+
+
+def example_counts(events: list[dict[str, Any]]) -> dict[str, int] | None:
+    """How often each position of the data stream was trained, over the attempts' `examples` spans (a duplicated
+    delivery of an entry counted once)."""
+    spans = set()
+    for e in events:
+        payload = e["payload"] if e["kind"] == "entry" else {}
+        span = payload.get("examples") if payload.get("event") in ("stopped", "completed") else None
+        if isinstance(span, dict) and isinstance(span.get("from"), int) and isinstance(span.get("to"), int):
+            spans.add((payload.get("attempt"), span["from"], span["to"]))
+    if not spans:
+        return None
+    edges = sorted({0, *(a for _, a, _ in spans), *(b for _, _, b in spans)})
+    counts = {"trained": sum(b - a for _, a, b in spans), "once": 0, "repeated": 0, "skipped": 0}
+    for lo, hi in itertools.pairwise(edges):
+        times = sum(1 for _, a, b in spans if a <= lo and hi <= b)
+        counts["skipped" if times == 0 else "once" if times == 1 else "repeated"] += hi - lo
+    return counts
 
 
 def _seconds(v: float | None) -> str:
@@ -438,8 +463,12 @@ def render(r: dict[str, Any]) -> str:
         "  time     "
         + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("productive_s", "startup_s", "restore_s"))
         + ", "
-        + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "wasted_s", "idle_s")),
+        + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "input_s", "wasted_s", "idle_s")),
     ]
+    if x := r.get("examples"):
+        lines.append(
+            f"  examples {x['trained']} trained: {x['once']} once, {x['repeated']} repeated, {x['skipped']} skipped"
+        )
     for a in r["zones"]:
         if a.get("placement"):
             lines.append(f"  placed   a{a['attempt']} {a['placement']}")
