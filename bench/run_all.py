@@ -32,6 +32,7 @@ class Target:
     unit: str
     peers: str = ""
     beside: tuple[str, str] | None = None  # (label, key): another figure of the same run, shown beside this one
+    beside_unit: str = "s"
 
     def met(self, value: float) -> bool:
         if self.op == "<":
@@ -95,6 +96,25 @@ TARGETS = [
         "fraction",
         beside=("realized MTBI", "mtbi_realized_s"),
     ),
+    Target(  # issue 35: reading a dataset through Grain costs no more than 5 % of steps/s
+        "Trainer steps/s reading ArrayRecord shards (Grain) / on the generated corpus",
+        "bench_data.py",
+        "data_steps_ratio",
+        ">=",
+        0.95,
+        "fraction",
+        beside=("on the dataset", "steps_per_s_data"),
+        beside_unit="steps/s",
+    ),
+    Target(
+        "Time restoring the data iterator adds to a checkpoint restore",
+        "bench_data.py",
+        "iterator_restore_added_s",
+        "<",
+        0.05,
+        "s",
+        beside=("restore without it", "restore_s"),
+    ),
     Target("Exact resumption over randomized kill schedules", "bench_exactness.py", "exact_pct", "==", 100, "%"),
     Target("Kill schedules tried for exactness", "bench_exactness.py", "schedules", ">=", 20, "schedules"),
 ]
@@ -155,7 +175,7 @@ def main() -> int:
             misses += not ok
             verdict, shown = ("pass" if ok else "MISS"), f"{value:g}"
         other = figures.get(t.beside[1]) if t.beside else None
-        note = f" ({t.beside[0]} {other:g} s)" if t.beside and other is not None else ""
+        note = f" ({t.beside[0]} {other:g} {t.beside_unit})" if t.beside and other is not None else ""
         measured = f"{shown} {t.unit}{note}"
         rows.append(f"| {t.what} | `{t.script}` `{t.key}` | {measured} | {t.op} {t.bound:g} | {verdict} | {t.peers} |")
 

@@ -192,3 +192,32 @@ def test_a_4_host_slice_preempted_twice_on_gcs_shards_ends_exact_and_trains_each
     assert_no_step_redone_after_stops(sink)
     assert_each_example_once(sink, SLICE_STEPS)
     assert all(entries(worker_sink(sink, w)) == [] for w in range(1, HOSTS))
+
+
+def test_a_users_grain_loop_resumes_exactly_through_a_preemption(tmp_path: Path, compile_cache: Path) -> None:
+    """examples/byo/train_grain.py: SIGTERM after step 100; the restart restores the iterator with the state and
+    ends with the uninterrupted run's hash (the iterator restarted from its first batch would not)."""
+    script = [sys.executable, "examples/byo/train_grain.py", "--steps", "300"]
+
+    def launch(name: str) -> subprocess.Popen[str]:
+        env = trainer_env(str(tmp_path / name), tmp_path / f"{name}.jsonl", compile_cache)
+        return subprocess.Popen(script, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    reference = launch("reference")
+    assert reference.wait(timeout=300) == 0, reference.stderr.read() if reference.stderr else ""
+    expected = last(tmp_path / "reference.jsonl", "completed")["params_sha256"]
+
+    first = launch("run")
+    assert first.stdout is not None
+    for line in first.stdout:
+        if line.startswith("step 100 "):
+            first.send_signal(signal.SIGTERM)
+            break
+    assert first.wait(timeout=60) == 0
+    sink = tmp_path / "run.jsonl"
+    stopped = last(sink, "stopped")
+    assert 100 <= stopped["step"] < 300 and (tmp_path / "run" / str(stopped["step"]) / "data").is_dir()
+    again = launch("run")
+    assert again.wait(timeout=300) == 0, again.stderr.read() if again.stderr else ""
+    assert last(sink, "started")["restored_step"] == stopped["step"]
+    assert last(sink, "completed")["params_sha256"] == expected

@@ -89,11 +89,66 @@ def test_goodput_moves_unsaved_steps_to_wasted_only_when_lost() -> None:
         "restore_s": 1.0,
         "productive_s": 7.0,
         "checkpoint_s": 0.5,
+        "input_s": 0.0,
         "wasted_s": 0.0,
         "total_s": 12.0,
     }
     lost = goodput.summary(lost=True, now=12.0)
     assert (lost["productive_s"], lost["wasted_s"]) == (5.0, 2.0)
+
+
+def test_the_wait_for_input_is_input_not_training() -> None:
+    goodput = Goodput(started=0.0)
+    goodput.waited_for_input(0.25)
+    goodput.steps(1.0)  # the step's wall time, its wait for the batch included
+    goodput.steps(1.0)
+    split = goodput.summary(now=3.0)
+    assert (split["input_s"], split["productive_s"]) == (0.25, 1.75)
+
+
+class CountingIterator:
+    """Any iterator with get_state/set_state: a counter whose state is `state_type` (Grain's DataLoader gives
+    bytes, its DatasetIterator a dict)."""
+
+    def __init__(self, state_type: type) -> None:
+        self.n, self.state_type = 0, state_type
+
+    def __next__(self) -> int:
+        self.n += 1
+        return self.n
+
+    def get_state(self) -> object:
+        return json.dumps({"n": self.n}).encode() if self.state_type is bytes else {"n": self.n}
+
+    def set_state(self, state: object) -> None:
+        assert isinstance(state, self.state_type)
+        self.n = json.loads(state)["n"] if isinstance(state, bytes) else state["n"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("state_type", [dict, bytes])
+def test_a_data_iterators_state_is_saved_in_the_step_and_restored_with_it(tmp_path: Path, state_type: type) -> None:
+    from respawn_trainer.checkpoint import Checkpoints, abstract
+
+    import jax.numpy as jnp
+
+    state = {"w": jnp.arange(6, dtype=jnp.float32)}
+    saving, data = Checkpoints(str(tmp_path), 3), CountingIterator(state_type)
+    saving.follow(data)
+    for step in (1, 2):
+        next(data), next(data)
+        saving.save(step, state)
+        saving.wait()
+    next(data)  # read after the last save: not in it
+    assert json.loads((tmp_path / "2" / "data" / "process_0-of-1.json").read_text()) == {"n": 4}
+    saving.close()
+
+    restoring, fresh = Checkpoints(str(tmp_path), 3), CountingIterator(state_type)
+    restoring.follow(fresh)
+    restored = restoring.restore_newest(abstract(state))
+    assert restored is not None and restored[1] == 2 and fresh.n == 4
+    assert (np.asarray(restored[0]["w"]) == np.arange(6)).all()
+    with pytest.raises(TypeError, match="data: list has no get_state"):
+        restoring.follow([])
 
 
 def test_file_sink_appends_one_json_line_per_entry(tmp_path: Path) -> None:

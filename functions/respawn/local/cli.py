@@ -10,10 +10,12 @@ reference, or no params_sha256 to compare) and nothing was left behind,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -195,6 +197,13 @@ def parser() -> argparse.ArgumentParser:
         help="the value of the job's secret NAME; without =VALUE, from this environment's NAME; repeatable",
     )
     r.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
+    r.add_argument(
+        "--upload",
+        action="append",
+        default=[],
+        metavar="DIR=gs://BUCKET/PREFIX",
+        help="copy DIR's files to the local GCS before the job (and its reference run) starts: a dataset; repeatable",
+    )
     r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
     r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
     r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
@@ -327,7 +336,35 @@ def options(ns: argparse.Namespace) -> Any:
         timeout_s=parse_duration(ns.timeout, "--timeout"),
         workdir=Path(ns.workdir),
         entrypoint=parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None,
+        uploads=[parse_upload(text) for text in ns.upload],
     )
+
+
+def parse_upload(text: str) -> tuple[Path, str]:
+    directory, _, uri = text.partition("=")
+    if not Path(directory).is_dir() or not uri.startswith("gs://") or not uri[5:].split("/")[0]:
+        raise UsageError(f"--upload {text!r}: allowed DIR=gs://BUCKET/PREFIX with DIR an existing directory")
+    return Path(directory), uri
+
+
+@contextlib.contextmanager
+def uploaded(uploads: list[tuple[Path, str]]) -> Iterator[tuple[dict[str, str], str]]:
+    """For the reference run: the environment of a fake-gcs-server of its own holding the uploads (none without
+    them), and the folder its cached result goes in, named by the uploads' digest (other data, another result)."""
+    if not uploads:
+        yield {}, ""
+        return
+    from respawn.local.emulators import FakeGcs
+
+    digest = hashlib.sha256()
+    for directory, uri in uploads:
+        digest.update(uri.encode())
+        for path in sorted(p for p in directory.iterdir() if p.is_file()):
+            digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
+    with FakeGcs() as gcs:
+        for directory, uri in uploads:
+            gcs.upload(directory, uri)
+        yield gcs.env(), f"data-{digest.hexdigest()[:16]}"
 
 
 def load_message(path: str, overrides: Sequence[str], own_program: bool = False) -> dict[str, Any]:
@@ -390,15 +427,16 @@ def run(ns: argparse.Namespace) -> int:
                 "(computed once, then cached)"
             )
             try:
-                ref = reference_run(
-                    message.get("args") or [],
-                    message.get("env") or {},
-                    cache_dir=opts.workdir / "reference",
-                    base_env=local_trainer_env(opts.workdir),
-                    log_path=opts.workdir / "reference.log",
-                    machine_slice=machine_slice,
-                    entrypoint=opts.entrypoint,
-                )
+                with uploaded(opts.uploads) as (storage_env, data_key):
+                    ref = reference_run(
+                        message.get("args") or [],
+                        message.get("env") or {},
+                        cache_dir=opts.workdir / "reference" / data_key,
+                        base_env={**local_trainer_env(opts.workdir), **storage_env},
+                        log_path=opts.workdir / "reference.log",
+                        machine_slice=machine_slice,
+                        entrypoint=opts.entrypoint,
+                    )
             except ReferenceFailed as e:
                 note = str(e)
             else:

@@ -83,6 +83,7 @@ class Options:
     bus: str = "auto"  # auto (the emulator when it can run) | emulator | in-process
     entrypoint: list[str] | None = None  # run on every machine instead of `python -m trainer` (with the job's args)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)  # Secret Manager reference -> value
+    uploads: list[tuple[Path, str]] = field(default_factory=list)  # --upload: (directory, gs:// prefix), a dataset
 
 
 def checkpoint_buckets(messages: Iterable[dict[str, Any]]) -> list[str]:
@@ -213,6 +214,8 @@ class LocalCloud:
         self._stack.enter_context(patched_env({**gcs.env(), "GOOGLE_CLOUD_PROJECT": PROJECT}))
         for bucket in (STATE_BUCKET, *buckets):
             gcs.create_bucket(bucket)
+        for directory, uri in self.opts.uploads:
+            gcs.upload(directory, uri)
 
         server = self._cloud_api()
         emulator = self._emulator()
