@@ -214,7 +214,7 @@ class LocalCloud:
         self._stack.enter_context(patched_env({**gcs.env(), "GOOGLE_CLOUD_PROJECT": PROJECT}))
         for bucket in (STATE_BUCKET, *buckets):
             gcs.create_bucket(bucket)
-        for directory, uri in self.opts.uploads:
+        for directory, uri in self.options.uploads:
             gcs.upload(directory, uri)
 
         server = self._cloud_api()

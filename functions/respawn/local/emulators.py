@@ -183,16 +183,6 @@ class PubSubEmulator:
         wait_http(f"http://{self.host}/v1/projects/{self.project}/topics", timeout=timeout, proc=self.proc)
         return self
 
-    def upload(self, directory: Path, uri: str) -> None:
-        """Every file of `directory` to gs://BUCKET/PREFIX/NAME (the bucket created if missing): data a job reads."""
-        bucket, _, prefix = uri.removeprefix("gs://").partition("/")
-        self.create_bucket(bucket)
-        for path in sorted(p for p in directory.iterdir() if p.is_file()):
-            name = f"{prefix.rstrip('/')}/{path.name}".lstrip("/")
-            url = f"{self.url}/upload/storage/v1/b/{bucket}/o"
-            r = requests.post(url, params={"uploadType": "media", "name": name}, data=path.read_bytes(), timeout=60)
-            r.raise_for_status()
-
     def stop(self) -> None:
         if self.proc is not None:
             stop_group(self.proc)
