@@ -127,9 +127,9 @@ class CountingIterator:
 
 @pytest.mark.parametrize("state_type", [dict, bytes])
 def test_a_data_iterators_state_is_saved_in_the_step_and_restored_with_it(tmp_path: Path, state_type: type) -> None:
-    from respawn_trainer.checkpoint import Checkpoints, abstract
-
     import jax.numpy as jnp
+
+    from respawn_trainer.checkpoint import Checkpoints, abstract
 
     state = {"w": jnp.arange(6, dtype=jnp.float32)}
     saving, data = Checkpoints(str(tmp_path), 3), CountingIterator(state_type)
