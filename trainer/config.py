@@ -126,6 +126,8 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
 def load_config(argv: Sequence[str]) -> Config:
     flags = {name: spec[1] for name, spec in FLAGS.items()} | parse_flags(argv)
     size = SIZES.get(flags["model"])
+    if flags["data"] and size is None:
+        raise ConfigError("--data", "given with --model=none, which reads no data", "a model size with --data")
     return Config(
         steps=flags["steps"],
         seed=flags["seed"],

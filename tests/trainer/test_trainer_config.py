@@ -139,6 +139,7 @@ def test_jax_takes_its_cpu_collectives_from_the_environment_a_launcher_sets() ->
         (["--data=gs://"], {}, "--data"),
         (["--data=gs:///shards"], {}, "--data"),
         (["--data="], {}, "--data"),
+        (["--data=gs://b/corpus", "--model=none"], {}, "--data"),
         ([], {"RESPAWN_JOB_ID": "Bad_Id"}, "RESPAWN_JOB_ID"),
         ([], {"RESPAWN_ATTEMPT": "x"}, "RESPAWN_ATTEMPT"),
         ([], {"RESPAWN_CHECKPOINT_URI": "s3://bucket/x"}, "RESPAWN_CHECKPOINT_URI"),
