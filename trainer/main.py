@@ -70,14 +70,15 @@ def train_on_dataset(cfg: Config, run: Run, model: Any) -> None:
     while run.keep_going(step):
         batch = next(run.data)
         first, end = dataset.global_span(batch, **where)
-        if span and first != span[1]:
-            raise RuntimeError(f"the data iterator jumped from position {span[1]} to {first} at step {step + 1}")
+        expected = span[1] if span else step * cfg.batch_size  # the first after a restore: the restored step's end
+        if first != expected:
+            raise RuntimeError(f"step {step + 1} got data position {first}, expected {expected}")
         span = [span[0] if span else first, end]
         state = model.step(state, step + 1, batch.tokens)
         step += 1
         if step % cfg.log_every == 0:
             window = _log_progress(cfg, step, state, window)
-        run.step_done(step, state, loss=state.get("loss"))
+        run.step_done(step, state, loss=state.get("loss"), examples={"from": span[0], "to": span[1]})
     examples = {"from": span[0], "to": span[1]} if span else None
     run.finish(step, state, params=state["params"], examples=examples)
 

@@ -44,6 +44,9 @@ def test_examples_are_counted_over_the_attempts_spans_of_the_data_stream() -> No
     assert example_counts(overlap) == {"trained": 488, "once": 472, "repeated": 8, "skipped": 0}
     gap = [ended(1, "stopped", 0, 136), ended(2, "completed", 144, 480)]
     assert example_counts(gap) == {"trained": 472, "once": 472, "repeated": 0, "skipped": 8}
+    killed = [ended(1, "stopped", 0, 136), ended(2, "checkpoint", 136, 200), ended(2, "checkpoint", 136, 256)]
+    tiled_after_a_kill = [*killed, ended(3, "completed", 256, 480)]  # a2 killed: its last save is what a3 restored
+    assert example_counts(tiled_after_a_kill) == {"trained": 480, "once": 480, "repeated": 0, "skipped": 0}
     assert example_counts([entry(1.0, 1, event="completed", step=3)]) is None  # a trainer without a dataset
     kw: dict[str, Any] = dict(machines_left=0, leftover_processes=0, price=None, timed_out=False)
     report = build(events=[{"t": 0.0, "kind": "submitted"}, *tiled], job=None, reference_sha=None, **kw)

@@ -84,6 +84,8 @@ class Run:
         self.checkpoints = checkpointer
         self._closed, self._loss = False, None
         self.data: TimedIterator | None = None
+        self._fields: dict[str, Any] = {}  # of the newest step (step_done)
+        self._saved_fields: dict[int, dict[str, Any]] = {}  # of each save not yet reported
         self._first_save_at = 0.0
         self.schedule = SaveSchedule(save_policy(checkpoint_every, self.env.mtbi_s), final_step=steps)
         self._ready_at = time.monotonic()
@@ -157,9 +159,10 @@ class Run:
         """False once `steps` are done, or when any host has the preemption notice (every host agrees)."""
         return step < self.steps and not runtime.agree_any(self.watch.noticed)
 
-    def step_done(self, step: int, state: Any, loss: Any = None) -> None:
-        """After each step: a `progress` entry at most every RESPAWN_PROGRESS_S, a save when one is due."""
-        self.step, self._loss = step, loss
+    def step_done(self, step: int, state: Any, loss: Any = None, **fields: Any) -> None:
+        """After each step: a `progress` entry at most every RESPAWN_PROGRESS_S, a save when one is due. `fields`
+        (JSON values of the caller's own, of this step) join the `checkpoint` entry of a save of this step."""
+        self.step, self._loss, self._fields = step, loss, fields
         now = time.monotonic()
         self.goodput.steps(now - self._last_step_at)
         if now - self._progress_at >= self.env.progress_s:
@@ -179,7 +182,7 @@ class Run:
         """The last save, then `completed` (step >= steps, with `params_sha256` of `params`, by default of the
         whole state) or `stopped` (the notice), each with `fields` of the caller's own (JSON values) added.
         Returns the event sent."""
-        self.step = step
+        self.step, self._fields = step, fields
         if step < self.steps:
             leave_notice(self.env.notice_file)
         self._save_last(state)
@@ -254,6 +257,7 @@ class Run:
     def _save(self, state: Any) -> None:
         _wait_until_computed(state)  # the step itself finishes before the save's clock starts
         blocking = self.checkpoints.save(self.step, state)
+        self._saved_fields[self.step] = self._fields
         self._first_save_at = self._first_save_at or time.monotonic()  # Young/Daly times the steps from here
         before = self.schedule.interval()
         # Every host must pick the same Young/Daly interval: they agree on the slowest save.
@@ -281,7 +285,11 @@ class Run:
             if self.handover:
                 self.handover.saved(done.total_s)
             self.lifecycle.emit(
-                "checkpoint", done.step, blocking_s=round(done.blocking_s, 4), total_s=round(done.total_s, 4)
+                "checkpoint",
+                done.step,
+                blocking_s=round(done.blocking_s, 4),
+                total_s=round(done.total_s, 4),
+                **self._saved_fields.pop(done.step, {}),
             )
 
     @staticmethod

@@ -38,10 +38,11 @@ Definitions:
   max_live_machines  the most machines live (CREATING/READY) at once: a slice counts once, whatever its hosts
   machines_left   every object of the attempts the local APIs still hold at the end (nodes, queued resources,
                   instances, managed instance groups, instance templates, workload policies, resize requests): 0
-  examples        a trainer reading a dataset (`examples` {from, to} in its stopped/completed entries: the positions
-                  of its data stream it trained): `trained` (the spans' total), `once`, `repeated` (positions
-                  trained by more than one attempt) and `skipped` (positions before the last one no attempt
-                  trained); null when no trainer says
+  examples        a trainer reading a dataset (`examples` {from, to} in its checkpoint/stopped/completed entries: the
+                  positions of its data stream trained into that save): per attempt, its first position to the end
+                  of its last save; `trained` (the spans' total), `once`, `repeated` (positions kept from more than
+                  one attempt) and `skipped` (positions before the last one no attempt kept); null when no
+                  trainer says
   exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
                   reference hash, `exact_reason` saying why (no reference run, it failed, the program sends no hash)
 """
@@ -413,14 +414,17 @@ def build(
 
 
 def example_counts(events: list[dict[str, Any]]) -> dict[str, int] | None:
-    """How often each position of the data stream was trained, over the attempts' `examples` spans (a duplicated
-    delivery of an entry counted once)."""
-    spans = set()
+    """How often each position of the data stream was trained into the final parameters: each attempt's span from
+    its first position to the end of its last save (its `stopped`/`completed`, else its newest `checkpoint`: the
+    steps an attempt killed without a save trained after it are trained again by the next one)."""
+    kept: dict[Any, tuple[int, int]] = {}
     for e in events:
         payload = e["payload"] if e["kind"] == "entry" else {}
-        span = payload.get("examples") if payload.get("event") in ("stopped", "completed") else None
+        span = payload.get("examples") if payload.get("event") in ("checkpoint", "stopped", "completed") else None
         if isinstance(span, dict) and isinstance(span.get("from"), int) and isinstance(span.get("to"), int):
-            spans.add((payload.get("attempt"), span["from"], span["to"]))
+            attempt = _attempt_of(e) or payload.get("attempt")
+            kept[attempt] = (span["from"], max(span["to"], kept.get(attempt, (0, 0))[1]))
+    spans = {(attempt, a, b) for attempt, (a, b) in kept.items()}
     if not spans:
         return None
     edges = sorted({0, *(a for _, a, _ in spans), *(b for _, _, b in spans)})
