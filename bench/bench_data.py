@@ -92,7 +92,7 @@ def restore_overhead(workdir: Path, shards: Path, repeats: int) -> tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=400, help="steps of each throughput run (default 400)")
+    parser.add_argument("--steps", type=int, default=300, help="steps of each throughput run (default 300)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each input, alternated (default 3)")
     parser.add_argument("--restores", type=int, default=15, help="restores of each kind (default 15)")
     opts = parser.parse_args()
@@ -107,7 +107,6 @@ def main() -> None:
         print(f"shards: {summary['records']} records of 65 tokens in {summary['shards']} shards")
 
         base = [f"--steps={opts.steps}", "--log-every=100", "--checkpoint-every=auto"]
-        train(workdir, "warmup", [*base[1:], "--steps=5"])  # compiles once for every run below
         runs: dict[str, list[float]] = {"generated": [], "data": []}
         input_pct: list[float] = []
         for r in range(opts.rounds):

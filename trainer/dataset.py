@@ -32,7 +32,7 @@ SHARDS_ALLOWED = "a directory or gs:// prefix holding *.array_record shards (pyt
 # Batches Grain reads ahead of the step, on READ_THREADS threads: a few steps' worth, so a slow read (a page cache
 # miss, a busy core) is absorbed instead of stalling the step. The step's own wait is measured (goodput input_s).
 PREFETCH_BATCHES = 16
-READ_THREADS = 2
+READ_THREADS = 1
 
 
 @dataclass(frozen=True)
