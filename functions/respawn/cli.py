@@ -115,8 +115,12 @@ def describe(job: Job, now: float | None = None) -> str:
     if job.result:
         lines += ["", "result"]
         lines += [
-            f"  {k:<13}{json.dumps(v, sort_keys=True) if isinstance(v, dict) else v}" for k, v in job.result.items()
+            f"  {k:<13}{json.dumps(v, sort_keys=True) if isinstance(v, dict) else v}"
+            for k, v in job.result.items()
+            if k != "final_weights"
         ]
+    if job.result.get("final_weights"):
+        lines += ["", f"final weights  {job.result['final_weights']} (kept past the checkpoint bucket's retention)"]
     return "\n".join(lines)
 
 

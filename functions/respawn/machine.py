@@ -93,6 +93,7 @@ def trainer_env(
         ("RESPAWN_CHECKPOINT_URI", checkpoint_uri),
         ("RESPAWN_LOG_SINK", log_sink),
         ("RESPAWN_GRACE_S", str(grace_s(kind))),
+        ("RESPAWN_ACCELERATOR", kind),  # the trainer fails at once where JAX does not find it (wrong image variant)
         ("RESPAWN_PROGRESS_S", str(progress_s)),
     ]
     return [(k, v) for k, v in env if k not in RESERVED_ENV] + own

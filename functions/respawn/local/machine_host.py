@@ -48,6 +48,8 @@ DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its conta
 IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
 IMAGE_LABELS = "RESPAWN_LOCAL_IMAGE_LABELS"  # JSON object: the image's labels
+IMAGE_USER = "RESPAWN_LOCAL_IMAGE_USER"  # the image's USER as UID:GID (empty: root, as an image that names none)
+DEFAULT_STOP_TIMEOUT_S = 10  # the daemon's stop timeout of a container run without --stop-timeout (docker's)
 LABELS_FORMAT = "{{json .Config.Labels}}"  # the one `image inspect --format` the startup script asks
 SECRET_MANAGER = "RESPAWN_LOCAL_SECRET_MANAGER"  # URL of the local Secret Manager
 PULL_S = "RESPAWN_LOCAL_PULL_S"  # seconds a `docker pull` of an image the VM lacks takes
@@ -143,7 +145,7 @@ class SecretManager(_Server):
 # ---- docker -----------------------------------------------------------------------------------------------------
 
 _WITH_VALUE = {"--name", "-e", "--env", "--env-file", "--log-driver", "--log-opt", "--gpus", "--entrypoint", "--net"}
-_WITH_VALUE |= {"--network", "-v", "--volume", "-w", "--workdir", "-u", "--user"}
+_WITH_VALUE |= {"--network", "-v", "--volume", "-w", "--workdir", "-u", "--user", "--stop-timeout", "--ulimit"}
 
 
 def _options(
@@ -218,15 +220,18 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     start_s = _seconds(environ, START_S)
     if start_s:  # the container exists from here on (stop and rm find it); its trainer starts after the delay
         argv = ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{start_s:g}", *argv]
+    state.mkdir(parents=True, exist_ok=True)
+    env = container_env(opts, environ)
+    user = given.get("-u") or given.get("--user") or environ.get(IMAGE_USER) or ""
+    argv, cwd = _as_user(user, argv, env, state / f"{name}.fs")
     try:
-        child = subprocess.Popen(
-            argv, env=container_env(opts, environ), stdin=subprocess.DEVNULL, process_group=0, close_fds=True
-        )
+        child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, process_group=0, close_fds=True)
     except OSError as e:
         print(f"docker: Error response from daemon: failed to create task for container: exec: {e}", file=sys.stderr)
         return 127
-    state.mkdir(parents=True, exist_ok=True)
     pidfile = state / f"{name}.pid"
+    stop_timeout = given.get("--stop-timeout") or str(DEFAULT_STOP_TIMEOUT_S)
+    (state / f"{name}.stop-timeout").write_text(stop_timeout)  # the daemon's, when it stops (stop_all)
     pidfile.write_text(str(child.pid))
     proxied = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     for sig in proxied:  # docker run's --sig-proxy (on by default)
@@ -237,6 +242,57 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     with contextlib.suppress(OSError):
         pidfile.unlink()
     return 128 - code if code < 0 else code
+
+
+def _as_user(user: str, argv: list[str], env: dict[str, str], fs: Path) -> tuple[list[str], Path]:
+    """The container's process as the image's USER (`UID[:GID]`; empty, 0 or root: root), as docker runs it, and its
+    working directory: `fs` stands for the image's own files, the WORKDIR owned by root and the user's HOME by the
+    user (docker sets HOME from the image's passwd). Only those and what the container is given (its mounts: the
+    same paths here) are writable to it. It can read everything, as the files of an image are readable: the
+    interpreter and packages it runs lie in this machine's directories, which a user of the image need not be able
+    to enter (setpriv keeps CAP_DAC_READ_SEARCH for it; writes are checked as for any process of that user). Where
+    this machine cannot switch users (not root, or no setpriv), the container runs as this machine's user, and the
+    machine says so."""
+    workdir, home = fs / "workdir", fs / "home"
+    for directory in (workdir, home):
+        directory.mkdir(parents=True, exist_ok=True)
+    env.setdefault("HOME", str(home))
+    uid, _, gid = user.partition(":")
+    if user in ("", "0", "root", "0:0"):
+        return argv, workdir
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or not uid.isdigit() or not (gid or uid).isdigit():
+        print(
+            f"docker: the local machine runs the container as its own user, not the image's ({user})", file=sys.stderr
+        )
+        return argv, workdir
+    os.chown(home, int(uid), int(gid or uid))
+    print(f"docker: the container runs as user {uid}:{gid or uid}", file=sys.stderr)  # in the machine's log
+    ids = [f"--reuid={uid}", f"--regid={gid or uid}", "--clear-groups"]
+    caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    return [setpriv, *ids, *caps, *argv], workdir
+
+
+def stop_all(state: Path) -> None:
+    """What the docker daemon does as the machine shuts down (systemd stops docker.service alongside the shutdown
+    script): each running container stopped with its own stop timeout (`run --stop-timeout`, docker's default
+    10 s), in parallel."""
+    names = [pidfile.stem for pidfile in state.glob("*.pid")] if state.is_dir() else []
+
+    def stop(name: str) -> None:
+        try:
+            timeout = float((state / f"{name}.stop-timeout").read_text())
+        except (OSError, ValueError):
+            timeout = DEFAULT_STOP_TIMEOUT_S
+        pid = _pid(state, name)
+        if pid is not None:
+            _stop_container(state, name, pid, timeout)
+
+    threads = [threading.Thread(target=stop, args=(name,), daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -265,15 +321,17 @@ def _stop(args: Sequence[str], state: Path) -> int:
     opts, names = _options(args, {"-t", "--time"})
     timeout = float(dict(opts).get("-t") or dict(opts).get("--time") or 10)
 
-    def stop(name: str, pid: int) -> bool:
-        _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid(state, name) is not None and time.monotonic() < deadline:
-            time.sleep(STOP_POLL_S)
-        _kill(pid, signal.SIGKILL)
-        return True
+    return _each(names, state, lambda name, pid: _stop_container(state, name, pid, timeout))
 
-    return _each(names, state, stop)
+
+def _stop_container(state: Path, name: str, pid: int, timeout: float) -> bool:
+    """SIGTERM to the container, SIGKILL when it has not ended `timeout` seconds later."""
+    _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid(state, name) is not None and time.monotonic() < deadline:
+        time.sleep(STOP_POLL_S)
+    _kill(pid, signal.SIGKILL)
+    return True
 
 
 def _rm(args: Sequence[str], state: Path) -> int:

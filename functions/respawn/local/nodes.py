@@ -55,7 +55,7 @@ from respawn.local.machine_host import MetadataServer, SecretManager
 from respawn.local.profiles import MachineTimings
 from respawn.local.slices import LocalSlice, compile_bytecode
 from respawn.local.timeline import Timeline
-from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, START_AFTER_METADATA
+from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, NOTICE_FILE, START_AFTER_METADATA
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
@@ -66,6 +66,7 @@ BOOT_WAIT_S = 30.0  # how long a boot waits for each worker's script to start it
 DELETE_WINDOW_S = 5.0  # a deleted machine's VMs are off this long after their shutdown begins
 BASH = shutil.which("bash") or "/bin/bash"
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
+TRAINER_USER = "10001:10001"  # the trainer image's USER (trainer/Dockerfile's useradd --uid)
 
 
 def notice_lead_s(machine: CloudMachine) -> float:
@@ -176,6 +177,11 @@ class Image:
     def labels(self) -> dict[str, str] | None:
         return {TAKEOVER_LABEL: "1"} if tuple(self.command) == TRAINER else None
 
+    @property
+    def user(self) -> str:
+        """The image's USER: respawn's trainer image runs as its own user; an entrypoint's image names none (root)."""
+        return TRAINER_USER if tuple(self.command) == TRAINER else ""
+
 
 @dataclass(frozen=True)
 class CloudHooks:
@@ -217,7 +223,8 @@ class Nodes:
         # may be shorter (`grace_s`), and in a replay of real timings at time_scale shrunk alike, as the machine's
         # steps are
         scaled = {"RESPAWN_TEST_TIME_SCALE": f"{time_scale:g}"} if time_scale != 1.0 else {}
-        image_env = {**base_env, "PYTHONUNBUFFERED": "1", "RESPAWN_TEST_WINDOW_S": f"{grace_s:g}", **scaled}
+        image_env = {k: v for k, v in base_env.items() if k != "HOME"}  # docker sets HOME from the image's USER
+        image_env |= {"PYTHONUNBUFFERED": "1", "RESPAWN_TEST_WINDOW_S": f"{grace_s:g}", **scaled}
         self.image = Image(image_env, list(entrypoint) if entrypoint else TRAINER)
         compile_bytecode()  # the image's bytecode, as its build writes it
         self.timings = timings or MachineTimings()
@@ -333,12 +340,13 @@ class Nodes:
             "LANG": "C.UTF-8",
             "GCE_METADATA_HOST": server.host,
             **{k: v for k, v in self.image.env.items() if k == "STORAGE_EMULATOR_HOST"},
-            NOTICE_ENV: str(home / "respawn-notice"),
+            NOTICE_ENV: str(home / NOTICE_FILE.lstrip("/")),  # under the VM: the script makes its directory
             IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),  # on the VM's disk
             machine_host.DOCKER_DIR: str(home / "docker"),
             machine_host.IMAGE_ENV: json.dumps(image_env),
             machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),
             machine_host.IMAGE_LABELS: json.dumps(self.image.labels),
+            machine_host.IMAGE_USER: self.image.user,
             machine_host.SECRET_MANAGER: self.secret_manager.url,
             machine_host.BIN_DIR: str(self.bin_dir),
             machine_host.VM_BIN: str(home / "bin"),
@@ -505,19 +513,23 @@ class Nodes:
         """The worker's VM shuts down: SIGTERM to its script (whose trap leaves the notice and stops the container
         with the grace period), off after `window` (at once when its trainer is stopped: nothing is left to save)."""
         self._signal(worker.proc.pid, signal.SIGTERM)
+        self._spawn(machine_host.stop_all, worker.home / "docker")  # the daemon stops with the VM
         if not worker.stopped:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.proc.wait(timeout=window)
         self._off(worker)
 
     def _shut_down(self, node: Node, worker: Worker, window: float) -> None:
-        """A preempted VM: its shutdown script runs (ACPI soft off), and the VM is off after the notice `window`. The
+        """A preempted VM: its shutdown script runs (ACPI soft off) while the docker daemon stops each container with
+        that container's own stop timeout (google-shutdown-scripts.service is ordered after the network and rsyslog
+        only, so systemd stops docker.service in parallel), and the VM is off after the notice `window`. The
         script's `notice` entry (its `gcloud logging write` on stdout) goes to the router as the VM's other entries."""
         deadline = time.monotonic() + window
         script = self.log_dir / node.machine.name / "shutdown-script.sh"
         shutdown = start_group(
             [BASH, str(script)], env=worker.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=worker.log
         )
+        self._spawn(machine_host.stop_all, worker.home / "docker")  # systemd stops docker.service alongside
         assert shutdown.stdout is not None
         reader = self._spawn(self._read_stdout, node, worker, shutdown.stdout)
         with contextlib.suppress(subprocess.TimeoutExpired):
