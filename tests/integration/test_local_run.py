@@ -240,10 +240,10 @@ PROGRAMS = Path("tests") / "data" / "programs"  # relative to ROOT, where the co
 
 
 def own_program_job(workdir: Path, job_id: str, args: list[str], **changes: Any) -> Path:
-    """The quickstart job with another id and the program's args; `node` requests start at once."""
+    """The quickstart job with another id, the program's args and `changes`; a TPU `node` request starts at once."""
     job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-    job.update(job_id=job_id, args=args, **changes)
     job["machine"]["request"] = "node"
+    job.update(job_id=job_id, args=args, **changes)
     path = workdir / f"{job_id}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path

@@ -6,7 +6,10 @@ exactly those, and nothing else differs:
 * `MetadataServer`: the VM's metadata server over HTTP on loopback, which the script reaches the way it reaches the
   real one (`GCE_METADATA_HOST`, as Google's client libraries read it): the machine's metadata attributes, this
   worker's `agent-worker-number` and the slice's `worker-network-endpoints`, `preempted`, a token, the project.
-* `SecretManager`: Secret Manager's `versions/V:access` over HTTP, answering from the local secret store.
+* `SecretManager`: Secret Manager's `versions/V:access` over HTTP, answering from the local secret store, and
+  `CloudLogging`: Cloud Logging's `entries:write`, where the machine's scripts write their entries: the scripts reach
+  both with curl and the machine's token, at the endpoints gcloud's overrides name
+  (`CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER`, `..._LOGGING`).
 * `docker` (`python -m respawn.local.machine_host docker ...`): runs the image's command (`python -m trainer`, or
   the local cloud's entrypoint), or `--entrypoint`'s, as a local process in its own process group with only the
   image's environment and what `-e`/`--env-file` pass, honouring `run` (`--name`, `--rm`, signals proxied to the
@@ -16,10 +19,14 @@ exactly those, and nothing else differs:
   which the machine reads (local/nodes.py). Its images are names in the VM's image store (on its disk): `pull` of
   one it lacks takes the machine's pull time, of one it has its refresh time, and `run` starts the trainer after
   the machine's trainer start time (respawn/local/profiles.py).
-* `gcloud`: `logging write` prints the entry's payload on stdout, where the machine reads lifecycle entries;
-  `secrets versions access` asks `SecretManager`; `auth configure-docker` has nothing to configure.
+* `gcloud`: a snap's, as Ubuntu's TPU and GPU images have it: during the VM's shutdown it fails as snapd makes it
+  fail (`TransactionIsDestructive`); it knows no command, since the scripts need none of it.
 * `apt-get` and `systemctl`, for a boot image without Docker: `apt-get install docker.io` takes the machine's
   install time and puts `docker` on the VM's PATH; anything else does nothing.
+
+Its `docker run` runs the container's process as the image's USER (`RESPAWN_LOCAL_IMAGE_USER`; respawn's trainer
+image: uid 10001), so only what the container is given is writable to it, and `stop_all` is what the daemon does as
+the VM shuts down: each container stopped with its own stop timeout (`run --stop-timeout`, docker's 10 s default).
 
 The shims learn where things are from the machine's environment (`RESPAWN_LOCAL_*`), never from the script. Each
 timed step (`install`, `pull`) prints one line `STEP_MARK {"step", "start", "end"}` on stderr, from which the
@@ -42,8 +49,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from respawn.machine import TRAINER_LOG
-
 DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its containers (NAME.pid)
 IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
@@ -51,7 +56,6 @@ IMAGE_LABELS = "RESPAWN_LOCAL_IMAGE_LABELS"  # JSON object: the image's labels
 IMAGE_USER = "RESPAWN_LOCAL_IMAGE_USER"  # the image's USER as UID:GID (empty: root, as an image that names none)
 DEFAULT_STOP_TIMEOUT_S = 10  # the daemon's stop timeout of a container run without --stop-timeout (docker's)
 LABELS_FORMAT = "{{json .Config.Labels}}"  # the one `image inspect --format` the startup script asks
-SECRET_MANAGER = "RESPAWN_LOCAL_SECRET_MANAGER"  # URL of the local Secret Manager
 PULL_S = "RESPAWN_LOCAL_PULL_S"  # seconds a `docker pull` of an image the VM lacks takes
 REFRESH_S = "RESPAWN_LOCAL_REFRESH_S"  # seconds a `docker pull` of an image the VM has takes (its manifest)
 START_S = "RESPAWN_LOCAL_START_S"  # seconds between `docker run` and the trainer's process
@@ -65,15 +69,30 @@ VM_TOOLS: tuple[str, ...] = ("bash", "sh", "curl", "sed", "tr", "grep", "awk", "
 VM_TOOLS += ("sleep", "seq", "cat", "base64", "mkdir", "head", "gpg", "env", "date")
 
 
-class _Server:
-    """A ThreadingHTTPServer on loopback, served on a daemon thread; `get(path)` answers (status, body)."""
+Answer = tuple[int, bytes]  # (HTTP status, body)
 
-    def __init__(self, get: Callable[[str, Mapping[str, str]], tuple[int, bytes]]) -> None:
+
+class _Server:
+    """A ThreadingHTTPServer on loopback, served on a daemon thread: `get(path, headers)` and `post(path, headers,
+    body)` answer (status, body); a server without `post` answers POST with 405."""
+
+    def __init__(
+        self,
+        get: Callable[[str, Mapping[str, str]], Answer],
+        post: Callable[[str, Mapping[str, str], bytes], Answer] | None = None,
+    ) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # the servers' only: not the shims'
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                status, body = get(self.path, {k: v for k, v in self.headers.items()})
+                self._answer(*get(self.path, {k: v for k, v in self.headers.items()}))
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k: v for k, v in self.headers.items()}
+                self._answer(*(post(self.path, headers, body) if post is not None else (405, b"")))
+
+            def _answer(self, status: int, body: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Metadata-Flavor", "Google")
                 self.send_header("Content-Length", str(len(body)))
@@ -122,6 +141,36 @@ class MetadataServer(_Server):
         return (200, answers[key].encode()) if key in answers else (404, b"not found")
 
 
+class CloudLogging(_Server):
+    """Cloud Logging's `POST /v2/entries:write` for one VM (https://cloud.google.com/logging/docs/reference/v2/rest/v2/
+    entries/write), where the machine's scripts write their entries: each entry's log id (the end of `logName`) and
+    `jsonPayload` to `on_entry`; 401 without a bearer token, 400 for a body that is no such request."""
+
+    def __init__(self, on_entry: Callable[[str, dict[str, Any]], None]) -> None:
+        self.on_entry = on_entry
+        super().__init__(lambda path, headers: (404, b"not found"), self._post)
+
+    @property
+    def endpoint(self) -> str:
+        """The API's root as gcloud's endpoint overrides name it (CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING)."""
+        return f"http://{self.host}/"
+
+    def _post(self, path: str, headers: Mapping[str, str], body: bytes) -> Answer:
+        if path != "/v2/entries:write":
+            return 404, b"not found"
+        if not headers.get("Authorization", "").startswith("Bearer "):
+            return 401, json.dumps({"error": {"code": 401, "status": "UNAUTHENTICATED"}}).encode()
+        try:
+            entries = [
+                (str(e["logName"]).rsplit("/", 1)[-1], dict(e["jsonPayload"])) for e in json.loads(body)["entries"]
+            ]
+        except (ValueError, KeyError, TypeError):
+            return 400, json.dumps({"error": {"code": 400, "status": "INVALID_ARGUMENT"}}).encode()
+        for log, payload in entries:
+            self.on_entry(log, payload)
+        return 200, b"{}"
+
+
 class SecretManager(_Server):
     """Secret Manager's `GET /v1/projects/P/secrets/S/versions/V:access` from {reference: value}: the documented
     answer (`payload.data` base64), or 404 NOT_FOUND for a reference without a value."""
@@ -131,10 +180,13 @@ class SecretManager(_Server):
         super().__init__(self._get)
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}"
+    def endpoint(self) -> str:
+        """The API's root as gcloud's endpoint overrides name it (CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER)."""
+        return f"http://{self.host}/"
 
     def _get(self, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        if not headers.get("Authorization", "").startswith("Bearer "):
+            return 401, json.dumps({"error": {"code": 401, "status": "UNAUTHENTICATED"}}).encode()
         ref = path.removeprefix("/v1/").removesuffix(":access")
         if ref not in self.values:
             return 404, json.dumps({"error": {"code": 404, "status": "NOT_FOUND"}}).encode()
@@ -436,34 +488,23 @@ def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
     return 1
 
 
-# ---- gcloud -----------------------------------------------------------------------------------------------------
+# ---- gcloud ----------------------------------------------------------------------------------------------------
+
+# What a snap's gcloud says at shutdown (Ubuntu's TPU and GPU images install Google's CLI as a snap; snapd refuses to
+# run it while the system shuts down): public reports against gsutil and Google's runner modules
+SNAP_REFUSAL = (
+    "error: cannot perform operation: mount --rbind /dev /tmp/snap.rootfs_x/dev: "
+    "TransactionIsDestructive: a system shutdown is in progress"
+)
+SHUTTING_DOWN = "shutting-down"  # a file in the VM's home once its shutdown began (Nodes writes it)
 
 
 def gcloud(args: Sequence[str], environ: Mapping[str, str]) -> int:
-    if list(args[:2]) == ["logging", "write"] and len(args) >= 4:
-        payload = json.loads(args[3])
-        if args[2] == TRAINER_LOG:  # a lifecycle entry: where the machine reads them
-            print(json.dumps(payload, separators=(",", ":")), flush=True)
-        else:
-            print(f"{args[2]}: {json.dumps(payload)}", file=sys.stderr)
-        return 0
-    if list(args[:3]) == ["secrets", "versions", "access"] and len(args) >= 4:
-        import urllib.error
-        import urllib.request
-
-        ref = args[3]
-        try:
-            with urllib.request.urlopen(f"{environ[SECRET_MANAGER]}/v1/{ref}:access", timeout=30) as answer:
-                data = json.loads(answer.read())["payload"]["data"]
-        except urllib.error.HTTPError:
-            print(
-                f"ERROR: (gcloud.secrets.versions.access) NOT_FOUND: Secret Version [{ref}] not found.", file=sys.stderr
-            )
-            return 1
-        sys.stdout.buffer.write(base64.b64decode(data))
-        return 0
-    if list(args[:2]) == ["auth", "configure-docker"]:
-        return 0
+    """The boot image's gcloud, a snap: it fails during shutdown as a snap does; the machine's scripts do not need
+    it (they reach Google's APIs with curl and the machine's token), so it knows no command besides."""
+    if (Path(environ.get("HOME", "/nonexistent")) / SHUTTING_DOWN).exists():
+        print(SNAP_REFUSAL, file=sys.stderr)
+        return 1
     print(f"ERROR: (gcloud) the local machine's gcloud has no {' '.join(args[:3])!r}", file=sys.stderr)
     return 2
 
