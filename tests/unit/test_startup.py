@@ -677,9 +677,21 @@ def test_a_longer_metadata_notice_tells_respawn_at_once_and_lets_the_trainer_run
     assert [(p["event"], p.get("source")) for p, _ in said(fakes)] == [("notice", None), ("stopped", "exit-code")]
 
 
-def test_without_a_longer_notice_the_startup_script_does_not_watch_for_one() -> None:
-    assert "watch_notice" not in startup_script(spec("compute", tpu="v6e-8"), 3)
-    assert "RESPAWN_NOTICE_LEAD_S" not in startup_script(spec("compute", tpu="v6e-8"), 3)
+def test_without_a_longer_notice_the_startup_script_does_not_watch_for_one(
+    tmp_path: Path, fakes: dict[str, str]
+) -> None:
+    """The metadata flag alone (no preemption_notice) is no notice while the trainer runs: the shutdown script's is."""
+    proc = start_blocked(tmp_path, fakes, 0, spec("compute", tpu="v6e-8"), FAKE_PREEMPTED="TRUE")
+    try:
+        time.sleep(1)  # the watch of the test above says `notice` at its first poll
+        assert said(fakes) == [] and not Path(startup.NOTICE_FILE).exists()
+        assert not [a for a in docker_run(fakes) if a.startswith("RESPAWN_NOTICE_LEAD_S")]
+        Path(fakes["FAKE_LOG"] + ".stopped").touch()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [(p["event"], p.get("source")) for p, _ in said(fakes)] == [("stopped", "exit-code")]
 
 
 @pytest.mark.parametrize(("worker", "said_worker"), [("2", 2), ("", 0)])
@@ -1084,8 +1096,8 @@ def test_metadata_and_labels() -> None:
     assert json.loads(meta["respawn-env"]) == {"KEY": "value"}
     assert (meta["respawn-job-id"], meta["respawn-attempt"]) == ("job-1", "2")
     assert meta["respawn-image"] == s.image and meta["respawn-checkpoint-uri"] == s.checkpoint_uri
-    assert f"docker stop -t {GRACE_S['tpu']} respawn-trainer" in meta["shutdown-script"]
-    assert "docker stop -t 25 respawn-trainer" in machine_metadata(spec("gpu"), 2)["shutdown-script"]
+    assert f"\n  readonly grace_s={GRACE_S['tpu']}\n" in meta["shutdown-script"]  # its `docker stop -t`
+    assert "\n  readonly grace_s=25\n" in machine_metadata(spec("gpu"), 2)["shutdown-script"]
     head_start = machine_metadata(s, 2, start_after=1_700_000_000.2)  # whole seconds, never earlier
     assert head_start["respawn-start-after"] == "1700000001" and head_start.keys() - meta.keys() == {
         "respawn-start-after",
@@ -1286,7 +1298,7 @@ def test_a_compute_engine_slice_vm_gets_its_place_from_the_migs_metadata(tmp_pat
 )
 def test_the_script_waits_for_as_many_peers_as_the_slice_has_vms(tpu: str, hosts: int) -> None:
     assert compute_shape(tpu).vms == hosts
-    assert f"\nhosts={hosts}\n" in startup_script(spec("compute", tpu=tpu), 1)
+    assert f"\n  readonly slice_hosts={hosts}\n" in startup_script(spec("compute", tpu=tpu), 1)
 
 
 def test_a_single_host_tpu_does_not_wait_for_peers(tmp_path: Path, fakes: dict[str, str]) -> None:

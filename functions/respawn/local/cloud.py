@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -44,6 +45,7 @@ from respawn.local.secret_store import delivered, leaks
 from respawn.local.slices import local_trainer_env
 from respawn.local.status import STATUS_TOPIC, StatusRecorder
 from respawn.local.timeline import Timeline
+from respawn.machine import SHUT_DOWN_RC
 from respawn.model import Job
 
 if TYPE_CHECKING:
@@ -570,7 +572,7 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
             f"{at} chaos: host error on worker {e['worker']} of {e['machine']}: node TERMINATED, system event on "
             f"{e['instance']} sent to the log router, the worker killed"
         )
-    if kind == "trainer_exit" and e["code"] not in (0, 143, -15):  # docker's 143 (128 + SIGTERM): preempted or deleted
+    if kind == "trainer_exit" and e["code"] not in (0, SHUT_DOWN_RC, -signal.SIGTERM):  # preempted or deleted
         worker = f" worker {e['worker']}" if "worker" in e else ""
         return f"{at} trainer on {e['machine']}{worker} exited with code {e['code']}"
     if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):
