@@ -11,7 +11,7 @@
 # machine writes it too; respawn reads it only for the running attempt it names.
 
 notice=${!notice_env:-$notice_file}  # the file the variable named notice_env names, where the machine names another
-mkdir -p "${notice%/*}" && touch "$notice"
+make_notice_dir && touch "$notice"
 # A preemption, not a deletion: the trainer may hand over to a head start's (docs/trainer-protocol.md, The handover)
 [ "$(curl -sf -m 1 -H 'Metadata-Flavor: Google' "$metadata/instance/preempted")" = TRUE ] \
   && echo preempted > "$notice"

@@ -18,9 +18,10 @@ boot image has none (Compute Engine's TPU images: docs/compute-engine.md, The
 machine), and on a multi-host TPU slice waits until the metadata server names this
 VM's worker number and all its peers, which the trainer needs to find the others.
 What cannot be readied is the attempt's `failed` entry (the trainer never starts).
-Lifecycle entries, secrets and the registry login go through gcloud where the
-boot image has it, else through the REST APIs with the machine's token from the
-metadata server (no source says every TPU image has gcloud).
+Lifecycle entries, secrets and the registry login go through the REST APIs with
+the machine's token from the metadata server, never through gcloud: no source
+says every TPU image has it, and Ubuntu's snap gcloud fails during shutdown,
+when the `notice` and exit-code entries are written (common.sh).
 
 The image is pulled once per machine: a machine that has it (an earlier boot of
 this machine pulled it, so a Spot VM restarted on its own disk, or it is pinned
@@ -152,7 +153,13 @@ def docker_run_argv(
         raise ValueError(f"image: {spec.image!r} starts with '-'; allowed: a container image reference")
     gpu = isinstance(spec.machine, GpuMachine)
     argv = ["docker", "run", "--rm", "--name", CONTAINER, "--net=host"]
-    argv += ["--gpus", "all"] if gpu else ["--privileged"]  # TPU VMs expose the chips as /dev/accel*
+    # The daemon stops the container itself as the VM shuts down, in parallel with the shutdown script, with the
+    # container's own stop timeout (10 s unless given): the trainer's whole grace, and a second to exit
+    argv += [f"--stop-timeout={grace_s(spec) + 1}"]
+    # TPU VMs expose the chips as /dev/accel* or, on v5p, v6e and TPU7x, through vfio-pci, whose pinned DMA memory
+    # counts against the memlock limit of a process without CAP_IPC_LOCK: the image's non-root user has none
+    # (docs/compute-engine.md, The container)
+    argv += ["--gpus", "all"] if gpu else ["--privileged", "--ulimit", "memlock=-1:-1"]
     argv += logs
     for key, value in trainer_env(spec, attempt, mtbi_s):
         argv += ["-e", f"{key}={value}"]
@@ -160,12 +167,7 @@ def docker_run_argv(
         argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
     # The notice file, which a trainer that stops on a slice peer's notice leaves too (docs/trainer-protocol.md)
     argv += ["-v", f"{NOTICE_DIR}:{NOTICE_DIR}", "-e", NOTICE_ENV]
-    argv += [
-        "-e",
-        TAKEOVER_ENV,
-        "-e",
-        START_AFTER_ENV,
-    ]  # set on a head start's machine only (startup.sh, wait_to_start)
+    argv += ["-e", TAKEOVER_ENV, "-e", START_AFTER_ENV]  # set on a head start's machine only (startup.sh)
     for key, _ in spec.secrets:  # the value comes from the script's environment (startup.sh, secret)
         argv += ["-e", key]
     return [*argv, spec.image, *spec.args]

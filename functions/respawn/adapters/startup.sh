@@ -183,15 +183,11 @@ ready_tpu_workers() {
   export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
 }
 
-# Docker's credentials for Artifact Registry: gcloud's credential helper, or the machine's token as the password of
-# user oauth2accesstoken (https://cloud.google.com/artifact-registry/docs/docker/authentication#token).
+# Docker's credentials for Artifact Registry: the machine's token as the password of user oauth2accesstoken
+# (https://cloud.google.com/artifact-registry/docs/docker/authentication#token).
 registry_login() {
-  if [ -n "$gcloud_cli" ]; then
-    gcloud auth configure-docker "$registry" --quiet || log "could not configure docker for $registry"
-  else
-    token | docker login -u oauth2accesstoken --password-stdin "https://$registry" >/dev/null \
-      || log "could not log docker in to $registry"
-  fi
+  token | docker login -u oauth2accesstoken --password-stdin "https://$registry" >/dev/null \
+    || log "could not log docker in to $registry"
 }
 
 # Each secret is read with the machine's service account (a few tries), exported into this script's environment
@@ -256,7 +252,7 @@ for ((i = 0; i < ${#secrets[@]}; i += 2)); do secret "${secrets[i]}" "${secrets[
 pull_image
 
 notice=${!notice_env:-$notice_file}  # the file the variable named notice_env names, where the machine names another
-mkdir -p "${notice%/*}" && rm -f "$notice"
+make_notice_dir && rm -f "$notice"
 export "$notice_env=$notice"  # the trainer leaves it when it stops on a peer's notice (docker_run_argv)
 stopping=
 # shellcheck disable=SC2317  # run by the trap

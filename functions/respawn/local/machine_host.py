@@ -66,7 +66,7 @@ STOP_POLL_S = 0.05
 # What the startup script runs on a boot image without Docker, besides the shims: a PATH of links to only these,
 # so that no program of this machine (its own docker above all) stands in for one the VM lacks.
 VM_TOOLS: tuple[str, ...] = ("bash", "sh", "curl", "sed", "tr", "grep", "awk", "paste", "cut", "rm", "touch")
-VM_TOOLS += ("sleep", "seq", "cat", "base64", "mkdir", "head", "gpg", "env", "date")
+VM_TOOLS += ("sleep", "seq", "cat", "base64", "mkdir", "chmod", "head", "gpg", "env", "date")
 
 
 Answer = tuple[int, bytes]  # (HTTP status, body)
