@@ -16,9 +16,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from test_startup import SECRETS, SLICE, spec
 
 from respawn.adapters.startup import shutdown_script, startup_script
-from respawn.model import GpuMachine, JobSpec, TpuMachine
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "functions" / "respawn" / "adapters"
@@ -42,28 +42,11 @@ def check(path: Path, *options: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def job(machine: TpuMachine | GpuMachine, **kw: object) -> JobSpec:
-    base: dict[str, object] = dict(
-        job_id="job-1",
-        machine=machine,
-        zones=("us-central1-a",),
-        image="us-docker.pkg.dev/proj/repo/trainer:1",
-        checkpoint_uri="gs://bucket/runs/job-1",
-        args=("--steps=10", "it's $(not) a `command`"),
-        env=(("KEY", "value with 'quotes' and, commas"),),
-    )
-    return JobSpec(**{**base, **kw})  # type: ignore[arg-type]
-
-
+HOSTILE_ARGS = ("it's $(not) a `command`", "a,b")  # the values are data: shellcheck must not read them as shell
 JOBS = {
-    "gpu": job(
-        GpuMachine("g2-standard-8", "nvidia-l4", 1),
-        image="nvcr.io/nvidia/jax:24.04",
-        preemption_notice_s=60,
-        secrets=(("TOKEN", "projects/p/secrets/s/versions/1"),),
-    ),
-    "tpu-slice": job(TpuMachine("v5litepod-16", "v2-alpha-tpuv5-lite")),
-    "tpu-digest": job(TpuMachine("v6e-8", api="compute"), image="us-docker.pkg.dev/p/r/t@sha256:" + "a" * 64),
+    "gpu": spec("gpu", image="nvcr.io/nvidia/jax:24.04", preemption_notice_s=60, secrets=SECRETS, args=HOSTILE_ARGS),
+    "tpu-slice": spec(tpu=SLICE, args=HOSTILE_ARGS),  # an Artifact Registry image: docker logs in
+    "tpu-digest": spec("compute", tpu="v6e-8", image="us-docker.pkg.dev/p/r/t@sha256:" + "a" * 64),
 }
 
 

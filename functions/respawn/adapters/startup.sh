@@ -4,8 +4,9 @@
 #
 # Compute Engine runs it as root on every worker VM of the machine at each boot (a Spot VM started again on its own
 # disk runs it anew). adapters/startup.py renders it: `#!/bin/bash`, the readonly values it names below (each set
-# from the job and the attempt, quoted), then common.sh, then this file. It may rely on bash, curl, sed, awk and the
-# metadata server; docker and the NVIDIA container toolkit it installs where the boot image lacks them.
+# from the job and the attempt, quoted), then common.sh, then this file. It may rely on bash, the metadata server and
+# a boot image's usual tools (curl, sed, awk, grep, tr, paste; apt-get to install docker and the NVIDIA container
+# toolkit where the image lacks them).
 #
 # The values: job_id, attempt; machine_kind (gpu or tpu), slice_hosts (a TPU slice's worker VMs) and
 # slice_metadata_tries; registry (the Artifact Registry host to log docker in to, or empty); secrets (NAME REF
