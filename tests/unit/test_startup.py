@@ -237,7 +237,8 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
     image_at = argv.index(image)
     assert argv[image_at + 1 :] == HOSTILE
     options = argv[:image_at]
-    assert options[:10] == ["docker", "run", "--rm", "--name", "respawn-trainer", "--net=host"] + [
+    assert options[:10] == [
+        *("docker", "run", "--rm", "--name", "respawn-trainer", "--net=host"),
         "--stop-timeout=9",  # the daemon's own stop as the VM shuts down: the TPU grace (8 s) and a second to exit
         "--privileged",
         "--ulimit",
