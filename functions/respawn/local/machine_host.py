@@ -54,6 +54,7 @@ IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (w
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
 IMAGE_LABELS = "RESPAWN_LOCAL_IMAGE_LABELS"  # JSON object: the image's labels
 IMAGE_USER = "RESPAWN_LOCAL_IMAGE_USER"  # the image's USER as UID:GID (empty: root, as an image that names none)
+IMAGE_WORKDIR = "RESPAWN_LOCAL_IMAGE_WORKDIR"  # the image's WORKDIR (empty: a directory of the container's own)
 DEFAULT_STOP_TIMEOUT_S = 10  # the daemon's stop timeout of a container run without --stop-timeout (docker's)
 LABELS_FORMAT = "{{json .Config.Labels}}"  # the one `image inspect --format` the startup script asks
 PULL_S = "RESPAWN_LOCAL_PULL_S"  # seconds a `docker pull` of an image the VM lacks takes
@@ -275,7 +276,7 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     state.mkdir(parents=True, exist_ok=True)
     env = container_env(opts, environ)
     user = given.get("-u") or given.get("--user") or environ.get(IMAGE_USER) or ""
-    argv, cwd = _as_user(user, argv, env, state / f"{name}.fs")
+    argv, cwd = _as_user(user, argv, env, state / f"{name}.fs", environ.get(IMAGE_WORKDIR) or None)
     try:
         child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, process_group=0, close_fds=True)
     except OSError as e:
@@ -296,18 +297,21 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     return 128 - code if code < 0 else code
 
 
-def _as_user(user: str, argv: list[str], env: dict[str, str], fs: Path) -> tuple[list[str], Path]:
+def _as_user(
+    user: str, argv: list[str], env: dict[str, str], fs: Path, image_workdir: str | None
+) -> tuple[list[str], Path]:
     """The container's process as the image's USER (`UID[:GID]`; empty, 0 or root: root), as docker runs it, and its
-    working directory: `fs` stands for the image's own files, the WORKDIR owned by root and the user's HOME by the
-    user (docker sets HOME from the image's passwd). Only those and what the container is given (its mounts: the
-    same paths here) are writable to it. It can read everything, as the files of an image are readable: the
-    interpreter and packages it runs lie in this machine's directories, which a user of the image need not be able
-    to enter (setpriv keeps CAP_DAC_READ_SEARCH for it; writes are checked as for any process of that user). Where
-    this machine cannot switch users (not root, or no setpriv), the container runs as this machine's user, and the
-    machine says so."""
+    working directory: `fs` stands for the image's own files, its WORKDIR owned by root (unless the image names one:
+    `image_workdir`) and the user's HOME by the user (docker sets HOME from the image's passwd). Only those and what
+    the container is given (its mounts: the same paths here) are writable to it. It can read everything, as the files
+    of an image are readable: the interpreter and packages it runs lie in this machine's directories, which a user of
+    the image need not be able to enter (setpriv keeps CAP_DAC_READ_SEARCH for it; writes are checked as for any
+    process of that user). Where this machine cannot switch users (not root, or no setpriv), the container runs as
+    this machine's user, and the machine says so."""
     workdir, home = fs / "workdir", fs / "home"
     for directory in (workdir, home):
         directory.mkdir(parents=True, exist_ok=True)
+    workdir = Path(image_workdir) if image_workdir else workdir
     env.setdefault("HOME", str(home))
     uid, _, gid = user.partition(":")
     if user in ("", "0", "root", "0:0"):

@@ -183,6 +183,12 @@ class Image:
         """The image's USER: respawn's trainer image runs as its own user; an entrypoint's image names none (root)."""
         return TRAINER_USER if tuple(self.command) == TRAINER else ""
 
+    @property
+    def workdir(self) -> str:
+        """The image's WORKDIR: respawn's trainer image has its own; an entrypoint's program runs where the local
+        cloud was started (its project directory stands for the user's image: `python train.py` finds train.py)."""
+        return "" if tuple(self.command) == TRAINER else os.getcwd()
+
 
 @dataclass(frozen=True)
 class CloudHooks:
@@ -352,6 +358,7 @@ class Nodes:
             machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),
             machine_host.IMAGE_LABELS: json.dumps(self.image.labels),
             machine_host.IMAGE_USER: self.image.user,
+            machine_host.IMAGE_WORKDIR: self.image.workdir,
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": cloud_logging.endpoint,
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": self.secret_manager.endpoint,
             machine_host.BIN_DIR: str(self.bin_dir),
