@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CHECKOV := .venv-checkov/bin/checkov
 TFSCHEMA := .venv-tfschema/node_modules/.installed
 
-.PHONY: setup local test lint bench load clean
+.PHONY: setup browser local test lint bench load clean
 
 $(STAMP): requirements.txt functions/requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ $(TFSCHEMA): infra/tfschema/package.json infra/tfschema/package-lock.json
 	@touch $(TFSCHEMA)
 
 setup: $(STAMP) $(CHECKOV) $(TFSCHEMA)
+
+# Headless Chromium (Debian's package) for the job report's browser test (tests/integration/test_local_monitoring.py).
+# A system package: run as root, or with sudo, once per machine; .ci/run does.
+browser:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 
 local: $(STAMP)
 	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at-step 250,550 $(ARGS)

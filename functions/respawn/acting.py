@@ -23,8 +23,8 @@ from typing import Any
 from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
 from respawn.decide import Policy, decide
-from respawn.facts import log_facts
 from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
+from respawn.facts import log_facts
 from respawn.machines import Machines
 from respawn.model import Job, JobSpec
 from respawn.notices import status_notice

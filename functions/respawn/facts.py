@@ -46,9 +46,7 @@ def facts(old: Job | None, new: Job, now: float) -> list[dict[str, Any]]:
     """The facts of the change `old` -> `new`, written at `now` (pure)."""
     found: list[dict[str, Any]] = []
     if old is None or old.status is not new.status:
-        found.append(
-            _fact("job_status", new, old_status=old.status.value if old else None, status=new.status.value)
-        )
+        found.append(_fact("job_status", new, old_status=old.status.value if old else None, status=new.status.value))
     before = {a.n: a for a in old.attempts} if old is not None else {}
     for a in new.attempts:
         was = before.get(a.n)
@@ -70,9 +68,7 @@ def waiting(job: Job, now: float) -> dict[str, Any] | None:
         return None
     signs = (t for a in job.attempts for t in (a.started_at, a.progress_at, a.checkpoint_at) if t is not None)
     newest = max(signs, default=job.submitted_at)
-    return _fact(
-        "job_waiting", job, job.current, status=job.status.value, progress_s=_round(max(0.0, now - newest))
-    )
+    return _fact("job_waiting", job, job.current, status=job.status.value, progress_s=_round(max(0.0, now - newest)))
 
 
 def log_facts(old: Job | None, new: Job, now: float) -> None:

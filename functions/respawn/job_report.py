@@ -285,7 +285,6 @@ def _steps(v: View) -> str:
         f'<polyline points="{points}" fill="none" stroke="#1565c0" stroke-width="2"/>'
         f'<text x="4" y="20">step {top}</text><text x="4" y="{height - 24}">0</text>'
         f'<text x="{left}" y="{height - 6}">0s</text><text x="{width - 60}" y="{height - 6}">{span:.0f}s</text>'
-        f'<text x="{width // 2}" y="14" data-figure="steps_shown">{len(v.steps)}</text>'
         "</svg>"
     )
 
@@ -297,7 +296,9 @@ def _split(v: View) -> str:
     for key, colour in SPLIT_COLOURS.items():
         w = width * v.split.get(key, 0.0) / total
         if w > 0:
-            rects.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="26" fill="{colour}"><title>{key}</title></rect>')
+            rects.append(
+                f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="26" fill="{colour}"><title>{key}</title></rect>'
+            )
         x += w
     rows = "".join(
         f'<tr><td><i style="display:inline-block;width:10px;height:10px;background:{c}"></i> '
@@ -319,10 +320,13 @@ def _cost(v: View) -> str:
     saved = 100 * (1 - actual / on_demand) if on_demand else 0.0
     most = max(actual, on_demand, 1e-9)
     bars = "".join(
-        f'<rect x="150" y="{y}" width="{800 * value / most:.1f}" height="22" fill="{c}"></rect>'
-        f'<text x="4" y="{y + 15}">{label}</text><text x="{156 + 800 * value / most:.1f}" y="{y + 15}">'
+        f'<rect x="150" y="{y}" width="{740 * value / most:.1f}" height="22" fill="{c}"></rect>'
+        f'<text x="4" y="{y + 15}">{label}</text><text x="{156 + 740 * value / most:.1f}" y="{y + 15}">'
         f"${value:.4f}</text>"
-        for y, label, value, c in ((4, "at the price paid", actual, "#2e7d32"), (32, "at on-demand", on_demand, "#9e9e9e"))
+        for y, label, value, c in (
+            (4, "at the price paid", actual, "#2e7d32"),
+            (32, "at on-demand", on_demand, "#9e9e9e"),
+        )
     )
     return (
         f'<svg id="cost" width="1000" height="60" viewBox="0 0 1000 60" role="img"><title>cost</title>{bars}</svg>'
@@ -341,7 +345,9 @@ def _placement(v: View) -> str:
         f'<td data-figure="placement.a{b.attempt}">{html.escape(b.placement or "list order")}</td></tr>'
         for b in v.bars
     )
-    return f"<table><tr><th>attempt</th><th>zone</th><th>model</th><th>end</th><th>why this zone</th></tr>{rows}</table>"
+    return (
+        f"<table><tr><th>attempt</th><th>zone</th><th>model</th><th>end</th><th>why this zone</th></tr>{rows}</table>"
+    )
 
 
 def _num(value: Any, digits: int) -> str:

@@ -22,7 +22,9 @@ from typing import Any
 from respawn.logfilter import LogFilter  # the sink's evaluator: keep this the one import of it here
 
 SOURCE = resources.files("respawn") / "log_metrics.json"
-_EXTRACT = re.compile(r'^(?P<fn>EXTRACT|REGEXP_EXTRACT)\((?P<field>[A-Za-z0-9_.]+)(?:,\s*"(?P<regex>(?:[^"\\]|\\.)*)")?\)$')
+_EXTRACT = re.compile(
+    r'^(?P<fn>EXTRACT|REGEXP_EXTRACT)\((?P<field>[A-Za-z0-9_.]+)(?:,\s*"(?P<regex>(?:[^"\\]|\\.)*)")?\)$'
+)
 
 
 class ExtractorError(ValueError):

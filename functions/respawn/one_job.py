@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from respawn.acting import Acting, has_intent, lease_expired
 from respawn.actions import Action
 from respawn.decide import Policy, decide, is_stale
-from respawn.facts import log_facts
 from respawn.events import JobEvent, JobSubmitted, MachinesObserved, TrainerFailed
+from respawn.facts import log_facts
 from respawn.machines import Machines
 from respawn.model import Job, MachineState
 from respawn.outcome import InFlight, Outcome, Result, Retryable

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from respawn.acting import has_intent
 from respawn.decide import DEAD
-from respawn.facts import log_waiting
 from respawn.events import SweepTicked, ZoneWokeUp
+from respawn.facts import log_waiting
 from respawn.machines import Machines
 from respawn.model import Job
 from respawn.one_job import OneJob, Sighting, observed, zones_to_watch

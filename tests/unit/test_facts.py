@@ -67,7 +67,9 @@ def run_job(caplog: pytest.LogCaptureFixture) -> tuple[InMemoryJobStore, list[di
 
 def test_each_fact_is_logged_once_whatever_the_deliveries(caplog: pytest.LogCaptureFixture) -> None:
     store, logged = run_job(caplog)
-    found = [(f["fact"], f.get("attempt"), f.get("status")) for f in logged if "fact" in f and f["fact"] != "job_waiting"]
+    found = [
+        (f["fact"], f.get("attempt"), f.get("status")) for f in logged if "fact" in f and f["fact"] != "job_waiting"
+    ]
     assert found == [
         ("job_status", None, "PROVISIONING"),
         ("job_status", None, "RUNNING"),
@@ -102,11 +104,17 @@ def test_the_metrics_count_what_the_record_says(caplog: pytest.LogCaptureFixture
     assert log_metrics.total(m["respawn/job_status"], status="RECOVERING", job_id="llm") == 2
     assert log_metrics.total(m["respawn/failures"]) == log_metrics.total(m["respawn/stockouts"]) == 0
     a = {x.n: x for x in job.attempts}
-    assert log_metrics.values(m["respawn/recovery_duration"]) == [
-        pytest.approx(a[2].started_at - a[1].ended_at),
-        pytest.approx(a[3].started_at - a[2].ended_at),
-    ] == [5.0, 7.0]
-    assert log_metrics.values(m["respawn/job_goodput"], job_id="llm") == [pytest.approx(facts(None, job, 0)[-1]["goodput"])]
+    assert (
+        log_metrics.values(m["respawn/recovery_duration"])
+        == [
+            pytest.approx(a[2].started_at - a[1].ended_at),
+            pytest.approx(a[3].started_at - a[2].ended_at),
+        ]
+        == [5.0, 7.0]
+    )
+    assert log_metrics.values(m["respawn/job_goodput"], job_id="llm") == [
+        pytest.approx(facts(None, job, 0)[-1]["goodput"])
+    ]
     hours = log_metrics.values(m["respawn/machine_hours"], job_id="llm")
     assert len(hours) == 3 and sum(hours) == pytest.approx(facts(None, job, 0)[-1]["machine_hours"], abs=1e-5)
     spot, on_demand = sum(log_metrics.values(m["respawn/cost"])), sum(log_metrics.values(m["respawn/on_demand_cost"]))
@@ -118,7 +126,9 @@ def test_the_metrics_count_what_the_record_says(caplog: pytest.LogCaptureFixture
 def test_errors_and_retries_are_counted_by_function() -> None:
     error = _entry(json.dumps({"severity": "ERROR", "message": "x", "job_id": "j"}), "respawn-on-event", "p")
     retry = _entry(
-        json.dumps({"severity": "WARNING", "event": "trainer_started", "result": "retry"}), "respawn-on-job-message", "p"
+        json.dumps({"severity": "WARNING", "event": "trainer_started", "result": "retry"}),
+        "respawn-on-job-message",
+        "p",
     )
     other = {**error, "resource": {"type": "gce_instance", "labels": {}}}  # not a function's: outside the scope
     m = log_metrics.evaluate([error, retry, other])

@@ -48,7 +48,9 @@ def view(run_dir: Path, report: dict[str, Any]) -> View:
     zone_of = {f"{job}-a{r['attempt']}": r["zone"] for r in report.get("zones") or ()}
     attempt_of = {f"{job}-a{r['attempt']}": r["attempt"] for r in report.get("zones") or ()}
     marks = [
-        Mark(e["t"], "notice" if e["kind"] == "notice" else "preemption", zone_of[e["machine"]], attempt_of[e["machine"]])
+        Mark(
+            e["t"], "notice" if e["kind"] == "notice" else "preemption", zone_of[e["machine"]], attempt_of[e["machine"]]
+        )
         for e in timeline
         if e["kind"] in ("notice", "preempted") and e.get("machine") in zone_of
     ]
@@ -74,7 +76,9 @@ def view(run_dir: Path, report: dict[str, Any]) -> View:
         steps=steps,
         split=dict(report.get("goodput_s") or {}),
         goodput=float(report.get("goodput") or 0.0),
-        figures={k: report.get(k) for k in ("attempts", "preemptions", "failures", "wall_s", "final_step", "machine_hours")},
+        figures={
+            k: report.get(k) for k in ("attempts", "preemptions", "failures", "wall_s", "final_step", "machine_hours")
+        },
         cost=priced,
         source=f"local run {run_dir.name}: report.json and timeline.jsonl",
     )
