@@ -37,7 +37,7 @@ from respawn.model import COUNTED_AS_PREEMPTION, NO_CAPACITY, Attempt, Job, Stat
 from respawn.placement import machine_kind
 from respawn.prices import MachinePrice, machine_price, rate_per_h
 
-log = logging.getLogger("respawn.service")
+log = logging.getLogger("respawn.facts")  # beside respawn.service: the same handler, its own lines
 
 LIVE = frozenset({Status.PENDING, Status.PROVISIONING, Status.RUNNING, Status.RECOVERING})
 

@@ -31,7 +31,7 @@ SPEC = JobSpec(
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
-    parsed = [json.loads(r.getMessage()) for r in caplog.records if r.name == "respawn.service"]
+    parsed = [json.loads(r.getMessage()) for r in caplog.records if r.name in ("respawn.service", "respawn.facts")]
     return [p for p in parsed if isinstance(p, dict)]
 
 
@@ -45,7 +45,7 @@ def run_job(caplog: pytest.LogCaptureFixture) -> tuple[InMemoryJobStore, list[di
         for _ in range(3):
             service().handle(event)  # type: ignore[arg-type]
 
-    caplog.set_level(logging.INFO, logger="respawn.service")
+    caplog.set_level(logging.INFO, logger="respawn")
     thrice(JobSubmitted("submit-1", T0, SPEC))
     for n in (1, 2):
         clock.advance(5)
