@@ -17,6 +17,7 @@ Every figure is also in an element with a `data-figure` attribute, for tests and
 from __future__ import annotations
 
 import html
+import html.parser
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -356,3 +357,30 @@ def _num(value: Any, digits: int) -> str:
 
 def _text(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+class _Figures(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.figures: dict[str, str] = {}
+        self._open: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        key = dict(attrs).get("data-figure")
+        if key:
+            self._open = key
+            self.figures[key] = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        self._open = None
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self.figures[self._open] += data
+
+
+def read_figures(dom: str) -> dict[str, str]:
+    """Every `data-figure` of a page (as written, or as a browser rendered it): {name: text}."""
+    reader = _Figures()
+    reader.feed(dom)
+    return reader.figures

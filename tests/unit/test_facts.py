@@ -165,3 +165,27 @@ def test_regexp_extract_takes_its_group() -> None:
     extract = log_metrics.Extractor.parse(r'REGEXP_EXTRACT(resource.labels.zone, "^([a-z]+-[a-z]+[0-9]+)-")', "m")
     assert extract({"resource": {"labels": {"zone": "us-central1-a"}}}) == "us-central1"
     assert extract({"resource": {}}) is None
+
+
+# -- the job report of a deployed job: its record (and log entries) --------------------------------------------------
+
+
+def test_a_deployed_jobs_page_shows_its_records_figures(caplog: pytest.LogCaptureFixture) -> None:
+    from respawn.accounting import job_accounting
+    from respawn.job_report import from_record, page, read_figures
+
+    store, _ = run_job(caplog)
+    job = store.job("llm")
+    entries = [
+        {"timestamp": "1970-01-12T13:46:45Z", "jsonPayload": {"event": "progress", "step": 10, "job_id": "llm"}},
+        {"timestamp": "1970-01-12T13:47:45Z", "jsonPayload": {"event": "checkpoint", "step": 20, "job_id": "llm"}},
+    ]
+    text = page(from_record(job, entries, T0 + 1000))
+    figures = read_figures(text)
+    books = job_accounting(job, T0 + 1000)
+    assert figures["status"] == "SUCCEEDED" and figures["attempts"] == "3" and figures["preemptions"] == "2"
+    assert figures["goodput"] == f"{100 * books['goodput']:.1f}%"
+    assert float(figures["split.lost_s"]) == books["seconds"]["lost_s"] == 120.0
+    assert float(figures["cost.on_demand_usd"]) == pytest.approx(books["cost"]["on_demand_usd"], abs=5e-5)
+    assert text.count('class="attempt"') == 3 and text.count('data-kind="preemption"') == 2
+    assert "<script" not in text and "polyline" in text  # the steps of the entries
