@@ -124,57 +124,95 @@ resource "google_monitoring_notification_channel" "webhook" {
 
 # --- alerts -----------------------------------------------------------------------------------------------------
 
-resource "google_monitoring_alert_policy" "job_failed" {
-  display_name          = "respawn: a job FAILED or EXPIRED"
-  combiner              = "OR"
-  severity              = "ERROR"
-  notification_channels = local.alert_channels
-  conditions {
-    display_name = "jobs that came to FAILED or EXPIRED"
-    condition_threshold {
-      filter          = "metric.type=\"${local.metric_type["respawn/job_status"]}\" AND ${local.on_functions} AND metric.label.status=one_of(\"FAILED\", \"EXPIRED\")"
-      comparison      = "COMPARISON_GT"
-      threshold_value = var.alert_failed_jobs
-      duration        = "0s"
-      aggregations {
-        alignment_period     = "300s"
-        per_series_aligner   = "ALIGN_SUM"
-        cross_series_reducer = "REDUCE_SUM"
-        group_by_fields      = ["metric.label.job_id", "metric.label.status"]
-      }
-      trigger {
-        count = 1
-      }
+# The alerts on a threshold of one metric: one policy each, all built the same way (below). Each names its metric, a
+# filter on its labels, how its series are aligned and reduced, the threshold variable, and what the notice says.
+locals {
+  threshold_alerts = {
+    job_failed = {
+      display_name = "respawn: a job FAILED or EXPIRED"
+      severity     = "ERROR"
+      condition    = "jobs that came to FAILED or EXPIRED"
+      metric       = "respawn/job_status"
+      labels       = " AND metric.label.status=one_of(\"FAILED\", \"EXPIRED\")"
+      comparison   = "COMPARISON_GT"
+      threshold    = var.alert_failed_jobs
+      period       = "300s"
+      aligner      = "ALIGN_SUM"
+      reducer      = "REDUCE_SUM"
+      group_by     = ["metric.label.job_id", "metric.label.status"]
+      auto_close   = "1800s"
+      subject      = "respawn: job $${metric.label.job_id} is $${metric.label.status}"
+      content      = "Job $${metric.label.job_id} ended $${metric.label.status}. `respawn status $${metric.label.job_id}` says why; `respawn report $${metric.label.job_id} --html report.html` shows its attempts. Threshold: var.alert_failed_jobs."
+    }
+    no_progress = {
+      display_name = "respawn: a job stuck queued or without training progress"
+      severity     = "WARNING"
+      condition    = "seconds since the job's newest sign of training, per sweep"
+      metric       = "respawn/progress_age"
+      labels       = ""
+      comparison   = "COMPARISON_GT"
+      threshold    = var.alert_no_progress_seconds
+      period       = "${max(300, var.sweep_every_minutes * 120)}s" # two sweeps at least
+      aligner      = "ALIGN_MEAN"
+      reducer      = "REDUCE_MAX"
+      group_by     = ["metric.label.job_id", "metric.label.status"]
+      auto_close   = "3600s"
+      subject      = "respawn: job $${metric.label.job_id} has made no progress ($${metric.label.status})"
+      content      = "Job $${metric.label.job_id} has shown no training progress for longer than var.alert_no_progress_seconds while $${metric.label.status}: queued for capacity (PENDING, PROVISIONING) or a trainer that stopped reporting. `respawn status` shows its attempts and placement."
+    }
+    low_goodput = {
+      display_name = "respawn: a job ended with low goodput"
+      severity     = "WARNING"
+      condition    = "goodput of ended jobs below the threshold"
+      metric       = "respawn/job_goodput"
+      labels       = ""
+      comparison   = "COMPARISON_LT"
+      threshold    = var.alert_goodput_below
+      period       = "300s"
+      aligner      = "ALIGN_MEAN"
+      reducer      = "REDUCE_MIN"
+      group_by     = ["metric.label.job_id"]
+      auto_close   = "3600s"
+      subject      = "respawn: job $${metric.label.job_id} spent too little of its time training"
+      content      = "Job $${metric.label.job_id} ended with goodput below var.alert_goodput_below. `respawn report $${metric.label.job_id} --html report.html` splits its time (startup, restore, checkpoints, waiting, lost work)."
+    }
+    function_errors = {
+      display_name = "respawn: function errors"
+      severity     = "ERROR"
+      condition    = "error entries of the functions in 5 minutes"
+      metric       = "respawn/function_errors"
+      labels       = ""
+      comparison   = "COMPARISON_GT"
+      threshold    = var.alert_function_errors
+      period       = "300s"
+      aligner      = "ALIGN_SUM"
+      reducer      = "REDUCE_SUM"
+      group_by     = ["metric.label.function"]
+      auto_close   = "1800s"
+      subject      = "respawn: errors in $${metric.label.function}"
+      content      = "More than var.alert_function_errors error entries in 5 minutes from $${metric.label.function}. Read them with `gcloud logging read 'resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"$${metric.label.function}\" AND severity>=ERROR' --freshness=1h`; see docs/operations.md, Monitoring."
     }
   }
-  documentation {
-    mime_type = "text/markdown"
-    subject   = "respawn: job $${metric.label.job_id} is $${metric.label.status}"
-    content   = "Job $${metric.label.job_id} ended $${metric.label.status}. `respawn status $${metric.label.job_id}` says why; `respawn report $${metric.label.job_id} --html report.html` shows its attempts. Threshold: var.alert_failed_jobs."
-  }
-  alert_strategy {
-    auto_close = "1800s"
-  }
-  depends_on = [google_logging_metric.respawn]
 }
 
-resource "google_monitoring_alert_policy" "no_progress" {
-  display_name          = "respawn: a job stuck queued or without training progress"
+resource "google_monitoring_alert_policy" "threshold" {
+  for_each              = local.threshold_alerts
+  display_name          = each.value.display_name
   combiner              = "OR"
-  severity              = "WARNING"
+  severity              = each.value.severity
   notification_channels = local.alert_channels
   conditions {
-    display_name = "seconds since the job's newest sign of training, per sweep"
+    display_name = each.value.condition
     condition_threshold {
-      filter          = "metric.type=\"${local.metric_type["respawn/progress_age"]}\" AND ${local.on_functions}"
-      comparison      = "COMPARISON_GT"
-      threshold_value = var.alert_no_progress_seconds
+      filter          = "metric.type=\"${local.metric_type[each.value.metric]}\" AND ${local.on_functions}${each.value.labels}"
+      comparison      = each.value.comparison
+      threshold_value = each.value.threshold
       duration        = "0s"
       aggregations {
-        alignment_period     = "${max(300, var.sweep_every_minutes * 120)}s"
-        per_series_aligner   = "ALIGN_MEAN"
-        cross_series_reducer = "REDUCE_MAX"
-        group_by_fields      = ["metric.label.job_id", "metric.label.status"]
+        alignment_period     = each.value.period
+        per_series_aligner   = each.value.aligner
+        cross_series_reducer = each.value.reducer
+        group_by_fields      = each.value.group_by
       }
       trigger {
         count = 1
@@ -183,79 +221,11 @@ resource "google_monitoring_alert_policy" "no_progress" {
   }
   documentation {
     mime_type = "text/markdown"
-    subject   = "respawn: job $${metric.label.job_id} has made no progress ($${metric.label.status})"
-    content   = "Job $${metric.label.job_id} has shown no training progress for longer than var.alert_no_progress_seconds while $${metric.label.status}: queued for capacity (PENDING, PROVISIONING) or a trainer that stopped reporting. `respawn status` shows its attempts and placement."
+    subject   = each.value.subject
+    content   = each.value.content
   }
   alert_strategy {
-    auto_close = "3600s"
-  }
-  depends_on = [google_logging_metric.respawn]
-}
-
-resource "google_monitoring_alert_policy" "low_goodput" {
-  display_name          = "respawn: a job ended with low goodput"
-  combiner              = "OR"
-  severity              = "WARNING"
-  notification_channels = local.alert_channels
-  conditions {
-    display_name = "goodput of ended jobs below the threshold"
-    condition_threshold {
-      filter          = "metric.type=\"${local.metric_type["respawn/job_goodput"]}\" AND ${local.on_functions}"
-      comparison      = "COMPARISON_LT"
-      threshold_value = var.alert_goodput_below
-      duration        = "0s"
-      aggregations {
-        alignment_period     = "300s"
-        per_series_aligner   = "ALIGN_MEAN"
-        cross_series_reducer = "REDUCE_MIN"
-        group_by_fields      = ["metric.label.job_id"]
-      }
-      trigger {
-        count = 1
-      }
-    }
-  }
-  documentation {
-    mime_type = "text/markdown"
-    subject   = "respawn: job $${metric.label.job_id} kept under var.alert_goodput_below of its time training"
-    content   = "Job $${metric.label.job_id} ended with goodput below var.alert_goodput_below. `respawn report $${metric.label.job_id} --html report.html` splits its time (startup, restore, checkpoints, waiting, lost work)."
-  }
-  alert_strategy {
-    auto_close = "3600s"
-  }
-  depends_on = [google_logging_metric.respawn]
-}
-
-resource "google_monitoring_alert_policy" "function_errors" {
-  display_name          = "respawn: function errors"
-  combiner              = "OR"
-  severity              = "ERROR"
-  notification_channels = local.alert_channels
-  conditions {
-    display_name = "error entries of the functions in 5 minutes"
-    condition_threshold {
-      filter          = "metric.type=\"${local.metric_type["respawn/function_errors"]}\" AND ${local.on_functions}"
-      comparison      = "COMPARISON_GT"
-      threshold_value = var.alert_function_errors
-      duration        = "0s"
-      aggregations {
-        alignment_period     = "300s"
-        per_series_aligner   = "ALIGN_SUM"
-        cross_series_reducer = "REDUCE_SUM"
-        group_by_fields      = ["metric.label.function"]
-      }
-      trigger {
-        count = 1
-      }
-    }
-  }
-  documentation {
-    mime_type = "text/markdown"
-    subject   = "respawn: errors in $${metric.label.function}"
-    content   = "More than var.alert_function_errors error entries in 5 minutes from $${metric.label.function}. Read them with `gcloud logging read 'resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"$${metric.label.function}\" AND severity>=ERROR' --freshness=1h`; see docs/operations.md, Monitoring."
-  }
-  alert_strategy {
-    auto_close = "1800s"
+    auto_close = each.value.auto_close
   }
   depends_on = [google_logging_metric.respawn]
 }

@@ -142,7 +142,37 @@ def test_a_dashboard_with_a_wrong_field_fails_the_check() -> None:
 # ------------------------------------------------------------------------------------------------ the alerts
 
 
-ALERTS = resources("google_monitoring_alert_policy")
+def locals_block(name: str) -> Any:
+    return next(block[name] for block in MONITORING_TF.get("locals", []) if name in block)
+
+
+def expanded(body: Any, values: dict[str, Any]) -> Any:
+    """A for_each resource's body for one `each.value`: `${each.value.X}` replaced by X's value (whole, or spliced
+    into a longer string), as Terraform does; `${local.metric_type[each.value.metric]}` names the metric."""
+    if isinstance(body, dict):
+        return {k: expanded(v, values) for k, v in body.items()}
+    if isinstance(body, list):
+        return [expanded(v, values) for v in body]
+    if not isinstance(body, str):
+        return body
+    whole = re.fullmatch(r"\$\{each\.value\.([a-z_]+)\}", body)
+    if whole:
+        return values[whole[1]]
+    body = body.replace("${local.metric_type[each.value.metric]}", f'${{local.metric_type["{values.get("metric")}"]}}')
+    return re.sub(r"\$\{each\.value\.([a-z_]+)\}", lambda m: str(values[m[1]]), body)
+
+
+def alert_policies() -> dict[str, dict[str, Any]]:
+    """Every alert policy of monitoring.tf by name: the threshold alerts one per entry of local.threshold_alerts."""
+    found = resources("google_monitoring_alert_policy")
+    template = found.pop("threshold")
+    assert template["for_each"] == "${local.threshold_alerts}"
+    for name, values in locals_block("threshold_alerts").items():
+        found[name] = {k: v for k, v in expanded(template, values).items() if k != "for_each"}
+    return found
+
+
+ALERTS = alert_policies()
 
 
 def test_there_is_an_alert_for_each_of_the_issues_conditions() -> None:
