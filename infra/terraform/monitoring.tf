@@ -28,7 +28,7 @@ resource "google_logging_metric" "respawn" {
   description = each.value.description
   filter      = "${local.log_metrics.scope} AND (${each.value.where})"
   # A distribution extracts its value; a counter counts matching entries.
-  value_extractor  = lookup(each.value, "value_extractor", null)
+  value_extractor  = try(each.value.value_extractor, null)
   label_extractors = each.value.labels
 
   metric_descriptor {
@@ -98,19 +98,22 @@ resource "google_pubsub_topic" "alerts" {
   depends_on                 = [google_project_service.apis]
 }
 
-resource "google_pubsub_topic_iam_member" "alerts_publisher" {
-  count  = var.alert_pubsub ? 1 : 0
-  topic  = google_pubsub_topic.alerts[0].id
-  role   = "roles/pubsub.publisher"
-  member = local.monitoring_notifier
-}
 
 resource "google_monitoring_notification_channel" "pubsub" {
   count        = var.alert_pubsub ? 1 : 0
   display_name = "respawn alerts on respawn-alerts"
   type         = "pubsub"
   labels       = { topic = google_pubsub_topic.alerts[0].id }
-  depends_on   = [google_pubsub_topic_iam_member.alerts_publisher]
+}
+
+# Monitoring creates its notification service agent with the first Pub/Sub channel of the project, so the grant
+# comes after the channel (docs: Cloud Monitoring, "Create a Pub/Sub notification channel").
+resource "google_pubsub_topic_iam_member" "alerts_publisher" {
+  count      = var.alert_pubsub ? 1 : 0
+  topic      = google_pubsub_topic.alerts[0].id
+  role       = "roles/pubsub.publisher"
+  member     = local.monitoring_notifier
+  depends_on = [google_monitoring_notification_channel.pubsub]
 }
 
 # A chat tool's incoming webhook (its URL carries its secret: keep it in a tfvars file out of version control).
