@@ -20,12 +20,14 @@ EXPECTED_FILES = {
     "artifact_registry.tf",
     "functions.tf",
     "iam.tf",
+    "monitoring.tf",
     "outputs.tf",
     "pubsub.tf",
     "scheduler.tf",
     "sink.tf",
     "storage.tf",
     "variables.tf",
+    "variables_monitoring.tf",
     "versions.tf",
 }
 

@@ -441,6 +441,9 @@ def run(ns: argparse.Namespace) -> int:
 
         plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {summary['status']}")
         summary["plot"] = ns.plot
+    from respawn.local.monitoring import write_beside_report
+
+    summary.update(write_beside_report(outcome.run_dir, summary))  # report.html, metrics.json
     (outcome.run_dir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
     if ns.json:
         print(json.dumps(summary, sort_keys=True))
