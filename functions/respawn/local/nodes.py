@@ -31,6 +31,7 @@ machine shuts every VM down (SIGTERM to the script, whose trap stops the contain
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -300,7 +301,7 @@ class Nodes:
             if self.timings.image_on_boot_disk and meta.get("respawn-image"):  # baked into the boot image
                 machine_host.add_image(home / "docker", meta["respawn-image"])
             server = MetadataServer(self.project, self._attributes(node, index))
-            cloud_logging = CloudLogging(lambda log, payload, i=index: self._script_entry(node, i, log, payload))
+            cloud_logging = CloudLogging(functools.partial(self._script_entry, node, index))
             env = self._vm_env(node, index, port, home, server, cloud_logging)
             proc = start_group(
                 [BASH, str(run / "startup-script.sh")],
