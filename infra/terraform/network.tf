@@ -3,7 +3,8 @@
 #
 # Machines without an external IP reach Cloud Storage (checkpoints, the drain marker), Artifact Registry (the
 # trainer image), Cloud Logging and Secret Manager through Private Google Access on their subnetwork
-# (https://cloud.google.com/vpc/docs/private-google-access; Cloud TPU's docs ask for it with internal IPs only).
+# (https://cloud.google.com/vpc/docs/private-google-access; the Cloud TPU API's networkConfig.enableExternalIps asks for
+# it when false).
 # Everything respawn itself reaches is a Google API, so that is the default; Cloud NAT (cloud_nat_regions) is only
 # for traffic outside Google (docs/deploy.md, "A project without a default network").
 

@@ -4,7 +4,13 @@ IP reach Google's APIs. The functions get the choice as RESPAWN_NETWORK, RESPAWN
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from tfconfig import Config, block
@@ -140,3 +146,80 @@ def test_function_builds_push_to_a_repository_of_their_own(config: Config) -> No
     assert "${google_artifact_registry_repository_iam_member.build_pushes_images}" in fn["depends_on"]
     project_roles = {body["role"] for body in config.of_type("google_project_iam_member").values()}
     assert not [role for role in project_roles if role.startswith("roles/artifactregistry.")]
+
+
+def expression(value: str) -> str:
+    assert value.startswith("${") and value.endswith("}"), value
+    return value[2:-1]
+
+
+@pytest.fixture(scope="module")
+def evaluate(config: Config, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[str, Any]]:
+    """network.tf's locals as Terraform itself evaluates them (`terraform console`, no provider needed), for given
+    variables: the values the functions get."""
+    binary = shutil.which("terraform")
+    if binary is None:
+        if os.environ.get("RESPAWN_REQUIRE_EMULATORS") == "1" or os.environ.get("CI") == "true":
+            pytest.fail("terraform is not installed")
+        pytest.skip("terraform is not installed")
+    module = tmp_path_factory.mktemp("network_locals")
+    names = ("project", "network", "subnetwork", "create_network", "external_ip")
+    variables = "".join(
+        f'variable "{n}" {{\n  type    = {config.variables[n]["type"]}\n'
+        f"  default = {json.dumps(config.variables[n].get('default'))}\n}}\n"
+        for n in names
+    )
+    wanted = ("network_project", "network_name", "machine_subnetwork", "external_ip")
+    values = "".join(f"  {n} = {expression(config.locals[n])}\n" for n in wanted)
+    (module / "main.tf").write_text(f"{variables}locals {{\n{values}}}\n")
+    shown = ", ".join(f"{n} = local.{n}" for n in wanted)
+
+    def run(**settings: Any) -> dict[str, Any]:
+        args = [binary, "console"] + [
+            f"-var={k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()
+        ]
+        done = subprocess.run(
+            args, cwd=module, input=f"jsonencode({{{shown}}})\n", capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(json.loads(done.stdout.strip().splitlines()[-1]))
+        return result
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (
+            {"project": "p"},
+            {"network_project": "p", "network_name": "default", "machine_subnetwork": "", "external_ip": True},
+        ),
+        (
+            {"project": "p", "create_network": True, "network": "respawn-vpc", "subnetwork": "respawn-machines"},
+            {
+                "network_project": "p",
+                "network_name": "respawn-vpc",
+                "machine_subnetwork": "respawn-machines",
+                "external_ip": False,
+            },
+        ),
+        (
+            {
+                "project": "p",
+                "network": "projects/host-1/global/networks/shared",
+                "subnetwork": "ml",
+                "external_ip": False,
+            },
+            {"network_project": "host-1", "network_name": "shared", "machine_subnetwork": "ml", "external_ip": False},
+        ),
+        (
+            {"project": "p", "create_network": True, "network": "v", "subnetwork": "s", "external_ip": True},
+            {"network_project": "p", "network_name": "v", "machine_subnetwork": "s", "external_ip": True},
+        ),
+    ],
+)
+def test_the_settings_the_functions_get(
+    evaluate: Callable[..., dict[str, Any]], settings: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    assert evaluate(**settings) == expected
