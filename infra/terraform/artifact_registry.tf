@@ -87,17 +87,18 @@ resource "google_artifact_registry_repository" "functions" {
   format        = "DOCKER"
   description   = "Images of the respawn functions, built by Cloud Functions."
 
+  # Each deploy builds new images: those older than 30 days go, but for the 10 most recent (KEEP wins over DELETE).
   cleanup_policies {
-    id     = "delete-untagged"
+    id     = "delete-old"
     action = "DELETE"
     condition {
-      tag_state  = "UNTAGGED"
-      older_than = "1209600s"
+      tag_state  = "ANY"
+      older_than = "2592000s"
     }
   }
 
   cleanup_policies {
-    id     = "keep-recent"
+    id     = "keep-last-builds"
     action = "KEEP"
     most_recent_versions {
       keep_count = 10
