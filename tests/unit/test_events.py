@@ -90,7 +90,7 @@ FIELDS = {
     CheckpointSaved: ["event_id", "time", "job_id", "attempt", "step", "goodput", "final"],
     TrainerProgressed: ["event_id", "time", "job_id", "attempt", "step"],
     TrainerCompleted: ["event_id", "time", "job_id", "attempt", "step", "result", "goodput", "source"],
-    TrainerFailed: ["event_id", "time", "job_id", "attempt", "error", "worker", "machine_state", "goodput"],
+    TrainerFailed: ["event_id", "time", "job_id", "attempt", "error", "worker", "machine_state", "goodput", "permanent"],
     SweepTicked: ["event_id", "time"],
     CreateFailed: ["event_id", "time", "job_id", "attempt", "kind", "error"],
     MachinesObserved: ["event_id", "time", "job_id", "machines", "zones", "details"],
