@@ -235,6 +235,8 @@ def container_env(opts: Sequence[tuple[str, str]], environ: Mapping[str, str]) -
                     env[key.strip()] = given
     if env.get("RESPAWN_LOG_SINK") == "cloud":  # the machine reads Cloud Logging's lifecycle entries on stdout
         env["RESPAWN_LOG_SINK"] = "stdout"
+    if environ.get("GCE_METADATA_HOST"):  # the VM's metadata server, which a real container reaches (--net=host)
+        env.setdefault("RESPAWN_METADATA_URL", f"http://{environ['GCE_METADATA_HOST']}/computeMetadata/v1")
     return env
 
 
