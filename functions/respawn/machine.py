@@ -3,7 +3,7 @@
 The grace period each kind of machine gives its trainer after the notice, the notice itself (the marker file the
 shutdown script or the startup script's trap leaves), the trainer's environment, the entry the startup script
 writes from the trainer's exit code, and the names of the logs a machine writes to. adapters/startup.py renders the
-bash that does it on a real machine; the local cloud (respawn/local/nodes.py) runs the trainer with this contract.
+bash that does it on a real machine; the local cloud (localcloud/machines/nodes.py) runs the trainer with this contract.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tfconfig import REPO, TF_DIR, Config, block, parse, strings
 
-from respawn import logfilter
+from localcloud.services import logfilter
 from respawn.events import SweepTicked
 from respawn.parsing import PubSubMessage, events_event
 

@@ -29,21 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localcloud.apis.cloudapi import CloudApiServer, CloudMachine
+from localcloud.chaos import Chaos, Mtbi, StepAction, step_actions
+from localcloud.machines.nodes import Nodes
+from localcloud.machines.profiles import MachineTimings
+from localcloud.machines.slices import local_trainer_env
+from localcloud.services.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
+from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
+from localcloud.services.functions import FunctionServers
+from localcloud.services.router import LogRouter
+from localcloud.services.scheduler import SweepTicker
+from localcloud.services.secret_store import delivered, leaks
+from localcloud.services.status import STATUS_TOPIC, StatusRecorder
+from localcloud.timeline import Timeline
 from respawn import bootstrap
 from respawn.config import TIME_SCALE, Settings
-from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
-from respawn.local.chaos import Chaos, Mtbi, StepAction, step_actions
-from respawn.local.cloudapi import CloudApiServer, CloudMachine
-from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
-from respawn.local.functions import FunctionServers
-from respawn.local.nodes import Nodes
-from respawn.local.profiles import MachineTimings
-from respawn.local.router import LogRouter
-from respawn.local.scheduler import SweepTicker
-from respawn.local.secret_store import delivered, leaks
-from respawn.local.slices import local_trainer_env
-from respawn.local.status import STATUS_TOPIC, StatusRecorder
-from respawn.local.timeline import Timeline
 from respawn.model import Job
 
 if TYPE_CHECKING:

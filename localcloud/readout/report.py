@@ -47,8 +47,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.accounting import later_split, parse_split, sum_splits
-from respawn.local.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.model import EndReason, JobSpec
 from respawn.placement import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h

@@ -12,9 +12,9 @@ import json
 import threading
 from typing import Any
 
-from respawn.local.bus import Bus
-from respawn.local.timeline import Timeline
-from respawn.logfilter import LogFilter, load_sink_filter
+from localcloud.services.bus import Bus
+from localcloud.services.logfilter import LogFilter, load_sink_filter
+from localcloud.timeline import Timeline
 
 
 class LogRouter:

@@ -79,7 +79,7 @@ def _default_shape(m: CloudMachine) -> tuple[tuple[str, ...], int]:
     """A TPU node's hidden worker VMs and chips per host from its accelerator type (one host when the type is
     unknown); a Compute Engine instance is its own one worker, with its GPUs (or 1) as its chips."""
     if m.api == "tpu":
-        from respawn.local.logentries import tpu_worker_name
+        from localcloud.services.logentries import tpu_worker_name
         from respawn.topology import UnknownTpuType, tpu_topology
 
         try:

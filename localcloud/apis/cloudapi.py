@@ -21,8 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from respawn.local.advice_api import AdviceApi
-from respawn.local.apicore import (
+from localcloud.apis.advice_api import AdviceApi
+from localcloud.apis.apicore import (
     GPU,
     TPU,
     ApiError,
@@ -35,8 +35,8 @@ from respawn.local.apicore import (
     Hook,
     MachineCall,
 )
-from respawn.local.compute_api import ComputeApi
-from respawn.local.tpu_api import QueuedResource, TpuApi
+from localcloud.apis.compute_api import ComputeApi
+from localcloud.apis.tpu_api import QueuedResource, TpuApi
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

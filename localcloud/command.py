@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from respawn.local.chaos import (
+from localcloud.chaos import (
     ChaosError,
     check_workers,
     parse_duration,
@@ -28,9 +28,9 @@ from respawn.local.chaos import (
     parse_times,
     parse_worker_steps,
 )
-from respawn.local.profiles import Profile, Timings, profile
-from respawn.local.secret_store import SecretError, secret_values
-from respawn.local.slices import LocalSlice, local_trainer_env
+from localcloud.machines.profiles import Profile, Timings, profile
+from localcloud.machines.slices import LocalSlice, local_trainer_env
+from localcloud.services.secret_store import SecretError, secret_values
 from respawn.model import JobSpec
 
 EPILOG = """\
@@ -143,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
         default="local",
         metavar="NAME",
         help="the recovery timings: local (default), or real-cloud figures scaled to a second a minute: cloud, "
-        "cloud-baked, cloud-nocache (respawn/local/profiles.py); the options below replace one of its figures",
+        "cloud-baked, cloud-nocache (localcloud/machines/profiles.py); the options below replace one of its figures",
     )
     r.add_argument(
         "--creation-delay",
@@ -305,7 +305,7 @@ def timing_options(ns: argparse.Namespace) -> TimingOptions:
 
 
 def options(ns: argparse.Namespace) -> Any:
-    from respawn.local.cloud import Options
+    from localcloud.cloud import Options
 
     if ns.duplicate_deliveries < 1:
         raise UsageError("--duplicate-deliveries: must be 1 or more")
@@ -362,9 +362,9 @@ def leftover_processes() -> int:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from respawn.local import report
-    from respawn.local.cloud import LocalCloud, signals_as_interrupt
-    from respawn.local.reference import ReferenceFailed, reference_run
+    from localcloud.cloud import LocalCloud, signals_as_interrupt
+    from localcloud.readout import report
+    from localcloud.reference import ReferenceFailed, reference_run
     from respawn.prices import machine_price
 
     opts = options(ns)
@@ -430,7 +430,7 @@ def run(ns: argparse.Namespace) -> int:
     if outcome.secrets is not None:
         summary["secrets"] = outcome.secrets
     if ns.plot:
-        from respawn.local.plot import plot_timeline
+        from localcloud.readout.plot import plot_timeline
 
         plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {summary['status']}")
         summary["plot"] = ns.plot

@@ -9,9 +9,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from respawn.local.emulators import free_port, start_group, stop_group, wait_http
+import respawn
+from localcloud.services.emulators import free_port, start_group, stop_group, wait_http
 
-MAIN = Path(__file__).resolve().parents[2] / "main.py"  # functions/main.py
+MAIN = Path(str(respawn.__file__)).resolve().parents[1] / "main.py"  # functions/main.py, beside the respawn package
 TARGETS = ("on_job_message", "on_event")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf.json_format import ParseError
 
-from respawn.local.apicore import invalid
+from localcloud.apis.apicore import invalid
 
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as every Compute resource name
 _TOPOLOGY = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}")

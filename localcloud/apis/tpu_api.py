@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from respawn.local.apicore import (
+from localcloud.apis.apicore import (
     GRPC_CODES,
     TPU,
     ApiError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
-from respawn.local.bus import Bus
+from localcloud.services.bus import Bus
 
 SWEEP_TICK = json.dumps({"kind": "sweep_tick"}).encode()
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from respawn.local.slices import LocalSlice
+    from localcloud.machines.slices import LocalSlice
 
 MTBI_ROUND = 10  # machines per round of --mtbi lifetimes
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")

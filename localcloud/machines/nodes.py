@@ -9,7 +9,7 @@ grace period, the secrets it reads and the entries it writes from the trainer's 
 become the LogEntries google-cloud-logging writes, for the log router; worker 0's progress lines are read for live
 progress. Each worker's script and its container run in process groups of their own.
 
-A machine boots as its `MachineTimings` say (respawn/local/profiles.py): its scripts start `boot_s` after READY;
+A machine boots as its `MachineTimings` say (localcloud/machines/profiles.py): its scripts start `boot_s` after READY;
 a boot image without Docker (`docker_install_s`) has no `docker` on the VM's PATH until the script installs it; a
 baked one holds the trainer image in the VM's image store; the docker shim times pulls and the trainer's start.
 Each timed step a shim reports (`STEP_MARK` lines) is a `machine_step` in the timeline.
@@ -45,16 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from localcloud.apis.cloudapi import CloudMachine
+from localcloud.apis.compute_checks import seconds
+from localcloud.machines import machine_host
+from localcloud.machines.machine_host import MetadataServer, SecretManager
+from localcloud.machines.profiles import MachineTimings
+from localcloud.machines.slices import LocalSlice, compile_bytecode
+from localcloud.services.emulators import free_port, start_group
+from localcloud.services.logentries import host_event_entry, preempted_entry, trainer_entry
+from localcloud.timeline import Timeline
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL
-from respawn.local import machine_host
-from respawn.local.cloudapi import CloudMachine
-from respawn.local.compute_checks import seconds
-from respawn.local.emulators import free_port, start_group
-from respawn.local.logentries import host_event_entry, preempted_entry, trainer_entry
-from respawn.local.machine_host import MetadataServer, SecretManager
-from respawn.local.profiles import MachineTimings
-from respawn.local.slices import LocalSlice, compile_bytecode
-from respawn.local.timeline import Timeline
 from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, START_AFTER_METADATA
 from respawn.parsing import TRAINER_EVENTS
 

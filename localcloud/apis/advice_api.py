@@ -23,7 +23,7 @@ import re
 import time
 from typing import Any
 
-from respawn.local.apicore import ApiError, CloudCore, CloudMachine, compute_error_json, invalid, rfc3339
+from localcloud.apis.apicore import ApiError, CloudCore, CloudMachine, compute_error_json, invalid, rfc3339
 
 ADVICE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)/advice/(capacity|capacityHistory)$")
 MODELS = ("FLEX_START", "RESERVATION_BOUND", "SPOT", "STANDARD")

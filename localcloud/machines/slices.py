@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from respawn.local.emulators import free_port, start_group
+from localcloud.services.emulators import free_port, start_group
 
 # JAX's heartbeat timeout for local slices: longer than any hang_timeout a local job has (the default is 30 m),
 # so that a stopped worker looks hung (alive, no progress) and only respawn's hang detection finds it.
@@ -91,11 +91,11 @@ class LocalSlice:
         return {} if self.hosts == 1 else {"worker": worker}
 
     def worker_env(self, env: Mapping[str, str], worker: int, coordinator_port: int) -> dict[str, str]:
-        """`env` plus what worker `worker` of a loopback slice has (trainer/slice_env.py), its XLA flags kept (the
-        device count replaced); a single host runs with `env` as it is, the way a one-host TPU VM does."""
+        """`env` plus what worker `worker` of a loopback slice has (respawn_trainer/slice_env.py), its XLA flags kept
+        (the device count replaced); a single host runs with `env` as it is, the way a one-host TPU VM does."""
         if self.hosts == 1:
             return dict(env)
-        from trainer.slice_env import worker_env
+        from respawn_trainer.slice_env import worker_env
 
         return self._with(env, worker_env(worker, self.hosts, coordinator_port, self.chips_per_host))
 
@@ -104,13 +104,13 @@ class LocalSlice:
         metadata server (`endpoints`): what the host of a loopback slice gives the trainer's image."""
         if self.hosts == 1:
             return dict(env)
-        from trainer.slice_env import host_env
+        from respawn_trainer.slice_env import host_env
 
         return self._with(env, host_env(coordinator_port, self.chips_per_host))
 
     def endpoints(self) -> str:
         """The slice's `worker-network-endpoints` metadata: every host's address (loopback), in worker order."""
-        from trainer.slice_env import LOOPBACK
+        from respawn_trainer.slice_env import LOOPBACK
 
         return ",".join([LOOPBACK] * self.hosts)
 

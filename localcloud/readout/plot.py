@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from respawn.local.report import LIVE_STATES
+from localcloud.readout.report import LIVE_STATES
 
 
 def _spans(events: list[dict[str, Any]], t0: float, end: float) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ exactly those, and nothing else differs:
   real one (`GCE_METADATA_HOST`, as Google's client libraries read it): the machine's metadata attributes, this
   worker's `agent-worker-number` and the slice's `worker-network-endpoints`, `preempted`, a token, the project.
 * `SecretManager`: Secret Manager's `versions/V:access` over HTTP, answering from the local secret store.
-* `docker` (`python -m respawn.local.machine_host docker ...`): runs the image's command (`python -m trainer`, or
+* `docker` (`python -m localcloud.machines.machine_host docker ...`): runs the image's command (`python -m trainer`, or
   the local cloud's entrypoint), or `--entrypoint`'s, as a local process in its own process group with only the
   image's environment and what `-e`/`--env-file` pass, honouring `run` (`--name`, `--rm`, signals proxied to the
   container as docker's default `--sig-proxy` does), `stop -t N` (SIGTERM, SIGKILL after N s), `rm -f`, `pull`,
@@ -15,7 +15,7 @@ exactly those, and nothing else differs:
   output, and the lifecycle entries a trainer sends to Cloud Logging (`RESPAWN_LOG_SINK=cloud`) come on its stdout,
   which the machine reads (local/nodes.py). Its images are names in the VM's image store (on its disk): `pull` of
   one it lacks takes the machine's pull time, of one it has its refresh time, and `run` starts the trainer after
-  the machine's trainer start time (respawn/local/profiles.py).
+  the machine's trainer start time (localcloud/machines/profiles.py).
 * `gcloud`: `logging write` prints the entry's payload on stdout, where the machine reads lifecycle entries;
   `secrets versions access` asks `SecretManager`; `auth configure-docker` has nothing to configure.
 * `apt-get` and `systemctl`, for a boot image without Docker: `apt-get install docker.io` takes the machine's
@@ -454,14 +454,20 @@ def install(bin_dir: Path) -> Path:
     VM_TOOLS, the PATH of a VM without Docker."""
     import shlex
 
+    import localcloud
+    import respawn
+
     package = docker_package(bin_dir)
     tools = bin_dir / "tools"
     for directory in (bin_dir, package, tools):
         directory.mkdir(parents=True, exist_ok=True)
-    functions = str(Path(__file__).resolve().parents[2])
-    # -S: no site-packages (the shims need the standard library and respawn only), so each call starts in a third
-    # of the time: a VM's docker and gcloud answer at once, and the recovery split times the script, not the shims.
-    run = f"PYTHONPATH={shlex.quote(functions)} exec {shlex.quote(sys.executable)} -S -m respawn.local.machine_host"
+    # the directories holding the respawn and localcloud packages (functions/ and the repository root)
+    roots = dict.fromkeys(str(Path(str(pkg.__file__)).resolve().parents[1]) for pkg in (respawn, localcloud))
+    # -S: no site-packages (the shims need the standard library, respawn and localcloud only), so each call starts in
+    # a third of the time: a VM's docker and gcloud answer at once, and the recovery split times the script, not the
+    # shims.
+    path = shlex.quote(":".join(roots))
+    run = f"PYTHONPATH={path} exec {shlex.quote(sys.executable)} -S -m localcloud.machines.machine_host"
     for where, tool in ((package, "docker"), (bin_dir, "gcloud"), (bin_dir, "apt-get")):
         (where / tool).write_text(f'#!/bin/sh\n{run} {tool} "$@"\n')
         (where / tool).chmod(0o755)

@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from respawn.local.emulators import stop_group
-from respawn.local.nodes import TRAINER, lifecycle_entry
-from respawn.local.slices import SINGLE_HOST, LocalSlice
+from localcloud.machines.nodes import TRAINER, lifecycle_entry
+from localcloud.machines.slices import SINGLE_HOST, LocalSlice
+from localcloud.services.emulators import stop_group
 
 JOB_ID = "reference"
 

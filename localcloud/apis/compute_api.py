@@ -44,7 +44,7 @@ from typing import Any
 
 from google.cloud import compute_v1
 
-from respawn.local.apicore import (
+from localcloud.apis.apicore import (
     GPU,
     TPU,
     WAIT_MAX_S,
@@ -58,7 +58,7 @@ from respawn.local.apicore import (
     rfc3339,
     snapshot,
 )
-from respawn.local.compute_checks import (
+from localcloud.apis.compute_checks import (
     FLEX_START_WAIT_S,
     INSTANCE_FIELDS,
     MIG_FIELDS,
@@ -74,7 +74,7 @@ from respawn.local.compute_checks import (
     check_workload_policy,
     seconds,
 )
-from respawn.local.logentries import instance_id
+from localcloud.services.logentries import instance_id
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
 _REASONS = {404: "notFound", 409: "alreadyExists", 403: "forbidden", 429: "rateLimitExceeded"}
