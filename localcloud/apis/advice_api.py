@@ -119,7 +119,7 @@ class AdviceApi:
                 raise invalid(f"Invalid value for field 'distributionPolicy.zones': {zone} is not in {region}")
         machine_type = machine_types[0]
         self._refuse_tpu(machine_type)
-        with self.core._lock:
+        with self.core.lock:
             self.core.check("advice", "", machine_type, region, "capacity")
         zone = max(zones, key=lambda z: (self.obtainability(z, machine_type), -zones.index(z)))
         scores: dict[str, Any] = {"obtainability": self.obtainability(zone, machine_type)}
@@ -152,7 +152,7 @@ class AdviceApi:
         if unknown:
             raise invalid(f"Invalid value for field 'types': {unknown[0]!r}")
         self._refuse_tpu(machine_type)
-        with self.core._lock:
+        with self.core.lock:
             self.core.check("advice", "", machine_type, place, "capacityHistory")
         now = time.time()
         scope = "zones" if place != region else "regions"

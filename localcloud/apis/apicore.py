@@ -232,7 +232,10 @@ class CloudCore:
     like quota; a MIG slice is one machine), `stockouts` (zone -> the next K creates there fail with capacity),
     `spot_stockouts` (the same for Spot/preemptible requests only, None = all), `queue_waits` /
     `spot_queue_waits` (zone -> seconds a queued request waits for capacity there, None = until deleted),
-    `create_delay_s` (CREATING -> READY)."""
+    `create_delay_s` (CREATING -> READY).
+
+    `lock` (reentrant) guards all of it, and everything the APIs keep: each API's request handlers and timers take
+    it, and so may a test that changes what an API holds."""
 
     def __init__(self, **knobs: Unpack[CoreKnobs]) -> None:
         self.create_delay_s = knobs.get("create_delay_s", 0.0)
@@ -243,8 +246,8 @@ class CloudCore:
         self.spot_queue_waits: dict[str, float | None] = dict(knobs.get("spot_queue_waits") or {})
         self.on_ready = knobs.get("on_ready")
         self.on_deleted = knobs.get("on_deleted")
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        self.lock = threading.RLock()
+        self._changed = threading.Condition(self.lock)
         self._calls: list[Call] = []
         self._requests: list[str] = []
         self._faults: list[Fault] = []

@@ -133,64 +133,64 @@ class CloudApiServer(CloudCore):
     # ----------------------------------------------------------------- hooks
     @property
     def calls(self) -> list[Call]:
-        with self._lock:
+        with self.lock:
             return list(self._calls)
 
     @property
     def requests(self) -> list[str]:
         """Every request as "METHOD /path" (query string left off), in arrival order."""
-        with self._lock:
+        with self.lock:
             return list(self._requests)
 
     @property
     def exchanges(self) -> list[Exchange]:
         """Every request and its reply, in the order the replies went out (only with record=True)."""
-        with self._lock:
+        with self.lock:
             return list(self._exchanges)
 
     def machines(self) -> list[CloudMachine]:
         """Every machine the APIs hold: TPU nodes, Compute instances, MIG slices (one machine each)."""
-        with self._lock:
+        with self.lock:
             return [m for api in self.apis for m in api.machines()]
 
     def queued_resources(self) -> list[QueuedResource]:
-        with self._lock:
+        with self.lock:
             return self.tpu.queued_resources()
 
     def machine(self, name: str) -> CloudMachine | None:
-        with self._lock:
+        with self.lock:
             return next((m for api in self.apis if (m := api.machine(name)) is not None), None)
 
     def waiting(self) -> list[tuple[str, str]]:
         """(machine name, zone) of each Compute Engine machine now waiting for capacity in its zone's queue: a
         flex-start instance, a MIG whose BULK creation or resize request waits. (TPU queued resources: see
         queued_resources().)"""
-        with self._lock:
+        with self.lock:
             return self.compute.waiting()
 
     def leftovers(self) -> list[str]:
         """Every object still in the local APIs, as its resource path: nodes, queued resources, instances (a MIG's
         VMs too), MIGs, resize requests, instance templates, resource policies."""
-        with self._lock:
+        with self.lock:
             return [path for api in self.apis for path in api.leftovers()]
 
     def preempt(self, name: str, worker: int | None = None) -> CloudMachine | None:
         """Preempt machine `name` (every VM of it, or worker `worker` only): a TPU node -> PREEMPTED (its queued
         resource SUSPENDED); an instance -> TERMINATED, or deleted when it asked for instanceTerminationAction
         DELETE. Returns the machine, None when there is none."""
-        with self._lock:
+        with self.lock:
             return next((m for api in self.apis if (m := api.preempt(name, worker)) is not None), None)
 
     def set_state(self, name: str, state: str, worker: int | None = None) -> CloudMachine | None:
         """Set the API state string (TPU `state` / Compute `status`) of machine `name` (of worker `worker` only,
         where the API has one per VM). None when there is no such machine."""
-        with self._lock:
+        with self.lock:
             return next((m for api in self.apis if (m := api.set_state(name, state, worker)) is not None), None)
 
     def connect(self, *, on_ready: Hook | None, on_deleted: Hook | None) -> None:
         """Set the machine hooks once whoever runs the machines exists: the local cloud's nodes call this API back
         (preempt, set_state), so they are built after it."""
-        with self._lock:
+        with self.lock:
             self.on_ready, self.on_deleted = on_ready, on_deleted
 
     def fail_next(
@@ -212,11 +212,11 @@ class CloudApiServer(CloudCore):
         (on Compute) quota failures do for real. `reason` is the Compute error reason / operation error code (e.g.
         QUOTA_EXCEEDED); it defaults from `code`.
         """
-        with self._lock:
+        with self.lock:
             self._faults.append(Fault(verb, kind, code, status, message, in_operation, reason, collection))
 
     def _find(self, name: str) -> CloudMachine | None:
-        """The stored machine itself (not a copy): tests change what the API holds through it, under `_lock`."""
+        """The stored machine itself (not a copy): tests change what the API holds through it, under `lock`."""
         return next((m for api in self.apis if (m := api.stored(name)) is not None), None)
 
     def _api(self, path: str) -> ApiPart:
@@ -252,7 +252,7 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             api = server._api(url.path)
-            with server._lock:
+            with server.lock:
                 server._requests.append(f"{method} {url.path}")
             try:
                 body = json.loads(raw) if raw else {}
@@ -270,7 +270,7 @@ def _handler_class(server: CloudApiServer) -> type[BaseHTTPRequestHandler]:
             data = json.dumps(payload).encode()
             if server.recording:
                 exchange = Exchange(method, url.path, query, _json_or_text(raw), int(status), json.loads(data))
-                with server._lock:
+                with server.lock:
                     server._exchanges.append(exchange)
             try:
                 self.send_response(status)

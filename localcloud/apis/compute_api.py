@@ -337,10 +337,10 @@ class ComputeApi:
         if req.method == "POST" and not name:
             return self.insert_policy(project, region, req.body)
         if req.method == "GET" and name:
-            with self.core._lock:
+            with self.core.lock:
                 return _kept_json(self._policy("get", project, region, name), "compute#resourcePolicy")
         if req.method == "GET":
-            with self.core._lock:
+            with self.core.lock:
                 self.core.check("list", "", "", region, "resourcePolicies")
                 items = [
                     _kept_json(p, "compute#resourcePolicy")
@@ -357,10 +357,10 @@ class ComputeApi:
         if req.method == "POST" and not name:
             return self.insert_template(project, req.body)
         if req.method == "GET" and name:
-            with self.core._lock:
+            with self.core.lock:
                 return _kept_json(self._template("get", project, name), "compute#instanceTemplate")
         if req.method == "GET":
-            with self.core._lock:
+            with self.core.lock:
                 self.core.check("list", "", "", "global", "instanceTemplates")
                 items = [
                     _kept_json(t, "compute#instanceTemplate")
@@ -375,7 +375,7 @@ class ComputeApi:
 
     def _migs(self, req: Request, project: str, zone: str, name: str | None, action: str | None) -> Any:
         if action == "listManagedInstances" and req.method == "POST" and name:
-            with self.core._lock:
+            with self.core.lock:
                 mig = self._mig("get", project, zone, name)
                 return {"managedInstances": [self._managed_json(mig, vm) for vm in mig.vms]}
         if action == "resize" and req.method == "POST" and name:
@@ -385,10 +385,10 @@ class ComputeApi:
         if req.method == "POST" and not name:
             return self.insert_mig(project, zone, req.body)
         if req.method == "GET" and name:
-            with self.core._lock:
+            with self.core.lock:
                 return self._mig_json(self._mig("get", project, zone, name))
         if req.method == "GET":
-            with self.core._lock:
+            with self.core.lock:
                 self.core.check("list", "", "", zone, "instanceGroupManagers")
                 items = [self._mig_json(g) for k, g in sorted(self.migs.items()) if k[:2] == (project, zone)]
             path = f"projects/{project}/zones/{zone}/instanceGroupManagers"
@@ -401,11 +401,11 @@ class ComputeApi:
         if req.method == "POST" and not name:
             return self.insert_resize_request(project, zone, mig_name, req.body)
         if req.method == "GET" and name:
-            with self.core._lock:
+            with self.core.lock:
                 mig, rr = self._resize_request("get", project, zone, mig_name, name)
                 return _resize_request_json(mig, rr)
         if req.method == "GET":
-            with self.core._lock:
+            with self.core.lock:
                 mig = self._mig("list", project, zone, mig_name, "resizeRequests")
                 items = [_resize_request_json(mig, rr) for _, rr in sorted(mig.resize_requests.items())]
             return self._listing(
@@ -424,7 +424,7 @@ class ComputeApi:
     def create_machine(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """instances.insert."""
         core = self.core
-        with core._lock:
+        with core.lock:
             fault = core.record("create", _kind_of(body.get("machineType")), name, zone, "instances")
             if fault and not fault.in_operation:
                 raise ApiError.of(fault)
@@ -466,14 +466,14 @@ class ComputeApi:
         return copy.deepcopy(op["json"])
 
     def _flex_granted(self, key: tuple[str, str, str], created_at: float) -> None:
-        with self.core._lock:
+        with self.core.lock:
             m = self.instances.get(key)
             if m is not None and m.created_at == created_at and key in self.flex_waiting:
                 self.flex_waiting.discard(key)
                 self._start(m)
 
     def _flex_expired(self, key: tuple[str, str, str], created_at: float) -> None:
-        with self.core._lock:
+        with self.core.lock:
             m = self.instances.get(key)
             if m is None or m.created_at != created_at or key not in self.flex_waiting:
                 return
@@ -554,7 +554,7 @@ class ComputeApi:
 
     def _progress(self, key: tuple[str, str, str], created_at: float, status: str) -> None:
         core = self.core
-        with core._lock:
+        with core.lock:
             m = self.instances.get(key)
             if m is None or m.created_at != created_at or m.state not in _CREATING:  # preempted, set meanwhile
                 return
@@ -568,7 +568,7 @@ class ComputeApi:
             core.changed()
 
     def get_machine(self, project: str, zone: str, name: str) -> dict[str, Any]:
-        with self.core._lock:
+        with self.core.lock:
             m = self.instances.get((project, zone, name))
             self.core.check("get", m.kind if m else "", name, zone, "instances")
             if m is None:
@@ -576,13 +576,13 @@ class ComputeApi:
             return _instance_json(m)
 
     def list_machines(self, project: str, zone: str) -> list[dict[str, Any]]:
-        with self.core._lock:
+        with self.core.lock:
             self.core.check("list", "", "", zone, "instances")
             return [_instance_json(m) for (p, z, _), m in sorted(self.instances.items()) if (p, z) == (project, zone)]
 
     def delete_machine(self, project: str, zone: str, name: str) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             key = (project, zone, name)
             m = self.instances.get(key)
             core.check("delete", m.kind if m else "", name, zone, "instances")
@@ -604,7 +604,7 @@ class ComputeApi:
     # ================================================================= resource policies
     def insert_policy(self, project: str, region: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             name = str(body.get("name") or "")
             topology = (body.get("workloadPolicy") or {}).get("acceleratorTopology")
             fault = core.record("create", TPU if topology else GPU, name, region, "resourcePolicies")
@@ -632,7 +632,7 @@ class ComputeApi:
         return policy
 
     def delete_policy(self, project: str, region: str, name: str) -> dict[str, Any]:
-        with self.core._lock:
+        with self.core.lock:
             policy = self._policy("delete", project, region, name)
             users = [mig.path for mig in self.migs.values() if mig.policy is policy]
             if users:
@@ -644,7 +644,7 @@ class ComputeApi:
     # ================================================================= instance templates
     def insert_template(self, project: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             name = str(body.get("name") or "")
             properties = body.get("properties") or {}
             fault = core.record("create", _kind_of(properties.get("machineType")), name, "global", "instanceTemplates")
@@ -680,7 +680,7 @@ class ComputeApi:
         return template
 
     def delete_template(self, project: str, name: str) -> dict[str, Any]:
-        with self.core._lock:
+        with self.core.lock:
             template = self._template("delete", project, name)
             users = [mig.path for mig in self.migs.values() if mig.template is template]
             if users:
@@ -692,7 +692,7 @@ class ComputeApi:
     # ================================================================= managed instance groups
     def insert_mig(self, project: str, zone: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             name = str(body.get("name") or "")
             template = self._referenced_template(project, body.get("instanceTemplate"))
             fault = core.record(
@@ -824,7 +824,7 @@ class ComputeApi:
             self.core.later(wait, self._capacity_came, self._key_of(mig), mig.serial, names)
 
     def _capacity_came(self, key: tuple[str, str, str], serial: int, names: list[str]) -> None:
-        with self.core._lock:
+        with self.core.lock:
             mig = self.migs.get(key)
             if mig is not None and mig.serial == serial:
                 self._create_vms(mig, [n for n in names if n in mig.vms])
@@ -876,7 +876,7 @@ class ComputeApi:
         self.core.changed()
 
     def _deactivated(self, key: tuple[str, str, str], mig_id: int) -> None:
-        with self.core._lock:
+        with self.core.lock:
             mig = self.migs.get(key)
             if mig is not None and mig.id == mig_id and mig.topology_state == "DEACTIVATING":
                 mig.topology_state, mig.topology_at = "INCOMPLETE", time.time()
@@ -892,7 +892,7 @@ class ComputeApi:
     def delete_mig(self, project: str, zone: str, name: str) -> dict[str, Any]:
         """Delete the MIG and its VMs; to the local cloud, the slice is deleted."""
         core = self.core
-        with core._lock:
+        with core.lock:
             mig = self._mig("delete", project, zone, name)
             del self.migs[(project, zone, name)]
             for vm in mig.vms:
@@ -907,7 +907,7 @@ class ComputeApi:
     def resize_mig(self, project: str, zone: str, name: str, size: str | None) -> dict[str, Any]:
         """instanceGroupManagers.resize of a BULK MIG: from 0 to the full size at once, or back to 0."""
         core = self.core
-        with core._lock:
+        with core.lock:
             mig = self._mig("resize", project, zone, name)
             if size is None or not size.isdigit():
                 raise invalid(f"Invalid value for field 'size': '{size}'. Must be 0 or more.")
@@ -938,7 +938,7 @@ class ComputeApi:
     # ================================================================= resize requests
     def insert_resize_request(self, project: str, zone: str, mig_name: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             name = str(body.get("name") or "")
             mig = self.migs.get((project, zone, mig_name))
             kind = _kind_of(mig.template.machine_type) if mig else ""
@@ -997,7 +997,7 @@ class ComputeApi:
 
     def _accept(self, key: tuple[str, str, str], name: str, rr_id: int) -> None:
         """CREATING -> ACCEPTED; then the request waits for its zone's queue (flex-start capacity)."""
-        with self.core._lock:
+        with self.core.lock:
             mig, rr = self._request_in(key, name, rr_id, "CREATING")
             if mig is None or rr is None:
                 return
@@ -1012,7 +1012,7 @@ class ComputeApi:
             self.core.changed()
 
     def _request_granted(self, key: tuple[str, str, str], name: str, rr_id: int) -> None:
-        with self.core._lock:
+        with self.core.lock:
             mig, rr = self._request_in(key, name, rr_id, "ACCEPTED")
             if mig is None or rr is None:
                 return
@@ -1030,7 +1030,7 @@ class ComputeApi:
 
     def delete_resize_request(self, project: str, zone: str, mig_name: str, name: str) -> dict[str, Any]:
         """Delete the request; one not yet SUCCEEDED is cancelled (its managed instances go with it)."""
-        with self.core._lock:
+        with self.core.lock:
             mig, rr = self._resize_request("delete", project, zone, mig_name, name)
             del mig.resize_requests[name]
             if rr.state in ("CREATING", "ACCEPTED"):
@@ -1044,7 +1044,7 @@ class ComputeApi:
     # ================================================================= operations
     def operation(self, project: str, scope: str, name: str, wait: bool = False) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             op = self.ops.get(name)
             if op is None or op["scope"] != (project, scope):
                 raise _not_found(f"projects/{project}/{scope}/operations/{name}")

@@ -167,7 +167,7 @@ class TpuApi:
     # ----------------------------------------------------------------- nodes
     def create_machine(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             key = (project, zone, name)
             fault = self._admitted(key, "nodes", self.nodes, _node_path(*key))
             op = self._new_op(project, zone, name, "create")
@@ -193,7 +193,7 @@ class TpuApi:
 
     def _become_ready(self, key: tuple[str, str, str], created_at: float) -> None:
         core = self.core
-        with core._lock:
+        with core.lock:
             m = self.nodes.get(key)
             if m is None or m.created_at != created_at:
                 return
@@ -210,7 +210,7 @@ class TpuApi:
             core.changed()
 
     def get_machine(self, project: str, zone: str, name: str) -> dict[str, Any]:
-        with self.core._lock:
+        with self.core.lock:
             self.core.check("get", TPU, name, zone, "nodes")
             m = self.nodes.get((project, zone, name))
             if m is None:
@@ -218,13 +218,13 @@ class TpuApi:
             return _node_json(m)
 
     def list_machines(self, project: str, zone: str) -> list[dict[str, Any]]:
-        with self.core._lock:
+        with self.core.lock:
             self.core.check("list", TPU, "", zone, "nodes")
             return [_node_json(m) for (p, z, _), m in sorted(self.nodes.items()) if (p, z) == (project, zone)]
 
     def delete_machine(self, project: str, zone: str, name: str) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             core.check("delete", TPU, name, zone, "nodes")
             key = (project, zone, name)
             m = self.nodes.pop(key, None)
@@ -243,7 +243,7 @@ class TpuApi:
     # ----------------------------------------------------------------- queued resources
     def create_queued(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             key = (project, zone, name)
             fault = self._admitted(key, "queuedResources", self.queued, _qr_path(*key))
             specs = (body.get("tpu") or {}).get("nodeSpec") or []
@@ -266,7 +266,7 @@ class TpuApi:
 
     def _provision(self, key: tuple[str, str, str], created_at: float) -> None:
         """The queue gave the request its capacity: PROVISIONING, and its node is created."""
-        with self.core._lock:
+        with self.core.lock:
             qr = self.queued.get(key)
             if qr is None or qr.created_at != created_at or qr.state not in ("ACCEPTED", "WAITING_FOR_RESOURCES"):
                 return
@@ -286,7 +286,7 @@ class TpuApi:
 
     def delete_queued(self, project: str, zone: str, name: str, force: bool) -> dict[str, Any]:
         core = self.core
-        with core._lock:
+        with core.lock:
             qr = self._queued_resource("delete", project, zone, name)
             node = self.nodes.get((project, zone, qr.body["tpu"]["nodeSpec"][0]["nodeId"]))
             if node is not None and not force:
@@ -303,17 +303,17 @@ class TpuApi:
             return self._finish(op, None)
 
     def get_queued(self, project: str, zone: str, name: str) -> dict[str, Any]:
-        with self.core._lock:
+        with self.core.lock:
             return _queued_json(self._queued_resource("get", project, zone, name))
 
     def list_queued(self, project: str, zone: str) -> list[dict[str, Any]]:
-        with self.core._lock:
+        with self.core.lock:
             self.core.check("list", TPU, "", zone, "queuedResources")
             return [_queued_json(q) for (p, z, _), q in sorted(self.queued.items()) if (p, z) == (project, zone)]
 
     # ----------------------------------------------------------------- operations
     def operation(self, name: str) -> dict[str, Any]:
-        with self.core._lock:
+        with self.core.lock:
             op = self.ops.get(name)
             if op is None:
                 raise ApiError(404, "NOT_FOUND", f"Resource '{name}' was not found")
