@@ -1,6 +1,6 @@
 """What the local Cloud TPU and Compute Engine APIs share: errors, faults, the call log, callbacks and capacity.
 
-`CloudCore` holds the state both APIs (tpu_api.py, compute_api.py) act on under one lock: the knobs that decide
+`CloudCore` holds the state both APIs (tpu_api.py, compute/) act on under one lock: the knobs that decide
 capacity (stockouts, zone capacity, queue waits), injected faults, the call log, and the one worker thread that
 runs the local cloud's `on_ready` / `on_deleted` hooks in order, never while the lock is held. `CloudMachine` is a
 machine as the local cloud sees it: a TPU node, a Compute Engine instance, or a MIG slice (one machine, many VMs).

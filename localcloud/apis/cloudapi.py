@@ -2,7 +2,7 @@
 
 The real google-cloud-tpu and google-cloud-compute clients talk to it with ``transport="rest"``, anonymous
 credentials and ``api_endpoint=server.url``. Each API is served by its own module, as the real adapters are split:
-tpu_api.py (nodes, queued resources), compute_api.py (instances, templates, resource policies, MIGs, resize
+tpu_api.py (nodes, queued resources), compute/ (instances, templates, resource policies, MIGs, resize
 requests) and advice_api.py (the Advice API's capacity and capacityHistory, seeded figures per zone); apicore.py
 holds what they share (errors, faults, the call log, capacity, callbacks). This module is the HTTP server and the
 hooks the local cloud and tests drive it with: preempt, set_state, fail_next, the call and request logs, machines()
@@ -35,7 +35,7 @@ from localcloud.apis.apicore import (
     Hook,
     MachineCall,
 )
-from localcloud.apis.compute_api import ComputeApi
+from localcloud.apis.compute.api import ComputeApi
 from localcloud.apis.tpu_api import QueuedResource, TpuApi
 
 if TYPE_CHECKING:

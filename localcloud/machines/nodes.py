@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from localcloud.apis.cloudapi import CloudMachine
-from localcloud.apis.compute_checks import seconds
+from localcloud.apis.compute.checks import seconds
 from localcloud.machines import machine_host
 from localcloud.machines.machine_host import MetadataServer, SecretManager
 from localcloud.machines.profiles import MachineTimings
