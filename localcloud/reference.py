@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from localcloud.machines.nodes import TRAINER, lifecycle_entry
 from localcloud.machines.slices import SINGLE_HOST, LocalSlice
+from localcloud.machines.vms import TRAINER, lifecycle_entry
 from localcloud.services.emulators import stop_group
 
 JOB_ID = "reference"

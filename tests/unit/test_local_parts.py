@@ -10,8 +10,8 @@ import pytest
 
 from localcloud.chaos import MTBI_ROUND, Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
 from localcloud.command import UsageError, parse_entrypoint, total_steps, with_trainer_args
-from localcloud.machines.nodes import lifecycle_entry, progress
 from localcloud.machines.slices import HEARTBEAT_TIMEOUT_S, SINGLE_HOST, LocalSlice, local_trainer_env, report_line
+from localcloud.machines.vms import lifecycle_entry, progress
 from localcloud.readout import report
 from localcloud.services.logentries import preempted_entry, tpu_worker_name, trainer_entry
 from localcloud.services.logfilter import LogFilter, load_sink_filter

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from localcloud.machines import machine_host
 from localcloud.machines.machine_host import MetadataServer
-from localcloud.machines.nodes import machine_step
+from localcloud.machines.vms import machine_step
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
 from respawn.machine import NOTICE_ENV
 from respawn.model import JobSpec, TpuMachine
