@@ -39,12 +39,12 @@ from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
 from localcloud.services.functions import FunctionServers
 from localcloud.services.router import LogRouter
 from localcloud.services.scheduler import SweepTicker
-from localcloud.services.secret_store import delivered, leaks
+from localcloud.services.secret_store import check_trainers, secrets_report
 from localcloud.services.status import STATUS_TOPIC, StatusRecorder
 from localcloud.timeline import Timeline
+from localcloud.watch import Run, follow, watch_calls
 from respawn import bootstrap
 from respawn.config import TIME_SCALE, Settings
-from respawn.model import Job
 
 if TYPE_CHECKING:
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
@@ -54,7 +54,6 @@ PROJECT = "respawn-local"
 STATE_BUCKET = "respawn-local-state"
 JOBS_TOPIC = "respawn-jobs"
 EVENTS_TOPIC = "respawn-events"
-WAITING = "WAITING_FOR_CAPACITY"  # the timeline's `queued` state of a Compute Engine request in its zone's queue
 
 
 @dataclass
@@ -161,7 +160,8 @@ class LocalCloud:
             t0 = self.submit(message)
             self.start_chaos(t0)
             self.say(f"submitted {job_id} to {JOBS_TOPIC}; logs in {self.run_dir}")
-            job, timed_out = self._follow(self.store, job_id, t0, total_steps)
+            run = Run(self.timeline, self.say, self.options.timeout_s, self.options.progress_every_s)
+            job, timed_out = follow(run, self.store, job_id, t0, total_steps)
             machines_left = self.machines_left() if timed_out else self.settle()
             notifications = None
             recorder = self.started.recorder
@@ -248,7 +248,10 @@ class LocalCloud:
         def on_ready(machine: CloudMachine) -> None:
             timeline.add("state", machine=machine.name, zone=machine.zone, state="READY")
             self._zones[machine.name] = machine.zone
-            nodes.on_ready(machine, then=lambda: self._check_secrets(nodes, machine))
+            refs, pids = machine.metadata.get("respawn-secrets") or "", lambda: nodes.pids(machine.name)
+            nodes.on_ready(
+                machine, then=lambda: check_trainers(timeline, machine.name, refs, pids, self.options.secrets)
+            )
 
         def on_deleted(machine: CloudMachine) -> None:
             timeline.add("deleted", t=machine.deleted_at, machine=machine.name, zone=machine.zone)
@@ -260,25 +263,10 @@ class LocalCloud:
         return Started(gcs, server, nodes, bus, bus_name, store, history, recorder)
 
     def _cloud_api(self) -> CloudApiServer:
-        """The TPU/Compute API with the options' capacity and stockouts, started, its calls copied to the timeline."""
-        options = self.options
-        no_capacity: dict[str, int | None] = {zone: 0 for zone, n in options.stockouts.items() if n is None}
-
-        def queue_waits(stockouts: dict[str, int | None]) -> dict[str, float | None]:
-            return {zone: None if n is None else float(n) for zone, n in stockouts.items()}
-
-        server = CloudApiServer(
-            create_delay_s=options.creation_delay_s,
-            capacity=no_capacity,
-            stockouts={zone: n for zone, n in options.stockouts.items() if n is not None},
-            queue_waits=queue_waits(options.stockouts),
-            spot_stockouts=dict(options.spot_stockouts),
-            spot_queue_waits=queue_waits(options.spot_stockouts),
-            advice_seed=options.seed,
-            advice_mtbi_s=dict(options.mtbi.zones) if options.mtbi else None,
-        )
+        """The TPU/Compute API, started, its calls copied to the timeline."""
+        server = api_server(self.options)
         self._start(f"TPU/Compute API {server.url}", server.start, server.stop)
-        self._watch_calls(server)
+        watch_calls(server, self.timeline, self._stack)
         return server
 
     def _functions(self, server: CloudApiServer, gcs: FakeGcs, emulator: PubSubEmulator | None) -> FunctionServers:
@@ -394,120 +382,11 @@ class LocalCloud:
         self._stack.callback(bus.close)
         return bus, name
 
-    def _check_secrets(self, nodes: Nodes, machine: CloudMachine) -> None:
-        """Each trainer process of a READY machine holds every secret of its metadata, as the OS shows its
-        environment (names and a yes or no in the timeline, never a value)."""
-        refs: dict[str, str] = json.loads(machine.metadata.get("respawn-secrets") or "{}")
-        if not refs:
-            return
-        import psutil
-
-        expected = {name: self.options.secrets.get(ref) for name, ref in refs.items()}
-        for pid in nodes.pids(machine.name):
-            try:
-                ok = delivered(psutil.Process(pid).environ(), expected)
-            except psutil.Error:
-                continue  # exited already
-            self.timeline.add("secrets", machine=machine.name, pid=pid, names=sorted(refs), delivered=ok)
-
     def secrets_report(self) -> dict[str, Any]:
         """Secrets: trainer processes that held them all, and the files holding a value: under the workdir (run
         logs, timeline, compile and reference caches) and every object of fake-gcs-server (records, checkpoints)."""
-        checks = self.timeline.events("secrets")
-        return {
-            "trainers": len(checks),
-            "delivered": sum(bool(c["delivered"]) for c in checks),
-            "leaks": leaks(self.options.secrets.values(), [self.options.workdir, Path(self.started.gcs.root)]),
-        }
-
-    def _watch_calls(self, server: CloudApiServer) -> None:
-        """Copy the API's create and delete calls, what waits for capacity and new machines into the timeline as
-        they happen. A machine is CREATING from the moment it exists and waits for nothing: a TPU queued
-        resource's node once provisioned, a Compute Engine flex-start instance or MIG once its zone's queue let it
-        go (`server.waiting()`), so that the report's queue time is the wait for capacity."""
-        stop = threading.Event()
-        seen_calls = 0
-        known: set[str] = set()  # machines recorded CREATING
-        queued: dict[str, str] = {}  # queued resource or waiting machine -> its last state
-        pending: set[str] = set()  # machines seen waiting and not yet CREATING
-
-        def poll() -> None:
-            nonlocal seen_calls
-            calls = server.calls
-            created = False
-            for call in calls[seen_calls:]:
-                if call.verb in ("create", "delete"):  # `what`: nodes, queuedResources, instanceGroupManagers ...
-                    where = {"machine": call.name, "zone": call.zone, "what": call.collection}
-                    self.timeline.add(f"{call.verb}_call", t=call.time, **where)
-                    created = created or call.verb == "create"
-            seen_calls = len(calls)
-            current = server.queued_resources()
-            for q in current:
-                if queued.get(q.name) != q.state:
-                    queued[q.name] = q.state
-                    self.timeline.add("queued", machine=q.name, zone=q.zone, state=q.state)
-            waiting = dict(server.waiting())
-            for name, zone in waiting.items():
-                if name not in known and queued.get(name) != WAITING:
-                    queued[name] = WAITING
-                    pending.add(name)
-                    self.timeline.add("queued", machine=name, zone=zone, state=WAITING)
-            # a node appears with its create call (the API records both under one lock), when its queued resource
-            # is provisioned, or when the zone's queue lets a waiting machine go
-            if not created and not pending and all(q.name in known for q in current):
-                return
-            machines = server.machines()
-            waiting = dict(server.waiting())  # read after the machines: a machine listed that waits is in it
-            for m in machines:
-                if m.name in known or m.name in waiting:
-                    continue
-                known.add(m.name)
-                waited = m.name in pending
-                pending.discard(m.name)
-                since = time.time() if waited else m.created_at
-                self.timeline.add("state", t=since, machine=m.name, zone=m.zone, state="CREATING")
-            pending.intersection_update(waiting)  # deleted while waiting: nothing comes of it
-
-        def loop() -> None:
-            while not stop.wait(0.02):
-                poll()
-            poll()
-
-        thread = threading.Thread(target=loop, name="api-watch", daemon=True)
-        thread.start()
-        self._stack.callback(thread.join, 5)
-        self._stack.callback(stop.set)
-
-    def _follow(self, store: Any, job_id: str, t0: float, total: int | None) -> tuple[dict[str, Any] | None, bool]:
-        """Print live progress until the job is terminal or the timeout; returns (final record, timed out)."""
-        deadline = time.time() + self.options.timeout_s
-        last_key, last_print, shown = None, 0.0, 0
-        job: Job | None = None
-        problem = ""
-        while time.time() < deadline:
-            try:
-                job, _ = store.load(job_id)
-            except Exception as e:  # unreadable (a missing record is None): say why, once per distinct error
-                error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                if error != problem:
-                    self.say(f"cannot read the job record: {error}")
-                    problem = error
-            events = self.timeline.events()
-            for event in events[shown:]:
-                note = _note(event, t0)
-                if note:
-                    self.say(note)
-            shown = len(events)
-            key = _progress_key(job)
-            now = time.time()
-            if key != last_key or now - last_print >= self.options.progress_every_s:
-                self.say(f"[{now - t0:7.1f}s] {_progress_line(job, self.timeline.last('step'), total)}")
-                last_key, last_print = key, now
-            if job is not None and job.status.terminal:
-                return job.to_dict(), False
-            time.sleep(0.25)
-        self.say(f"timed out after {self.options.timeout_s:.0f}s")
-        return (job.to_dict() if job else None), True
+        roots = [self.options.workdir, Path(self.started.gcs.root)]
+        return secrets_report(self.timeline, self.options.secrets, roots)
 
     def settle(self, wait_s: float = 20.0) -> int:
         """Give the control plane a moment to delete the last machines; returns how many are left."""
@@ -527,91 +406,29 @@ class LocalCloud:
         return len(self.server.leftovers())
 
 
+def api_server(options: Options) -> CloudApiServer:
+    """The TPU/Compute API with the options' capacity, stockouts and Advice API figures (not started)."""
+    no_capacity: dict[str, int | None] = {zone: 0 for zone, n in options.stockouts.items() if n is None}
+
+    def queue_waits(stockouts: dict[str, int | None]) -> dict[str, float | None]:
+        return {zone: None if n is None else float(n) for zone, n in stockouts.items()}
+
+    return CloudApiServer(
+        create_delay_s=options.creation_delay_s,
+        capacity=no_capacity,
+        stockouts={zone: n for zone, n in options.stockouts.items() if n is not None},
+        queue_waits=queue_waits(options.stockouts),
+        spot_stockouts=dict(options.spot_stockouts),
+        spot_queue_waits=queue_waits(options.spot_stockouts),
+        advice_seed=options.seed,
+        advice_mtbi_s=dict(options.mtbi.zones) if options.mtbi else None,
+    )
+
+
 def _zones(message: dict[str, Any]) -> list[str]:
     """Every zone a job message allows: its `zones` and each tier's."""
     tiers = message.get("tiers") or ()
     return list(dict.fromkeys([*message.get("zones", ()), *(z for t in tiers for z in t.get("zones", ()))]))
-
-
-def _note(e: dict[str, Any], t0: float) -> str | None:
-    at = f"[{e['t'] - t0:7.1f}s]"
-    kind = e["kind"]
-    if kind == "create_call":
-        return f"{at} cloud: create {_object(e.get('what'))} {e['machine']} in {e['zone']}"
-    if kind == "queued" and e["state"] == WAITING:
-        return f"{at} cloud: {e['machine']} waits for capacity in {e['zone']}"
-    if kind == "state" and e["state"] == "READY":
-        return f"{at} cloud: {e['machine']} READY; trainer starting"
-    if kind == "notice" and "worker" in e:  # one VM of a Compute Engine slice
-        return (
-            f"{at} chaos: preempting VM {e['instance']} (worker {e['worker']}) of {e['machine']} (SIGTERM to its "
-            "worker, grace period running)"
-        )
-    if kind == "notice":
-        return f"{at} chaos: preempting {e['machine']} (SIGTERM, grace period running)"
-    if kind == "preempted":
-        on = ", ".join(e.get("instances") or [e["instance"]])
-        return f"{at} cloud: {e['machine']} PREEMPTED; system event on {on} sent to the log router"
-    if kind == "deleted":
-        return f"{at} cloud: {e['machine']} deleted"
-    if kind == "kill_worker":
-        return f"{at} chaos: SIGKILL to worker {e['worker']} of {e['machine']} (no notice)"
-    if kind == "hang_worker":
-        return f"{at} chaos: SIGSTOP to worker {e['worker']} of {e['machine']} (hung: alive, no progress)"
-    if kind == "host_error":
-        return (
-            f"{at} chaos: host error on worker {e['worker']} of {e['machine']}: node TERMINATED, system event on "
-            f"{e['instance']} sent to the log router, the worker killed"
-        )
-    if kind == "trainer_exit" and e["code"] not in (0, 143, -15):  # docker's 143 (128 + SIGTERM): preempted or deleted
-        worker = f" worker {e['worker']}" if "worker" in e else ""
-        return f"{at} trainer on {e['machine']}{worker} exited with code {e['code']}"
-    if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):
-        p = e["payload"]
-        detail = {k: p[k] for k in ("step", "restored_step", "worker", "error") if p.get(k) is not None}
-        return f"{at} trainer {e['machine']}: {p['event']} {json.dumps(detail)}"
-    return None
-
-
-# The objects an attempt creates, as a person names them (the API's collection -> its noun).
-_OBJECTS = {
-    "nodes": "TPU node",
-    "queuedResources": "queued resource",
-    "instances": "instance",
-    "resourcePolicies": "workload policy",
-    "instanceTemplates": "instance template",
-    "instanceGroupManagers": "MIG",
-    "resizeRequests": "resize request",
-}
-
-
-def _object(collection: str | None) -> str:
-    return _OBJECTS.get(collection or "", "machine")
-
-
-def _progress_key(job: Job | None) -> tuple[Any, ...] | None:
-    """A progress line is printed when this changes, else every few seconds."""
-    if job is None:
-        return None
-    return job.status, job.current.n if job.current else None, job.counters.preemptions, job.counters.failures
-
-
-def _progress_line(job: Job | None, step: dict[str, Any] | None, total: int | None) -> str:
-    if job is None:
-        return "waiting for the job record"
-    current = job.current
-    parts = [f"{job.status.value:<12}"]
-    if current is not None:
-        parts.append(f"attempt {current.n} {current.zone}")
-    if step is not None:
-        parts.append(f"step {step['step']}" + (f"/{total}" if total else ""))
-        if step.get("loss") is not None:
-            parts.append(f"loss {step['loss']:.4f}")
-    if job.counters.preemptions:
-        parts.append(f"preemptions {job.counters.preemptions}")
-    if job.counters.failures:
-        parts.append(f"failures {job.counters.failures}")
-    return "  ".join(parts)
 
 
 @contextlib.contextmanager

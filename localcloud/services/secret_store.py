@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
+
+from localcloud.timeline import Timeline
 
 MIN_SEARCHED_BYTES = 8  # shorter values would be found by chance in binary files
 
@@ -95,3 +98,33 @@ def leaks(values: Iterable[str], roots: Iterable[Path]) -> list[str]:
             if any(needle in data for needle in needles):
                 found.append(str(path))
     return found
+
+
+def check_trainers(
+    timeline: Timeline, machine: str, refs_json: str, pids: Callable[[], list[int]], secrets: Mapping[str, str]
+) -> None:
+    """Each trainer process (`pids()`) of a READY machine holds every secret of its metadata (`respawn-secrets`:
+    `refs_json`), as the OS shows its environment (names and a yes or no in the timeline, never a value)."""
+    refs: dict[str, str] = json.loads(refs_json or "{}")
+    if not refs:
+        return
+    import psutil
+
+    expected = {name: secrets.get(ref) for name, ref in refs.items()}
+    for pid in pids():
+        try:
+            ok = delivered(psutil.Process(pid).environ(), expected)
+        except psutil.Error:
+            continue  # exited already
+        timeline.add("secrets", machine=machine, pid=pid, names=sorted(refs), delivered=ok)
+
+
+def secrets_report(timeline: Timeline, secrets: Mapping[str, str], roots: Iterable[Path]) -> dict[str, Any]:
+    """Secrets: trainer processes that held them all (the timeline's checks), and the files under `roots` holding a
+    value."""
+    checks = timeline.events("secrets")
+    return {
+        "trainers": len(checks),
+        "delivered": sum(bool(c["delivered"]) for c in checks),
+        "leaks": leaks(secrets.values(), roots),
+    }
