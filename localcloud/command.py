@@ -345,13 +345,14 @@ def load_message(path: str, overrides: Sequence[str], own_program: bool = False)
         raise UsageError(f"{path}: action must be submit to run a job locally")
     if own_program:  # the args are the program's own
         return message
-    from respawn_trainer.env import ConfigError
-    from trainer.config import parse_flags
+    import subprocess
 
-    try:  # the local cloud runs the trainer itself (not the image): its flags must be the trainer's
-        parse_flags(message.get("args") or [])
-    except ConfigError as e:
-        raise UsageError(f"{path}: args: {e}") from e
+    from localcloud.machines.vms import TRAINER_FLAG_CHECK
+
+    # the local cloud runs the trainer itself (not the image): its flags must be the trainer's, as it checks them
+    check = subprocess.run([*TRAINER_FLAG_CHECK, *(message.get("args") or [])], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise UsageError(f"{path}: args: {check.stderr.strip()}")
     return message
 
 

@@ -36,9 +36,12 @@ JOB_ID = "reference"
 
 def trainer_digest() -> str:
     """The trainer's source, so that a change to it computes the reference afresh."""
-    import trainer
+    import importlib.util
 
-    root = Path(next(iter(trainer.__path__)))  # also when imported as a namespace package (editable installs)
+    spec = importlib.util.find_spec("trainer")  # the package `python -m trainer` runs, found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise ReferenceFailed("the trainer package (python -m trainer) is not installed")
+    root = Path(next(iter(spec.submodule_search_locations)))  # also a namespace package (editable installs)
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode())

@@ -43,6 +43,7 @@ _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
 KILL_WAIT_S = 5.0  # how long SIGKILL may take to be reaped before it is given up on
 BASH = shutil.which("bash") or "/bin/bash"
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
+TRAINER_FLAG_CHECK = (sys.executable, "-m", "trainer.config")  # its flags checked: exit 2 and why, or 0
 
 
 def progress(line: str) -> tuple[int, float] | None:
