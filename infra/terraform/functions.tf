@@ -37,7 +37,10 @@ locals {
   }
 }
 
-# functions/ as uploaded by `gcloud functions deploy --source=functions` (same exclusions as its .gcloudignore).
+# functions/ as uploaded by `gcloud functions deploy --source=functions` (same exclusions as its .gcloudignore): main.py,
+# requirements.txt and the modules main.py imports, nothing else. The local cloud is not under functions/ (it is the
+# top-level package localcloud/); the CLI's own modules and the sink filter (Terraform reads it from the source tree,
+# sink.tf) stay behind. tests/infra/test_deployed_source.py holds this list to main.py's imports.
 data "archive_file" "functions" {
   type        = "zip"
   source_dir  = "${path.module}/../../functions"
@@ -47,7 +50,10 @@ data "archive_file" "functions" {
     "**/__pycache__/**",
     "**/*.pyc",
     "**/*.egg-info/**",
-    "respawn/local/**",
+    "respawn/cli.py",
+    "respawn/joblogs.py",
+    "respawn/plan.py",
+    "respawn/sink_filter.txt",
   ]
 }
 
