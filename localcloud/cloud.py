@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -82,6 +83,12 @@ class Options:
     bus: str = "auto"  # auto (the emulator when it can run) | emulator | in-process
     entrypoint: list[str] | None = None  # run on every machine instead of `python -m trainer` (with the job's args)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)  # Secret Manager reference -> value
+    stand_in: bool = True  # the machines' CPU processes stand in for their TPU or GPU (False: as a wrong image)
+
+    def __post_init__(self) -> None:
+        # Resolved once, here: every path the machines and trainers get lies under it, and a trainer (like a real
+        # machine's) takes absolute paths only, whatever directory the run started from.
+        self.workdir = self.workdir.resolve()
 
 
 def checkpoint_buckets(messages: Iterable[dict[str, Any]]) -> list[str]:
@@ -149,7 +156,8 @@ class LocalCloud:
     def trainer_env(self, gcs: FakeGcs) -> dict[str, str]:
         """What every trainer process of this cloud starts from, fake-gcs-server's address included; its grace period
         is its machine's (respawn/machine.py), as in the cloud."""
-        return {**local_trainer_env(self.options.workdir), **gcs.env()}
+        stand_in = {"RESPAWN_DEVICES_STAND_IN": "cpu"} if self.options.stand_in else {}  # respawn_trainer's check
+        return {**local_trainer_env(self.options.workdir), **gcs.env(), **stand_in}
 
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
         """One job to a terminal status (`respawn local run`): start everything, submit, follow, settle, stop."""
@@ -435,7 +443,6 @@ def _zones(message: dict[str, Any]) -> list[str]:
 def signals_as_interrupt() -> Iterator[None]:
     """SIGINT / SIGTERM / SIGHUP raise KeyboardInterrupt in the main thread, so teardown always runs
     (SIGINT too when the shell started the command with it ignored, as `cmd &` does)."""
-    import signal
 
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)

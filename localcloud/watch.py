@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 from localcloud.apis.cloudapi import CloudApiServer
 from localcloud.timeline import Timeline
+from respawn.machine import SHUT_DOWN_RC
 from respawn.model import Job
 
 WAITING = "WAITING_FOR_CAPACITY"  # the timeline's `queued` state of a Compute Engine request in its zone's queue
@@ -151,7 +153,7 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
             f"{at} chaos: host error on worker {e['worker']} of {e['machine']}: node TERMINATED, system event on "
             f"{e['instance']} sent to the log router, the worker killed"
         )
-    if kind == "trainer_exit" and e["code"] not in (0, 143, -15):  # docker's 143 (128 + SIGTERM): preempted or deleted
+    if kind == "trainer_exit" and e["code"] not in (0, SHUT_DOWN_RC, -signal.SIGTERM):  # preempted or deleted
         worker = f" worker {e['worker']}" if "worker" in e else ""
         return f"{at} trainer on {e['machine']}{worker} exited with code {e['code']}"
     if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):

@@ -22,7 +22,7 @@ variable "checkpoint_bucket_name" {
 }
 
 variable "checkpoint_retention_days" {
-  description = "Checkpoint objects older than this are deleted."
+  description = "Checkpoint objects under runs/ older than this are deleted; a SUCCEEDED job's final checkpoint, copied to final/, is kept."
   type        = number
   default     = 30
   validation {

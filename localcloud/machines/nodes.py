@@ -2,9 +2,10 @@
 
 A READY machine keeps the startup and shutdown scripts of its metadata in its run directory (`NAME/`) and runs the
 startup script once per worker VM, as Compute Engine does, with local stand-ins for only what a VM gets from outside
-itself (machine_host.py): its metadata server, `docker` and `gcloud`. So the trainer's command, environment and
-grace period, the secrets it reads and the entries it writes from the trainer's exit code are the script's own
-(respawn/machine.py). How a worker VM runs, what is read from its output and how it powers down: vms.py.
+itself (machine_host.py): its metadata server, `docker`, a snap's `gcloud`, Cloud Logging and Secret Manager. So the
+trainer's command, environment and grace period, the secrets it reads and the entries it writes from the trainer's
+exit code are the script's own (respawn/machine.py). How a worker VM runs, what is read from its output and how
+it powers down: vms.py.
 
 A machine boots as its `MachineTimings` say (localcloud/machines/profiles.py): its scripts start `boot_s` after READY;
 a boot image without Docker (`docker_install_s`) has no `docker` on the VM's PATH until the script installs it; a
@@ -82,7 +83,8 @@ class Nodes:
         # may be shorter (`grace_s`), and in a replay of real timings at time_scale shrunk alike, as the machine's
         # steps are
         scaled = {"RESPAWN_TEST_TIME_SCALE": f"{time_scale:g}"} if time_scale != 1.0 else {}
-        image_env = {**base_env, "PYTHONUNBUFFERED": "1", "RESPAWN_TEST_WINDOW_S": f"{grace_s:g}", **scaled}
+        image_env = {k: v for k, v in base_env.items() if k != "HOME"}  # docker sets HOME from the image's USER
+        image_env |= {"PYTHONUNBUFFERED": "1", "RESPAWN_TEST_WINDOW_S": f"{grace_s:g}", **scaled}
         self.image = Image(image_env, list(entrypoint) if entrypoint else TRAINER)
         compile_bytecode()  # the image's bytecode, as its build writes it
         self.timings = timings or MachineTimings()

@@ -37,7 +37,10 @@ def local_trainer_env(workdir: Path, environ: Mapping[str, str] = os.environ) ->
     """The environment every local trainer process starts from: this one without the control plane's settings,
     the compile cache under the workdir (shared by the runs and their reference) and LOCAL_TRAINER_ENV."""
     env = {k: v for k, v in environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
-    env["RESPAWN_COMPILE_CACHE"] = str((workdir / "compile-cache").resolve())
+    cache = (workdir / "compile-cache").resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.chmod(0o777)  # it stands for the gs:// cache that every machine's trainer writes, whatever its user
+    env["RESPAWN_COMPILE_CACHE"] = str(cache)
     return {**env, **LOCAL_TRAINER_ENV}
 
 

@@ -2,7 +2,7 @@
 worker's log, the log router and the timeline, and it powers down as a VM does (its shutdown script, SIGTERM, off).
 
 The script's output (the container's too) goes to the worker's log file (`NAME.log`, `NAME-w-I.log`); lifecycle
-entries on its stdout (the trainer's, and what the script's `gcloud logging write` says) become the LogEntries
+entries (the trainer's on its stdout, the script's own through the VM's Cloud Logging endpoint) become the LogEntries
 google-cloud-logging writes, for the log router; worker 0's progress lines are read for live progress; each timed
 step a shim reports (`STEP_MARK` lines) is a `machine_step` in the timeline. Each worker's script and its container
 run in process groups of their own.
@@ -11,6 +11,7 @@ run in process groups of their own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -27,14 +28,14 @@ from typing import IO, Any
 
 from localcloud.apis.cloudapi import CloudMachine
 from localcloud.machines import machine_host
-from localcloud.machines.machine_host import MetadataServer, SecretManager
+from localcloud.machines.machine_host import CloudLogging, MetadataServer, SecretManager
 from localcloud.machines.profiles import MachineTimings
 from localcloud.machines.slices import LocalSlice
 from localcloud.services.emulators import free_port, start_group
 from localcloud.services.logentries import trainer_entry
 from localcloud.timeline import Timeline
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL
-from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, START_AFTER_METADATA
+from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, NOTICE_FILE, START_AFTER_METADATA, TRAINER_LOG
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
@@ -44,6 +45,7 @@ KILL_WAIT_S = 5.0  # how long SIGKILL may take to be reaped before it is given u
 BASH = shutil.which("bash") or "/bin/bash"
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
 TRAINER_FLAG_CHECK = (sys.executable, "-m", "trainer.config")  # its flags checked: exit 2 and why, or 0
+TRAINER_USER = "10001:10001"  # the trainer image's USER (trainer/Dockerfile's useradd --uid)
 
 
 def progress(line: str) -> tuple[int, float] | None:
@@ -90,13 +92,14 @@ def lifecycle_entry(line: bytes, job_id: str, attempt: int) -> dict[str, Any] | 
 
 @dataclass
 class Worker:
-    """One worker VM of a machine: its startup script's process (`proc`), its metadata server and its home (the
-    notice file, the docker shim's containers)."""
+    """One worker VM of a machine: its startup script's process (`proc`), its metadata server, the Cloud Logging
+    endpoint its scripts write to, and its home (the notice file, the docker shim's containers)."""
 
     index: int
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     metadata: MetadataServer
+    cloud_logging: CloudLogging
     home: Path
     env: dict[str, str]  # the VM's environment, which its scripts run with
     readers: list[threading.Thread] = field(default_factory=list)
@@ -147,6 +150,17 @@ class Image:
     @property
     def labels(self) -> dict[str, str] | None:
         return {TAKEOVER_LABEL: "1"} if tuple(self.command) == TRAINER else None
+
+    @property
+    def user(self) -> str:
+        """The image's USER: respawn's trainer image runs as its own user; an entrypoint's image names none (root)."""
+        return TRAINER_USER if tuple(self.command) == TRAINER else ""
+
+    @property
+    def workdir(self) -> str:
+        """The image's WORKDIR: respawn's trainer image has its own; an entrypoint's program runs where the local
+        cloud was started (its project directory stands for the user's image: `python train.py` finds train.py)."""
+        return "" if tuple(self.command) == TRAINER else os.getcwd()
 
 
 @dataclass(frozen=True)
@@ -206,7 +220,8 @@ class WorkerVms:
             if self.timings.image_on_boot_disk and meta.get("respawn-image"):  # baked into the boot image
                 machine_host.add_image(home / "docker", meta["respawn-image"])
             server = MetadataServer(self.project, self._attributes(node, index))
-            env = self._vm_env(node, index, port, home, server)
+            cloud_logging = CloudLogging(functools.partial(self._script_entry, node, index))
+            env = self._vm_env(node, index, port, home, server, cloud_logging)
             proc = start_group(
                 [BASH, str(run / "startup-script.sh")],
                 env=env,
@@ -215,7 +230,7 @@ class WorkerVms:
                 stderr=subprocess.PIPE,
             )
             log = (self.log_dir / node.machine_slice.log_name(machine.name, index)).open("ab")
-            worker = Worker(index, proc, log, server, home, env)
+            worker = Worker(index, proc, log, server, cloud_logging, home, env)
             node.workers.append(worker)
             tag = node.machine_slice.tag(index)
             self.timeline.add(
@@ -237,10 +252,13 @@ class WorkerVms:
             attributes["worker-network-endpoints"] = node.machine_slice.endpoints()
         return attributes
 
-    def _vm_env(self, node: Node, worker: int, port: int, home: Path, server: MetadataServer) -> dict[str, str]:
+    def _vm_env(
+        self, node: Node, worker: int, port: int, home: Path, server: MetadataServer, cloud_logging: CloudLogging
+    ) -> dict[str, str]:
         """A worker VM's environment: its tools first on PATH, its metadata server, Cloud Storage (fake-gcs-server,
-        where the script writes and polls a head start's drain marker, as the trainers' checkpoints go there), its
-        notice file, and for its `docker` the image (a slice's worker: with what its host gives the trainer)."""
+        where the script writes and polls a head start's drain marker, as the trainers' checkpoints go there), Cloud
+        Logging and Secret Manager (the local ones, where gcloud's endpoint overrides name them), its notice file, and
+        for its `docker` the image (a slice's worker: with what its host gives the trainer)."""
         image_env = node.machine_slice.host_env(self.image.env, worker, port)
         t = self.timings
         if t.docker_install_s:  # a boot image without Docker: only the image's tools until apt-get installs it
@@ -253,13 +271,16 @@ class WorkerVms:
             "LANG": "C.UTF-8",
             "GCE_METADATA_HOST": server.host,
             **{k: v for k, v in self.image.env.items() if k == "STORAGE_EMULATOR_HOST"},
-            NOTICE_ENV: str(home / "respawn-notice"),
+            NOTICE_ENV: str(home / NOTICE_FILE.lstrip("/")),  # under the VM: the script makes its directory
             IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),  # on the VM's disk
             machine_host.DOCKER_DIR: str(home / "docker"),
             machine_host.IMAGE_ENV: json.dumps(image_env),
             machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),
             machine_host.IMAGE_LABELS: json.dumps(self.image.labels),
-            machine_host.SECRET_MANAGER: self.secret_manager.url,
+            machine_host.IMAGE_USER: self.image.user,
+            machine_host.IMAGE_WORKDIR: self.image.workdir,
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": cloud_logging.endpoint,
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": self.secret_manager.endpoint,
             machine_host.BIN_DIR: str(self.bin_dir),
             machine_host.VM_BIN: str(home / "bin"),
             machine_host.INSTALL_S: f"{t.docker_install_s:g}",
@@ -269,8 +290,9 @@ class WorkerVms:
         }
 
     def read_stdout(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
-        """A worker's script's stdout (its startup script's, or its shutdown script's): lifecycle entries to the
-        router, every line to the worker's log (while it is open: a shutdown script may outlive the startup script)."""
+        """A worker's script's stdout (its startup script's, or its shutdown script's): the trainer's lifecycle entries
+        to the router, every line to the worker's log (while it is open: a shutdown script may outlive the startup
+        script)."""
         for raw in stream:
             payload = lifecycle_entry(raw, node.job_id, node.attempt)
             if payload is None:
@@ -296,6 +318,19 @@ class WorkerVms:
                 now=now,
             )
         )
+
+    def _script_entry(self, node: Node, index: int, log: str, payload: dict[str, Any]) -> None:
+        """An entry a worker's script wrote to Cloud Logging: a lifecycle entry of this attempt (the exit code's, the
+        `notice`) to the router and the worker's log, anything else (a note for the operator) to the worker's log."""
+        worker = node.workers[index]
+        line = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+        if log != TRAINER_LOG or lifecycle_entry(line, node.job_id, node.attempt) is None:
+            self._log_line(node, worker, f"{log}: {json.dumps(payload)}\n".encode())
+            return
+        with contextlib.suppress(ValueError):  # the log closed with the startup script
+            worker.log.write(line)
+        if not self.closed():
+            self._emit(node, payload)
 
     def _read_stderr(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
         for raw in stream:
@@ -339,17 +374,26 @@ class WorkerVms:
             os.killpg(pid, sig)
 
     def off(self, worker: Worker) -> None:
-        """The worker's VM is off: its script and its container are killed where they stand."""
+        """The worker's VM is off: its script and its container are killed where they stand, and nothing of it
+        reaches Cloud Logging any more."""
         container = worker.container()
         self.signal_group(worker.proc.pid, signal.SIGKILL)
         if container is not None:
             self.signal_group(container, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.proc.wait(timeout=KILL_WAIT_S)
+        worker.cloud_logging.close()
+
+    def _shutting_down(self, worker: Worker) -> None:
+        """The VM's shutdown begins: the docker daemon stops with it (each container with its own stop timeout, in
+        parallel with the scripts), and its snap gcloud refuses to run (machine_host.gcloud)."""
+        (worker.home / machine_host.SHUTTING_DOWN).touch()
+        self.spawn(machine_host.stop_all, worker.home / "docker")
 
     def terminate(self, worker: Worker, window: float) -> None:
         """The worker's VM shuts down: SIGTERM to its script (whose trap leaves the notice and stops the container
         with the grace period), off after `window` (at once when its trainer is stopped: nothing is left to save)."""
+        self._shutting_down(worker)
         self.signal_group(worker.proc.pid, signal.SIGTERM)
         if not worker.stopped:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -357,13 +401,16 @@ class WorkerVms:
         self.off(worker)
 
     def shut_down(self, node: Node, worker: Worker, window: float) -> None:
-        """A preempted VM: its shutdown script runs (ACPI soft off), and the VM is off after the notice `window`. The
-        script's `notice` entry (its `gcloud logging write` on stdout) goes to the router as the VM's other entries."""
+        """A preempted VM: its shutdown script runs (ACPI soft off) while the docker daemon stops each container with
+        that container's own stop timeout (google-shutdown-scripts.service is ordered after the network and rsyslog
+        only, so systemd stops docker.service in parallel), and the VM is off after the notice `window`. The
+        script's `notice` entry (written to the VM's Cloud Logging endpoint) goes to the router as its other entries."""
         deadline = time.monotonic() + window
         script = self.log_dir / node.machine.name / "shutdown-script.sh"
         shutdown = start_group(
             [BASH, str(script)], env=worker.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=worker.log
         )
+        self._shutting_down(worker)  # systemd stops docker.service alongside the shutdown script
         assert shutdown.stdout is not None
         reader = self.spawn(self.read_stdout, node, worker, shutdown.stdout)
         with contextlib.suppress(subprocess.TimeoutExpired):

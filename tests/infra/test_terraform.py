@@ -6,6 +6,7 @@ import ast
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tfconfig import REPO, TF_DIR, Config, block, parse, strings
@@ -19,12 +20,14 @@ EXPECTED_FILES = {
     "artifact_registry.tf",
     "functions.tf",
     "iam.tf",
+    "monitoring.tf",
     "outputs.tf",
     "pubsub.tf",
     "scheduler.tf",
     "sink.tf",
     "storage.tf",
     "variables.tf",
+    "variables_monitoring.tf",
     "versions.tf",
 }
 
@@ -442,6 +445,39 @@ def test_buckets_are_private_uniform_and_expire_what_they_keep(config: Config) -
     ]
     ages = [block(rule, "condition").get("age") for rule in buckets["checkpoints"]["lifecycle_rule"]]
     assert "${var.checkpoint_retention_days}" in ages
+
+
+def deleted_by_lifecycle(bucket: dict[str, Any], name: str) -> bool:
+    """Whether any Delete rule of the bucket deletes a live object `name` once it is old enough, by Cloud Storage's
+    rules (https://cloud.google.com/storage/docs/lifecycle#conditions: a rule applies when all its conditions hold;
+    matchesPrefix / matchesSuffix: any of the listed). A condition this does not know fails the test."""
+    for rule in bucket["lifecycle_rule"]:
+        if block(rule, "action")["type"] != "Delete":
+            continue
+        condition = dict(block(rule, "condition"))
+        condition.pop("age", None)  # the object is as old as it gets
+        prefixes, suffixes = condition.pop("matches_prefix", None), condition.pop("matches_suffix", None)
+        assert not condition, f"a lifecycle condition the test does not evaluate: {condition}"
+        if (prefixes is None or name.startswith(tuple(prefixes))) and (
+            suffixes is None or name.endswith(tuple(suffixes))
+        ):
+            return True
+    return False
+
+
+def test_a_finished_jobs_final_checkpoint_outlives_the_checkpoint_buckets_retention(config: Config) -> None:
+    """Where the trainer keeps a SUCCEEDED job's final save (respawn_trainer.checkpoint.final_uri) no rule deletes;
+    the job's checkpoints, compile cache and handover objects, under the checkpoint_uri that job messages use
+    (gs://BUCKET/runs/JOB, variables.tf), are deleted after checkpoint_retention_days."""
+    from respawn_trainer.checkpoint import final_uri
+
+    checkpoints = config.resource("google_storage_bucket", "checkpoints")
+    uri = "gs://bucket/runs/llm-small-001"
+    kept = final_uri(uri, 20000).removeprefix("gs://bucket/")
+    assert not deleted_by_lifecycle(checkpoints, f"{kept}/state/manifest.ocdbt")
+    for left in ("20000/state/manifest.ocdbt", "-compile-cache/jit_train", ".respawn/attempt-2.exited"):
+        assert deleted_by_lifecycle(checkpoints, f"runs/llm-small-001{'/' if left[0].isdigit() else ''}{left}")
+    assert "runs/" in config.variables["checkpoint_bucket_name"]["description"]
 
 
 def test_the_trainer_image_has_a_docker_repository(config: Config) -> None:

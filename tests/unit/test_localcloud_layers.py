@@ -18,7 +18,7 @@ ALLOWED = {
     "services": {"services", "timeline"},
     "apis": {"apis", "services"},
     "machines": {"machines", "apis", "services", "timeline"},
-    "readout": {"readout", "machines", "timeline"},
+    "readout": {"readout", "machines", "services", "timeline"},
 }
 
 
