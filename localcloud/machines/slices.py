@@ -132,7 +132,9 @@ class LocalSlice:
     ) -> list[subprocess.Popen[bytes]]:
         """Start every worker, worker 0 first, each in its own process group with its worker environment and the
         (stdout, stderr) `output(worker)` gives. A slice gets a fresh coordinator port each time it starts, so a
-        slice being torn down and its replacement never share one."""
+        slice being torn down and its replacement never share one. Run with umask 0: what they write into the
+        shared compile cache (a directory standing for the gs:// cache that every machine's account writes) stays
+        writable to the machines' trainers, whatever their uid."""
         port = free_port() if self.hosts > 1 else 0
         processes = []
         for worker in self.workers:
@@ -144,6 +146,7 @@ class LocalSlice:
                     stdin=stdin,
                     stdout=stdout,
                     stderr=stderr,
+                    umask=0,
                 )
             )
         return processes
