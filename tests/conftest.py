@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
+from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
 
 if TYPE_CHECKING:
     from google.cloud.pubsub_v1.types import PubsubMessage

@@ -13,12 +13,12 @@ from typing import Any
 
 import psutil
 
+from localcloud.apis.cloudapi import CloudMachine
+from localcloud.machines.nodes import Nodes
+from localcloud.timeline import Timeline
 from respawn import parsing
 from respawn.adapters.startup import machine_metadata
 from respawn.events import TrainerFailed
-from respawn.local.cloudapi import CloudMachine
-from respawn.local.nodes import Nodes
-from respawn.local.timeline import Timeline
 from respawn.machine import GRACE_S
 from respawn.model import GpuMachine, JobSpec
 

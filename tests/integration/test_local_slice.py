@@ -18,12 +18,9 @@ import psutil
 import pytest
 import yaml
 
-from respawn import parsing
-from respawn.adapters.startup import machine_metadata
-from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
-from respawn.joblogs import lifecycle_payload
-from respawn.local import cli
-from respawn.local.chaos import (
+from localcloud import command as cli
+from localcloud.apis.cloudapi import CloudMachine
+from localcloud.chaos import (
     HANG_WORKER,
     HOST_ERROR,
     KILL_WORKER,
@@ -35,12 +32,15 @@ from respawn.local.chaos import (
     parse_worker_steps,
     step_actions,
 )
-from respawn.local.cloudapi import CloudMachine
-from respawn.local.logentries import tpu_worker_name
-from respawn.local.nodes import Nodes
-from respawn.local.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
-from respawn.local.timeline import Timeline
-from respawn.logfilter import LogFilter, load_sink_filter
+from localcloud.machines.nodes import Nodes
+from localcloud.machines.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
+from localcloud.services.logentries import tpu_worker_name
+from localcloud.services.logfilter import LogFilter, load_sink_filter
+from localcloud.timeline import Timeline
+from respawn import parsing
+from respawn.adapters.startup import machine_metadata
+from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
+from respawn.joblogs import lifecycle_payload
 from respawn.machine import GRACE_S
 from respawn.model import JobSpec, TpuMachine
 from respawn.topology import tpu_topology
