@@ -7,7 +7,7 @@ the newest complete checkpoint is all that survives), restarts it until it
 completes, and compares its final hash with the reference. Real processes,
 real signals, real Orbax checkpoints on local disk, one shared compilation cache.
 
-With --hosts N every run is a loopback slice of N trainer processes (trainer.slice_env,
+With --hosts N every run is a loopback slice of N trainer processes (respawn_trainer.slice_env,
 --devices-per-host CPU devices each, jax.distributed over gloo, 40 steps): SIGTERM goes to
 every worker or to one (the notice is agreed), SIGKILL to one worker and then, as a launcher
 does, to the rest; the reference is an uninterrupted run of the same slice shape.

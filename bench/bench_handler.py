@@ -37,12 +37,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from localcloud.services.emulators import FakeGcs, patched_env
 from respawn import bootstrap, parsing
 from respawn.actions import CreateMachine
 from respawn.adapters.clock import SystemClock
 from respawn.config import Settings
 from respawn.events import Event
-from respawn.local.emulators import FakeGcs, patched_env
 from respawn.model import LABEL_JOB, JobSpec, MachineState
 from respawn.ports import Machine
 from respawn.service import Retryable, Service

@@ -26,11 +26,11 @@ notice and the others stop with it). Either way the replacement slice starts 4 n
 (JAX's coordinator) before the first new step. `--api tpu|compute|both` picks (both by default with --hosts 4;
 tpu with --hosts 1, examples/quickstart.yaml's v5e; compute with --hosts 1 is a v6e-8 Compute Engine instance).
 
-With --profile NAME every machine takes a profile's times for each step of a recovery (respawn/local/profiles.py):
+With --profile NAME every machine takes a profile's times for each step of a recovery (localcloud/machines/profiles.py):
 `cloud` replays Spot TPU and GPU recoveries from public figures at 1/60 speed, so that a local second reads as a
 real minute; `cloud-baked` and `cloud-nocache` show what a boot image holding Docker and the trainer image, and the
 persistent compilation cache, save. Each API's run then prints the recovery from the notice, split into its steps
-(detect, queue, create, boot, install, pull, start: respawn/local/recovery_split.py), in local seconds and in the
+(detect, queue, create, boot, install, pull, start: localcloud/readout/recovery_split.py), in local seconds and in the
 real-cloud minutes they stand for; goodput at a realistic MTBI (--mtbi-hours, scaled the same way), modelled from
 the measured recoveries and lost work (the job's periodic checkpoints left out: recovery_split.goodput_at); and,
 per trainer process, the programs compiled after the first attempt's first step (0: every restart of every process
@@ -69,8 +69,8 @@ from typing import Any
 
 import yaml
 
-from respawn.local.profiles import PROFILES, profile, real_minutes
-from respawn.local.recovery_split import PHASES, goodput_at, programs_written, recoveries, summary
+from localcloud.machines.profiles import PROFILES, profile, real_minutes
+from localcloud.readout.recovery_split import PHASES, goodput_at, programs_written, recoveries, summary
 from respawn.machine import NOTICE_S
 from respawn.spec import SpecError, parse_job_message
 
@@ -328,7 +328,7 @@ def main() -> int:
         "--profile",
         default="local",
         choices=list(PROFILES),
-        help="recovery timings (respawn/local/profiles.py): local, or real-cloud figures a minute to a second",
+        help="recovery timings (localcloud/machines/profiles.py): local, or real-cloud figures a minute to a second",
     )
     p.add_argument("--mtbi-hours", type=float, help="MTBI for the modelled goodput, real hours (the profile's: 8)")
     p.add_argument(

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from respawn.local.slices import compile_bytecode
+from localcloud.machines.slices import compile_bytecode
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST_STEP = re.compile(r" step \d+/\d+ loss ")  # the first step line (--log-every=1): the first new step

@@ -42,8 +42,7 @@ from typing import Any
 
 import psutil
 
-from respawn.local.bus import Delivery
-from respawn.local.cloud import (
+from localcloud.cloud import (
     EVENTS_TOPIC,
     JOBS_TOPIC,
     LocalCloud,
@@ -51,8 +50,9 @@ from respawn.local.cloud import (
     checkpoint_buckets,
     signals_as_interrupt,
 )
-from respawn.local.report import LIVE_STATES, percentile
-from respawn.local.scheduler import SWEEP_TICK
+from localcloud.readout.report import LIVE_STATES, percentile
+from localcloud.services.bus import Delivery
+from localcloud.services.scheduler import SWEEP_TICK
 from respawn.model import parse_machine_name
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,17 +9,26 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from respawn.local.emulators import FakeGcs, PubSubEmulator, patched_env
+from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
 
 if TYPE_CHECKING:
     from google.cloud.pubsub_v1.types import PubsubMessage
 
 
 REQUIRE = os.environ.get("RESPAWN_REQUIRE_EMULATORS") == "1"
+
+
+def bucket_dir(path: Path) -> str:
+    """A local directory standing for a checkpoint bucket: writable by every machine's trainer whatever its uid (the
+    local cloud runs respawn's trainer image as uid 10001, as a VM does)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+    return str(path)
 
 
 def need(problem: str | None) -> None:

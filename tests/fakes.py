@@ -344,7 +344,7 @@ class CrashingProvider:
 
 class FakeLogReader:
     """Cloud Logging's entries.list over a list of LogEntry dicts: the query's selection is evaluated with
-    respawn.logfilter and its `timestamp>=` bound (respawn.joblogs.since_filter) compared, oldest first.
+    localcloud.services.logfilter and its `timestamp>=` bound (respawn.joblogs.since_filter) compared, oldest first.
     `filters` records every query; tests append to `stored` between reads, as Cloud Logging ingests."""
 
     def __init__(self, entries: list[dict[str, Any]] | None = None) -> None:
@@ -352,7 +352,7 @@ class FakeLogReader:
         self.filters: list[str] = []
 
     def entries(self, filter_: str) -> list[dict[str, Any]]:
-        from respawn.logfilter import LogFilter
+        from localcloud.services.logfilter import LogFilter
         from respawn.parsing import rfc3339
 
         self.filters.append(filter_)

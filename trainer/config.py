@@ -155,3 +155,13 @@ def help_text() -> str:
     lines += [f"  --{n:<17} {h} ({a}; default {shown.get(n, d)})" for n, (_, d, a, h) in FLAGS.items()]
     lines += ["", "environment:", *env_help()]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # `python -m trainer.config FLAG...`: the flags checked, nothing run (a launcher's check)
+    import sys
+
+    try:
+        parse_flags(sys.argv[1:])
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)

@@ -341,22 +341,26 @@ def _attempt_range(job: Job) -> str:
 
 
 def _local_logs(args: argparse.Namespace) -> int:
-    from respawn.local import joblogs
+    from localcloud.readout import trainer_output
 
     workdir = Path(args.workdir)
-    run = joblogs.find_run(workdir, args.job)
+    run = trainer_output.find_run(workdir, args.job)
     if run is None:
         raise UserError(
             f"no local run of job {args.job!r} in {workdir}/runs/ (for a job in Google Cloud, set "
             f"{VARIABLES['state_bucket'][0]} or pass --bucket)"
         )
-    if args.attempt is not None and args.attempt not in joblogs.attempts(run, args.job) and joblogs.run_over(run):
-        known = joblogs.attempts(run, args.job)
+    if (
+        args.attempt is not None
+        and args.attempt not in trainer_output.attempts(run, args.job)
+        and trainer_output.run_over(run)
+    ):
+        known = trainer_output.attempts(run, args.job)
         have = f"attempts {', '.join(map(str, known))}" if known else "no attempts"
         raise UserError(f"--attempt: job {args.job} has no attempt {args.attempt} in {run}; it has {have}")
     print(f"{PROG}: {args.job} in {run}", file=sys.stderr)
     write = _printer(args, workers=True)  # a one-host machine's lines name no worker
-    joblogs.read(run, args.job, write, attempt=args.attempt, follow=args.follow, sleep=time.sleep)
+    trainer_output.read(run, args.job, write, attempt=args.attempt, follow=args.follow, sleep=time.sleep)
     return 0
 
 
@@ -377,9 +381,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         stream(log_reader(s), job_filter(s.project, args.job), job.submitted_at, entries.append, sleep=time.sleep)
         out.write_text(page(from_record(job, entries, time.time())), encoding="utf-8")
     else:
-        from respawn.local import html_report, joblogs
+        from localcloud.readout import html_report, trainer_output
 
-        run = joblogs.find_run(Path(args.workdir), args.job)
+        run = trainer_output.find_run(Path(args.workdir), args.job)
         if run is None or not (run / "report.json").exists():
             raise UserError(f"no finished local run of job {args.job!r} in {args.workdir}/runs/ (no report.json)")
         html_report.write(run, json.loads((run / "report.json").read_text()), out)
@@ -452,11 +456,11 @@ def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
 
 def run_local(argv: list[str]) -> int:
     try:
-        local_cli = importlib.import_module("respawn.local.cli")
+        local_cli = importlib.import_module("localcloud.command")
     except ModuleNotFoundError as e:
-        if e.name in ("respawn.local.cli", "respawn.local"):
+        if e.name in ("localcloud", "localcloud.command"):
             raise UserError(
-                "the local cloud is not part of this installation (module respawn.local.cli is missing)"
+                "the local cloud is not part of this installation (module localcloud.command is missing)"
             ) from e
         raise UserError(f"the local cloud needs the Python package {e.name!r}: pip install -r requirements.txt") from e
     main_fn: Callable[[list[str]], int | None] = local_cli.main

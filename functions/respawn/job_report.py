@@ -1,7 +1,7 @@
 """`respawn report JOB --html FILE`: one self-contained HTML page of a job a person can look at.
 
 The page is built from a `View`, which either source fills in: a deployed job's record and its log entries
-(`from_record`), or a local run's report.json and timeline (`respawn/local/html_report.py`). It shows:
+(`from_record`), or a local run's report.json and timeline (`localcloud/readout/html_report.py`). It shows:
 
   the attempts on a timeline, one row per zone: a bar per attempt (its machine's request to its end, coloured by
   how it ended), preemptions (red) and notices (amber) as marks, a head start's attempt outlined

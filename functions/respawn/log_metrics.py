@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from respawn.logfilter import LogFilter  # the sink's evaluator: keep this the one import of it here
+from localcloud.services.logfilter import LogFilter  # the sink's evaluator: keep this the one import of it here
 
 SOURCE = resources.files("respawn") / "log_metrics.json"
 _EXTRACT = re.compile(

@@ -3,7 +3,7 @@
 The grace period each kind of machine gives its trainer after the notice, the notice itself (the marker file the
 shutdown script or the startup script's trap leaves), the trainer's environment, the entry the startup script
 writes from the trainer's exit code, and the names of the logs a machine writes to. adapters/startup.py renders the
-machine's scripts (adapters/startup.sh, shutdown.sh) with it; the local cloud (respawn/local/nodes.py) runs them.
+machine's scripts (adapters/startup.sh, shutdown.sh) with it; the local cloud (localcloud/machines/vms.py) runs them.
 """
 
 from __future__ import annotations

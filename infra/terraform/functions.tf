@@ -41,7 +41,11 @@ locals {
   }
 }
 
-# functions/ as uploaded by `gcloud functions deploy --source=functions` (same exclusions as its .gcloudignore).
+# functions/ as uploaded by `gcloud functions deploy --source=functions` (same exclusions as its .gcloudignore): main.py,
+# requirements.txt, the modules main.py imports and the files they read (the machine's scripts), nothing else. The
+# local cloud is not under functions/ (it is the top-level package localcloud/); the CLI's own modules, the metrics'
+# evaluator and the files Terraform reads from the source tree (the sink filter, the log-based metrics) stay behind.
+# tests/infra/test_deployed_source.py holds this list to main.py's imports.
 data "archive_file" "functions" {
   type        = "zip"
   source_dir  = "${path.module}/../../functions"
@@ -51,7 +55,13 @@ data "archive_file" "functions" {
     "**/__pycache__/**",
     "**/*.pyc",
     "**/*.egg-info/**",
-    "respawn/local/**",
+    "respawn/cli.py",
+    "respawn/job_report.py",
+    "respawn/joblogs.py",
+    "respawn/log_metrics.json",
+    "respawn/log_metrics.py",
+    "respawn/plan.py",
+    "respawn/sink_filter.txt",
   ]
 }
 

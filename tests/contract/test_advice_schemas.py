@@ -16,9 +16,9 @@ import pytest
 from discovery import Api
 from google.cloud import compute_v1
 
+from localcloud.apis.cloudapi import CloudApiServer, Exchange
 from respawn.adapters.advice import GcpAdvisor
 from respawn.adapters.settings import client_options
-from respawn.local.cloudapi import CloudApiServer, Exchange
 
 COMPUTE_API = Api.load("compute.v1")
 ADVICE = Path(__file__).parents[2] / "functions" / "respawn" / "adapters" / "advice.py"

@@ -19,12 +19,12 @@ import pytest
 from discovery import Api
 from google.cloud import compute_v1
 
+from localcloud.apis.cloudapi import CloudApiServer, Exchange
 from respawn.actions import CreateMachine
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.compute_operations import Scope
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.local.cloudapi import CloudApiServer, Exchange
 from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import pytest
 from fakes import FakeProvider
 
+from localcloud.apis.cloudapi import CloudApiServer
 from respawn.actions import CreateMachine
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.local.cloudapi import CloudApiServer
 from respawn.model import GpuMachine, JobSpec, MachineState, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 

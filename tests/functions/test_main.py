@@ -25,9 +25,9 @@ from cloudevents.http import CloudEvent
 from conftest import pull, topic_with_subscription
 from functions_framework import create_app
 
+from localcloud.apis.cloudapi import CloudApiServer
+from localcloud.services.emulators import PubSubEmulator
 from respawn.adapters.gcs_store import GcsJobStore
-from respawn.local.cloudapi import CloudApiServer
-from respawn.local.emulators import PubSubEmulator
 from respawn.model import Status
 
 pytestmark = pytest.mark.emulator

@@ -8,11 +8,23 @@ from pathlib import Path
 import pytest
 from tfconfig import REPO
 
-from respawn.local import apicore, cloudapi, compute_api, compute_checks, tpu_api
+from localcloud.apis import apicore, cloudapi, tpu_api
+from localcloud.apis.compute import (
+    api,
+    checks,
+    common,
+    instances,
+    mig_views,
+    migs,
+    operations,
+    resize_requests,
+    templates,
+)
 
 DATA = REPO / "tests" / "data"
-API_MODULES = {m.__name__.rpartition(".")[2]: m for m in (apicore, cloudapi, compute_api, compute_checks, tpu_api)}
-API_SECTION = "The local TPU / Compute API (functions/respawn/local)"
+COMPUTE = (api, checks, common, instances, mig_views, migs, operations, resize_requests, templates)
+API_MODULES = {m.__name__.rpartition(".")[2]: m for m in (apicore, cloudapi, tpu_api, *COMPUTE)}
+API_SECTION = "The local TPU / Compute API (localcloud/apis)"
 SOURCES = DATA / "SOURCES.md"
 ROW = re.compile(r"^\| `(?P<first>[^`]+)` \|(?P<rest>.*)\|$")
 URL = re.compile(r"https://[^\s;)|]+")

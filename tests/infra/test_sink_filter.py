@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from tfconfig import REPO, TF_DIR, Config
 
-from respawn import logfilter
+from localcloud.services import logfilter
+from localcloud.services.logfilter import LogFilter, load_sink_filter, sink_filter
 from respawn.events import Ignored
-from respawn.logfilter import LogFilter, load_sink_filter, sink_filter
 from respawn.parsing import TRAINER_EVENTS, log_entry_event
 
 CAPTURED = sorted((REPO / "tests" / "data").glob("logentry_*.json"))

@@ -10,9 +10,9 @@ import pytest
 from conftest import pull, topic_with_subscription
 from google.cloud import pubsub_v1
 
+from localcloud.services.emulators import PubSubEmulator
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.cli import main
-from respawn.local.emulators import PubSubEmulator
 from respawn.model import Attempt, Counters, Job, JobSpec, Status, TpuMachine
 
 pytestmark = pytest.mark.emulator

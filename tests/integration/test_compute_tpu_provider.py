@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from localcloud.apis.cloudapi import CloudApiServer
 from respawn.actions import CreateMachine
 from respawn.adapters import compute_slices as slices
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
-from respawn.local.cloudapi import CloudApiServer
 from respawn.model import JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, PermanentError, TransientError
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from localcloud.apis.cloudapi import CloudApiServer
 from respawn.adapters.gcs_store import GcsHistoryStore
 from respawn.cli import main
-from respawn.local.cloudapi import CloudApiServer
 from respawn.placement import HOUR, History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-west1-b"

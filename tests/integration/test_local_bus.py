@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from localcloud.services.bus import InProcessBus, push_endpoint
 from respawn import parsing
-from respawn.local.bus import InProcessBus, push_endpoint
 
 
 class Endpoint:

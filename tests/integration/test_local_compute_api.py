@@ -15,8 +15,8 @@ import requests
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1, tpu_v2
 
+from localcloud.apis.cloudapi import CloudApiServer, CloudMachine
 from respawn.adapters.settings import client_options
-from respawn.local.cloudapi import CloudApiServer, CloudMachine
 
 P, ZONE, REGION = "proj", "us-east5-b", "us-east5"
 DELAY = 0.05

@@ -23,8 +23,8 @@ import yaml
 from conftest import need
 from test_local_run import ROOT, run_local
 
-from respawn.local.emulators import FakeGcs
-from respawn.local.recovery_split import recoveries
+from localcloud.readout.recovery_split import recoveries
+from localcloud.services.emulators import FakeGcs
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 

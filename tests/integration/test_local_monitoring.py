@@ -20,10 +20,10 @@ import pytest
 import yaml
 from conftest import need
 
+from localcloud.readout.function_entries import function_entries
+from localcloud.services.emulators import FakeGcs
 from respawn import log_metrics
 from respawn.job_report import read_figures
-from respawn.local.emulators import FakeGcs
-from respawn.local.function_entries import function_entries
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from conftest import bucket_dir
 
+from localcloud.apis.cloudapi import CloudMachine
+from localcloud.machines.nodes import Nodes
+from localcloud.timeline import Timeline
 from respawn import parsing
 from respawn.adapters.startup import machine_metadata
 from respawn.events import TrainerFailed
-from respawn.local.cloudapi import CloudMachine
-from respawn.local.nodes import Nodes
-from respawn.local.timeline import Timeline
 from respawn.machine import GRACE_S
 from respawn.model import GpuMachine, JobSpec
 
@@ -32,7 +33,7 @@ def machine(tmp_path: Path, **changes: Any) -> CloudMachine:
         machine=GpuMachine("g2-standard-8", "nvidia-l4", 1),
         zones=("us-central1-a",),
         image="us-docker.pkg.dev/p/r/trainer:1",
-        checkpoint_uri=str(tmp_path / "ckpt"),
+        checkpoint_uri=bucket_dir(tmp_path / "ckpt"),
         args=("--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1"),
         **changes,
     )
@@ -162,7 +163,7 @@ def test_a_preempted_gpu_vm_runs_its_shutdown_script_and_its_trainer_stops_in_it
         deadline = time.monotonic() + 30
         while n.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert (tmp_path / "crashy-a2" / "w-0" / "respawn-notice").exists()  # left by the shutdown script
+    assert (tmp_path / "crashy-a2" / "w-0" / "run" / "respawn" / "notice").exists()  # left by the shutdown script
     assert "failed" not in [(e.get("jsonPayload") or {}).get("event") for e in routed]
     assert entry["jsonPayload"]["job_id"] == "crashy"
     methods = [(e.get("protoPayload") or {}).get("methodName") for e in routed]

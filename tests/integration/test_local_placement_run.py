@@ -18,7 +18,7 @@ import yaml
 from conftest import need
 from test_local_run import ROOT, run_local
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.timeout(900)]  # a reference run, then the run
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"

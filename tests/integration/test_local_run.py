@@ -23,7 +23,7 @@ import yaml
 from conftest import need
 from fakes import assert_status_chain
 
-from respawn.local.emulators import FakeGcs, PubSubEmulator
+from localcloud.services.emulators import FakeGcs, PubSubEmulator
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 

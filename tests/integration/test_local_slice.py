@@ -17,13 +17,11 @@ from typing import Any
 import psutil
 import pytest
 import yaml
+from conftest import bucket_dir
 
-from respawn import parsing
-from respawn.adapters.startup import machine_metadata
-from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
-from respawn.joblogs import lifecycle_payload
-from respawn.local import cli
-from respawn.local.chaos import (
+from localcloud import command as cli
+from localcloud.apis.cloudapi import CloudMachine
+from localcloud.chaos import (
     HANG_WORKER,
     HOST_ERROR,
     KILL_WORKER,
@@ -35,12 +33,15 @@ from respawn.local.chaos import (
     parse_worker_steps,
     step_actions,
 )
-from respawn.local.cloudapi import CloudMachine
-from respawn.local.logentries import tpu_worker_name
-from respawn.local.nodes import Nodes
-from respawn.local.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
-from respawn.local.timeline import Timeline
-from respawn.logfilter import LogFilter, load_sink_filter
+from localcloud.machines.nodes import Nodes
+from localcloud.machines.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
+from localcloud.services.logentries import tpu_worker_name
+from localcloud.services.logfilter import LogFilter, load_sink_filter
+from localcloud.timeline import Timeline
+from respawn import parsing
+from respawn.adapters.startup import machine_metadata
+from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
+from respawn.joblogs import lifecycle_payload
 from respawn.machine import GRACE_S
 from respawn.model import JobSpec, TpuMachine
 from respawn.topology import tpu_topology
@@ -184,7 +185,7 @@ def tpu_machine(
         machine=TpuMachine(accelerator, "v2-alpha-tpuv5-lite", api=api),
         zones=("us-central1-a",),
         image="us-docker.pkg.dev/p/r/trainer:1",
-        checkpoint_uri=str(tmp_path / f"ckpt-{name}"),
+        checkpoint_uri=bucket_dir(tmp_path / f"ckpt-{name}"),
         # no saves but the preemption's: the light trainers of a slice's workers share one progress marker
         args=("--model=none", "--steps=100000", "--step-time=0.05", "--log-every=1", "--checkpoint-every=100000"),
         hang_timeout_s=80,  # progress every 20 s
@@ -366,10 +367,12 @@ def test_a_preempted_slice_stops_every_worker_and_each_worker_vm_logs_the_event(
         events = cloud.wait_for(HOSTS, method="compute.instances.preempted")
         assert gone(pids)
         stopped = cloud.entries(event="stopped")
-    # Every worker had the notice and stopped on its own, none was killed (--model=none: each worker logs its own
-    # entries and saves the same marker file, each through its own temporary file).
+    # Every worker had the notice (its VM's metadata flag or the SIGTERM of the soft off, whichever came first) and
+    # stopped on its own, none was killed (--model=none: each worker logs its own entries and saves the same marker
+    # file, each through its own temporary file).
     for i in range(HOSTS):
-        assert "preemption notice (SIGTERM)" in (tmp_path / f"slice-a3-w-{i}.log").read_text()
+        log = (tmp_path / f"slice-a3-w-{i}.log").read_text()
+        assert "preemption notice (SIGTERM)" in log or "preemption notice (metadata instance/preempted)" in log, i
     assert stopped and {e["code"] for e in cloud.timeline.events("trainer_exit")} == {0}
     assert ("preempt", ("slice-a3", None)) in cloud.log
     instances = [e["protoPayload"]["resourceName"].rsplit("/", 1)[1] for e in events]
@@ -453,7 +456,7 @@ def test_a_compute_slice_loses_one_vm_to_a_preemption_and_deleting_the_group_end
         assert "slice-a3" not in [name for name, _ in nodes.ready()]  # no chaos target any more
         nodes.preempt("slice-a3", 1)  # a machine being preempted is not preempted again
         for i in range(HOSTS):
-            noticed = "preemption notice (SIGTERM)" in (tmp_path / f"slice-a3-w-{i}.log").read_text()
+            noticed = "preemption notice (" in (tmp_path / f"slice-a3-w-{i}.log").read_text()
             assert noticed == (i == 2), i
         nodes.on_deleted("slice-a3")
         assert gone(pids)

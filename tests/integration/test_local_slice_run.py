@@ -16,7 +16,7 @@ import yaml
 from conftest import need
 from test_local_run import ROOT, run_local
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from localcloud.apis.cloudapi import CloudApiServer
 from respawn.actions import CreateMachine
 from respawn.adapters.compute import DLVM_IMAGE, GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.local.cloudapi import CloudApiServer
 from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
@@ -400,7 +400,7 @@ def test_gce_preempted_spot_vm_is_deleted_as_it_asked(server: CloudApiServer, gc
 def test_gce_preempted_vm_that_asked_to_stop_is_terminated(server: CloudApiServer, gce: GcpComputeProvider) -> None:
     spec = gpu_spec()
     gce.create(create(spec), spec)
-    with server._lock:  # the stored VM, as a STOP-on-preemption VM would have been created
+    with server.lock:  # the stored VM, as a STOP-on-preemption VM would have been created
         server._find("gpu-1-a1").resource["scheduling"]["instanceTerminationAction"] = "STOP"  # type: ignore[union-attr]
     server.preempt("gpu-1-a1")
     assert [m.state for m in gce.list(ZONE, "gpu-1")] == [MachineState.TERMINATED]

@@ -8,8 +8,8 @@ import uuid
 import pytest
 from conftest import pull, topic_with_subscription
 
+from localcloud.services.emulators import PubSubEmulator
 from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
-from respawn.local.emulators import PubSubEmulator
 from respawn.model import Attempt, Counters, Job, Status
 from respawn.notices import status_notice
 from respawn.ports import PermanentError

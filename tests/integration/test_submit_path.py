@@ -22,6 +22,9 @@ from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
 
+from localcloud.apis.cloudapi import CloudApiServer
+from localcloud.services.emulators import PubSubEmulator, free_port, start_group, stop_group, wait_http
+from localcloud.services.functions import functions_framework_argv
 from respawn import parsing
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.gcs_store import GcsJobStore
@@ -29,9 +32,6 @@ from respawn.adapters.tpu import GcpTpuProvider
 from respawn.config import service_from_env
 from respawn.decide import Policy
 from respawn.events import Event, SweepTicked
-from respawn.local.cloudapi import CloudApiServer
-from respawn.local.emulators import PubSubEmulator, free_port, start_group, stop_group, wait_http
-from respawn.local.functions import functions_framework_argv
 from respawn.model import Job, Status
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
 

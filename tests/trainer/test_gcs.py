@@ -12,7 +12,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from trainer_harness import ARGS, REPO, Reference, last, run_to_end, start, trainer_env
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 
 
 @pytest.mark.emulator

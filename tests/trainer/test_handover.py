@@ -13,7 +13,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from trainer_harness import entries, last, start, trainer_env
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 from respawn_trainer.env import load_env
 from respawn_trainer.handover import EXITED, READY, Handover, Objects, take_over
 

@@ -1,7 +1,7 @@
 """A 4-host slice on loopback: 4 trainer processes x 2 CPU devices under jax.distributed (gloo collectives),
 parameters and optimizer state sharded over the 8 devices, checkpoints on fake-gcs-server.
 
-Each worker gets the environment of a TPU VM worker (trainer.slice_env); worker 0 hosts JAX's coordinator and
+Each worker gets the environment of a TPU VM worker (respawn_trainer.slice_env); worker 0 hosts JAX's coordinator and
 alone writes lifecycle entries (the others get a sink file of their own, which must stay empty). The final hash
 of a 4-host run is compared with that of an uninterrupted 4-host run of the same arguments, H4.
 """
@@ -32,7 +32,7 @@ from trainer_harness import (
     worker_sink,
 )
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 
 HOSTS, DEVICES = 4, 2
 STEPS = 30

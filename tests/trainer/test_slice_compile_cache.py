@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from trainer_harness import last, run_slice_to_end, start_slice, trainer_env
 
-from respawn.local.recovery_split import programs_written
+from localcloud.readout.recovery_split import programs_written
 
 HOSTS, DEVICES = 4, 2
 ARGS = ["--model=nano", "--steps=12", "--seed=7", "--checkpoint-every=4", "--log-every=1"]

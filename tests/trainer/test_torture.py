@@ -22,7 +22,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from trainer_harness import ARGS, Reference, Run, entries, kill_hard, last, run_to_end, start, trainer_env
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 
 KILLS = 100
 JOBS = 2  # concurrent jobs on their own prefixes: a trainer's startup mostly keeps one core busy

@@ -80,7 +80,7 @@ def test_multi_host_environment() -> None:
 
 
 def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
-    from trainer.slice_env import free_port, worker_env
+    from respawn_trainer.slice_env import free_port, worker_env
 
     assert worker_env(1, 4, 8476, 2) == {
         "TPU_WORKER_ID": "1",
@@ -99,7 +99,7 @@ def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
     assert (
         "jax"
         not in subprocess.run(
-            [sys.executable, "-c", "import sys, trainer.slice_env; print(sorted(sys.modules))"],
+            [sys.executable, "-c", "import sys, respawn_trainer.slice_env; print(sorted(sys.modules))"],
             cwd=REPO,
             capture_output=True,
             text=True,

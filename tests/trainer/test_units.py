@@ -268,6 +268,36 @@ def test_watch_notices_the_metadata_server_and_sigterm() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_handover_trains_on_whichever_notice_comes_first_and_a_second_sigterm_does_not_cut_it_short() -> None:
+    """A VM's docker daemon and its shutdown script each stop the container, in parallel: two SIGTERMs, and the
+    metadata flag comes with the soft off. The handover's train-on holds through all of them; the successor's
+    readiness (a later notice()) still ends it."""
+    server = MetadataServer()
+    previous = signal.getsignal(signal.SIGTERM)
+    for first in ("SIGTERM", "metadata instance/preempted"):
+        server.preempted = False
+        watch = PreemptionWatch(server.url, poll_s=0.05, train_on=lambda w: 30.0).start()
+        try:
+            if first == "SIGTERM":
+                signal.raise_signal(signal.SIGTERM)
+            else:
+                server.preempted = True
+                deadline = time.monotonic() + 5
+                while watch.noticed_at is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            assert watch.source == first and watch.training_on and not watch.noticed
+            server.preempted = True
+            signal.raise_signal(signal.SIGTERM)  # the other stop
+            time.sleep(0.2)
+            assert watch.source == first and not watch.noticed  # still training on
+            watch.notice("the next machine is ready")
+            assert watch.noticed
+        finally:
+            watch.stop()
+            signal.signal(signal.SIGTERM, previous)
+    server.server.shutdown()
+
+
 def test_with_a_longer_notice_the_metadata_flag_counts_that_much_later_and_sigterm_at_once() -> None:
     """RESPAWN_NOTICE_LEAD_S: the flag comes that long before the soft off, so the trainer trains on until then;
     the soft off's SIGTERM (the shutdown script's docker stop) is the notice whenever it comes."""

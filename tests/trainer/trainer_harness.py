@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from trainer.slice_env import free_port, worker_env
+from respawn_trainer.slice_env import free_port, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 # One configuration everywhere, so every run after the first loads its programs from the compilation cache.
@@ -274,7 +274,8 @@ class Slice:
 def start_slice(
     env: dict[str, str], hosts: int, devices_per_host: int, args: list[str] | None = None, port: int | None = None
 ) -> Slice:
-    """`hosts` trainer processes with the environment of a TPU slice's workers (trainer.slice_env) on loopback."""
+    """`hosts` trainer processes with the environment of a TPU slice's workers (respawn_trainer.slice_env), on
+    loopback."""
     port = port or free_port()
     sink = Path(env["RESPAWN_LOG_SINK"])
     runs = [

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from localcloud.apis.cloudapi import CloudApiServer
 from respawn.adapters.advice import TPU_NOTE, GcpAdvisor, accelerators, advise_regions, is_tpu
-from respawn.local.cloudapi import CloudApiServer
 from respawn.model import GpuMachine, TpuMachine
 from respawn.placement import ZoneAdvice
 

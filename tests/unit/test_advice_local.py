@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from respawn.local.advice_api import AdviceApi
-from respawn.local.apicore import ApiError, CloudCore
+from localcloud.apis.advice_api import AdviceApi
+from localcloud.apis.apicore import ApiError, CloudCore
 
 CAPACITY = "/compute/v1/projects/p/regions/us-central1/advice/capacity"
 HISTORY = "/compute/v1/projects/p/regions/us-central1/advice/capacityHistory"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from respawn.local.profiles import CLOUD_SCALE
+from localcloud.machines.profiles import CLOUD_SCALE
 from respawn.spec import SpecError, parse_job_message
 
 # bench/ is a folder of scripts, not an installed package: load the script by its path.

@@ -12,10 +12,10 @@ import logging
 import pytest
 from fakes import FakeClock, FakeProvider, InMemoryJobStore, deliver_concurrently
 
+from localcloud.readout.function_entries import _entry
 from respawn import log_metrics
 from respawn.events import JobSubmitted, MachinePreempted, SweepTicked, TrainerCompleted, TrainerStarted
 from respawn.facts import facts, waiting
-from respawn.local.function_entries import _entry
 from respawn.model import JobSpec, MachineState, Status, TpuMachine
 from respawn.service import Service
 

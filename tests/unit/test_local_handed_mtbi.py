@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 import urllib.request
 
+from localcloud.machines.machine_host import MetadataServer, container_env
 from respawn.adapters.startup import MTBI_ENV, MTBI_METADATA, docker_run_argv, machine_metadata
-from respawn.local.machine_host import MetadataServer, container_env
 from respawn.model import GpuMachine, JobSpec
 from respawn_trainer.env import load_env
 

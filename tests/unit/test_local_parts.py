@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from localcloud.chaos import MTBI_ROUND, Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
+from localcloud.command import UsageError, parse_entrypoint, total_steps, with_trainer_args
+from localcloud.machines.slices import HEARTBEAT_TIMEOUT_S, SINGLE_HOST, LocalSlice, local_trainer_env, report_line
+from localcloud.machines.vms import lifecycle_entry, progress
+from localcloud.readout import report
+from localcloud.services.logentries import preempted_entry, tpu_worker_name, trainer_entry
+from localcloud.services.logfilter import LogFilter, load_sink_filter
 from respawn import parsing
 from respawn.events import MachinePreempted, TrainerStarted, ZoneWokeUp
-from respawn.local import report
-from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, parse_duration, parse_steps, parse_stockout, parse_times
-from respawn.local.cli import UsageError, parse_entrypoint, total_steps, with_trainer_args
-from respawn.local.logentries import preempted_entry, tpu_worker_name, trainer_entry
-from respawn.local.nodes import lifecycle_entry, progress
-from respawn.local.slices import HEARTBEAT_TIMEOUT_S, SINGLE_HOST, LocalSlice, local_trainer_env, report_line
-from respawn.logfilter import LogFilter, load_sink_filter
 from respawn.prices import machine_price, tpu_units
 
 
@@ -392,10 +392,10 @@ def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Pa
 def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--profile cloud` replays a real minute in a local second: the functions get its scale (RESPAWN_TIME_SCALE),
     which decide's Policy.time_scale reads, so a head start's drain is as much shorter; the local profile's is 1."""
+    from localcloud import cloud
+    from localcloud.machines.profiles import CLOUD_SCALE
+    from localcloud.services.emulators import FakeGcs
     from respawn.config import Settings
-    from respawn.local import cloud
-    from respawn.local.emulators import FakeGcs
-    from respawn.local.profiles import CLOUD_SCALE
 
     given: list[dict[str, str]] = []
 

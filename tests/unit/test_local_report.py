@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from respawn.local.report import build
+from localcloud.readout.report import build
 
 SHA = "f0c63fffbb008e70d3a1d5fa802029101f6e4755236e0a76964ca7c82ed0db66"
 

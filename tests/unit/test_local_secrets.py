@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from respawn.local.secret_store import SecretError, leaks, secret_values
+from localcloud.services.secret_store import SecretError, leaks, secret_values
 
 HF = "projects/respawn-local/secrets/hf-token/versions/1"
 WB = "projects/respawn-local/secrets/wandb/versions/latest"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from respawn.local import report
-from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, Mtbi, parse_mtbi
-from respawn.local.cli import main
+from localcloud.chaos import MTBI_ROUND, Chaos, ChaosError, Mtbi, parse_mtbi
+from localcloud.command import main
+from localcloud.readout import report
 from respawn.model import JobSpec, TpuMachine
 from respawn.placement import History, Key
 

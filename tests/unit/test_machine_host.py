@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from respawn.local import machine_host
-from respawn.local.machine_host import CloudLogging, MetadataServer, SecretManager, container_env
+from localcloud.machines import machine_host
+from localcloud.machines.machine_host import CloudLogging, MetadataServer, SecretManager, container_env
 
 REF = "projects/p/secrets/hf/versions/1"
 
@@ -49,7 +49,7 @@ def test_the_metadata_server_answers_as_googles_does() -> None:
 
 def shim(tool: str, args: list[str], env: dict[str, str], **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "respawn.local.machine_host", tool, *args],
+        [sys.executable, "-m", "localcloud.machines.machine_host", tool, *args],
         env={**env, "PYTHONPATH": str(Path(machine_host.__file__).resolve().parents[2])},
         capture_output=True,
         text=True,
@@ -135,7 +135,18 @@ def test_the_daemon_stops_each_container_with_its_own_stop_timeout(tmp_path: Pat
     slow += "; time.sleep(60)"
     runs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "respawn.local.machine_host", "docker", "run", "--name", name, *opts, "img", slow],
+            [
+                sys.executable,
+                "-m",
+                "localcloud.machines.machine_host",
+                "docker",
+                "run",
+                "--name",
+                name,
+                *opts,
+                "img",
+                slow,
+            ],
             env={**environ, "PYTHONPATH": str(Path(machine_host.__file__).resolve().parents[2])},
         )
         for name, opts in (("default", []), ("given", ["--stop-timeout", "5"]))
@@ -173,7 +184,7 @@ def test_docker_stop_sends_sigterm_then_sigkill_after_its_timeout(tmp_path: Path
         "PYTHONPATH": str(Path(machine_host.__file__).resolve().parents[2]),
     }
     run = subprocess.Popen(
-        [sys.executable, "-m", "respawn.local.machine_host", "docker", "run", "--rm", "--name", "t", "image"],
+        [sys.executable, "-m", "localcloud.machines.machine_host", "docker", "run", "--rm", "--name", "t", "image"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -204,7 +215,7 @@ def test_signals_after_the_container_exited_leave_docker_runs_exit_code_its_cont
     }
     for _ in range(3):
         run = subprocess.Popen(
-            [sys.executable, "-m", "respawn.local.machine_host", "docker", "run", "--rm", "--name", "t", "image"],
+            [sys.executable, "-m", "localcloud.machines.machine_host", "docker", "run", "--rm", "--name", "t", "image"],
             env=env,
             stdout=subprocess.PIPE,
             text=True,

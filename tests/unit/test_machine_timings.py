@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from localcloud.machines import machine_host
+from localcloud.machines.machine_host import CloudLogging, MetadataServer
+from localcloud.machines.vms import machine_step
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
-from respawn.local import machine_host
-from respawn.local.machine_host import CloudLogging, MetadataServer
-from respawn.local.nodes import machine_step
 from respawn.machine import NOTICE_ENV
 from respawn.model import JobSpec, TpuMachine
 
@@ -21,7 +21,7 @@ IMAGE = "us-docker.pkg.dev/proj/repo/trainer:1"
 
 
 def shim(tool: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "respawn.local.machine_host", tool, *args]
+    command = [sys.executable, "-m", "localcloud.machines.machine_host", tool, *args]
     return subprocess.run(command, env={"PYTHONPATH": FUNCTIONS, **env}, capture_output=True, text=True, timeout=60)
 
 
@@ -62,7 +62,7 @@ def test_the_trainer_starts_after_the_start_delay_and_a_stop_meanwhile_ends_it(t
     assert ran.returncode == 0 and float(ran.stdout) - t0 >= 0.5
     slow = {**env, machine_host.START_S: "30"}
     run = subprocess.Popen(
-        [sys.executable, "-m", "respawn.local.machine_host", "docker", "run", "--rm", "--name", "t", IMAGE],
+        [sys.executable, "-m", "localcloud.machines.machine_host", "docker", "run", "--rm", "--name", "t", IMAGE],
         env={"PYTHONPATH": FUNCTIONS, **slow},
     )
     try:

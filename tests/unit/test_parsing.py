@@ -12,6 +12,7 @@ from cloudevents.http import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from localcloud.services.logfilter import sink_filter
 from respawn.events import (
     EXIT_CODE,
     CancelRequested,
@@ -30,7 +31,6 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.logfilter import sink_filter
 from respawn.model import MachineState, TpuMachine, parse_instance_name
 from respawn.parsing import (
     PubSubMessage,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from respawn.local import cli
-from respawn.local.profiles import (
+from localcloud import command as cli
+from localcloud.machines.profiles import (
     CLOUD_SCALE,
     LOCAL_TRAINER_START_S,
     PROFILES,

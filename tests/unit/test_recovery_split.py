@@ -1,4 +1,4 @@
-"""Preemption -> first step from the notice, split into a recovery's steps (respawn/local/recovery_split.py)."""
+"""Preemption -> first step from the notice, split into a recovery's steps (localcloud/readout/recovery_split.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from respawn.local.recovery_split import PHASES, goodput_at, programs_written, recoveries, split, summary
+from localcloud.readout.recovery_split import PHASES, goodput_at, programs_written, recoveries, split, summary
 
 
 def ev(t: float, kind: str, machine: str = "job-a2", **fields: Any) -> dict[str, Any]:

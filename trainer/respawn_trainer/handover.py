@@ -28,6 +28,7 @@ from typing import Protocol
 
 from respawn_trainer.env import RunEnv
 from respawn_trainer.lifecycle import MetadataServer
+from respawn_trainer.notice import metadata_preempted
 
 log = logging.getLogger("trainer")
 POLL_S = 0.1  # how often a waiting trainer asks for the other's object
@@ -106,9 +107,13 @@ def wait_for(objects: Objects, uri: str, until: float, stop: Callable[[], bool])
         time.sleep(POLL_S)
 
 
-def preempted(notice_file: str | None) -> bool:
-    """Whether the startup or shutdown script wrote `preempted` in the notice file: the metadata server said so when
-    the notice came (a deletion by respawn, for a cancel or a hang, has no successor to hand over to)."""
+def preempted(notice_file: str | None, metadata_url: str | None = None) -> bool:
+    """Whether the notice is a preemption (a deletion by respawn, for a cancel or a hang, has no successor to hand
+    over to): the metadata server says `instance/preempted` TRUE, or the startup or shutdown script wrote `preempted`
+    in the notice file. The server first: the docker daemon stops the container in parallel with the shutdown script,
+    so SIGTERM may come before the script has written the file."""
+    if metadata_url and metadata_preempted(metadata_url):
+        return True
     if not notice_file:
         return False
     try:
@@ -135,6 +140,7 @@ class Handover:
         assert env.handover
         window = min(env.grace_s, env.window_s or env.grace_s)  # a local cloud's VM may be off before the grace ends
         self.prefix, self.grace_s, self.notice_file = env.handover, window * env.time_scale, env.notice_file
+        self.metadata_url = env.metadata_url
         self.objects, self.longest_save_s = objects, 0.0
         self._thread: threading.Thread | None = None
 
@@ -144,7 +150,7 @@ class Handover:
 
     def train_on_s(self) -> float:
         """How long to train on after the notice: half the grace less two of the longest saves, on a preemption."""
-        if not preempted(self.notice_file):
+        if not preempted(self.notice_file, self.metadata_url):
             return 0.0
         return max(0.0, self.grace_s / 2 - 2 * self.longest_save_s)
 

@@ -25,6 +25,16 @@ def on_gce() -> bool:
         return False
 
 
+def metadata_preempted(metadata_url: str, timeout_s: float = 0.5) -> bool:
+    """Whether the metadata server says `instance/preempted` TRUE now (False when it cannot be read in time)."""
+    request = urllib.request.Request(f"{metadata_url}/instance/preempted", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return bool(response.read(64).decode(errors="replace").strip().upper() == "TRUE")
+    except OSError:
+        return False
+
+
 def leave_notice(path: str | None) -> None:
     """A host that stops on the notice, its own or a peer's (a slice stops whole), leaves the startup script's notice
     file (RESPAWN_NOTICE_FILE): its exit 0 is then `stopped`, not `completed` (docs/trainer-protocol.md)."""
@@ -39,7 +49,9 @@ def leave_notice(path: str | None) -> None:
 class PreemptionWatch:
     """`lead_s` (RESPAWN_NOTICE_LEAD_S): the metadata flag comes this long before the soft off (a Spot VM that asked
     for a longer notice), so it counts as the notice only that much later. SIGTERM counts at once, or `train_on(watch)`
-    seconds later (a head start's handover, which may call notice() sooner)."""
+    seconds later (a head start's handover, which may call notice() sooner); so does the flag without a lead, which
+    comes with the soft off. Once training on, a second SIGTERM changes nothing: a VM's docker daemon and its shutdown
+    script each stop the container, in parallel."""
 
     def __init__(
         self,
@@ -54,6 +66,7 @@ class PreemptionWatch:
         self.train_on = train_on
         self.noticed_at: float | None = None  # time.monotonic() of the notice (with a lead: when it is due)
         self.source: str | None = None
+        self.training_on = False  # noticed, and training on for a head start's handover (train_on)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -81,7 +94,14 @@ class PreemptionWatch:
         self._stop.set()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.notice("SIGTERM", self.train_on(self) if self.train_on and self.noticed_at is None else 0.0)
+        if self.training_on:
+            return
+        self.notice("SIGTERM", self._train_on() if self.noticed_at is None else 0.0)
+
+    def _train_on(self) -> float:
+        seconds = self.train_on(self) if self.train_on else 0.0
+        self.training_on = seconds > 0
+        return seconds
 
     def _poll(self) -> None:
         url = f"{self.metadata_url}/instance/preempted"
@@ -91,7 +111,8 @@ class PreemptionWatch:
             try:
                 with urllib.request.urlopen(request, timeout=max(self.poll_s, 1.0)) as response:
                     if response.read(64).decode(errors="replace").strip().upper() == "TRUE":
-                        self.notice("metadata instance/preempted", self.lead_s)
+                        # at the soft off (no lead), as SIGTERM: a head start's handover may train on first
+                        self.notice("metadata instance/preempted", self.lead_s or self._train_on())
                         return
             except OSError as e:
                 if not warned:

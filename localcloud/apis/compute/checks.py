@@ -1,0 +1,252 @@
+"""What the local Compute Engine API accepts: the fields it models, the machine types it knows, and the rules
+Google documents for TPU VMs, flex-start, workload policies. Every check raises a 400 in Compute's words.
+
+A request google.cloud.compute_v1 cannot read is refused as the real API does ("Invalid JSON payload received.
+Unknown name ..."); one that holds a field compute_v1 knows but this API does not model is refused too, since the
+local API would not do what the field asks. Sources: tests/data/SOURCES.md ("The local TPU / Compute API").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.json_format import ParseError
+
+from localcloud.apis.apicore import invalid
+
+_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as every Compute resource name
+_TOPOLOGY = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}")
+_DAY = 24 * 3600
+FLEX_START_MAX_RUN_S = 7 * _DAY  # compute/docs/instances/about-flex-start-vms: up to seven days
+# A flex-start VM's requestValidForDuration: from 90 s (compute/docs/instances/instance-lifecycle: "a wait time ...
+# that is 90 seconds or longer") to 2 hours (the flex-start VM launch post: requests wait "up to two hours").
+FLEX_START_WAIT_S = (90, 2 * 3600)
+RESIZE_RUN_S = (600, 7 * _DAY)  # about-resize-requests-mig: requestedRunDuration between 10 minutes and 7 days
+
+
+@dataclass(frozen=True)
+class TpuMachineType:
+    """A TPU machine type of Compute Engine: its chips and how many dimensions its slices' topology has."""
+
+    name: str
+    generation: str
+    chips: int
+    topology_dims: int  # v6e slices are AxB, v5p and TPU7x AxBxC
+
+
+# compute/docs/tpus/tpu-machines: "Compute Engine supports ... TPU7x, TPU v6e, TPU v5p" (no v5e: ct5lp is GKE's).
+TPU_MACHINE_TYPES = {
+    t.name: t
+    for t in (
+        TpuMachineType("ct5p-hightpu-4t", "v5p", 4, 3),
+        TpuMachineType("ct6e-standard-1t", "v6e", 1, 2),
+        TpuMachineType("ct6e-standard-4t", "v6e", 4, 2),
+        TpuMachineType("ct6e-standard-8t", "v6e", 8, 2),
+        TpuMachineType("tpu7x-standard-4t", "tpu7x", 4, 3),
+    )
+}
+# The other machine types the local API knows: the general-purpose, compute-, memory- and accelerator-optimized
+# series by name (compute/docs/machine-resource); their sizes are not checked.
+_OTHER_MACHINE_TYPE = re.compile(
+    r"(e2|n1|n2|n2d|n4|n4d|c2|c2d|c3|c3d|c4|c4a|c4d|t2a|t2d|m1|m2|m3|m4|h3|h4d|z3|a2|a3|a4|a4x|g2|g4)-[a-z0-9-]+"
+)
+
+# The fields this API models, per resource (None: stored as sent, not looked into). Others that
+# google.cloud.compute_v1 knows are refused: the local API would not do what they ask.
+_SCHEDULING = dict.fromkeys(
+    [
+        "provisioningModel",
+        "instanceTerminationAction",
+        "maxRunDuration",
+        "automaticRestart",
+        "onHostMaintenance",
+        "preemptible",
+        "preemptionNoticeDuration",
+    ]
+)
+_PROPERTIES: dict[str, Any] = {
+    **dict.fromkeys(
+        [
+            "description",
+            "machineType",
+            "guestAccelerators",
+            "disks",
+            "networkInterfaces",
+            "metadata",
+            "labels",
+            "tags",
+            "serviceAccounts",
+            "reservationAffinity",
+            "shieldedInstanceConfig",
+        ]
+    ),
+    "scheduling": _SCHEDULING,
+}
+INSTANCE_FIELDS: dict[str, Any] = {
+    **_PROPERTIES,
+    "name": None,
+    "params": {"requestValidForDuration": None},
+    "resourcePolicies": None,
+}
+TEMPLATE_FIELDS: dict[str, Any] = {"name": None, "description": None, "properties": _PROPERTIES}
+POLICY_FIELDS: dict[str, Any] = {
+    "name": None,
+    "description": None,
+    "workloadPolicy": dict.fromkeys(("type", "acceleratorTopology", "acceleratorTopologyMode", "maxTopologyDistance")),
+}
+MIG_FIELDS: dict[str, Any] = {
+    **dict.fromkeys(("name", "description", "baseInstanceName", "instanceTemplate", "targetSize")),
+    "targetSizePolicy": {"mode": None},
+    "instanceLifecyclePolicy": {"defaultActionOnFailure": None, "forceUpdateOnRepair": None},
+    "resourcePolicies": {"workloadPolicy": None},
+}
+RESIZE_REQUEST_FIELDS: dict[str, Any] = dict.fromkeys(("name", "description", "resizeBy", "requestedRunDuration"))
+# Output-only fields a client may send back: the real API ignores them, so does this one.
+_OUTPUT_ONLY = frozenset(
+    [
+        "kind",
+        "id",
+        "creationTimestamp",
+        "selfLink",
+        "selfLinkWithId",
+        "status",
+        "statusMessage",
+        "zone",
+        "region",
+        "fingerprint",
+        "labelFingerprint",
+        "cpuPlatform",
+        "currentActions",
+        "instanceGroup",
+        "state",
+        "resourceStatus",
+        "satisfiesPzi",
+        "satisfiesPzs",
+    ]
+)
+
+
+def check_body(message: type[Any], body: dict[str, Any], spec: dict[str, Any]) -> None:
+    """Refuse a body google.cloud.compute_v1 cannot read (an unknown field name, a wrong type), then one that
+    holds a field this API does not model."""
+    try:
+        message.from_json(json.dumps(body), ignore_unknown_fields=False)
+    except ParseError as e:
+        unknown = re.search(r'has no field named "([^"]+)" at "([^"]+)"', str(e))
+        if unknown:
+            where = ".".join(["resource", *unknown[2].split(".")[1:]])
+            raise invalid(
+                f"Invalid JSON payload received. Unknown name \"{unknown[1]}\" at '{where}': Cannot find field."
+            ) from e
+        raise invalid(f"Invalid JSON payload received. {str(e).splitlines()[0]}") from e
+    _modelled(body, spec, "resource")
+
+
+def _modelled(body: dict[str, Any], spec: dict[str, Any], where: str) -> None:
+    for key, value in body.items():
+        if key in _OUTPUT_ONLY or value in (None, [], {}):
+            continue
+        if key not in spec:
+            raise invalid(f"Field '{where}.{key}' is not supported by the local Compute API.")
+        if spec[key] is not None and isinstance(value, dict):
+            _modelled(value, spec[key], f"{where}.{key}")
+
+
+def check_name(body: dict[str, Any], field_name: str) -> None:
+    name = body.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise invalid(
+            f"Invalid value for field '{field_name}': '{name or ''}'. Must be a match of regex "
+            "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'"
+        )
+
+
+def check_machine_type(machine_type: str, field_name: str, value: str, zone: str | None) -> None:
+    if machine_type in TPU_MACHINE_TYPES or _OTHER_MACHINE_TYPE.fullmatch(machine_type):
+        return
+    where = f" in zone '{zone}'" if zone else ""
+    raise invalid(
+        f"Invalid value for field '{field_name}': '{value}'. Machine type with name '{machine_type}' does not "
+        f"exist{where}."
+    )
+
+
+def check_properties(props: dict[str, Any], where: str, machine_type: str) -> None:
+    """What an instance and a template's properties share: TPU machine types take no guestAccelerators and do not
+    live-migrate; provisioning models and their run durations."""
+    tpu = TPU_MACHINE_TYPES.get(machine_type)
+    if tpu is not None and props.get("guestAccelerators"):
+        raise invalid(
+            f"Invalid value for field '{where}.guestAccelerators': machine type {machine_type} comes with its "
+            f"{tpu.chips} TPU chips; it takes no guestAccelerators."
+        )
+    scheduling = props.get("scheduling") or {}
+    model = scheduling.get("provisioningModel")
+    one_of(model, ("STANDARD", "SPOT", "FLEX_START", "RESERVATION_BOUND"), f"{where}.scheduling.provisioningModel")
+    one_of(
+        scheduling.get("instanceTerminationAction"), ("DELETE", "STOP"), f"{where}.scheduling.instanceTerminationAction"
+    )
+    maintenance = scheduling.get("onHostMaintenance")
+    one_of(maintenance, ("MIGRATE", "TERMINATE"), f"{where}.scheduling.onHostMaintenance")
+    live_migrates = maintenance == "MIGRATE" or (
+        maintenance is None and model in (None, "STANDARD") and not scheduling.get("preemptible")
+    )
+    if tpu is not None and live_migrates:
+        raise invalid(
+            f"Invalid value for field '{where}.scheduling.onHostMaintenance': '{maintenance or 'MIGRATE'}'. "
+            "Instances with TPU machine types do not support live migration: set TERMINATE."
+        )
+    run = seconds(scheduling.get("maxRunDuration")) if "maxRunDuration" in scheduling else None
+    if "maxRunDuration" in scheduling and (run is None or run <= 0):
+        raise invalid(f"Invalid value for field '{where}.scheduling.maxRunDuration': must be a positive duration.")
+    if "preemptionNoticeDuration" in scheduling:  # "for Spot VMs only" (the field's description)
+        notice = seconds(scheduling.get("preemptionNoticeDuration"))
+        if model != "SPOT" or notice is None or notice <= 0:
+            raise invalid(
+                f"Invalid value for field '{where}.scheduling.preemptionNoticeDuration': a positive duration, "
+                "for Spot VMs only (provisioningModel SPOT)."
+            )
+    if model == "FLEX_START" and (run is None or run > FLEX_START_MAX_RUN_S):
+        raise invalid(
+            f"Invalid value for field '{where}.scheduling.maxRunDuration': a FLEX_START instance needs a "
+            f"maxRunDuration of at most {FLEX_START_MAX_RUN_S} s (7 days)."
+        )
+
+
+def check_workload_policy(body: dict[str, Any]) -> None:
+    workload = body.get("workloadPolicy")
+    if not workload:
+        raise invalid("The local Compute API serves resource policies with a workloadPolicy only.")
+    one_of(
+        workload.get("type"), ("HIGH_THROUGHPUT", "HIGH_AVAILABILITY"), "resource.workloadPolicy.type", required=True
+    )
+    one_of(
+        workload.get("acceleratorTopologyMode"),
+        ("AUTO_CONNECT", "PROVISION_ONLY"),
+        "resource.workloadPolicy.acceleratorTopologyMode",
+    )
+    topology = workload.get("acceleratorTopology")
+    if topology is not None and not _TOPOLOGY.fullmatch(str(topology)):
+        raise invalid(
+            f"Invalid value for field 'resource.workloadPolicy.acceleratorTopology': '{topology}'. Must be AxB or "
+            "AxBxC, e.g. 4x4 or 2x2x2."
+        )
+
+
+def one_of(value: object, allowed: tuple[str, ...], field_name: str, required: bool = False) -> None:
+    if (value is None and not required) or value in allowed:
+        return
+    raise invalid(f"Invalid value for field '{field_name}': '{value}'. Allowed: {', '.join(allowed)}.")
+
+
+def seconds(duration: object) -> int | None:
+    """A Compute Duration ({"seconds": "600"}) in whole seconds; None when it is not one."""
+    if not isinstance(duration, dict):
+        return None
+    try:
+        return int(duration.get("seconds") or 0)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,511 @@
+"""`respawn local run JOB.yaml [options]`: one job through the whole system on this machine, with chaos.
+
+Prints live progress and, at the end, the report (`--json`: one JSON object on
+stdout, progress on stderr). Exit code 0 when the job SUCCEEDED with the exact
+parameters of the uninterrupted reference run (or with exactness unknown: no
+reference, or no params_sha256 to compare) and nothing was left behind,
+1 otherwise, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from localcloud.chaos import (
+    ChaosError,
+    check_workers,
+    parse_duration,
+    parse_mtbi,
+    parse_steps,
+    parse_stockout,
+    parse_times,
+    parse_worker_steps,
+)
+from localcloud.machines.profiles import Profile, Timings, profile
+from localcloud.machines.slices import LocalSlice, local_trainer_env
+from localcloud.services.secret_store import SecretError, secret_values
+from respawn.model import JobSpec
+
+EPILOG = """\
+chaos times (--preempt-at) count from the moment the job message is published; a preemption
+that falls when no machine is READY waits for the next machine to become READY.
+--preempt-at-step preempts the READY machine once its trainer reports the step: the same
+run on a fast or a slow machine.
+--mtbi gives every machine a random lifetime from READY (seeded; every 10 machines live 10 x MTBI in all);
+ZONE=DURATION pairs give each zone named its own (--mtbi us-central1-a=20s,us-central1-c=5m; a zone not named
+is not interrupted, unless a plain DURATION beside the pairs covers it).
+A preemption takes the whole machine, but of a Compute Engine slice (a MIG, each worker its own VM) one VM,
+drawn with --seed: its worker gets the notice, the VM is TERMINATED and logs the event, respawn deletes the MIG.
+worker chaos (STEP:WORKER, comma-separated) hits one worker of a TPU slice once worker 0 of the READY
+node reports STEP: --kill-worker-at-step SIGKILLs it (its startup script logs `failed`),
+--hang-worker-at-step SIGSTOPs it (only hang detection, the job's hang_timeout, finds it),
+--host-error-at-step is a host error of its VM (TERMINATED: a TPU node whole, a MIG's VM alone; hostError event,
+process killed).
+Step actions fire in step order, each once, each on a node no earlier step action hit.
+--entrypoint runs your own program on every machine (every worker of a slice) instead of the image's
+`python -m trainer`, with the job's args after it, the same environment, signals and log routing; no image
+is pulled. A leading `python` or `python3` is the interpreter running respawn (with its JAX). A program that
+sends no lifecycle entries completes, stops and fails by its exit code (docs/trainer-protocol.md).
+secrets: a job's `secrets` are references; give each a value here with --secret NAME=VALUE,
+--secret NAME (the value of NAME in this environment: nothing on the command line) or
+--secrets-file FILE (NAME=VALUE lines), NAME being the job's variable. Values reach the trainers'
+environments only; the report's `secrets` says how many trainers held them and which files, under
+--workdir or on fake-gcs-server, hold one (none, or the run fails).
+examples:
+  respawn local run examples/quickstart.yaml --preempt-at 40s,80s
+  respawn local run examples/quickstart.yaml --preempt-at-step 250,550
+  respawn local run examples/slice.yaml --preempt-at-step 30 --kill-worker-at-step 70:2 \
+      --hang-worker-at-step 110:1 --host-error-at-step 150:3
+  respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
+  respawn local run examples/three-zones.yaml --mtbi us-central1-a=20s,us-central1-b=20s,us-central1-c=5m --seed 5
+  respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
+  respawn local run examples/byo/job.yaml --entrypoint "python examples/byo/train.py" --preempt-at-step 40
+"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="respawn local", description="Run jobs on the local cloud.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser(
+        "run",
+        help="run one job to the end through real preemptions and print the report",
+        description="Run one job on the local cloud (fake-gcs-server, Pub/Sub, functions-framework, the local "
+        "TPU/Compute API, a log router and a sweep scheduler), inject preemptions, print the report.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("job", help="job file (YAML or JSON, the job message of SPEC 3.1)")
+    r.add_argument("--preempt-at", metavar="T1,T2", help="preempt the live machine at these times (e.g. 40s,80s)")
+    r.add_argument(
+        "--preempt-at-step",
+        metavar="S1,S2",
+        help="preempt the live machine once its trainer reports these training steps (e.g. 250,550)",
+    )
+    r.add_argument(
+        "--kill-worker-at-step",
+        metavar="STEP:WORKER",
+        help="SIGKILL that worker of the slice once worker 0 reports STEP, without notice (e.g. 300:2)",
+    )
+    r.add_argument(
+        "--hang-worker-at-step",
+        metavar="STEP:WORKER",
+        help="SIGSTOP that worker once worker 0 reports STEP: alive, no progress (e.g. 450:1)",
+    )
+    r.add_argument(
+        "--host-error-at-step",
+        metavar="STEP:WORKER",
+        help="a host error on that worker's VM once worker 0 reports STEP: node TERMINATED, process gone (e.g. 600:3)",
+    )
+    r.add_argument(
+        "--mtbi",
+        metavar="[ZONE=]DURATION",
+        help="mean time between interruptions per machine, in every zone (60s) or per zone "
+        "(us-central1-a=20s,us-central1-c=5m)",
+    )
+    r.add_argument(
+        "--stockout",
+        metavar="ZONE[:N]",
+        action="append",
+        default=[],
+        help="no capacity in ZONE: a TPU queued request waits N seconds there WAITING_FOR_RESOURCES, a node or "
+        "VM create fails the next N times (without N: forever, every time); repeatable",
+    )
+    r.add_argument(
+        "--spot-stockout",
+        metavar="ZONE[:N]",
+        action="append",
+        default=[],
+        help="the same for Spot and preemptible requests only (on-demand and reservations still get capacity)",
+    )
+    r.add_argument(
+        "--duplicate-deliveries",
+        type=int,
+        default=1,
+        metavar="N",
+        help="deliver every Pub/Sub message N times concurrently (default 1)",
+    )
+    r.add_argument(
+        "--seed", type=int, default=0, help="seed of --mtbi and of the VMs of a Compute Engine slice preempted (0)"
+    )
+    r.add_argument(
+        "--profile",
+        default="local",
+        metavar="NAME",
+        help="the recovery timings: local (default), or real-cloud figures scaled to a second a minute: cloud, "
+        "cloud-baked, cloud-nocache (localcloud/machines/profiles.py); the options below replace one of its figures",
+    )
+    r.add_argument(
+        "--creation-delay",
+        metavar="DURATION",
+        help="time a machine spends CREATING before READY (the profile's; local: 1s)",
+    )
+    r.add_argument("--boot-delay", metavar="DURATION", help="READY -> the machine's startup script runs")
+    r.add_argument(
+        "--docker-install",
+        metavar="DURATION",
+        help="the machine boots without Docker and its startup script installs it in this time",
+    )
+    r.add_argument("--image-pull", metavar="DURATION", help="a docker pull of the image a machine lacks")
+    r.add_argument("--image-refresh", metavar="DURATION", help="a docker pull of the image a machine has")
+    r.add_argument(  # on top of the local trainer's own start
+        "--trainer-start-delay",
+        metavar="DURATION",
+        help="docker run -> the trainer's process starts (runtime init, a real compile and restore)",
+    )
+    r.add_argument(
+        "--grace",
+        default="30s",
+        metavar="DURATION",
+        help=(
+            "preemption notice window: the VM is off this long after the notice (default 30s, as on Compute"
+            " Engine); the shutdown script stops the trainer within its machine kind's grace (8s TPU, 25s GPU)"
+        ),
+    )
+    r.add_argument("--sweep-every", default="5s", metavar="DURATION", help="sweep tick period (default 5s; 0 = off)")
+    r.add_argument("--timeout", default="30m", metavar="DURATION", help="give up after this long (default 30m)")
+    r.add_argument(
+        "--trainer-arg",
+        action="append",
+        default=[],
+        metavar="--FLAG=VALUE",
+        help="set one trainer flag, replacing the job's own (e.g. --trainer-arg=--steps=60); repeatable",
+    )
+    r.add_argument(
+        "--entrypoint",
+        metavar="CMD",
+        help="run this command (shell-quoted; the job's args follow) on every machine instead of the image's "
+        '`python -m trainer`; a leading python/python3 is this interpreter (e.g. "python train.py")',
+    )
+    r.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="the value of the job's secret NAME; without =VALUE, from this environment's NAME; repeatable",
+    )
+    r.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
+    r.add_argument(
+        "--upload",
+        action="append",
+        default=[],
+        metavar="DIR=gs://BUCKET/PREFIX",
+        help="copy DIR's files to the local GCS before the job (and its reference run) starts: a dataset; repeatable",
+    )
+    r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
+    r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
+    r.add_argument(
+        "--no-stand-in",
+        action="store_true",
+        help="the machines' CPU processes do not stand in for the job's TPU or GPU: respawn's trainer fails at once, "
+        "as on a machine whose image cannot see its accelerator",
+    )
+    r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
+    r.add_argument("--plot", metavar="FILE.png", help="write a timeline PNG")
+    return p  # fmt: skip
+
+
+def with_trainer_args(args: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """Replace (or append) `--name=value` flags in the job's args."""
+    out = list(args)
+    for flag in overrides:
+        name, eq, _ = flag.partition("=")
+        if not name.startswith("--") or not eq:
+            raise UsageError(f"--trainer-arg: {flag!r} is not --FLAG=VALUE")
+        out = [a for a in out if a.partition("=")[0] != name]
+        out.append(flag)
+    return out
+
+
+def parse_entrypoint(text: str) -> list[str]:
+    """`--entrypoint "python train.py --x=1"` -> argv, a leading python/python3 replaced by this interpreter."""
+    allowed = 'allowed: a command line such as "python train.py --lr=0.1"'
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--entrypoint: cannot split {text!r}: {str(e).lower()}; {allowed}") from None
+    if not argv:
+        raise UsageError(f"--entrypoint: {text!r} holds no command; {allowed}")
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def total_steps(args: Sequence[str]) -> int | None:
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name == "--steps":
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def worker_steps(text: str | None, option: str) -> list[tuple[int, int]]:
+    return parse_worker_steps(text, option) if text is not None else []
+
+
+def job_slice(machine: dict[str, Any]) -> LocalSlice:
+    """The processes a job's validated `machine` runs as: a TPU slice's from its accelerator type."""
+    return LocalSlice.of(str(machine.get("kind")), machine.get("accelerator_type"))
+
+
+def machine_words(machine: dict[str, Any]) -> str:
+    """What a job's validated `machine` is, as an error message names it: v5litepod-16, g2-standard-8."""
+    if machine.get("kind") == "tpu":
+        return str(machine["accelerator_type"])
+    return str(machine.get("machine_type", "the GPU VM"))
+
+
+def check_chaos_workers(opts: Any, message: dict[str, Any]) -> None:
+    """Worker chaos must name workers the job's machine has."""
+    machine = message["machine"]
+    for option, pairs in (
+        ("--kill-worker-at-step", opts.kill_worker_at_steps),
+        ("--hang-worker-at-step", opts.hang_worker_at_steps),
+        ("--host-error-at-step", opts.host_error_at_steps),
+    ):
+        check_workers(option, pairs, job_slice(machine), machine_words(machine))
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """The recovery profile and the timing options given, parsed before the job file is read; `for_job` applies
+    them to the job's machine (its kind, API and boot image decide the steps)."""
+
+    profile: Profile
+    creation_delay_s: float | None
+    machine: dict[str, Any]
+
+    def for_job(self, message: dict[str, Any]) -> Timings:
+        from respawn.spec import parse_job_message
+
+        spec = parse_job_message(message)
+        assert isinstance(spec, JobSpec)  # load_message allows submit only
+        base = self.profile.timings(spec.machine)
+        creation = base.creation_delay_s if self.creation_delay_s is None else self.creation_delay_s
+        return replace(base, creation_delay_s=creation, machine=replace(base.machine, **self.machine))
+
+
+def timing_options(ns: argparse.Namespace) -> TimingOptions:
+    """--profile and the options that replace one of its figures."""
+    try:
+        chosen = profile(ns.profile)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    given = {
+        field: parse_duration(text, option)
+        for field, option, text in (
+            ("boot_s", "--boot-delay", ns.boot_delay),
+            ("docker_install_s", "--docker-install", ns.docker_install),
+            ("image_pull_s", "--image-pull", ns.image_pull),
+            ("image_refresh_s", "--image-refresh", ns.image_refresh),
+            ("trainer_start_s", "--trainer-start-delay", ns.trainer_start_delay),
+        )
+        if text is not None
+    }
+    creation = parse_duration(ns.creation_delay, "--creation-delay") if ns.creation_delay is not None else None
+    return TimingOptions(chosen, creation, given)
+
+
+def options(ns: argparse.Namespace) -> Any:
+    from localcloud.cloud import Options
+
+    if ns.duplicate_deliveries < 1:
+        raise UsageError("--duplicate-deliveries: must be 1 or more")
+    stockouts = dict(parse_stockout(text) for text in ns.stockout)
+    spot_stockouts = dict(parse_stockout(text, "--spot-stockout") for text in ns.spot_stockout)
+    return Options(
+        preempt_at=parse_times(ns.preempt_at) if ns.preempt_at else [],
+        preempt_at_steps=parse_steps(ns.preempt_at_step) if ns.preempt_at_step else [],
+        kill_worker_at_steps=worker_steps(ns.kill_worker_at_step, "--kill-worker-at-step"),
+        hang_worker_at_steps=worker_steps(ns.hang_worker_at_step, "--hang-worker-at-step"),
+        host_error_at_steps=worker_steps(ns.host_error_at_step, "--host-error-at-step"),
+        mtbi=parse_mtbi(ns.mtbi) if ns.mtbi is not None else None,
+        stockouts=stockouts,
+        spot_stockouts=spot_stockouts,
+        duplicate_deliveries=ns.duplicate_deliveries,
+        seed=ns.seed,
+        grace_s=parse_duration(ns.grace, "--grace"),
+        sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
+        timeout_s=parse_duration(ns.timeout, "--timeout"),
+        workdir=Path(ns.workdir),
+        entrypoint=parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None,
+        uploads=[parse_upload(text) for text in ns.upload],
+        stand_in=not ns.no_stand_in,
+    )
+
+
+def parse_upload(text: str) -> tuple[Path, str]:
+    directory, _, uri = text.partition("=")
+    if not Path(directory).is_dir() or not uri.startswith("gs://") or not uri[5:].split("/")[0]:
+        raise UsageError(f"--upload {text!r}: allowed DIR=gs://BUCKET/PREFIX with DIR an existing directory")
+    return Path(directory), uri
+
+
+@contextlib.contextmanager
+def uploaded(uploads: list[tuple[Path, str]]) -> Iterator[tuple[dict[str, str], str]]:
+    """For the reference run: the environment of a fake-gcs-server of its own holding the uploads (none without
+    them), and the folder its cached result goes in, named by the uploads' digest (other data, another result)."""
+    if not uploads:
+        yield {}, ""
+        return
+    from respawn.local.emulators import FakeGcs
+
+    digest = hashlib.sha256()
+    for directory, uri in uploads:
+        digest.update(uri.encode())
+        for path in sorted(p for p in directory.iterdir() if p.is_file()):
+            digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
+    with FakeGcs() as gcs:
+        for directory, uri in uploads:
+            gcs.upload(directory, uri)
+        yield gcs.env(), f"data-{digest.hexdigest()[:16]}"
+
+
+def load_message(path: str, overrides: Sequence[str], own_program: bool = False) -> dict[str, Any]:
+    """The validated job message; its args must be the trainer's flags unless `own_program` runs instead."""
+    from respawn.spec import SpecError, load_job_file, parse_job_message
+
+    try:
+        message = load_job_file(path)
+        if overrides:
+            message["args"] = with_trainer_args(message.get("args") or [], overrides)
+        parse_job_message(message)
+    except SpecError as e:
+        raise UsageError(f"{path}: {e}") from e
+    if message.get("action", "submit") != "submit":
+        raise UsageError(f"{path}: action must be submit to run a job locally")
+    if own_program:  # the args are the program's own
+        return message
+    import subprocess
+
+    from localcloud.machines.vms import TRAINER_FLAG_CHECK
+
+    # the local cloud runs the trainer itself (not the image): its flags must be the trainer's, as it checks them
+    check = subprocess.run([*TRAINER_FLAG_CHECK, *(message.get("args") or [])], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise UsageError(f"{path}: args: {check.stderr.strip()}")
+    return message
+
+
+def leftover_processes() -> int:
+    import psutil
+
+    return len(psutil.Process().children(recursive=True))
+
+
+def run(ns: argparse.Namespace) -> int:
+    from localcloud.cloud import LocalCloud, signals_as_interrupt
+    from localcloud.readout import report
+    from localcloud.reference import ReferenceFailed, reference_run
+    from respawn.prices import machine_price
+
+    opts = options(ns)
+    given_timings = timing_options(ns)
+    message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
+    run_timings = given_timings.for_job(message)
+    opts.creation_delay_s, opts.machine_timings = run_timings.creation_delay_s, run_timings.machine
+    opts.time_scale = run_timings.scale  # the functions read the head start's drain in the profile's time
+    opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
+    check_chaos_workers(opts, message)
+    machine_slice = job_slice(message["machine"])
+    out = sys.stderr if ns.json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    with signals_as_interrupt():
+        reference_sha, note = None, "no reference run (--no-reference)"
+        if not ns.no_reference:
+            what = "command and args" if opts.entrypoint else "trainer args"
+            say(
+                f"reference: the uninterrupted run of the same {what}{machine_slice.processes_phrase()} "
+                "(computed once, then cached)"
+            )
+            try:
+                with uploaded(opts.uploads) as (storage_env, data_key):
+                    ref = reference_run(
+                        message.get("args") or [],
+                        message.get("env") or {},
+                        cache_dir=opts.workdir / "reference" / data_key,
+                        base_env={**local_trainer_env(opts.workdir), **storage_env},
+                        log_path=opts.workdir / "reference.log",
+                        machine_slice=machine_slice,
+                        entrypoint=opts.entrypoint,
+                    )
+            except ReferenceFailed as e:
+                note = str(e)
+            else:
+                reference_sha = ref["params_sha256"]
+                how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
+                note = "the program sends no params_sha256 (the respawn_trainer library does)"
+                result = f"params {reference_sha[:16]} after step {ref['final_step']}" if reference_sha else "completed"
+                say(f"reference: {result} ({how})")
+            if reference_sha is None:
+                say(f"reference: exact unknown: {note}")
+        cloud = LocalCloud(opts, say)
+        outcome = cloud.run(message, total_steps(message.get("args") or []))
+    summary = report.build(
+        events=outcome.events,
+        job=outcome.job,
+        reference_sha=reference_sha,
+        machines_left=outcome.machines_left,
+        leftover_processes=leftover_processes(),
+        price=machine_price(message["machine"]),
+        timed_out=outcome.timed_out,
+        machine_slice=machine_slice,
+        reference_note=note,
+        history=outcome.history,
+    )
+    summary["bus"] = outcome.bus
+    summary["timings"] = asdict(run_timings)  # local seconds; `scale` turns them into the real ones
+    summary["run_dir"] = str(outcome.run_dir)
+    summary["notifications"] = outcome.notifications
+    if outcome.secrets is not None:
+        summary["secrets"] = outcome.secrets
+    if ns.plot:
+        from localcloud.readout.plot import plot_timeline
+
+        plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {summary['status']}")
+        summary["plot"] = ns.plot
+    from localcloud.readout.monitoring import write_beside_report
+
+    summary.update(write_beside_report(outcome.run_dir, summary))  # report.html, metrics.json
+    (outcome.run_dir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if ns.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(report.render(summary))
+    ok = summary["status"] == "SUCCEEDED" and summary["exact"] is not False and summary["machines_left"] == 0
+    if outcome.secrets is not None:  # every trainer held them, and no file holds one
+        ok = ok and not outcome.secrets["leaks"] and outcome.secrets["delivered"] == outcome.secrets["trainers"]
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = parser().parse_args(argv)
+    try:
+        return run(ns)
+    except (UsageError, ChaosError, SecretError) as e:
+        print(f"respawn local: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"respawn local: interrupted ({e or 'SIGINT'}); everything was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
