@@ -14,7 +14,7 @@ import yaml
 from conftest import need
 from test_local_run import ROOT, run_local
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 from trainer import data
 from trainer.prepare import prepare
 

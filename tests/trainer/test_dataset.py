@@ -32,7 +32,7 @@ from trainer_harness import (
     worker_sink,
 )
 
-from respawn.local.emulators import FakeGcs
+from localcloud.services.emulators import FakeGcs
 from trainer import data
 
 STEPS, BATCH, SEQ_LEN = 60, 8, 32

@@ -33,7 +33,7 @@ def test_the_trainers_own_result_fills_in_a_record_its_startup_script_ended_firs
 def test_examples_are_counted_over_the_attempts_spans_of_the_data_stream() -> None:
     """Each attempt trains positions [from, to) of its data stream: spans that tile 0..end are each example once; a
     span that starts before the previous one ended repeats examples, one that starts after it skipped some."""
-    from respawn.local.report import example_counts
+    from localcloud.readout.report import example_counts
 
     def ended(attempt: int, event: str, first: int, end: int) -> dict[str, Any]:
         return entry(float(attempt), attempt, event=event, examples={"from": first, "to": end})
