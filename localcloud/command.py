@@ -361,7 +361,7 @@ def uploaded(uploads: list[tuple[Path, str]]) -> Iterator[tuple[dict[str, str], 
     if not uploads:
         yield {}, ""
         return
-    from respawn.local.emulators import FakeGcs
+    from localcloud.services.emulators import FakeGcs
 
     digest = hashlib.sha256()
     for directory, uri in uploads:
