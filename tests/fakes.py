@@ -20,7 +20,7 @@ from typing import Any
 from respawn.actions import CreateMachine
 from respawn.events import Event
 from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
-from respawn.placement import History
+from respawn.outlook import History
 from respawn.ports import CapacityError, ConflictError, HistoryStore, JobStore, Machine, MachineProvider, StatusNotifier
 from respawn.service import Outcome, Retryable
 

@@ -22,13 +22,14 @@ from typing import Any
 
 from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
-from respawn.decide import Policy, decide
+from respawn.decide import decide
 from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
 from respawn.machines import Machines
 from respawn.model import Job, JobSpec
 from respawn.notices import status_notice
 from respawn.outcome import Retryable
-from respawn.placement import Advice, History, Observation, Outlook
+from respawn.outlook import Advice, History, Observation, Outlook
+from respawn.policy import Policy
 from respawn.ports import (
     CapacityError,
     ConflictError,
@@ -182,7 +183,13 @@ class Acting:
     def _create_failed(
         self, job: Job, action: CreateMachine, error: ProviderError, now: float
     ) -> tuple[Job, list[Action]]:
-        """What `decide` makes of a create that failed: the record (with its status notice) and the next actions."""
+        """What `decide` makes of a create that failed: the record (with its status notice) and the next actions.
+
+        Why decide is called a second time here, not in one_job: the failure is an event (`CreateFailed`) that only
+        acting can see, and it comes while this handler holds the record's lease. Decided at once by its own rule
+        (decide.RULES[CreateFailed]), it moves the job to the next zone or tier within this delivery, with the same
+        outcome as if it had come as an event of its own: no second read, no lease to take over, no wait for a
+        redelivery between the zones of a walk."""
         kind = CreateFailure.CAPACITY if isinstance(error, CapacityError) else CreateFailure.PERMANENT
         failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(error))
         decided, more = decide(job, failed, now, self.policy, outlook=self.outlook(now, failed, job.spec))

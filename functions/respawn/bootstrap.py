@@ -25,7 +25,7 @@ def service(settings: Settings) -> Service:
     """The Service of the deployed functions: the records and the preemption history in the state bucket, TPUs and
     GPUs, status notices when a status topic is set; decide's policy with the settings' time scale."""
     from respawn.adapters.clock import SystemClock
-    from respawn.decide import Policy
+    from respawn.policy import Policy
     from respawn.service import Service
 
     return Service(

@@ -345,7 +345,9 @@ class Attempt:
     machine_deleted: bool = False
     checkpoint_at: float | None = None  # time of the newest `checkpoint` / `stopped` entry: a save completed
     goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
-    placement: str = ""  # why this zone: the chosen zone's figures and the runner-up ("" without an outlook)
+    # why this zone: the chosen zone's figures and the runner-up ("" without an outlook); the record's key for it is
+    # "placement", as records written before hold it (Attempt.to_dict, from_dict)
+    zone_reason: str = ""
     mtbi_s: float | None = None  # the outlook's expected seconds to interruption of its zone, handed to the machine
     # the Advice API's price of its machine in its zone when placed ({per_h, source}): its hours' cost (accounting)
     price: dict[str, Any] | None = None
@@ -361,6 +363,17 @@ class Attempt:
     @property
     def ended(self) -> bool:
         return self.ended_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["placement"] = d.pop("zone_reason")
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Attempt:
+        fields = dict(d)
+        reason = fields.pop("placement", "")
+        return Attempt(**fields, zone_reason=reason)
 
     @property
     def draining(self) -> bool:
@@ -398,7 +411,7 @@ class Job:
     pending_lease_until: float | None = None
     outbox: tuple[dict[str, Any], ...] = ()  # status notices not yet published (respawn.notices), under the lease
     seen_events: tuple[str, ...] = ()  # bounded, newest last
-    # ended attempts' evidence for the preemption history (respawn.placement.Observation dicts), under the lease
+    # ended attempts' evidence for the preemption history (respawn.outlook.Observation dicts), under the lease
     observations: tuple[dict[str, Any], ...] = ()
     result: dict[str, Any] = field(default_factory=dict)  # completed: final_step, final_loss, params_sha256
 
@@ -421,7 +434,7 @@ class Job:
         d = dict(self.__dict__)
         d["spec"] = self.spec.to_dict() if self.spec else None
         d["status"] = self.status.value
-        d["attempts"] = [dict(a.__dict__) for a in self.attempts]
+        d["attempts"] = [a.to_dict() for a in self.attempts]
         d["counters"] = dict(self.counters.__dict__)
         d["pending"] = [dict(p) for p in self.pending]
         d["outbox"] = [dict(n) for n in self.outbox]
@@ -440,7 +453,7 @@ class Job:
             submitted_at=d["submitted_at"],
             updated_at=d["updated_at"],
             reason=d.get("reason", ""),
-            attempts=tuple(Attempt(**a) for a in d.get("attempts", ())),
+            attempts=tuple(Attempt.from_dict(a) for a in d.get("attempts", ())),
             counters=Counters(**d.get("counters", {})),
             tier_index=d.get("tier_index", 0),
             zone_index=d.get("zone_index", 0),

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
 from respawn.model import Job, JobSpec, MachineState
-from respawn.placement import History
+from respawn.outlook import History
 
 
 class ProviderError(Exception):
@@ -76,7 +76,7 @@ class JobStore(Protocol):
 
 
 class HistoryStore(Protocol):
-    """The deployment's preemption history (respawn.placement.History): one object, written with compare-and-set."""
+    """The deployment's preemption history (respawn.outlook.History): one object, written with compare-and-set."""
 
     def load(self) -> tuple[History, int]:
         """(history, generation); (History(), 0) when none was written yet."""

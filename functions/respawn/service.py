@@ -25,11 +25,11 @@ from dataclasses import replace
 
 from respawn import service_log
 from respawn.acting import Acting, AdviceSource, Histories
-from respawn.decide import Policy
 from respawn.events import Event, Ignored, JobEvent, JobRejected, JobSubmitted, SweepTicked, ZoneWokeUp
 from respawn.machines import Machines
 from respawn.one_job import OneJob
 from respawn.outcome import InFlight, Outcome, Result, Retryable
+from respawn.policy import Policy
 from respawn.ports import Clock, HistoryStore, JobStore, MachineProvider, StatusNotifier, TransientError
 from respawn.records import Records
 from respawn.service_settings import ServiceSettings

@@ -131,7 +131,7 @@ def test_a_ranked_gpu_job_is_placed_by_the_advice_api(cloud: CloudApiServer, buc
     creates = [(c.name, c.zone) for c in cloud.calls if c.verb == "create"]
     assert creates == [("llm-small-001-a1", job.current.zone)]
     assert job.current.zone in job_message["zones"]
-    assert "(advice)" in job.current.placement and "runner-up" in job.current.placement
+    assert "(advice)" in job.current.zone_reason and "runner-up" in job.current.zone_reason
 
 
 def test_the_captured_structured_cloudevent_is_accepted(cloud: CloudApiServer, bucket: str) -> None:

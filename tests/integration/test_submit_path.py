@@ -27,12 +27,12 @@ from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.config import service_from_env
-from respawn.decide import Policy
 from respawn.events import Event, SweepTicked
 from respawn.local.cloudapi import CloudApiServer
 from respawn.local.emulators import PubSubEmulator, free_port, start_group, stop_group, wait_http
 from respawn.local.functions import functions_framework_argv
 from respawn.model import Job, Status
+from respawn.policy import Policy
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
 
 pytestmark = pytest.mark.emulator

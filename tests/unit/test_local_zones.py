@@ -9,7 +9,7 @@ from respawn.local import report
 from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, Mtbi, parse_mtbi
 from respawn.local.cli import main
 from respawn.model import JobSpec, TpuMachine
-from respawn.placement import History, Key
+from respawn.outlook import History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 

@@ -100,7 +100,6 @@ from hypothesis import event as tally
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from respawn.decide import Policy
 from respawn.events import (
     EXIT_CODE,
     CancelRequested,
@@ -130,7 +129,8 @@ from respawn.model import (
     machine_name,
     parse_machine_name,
 )
-from respawn.placement import History, Key, Observation, machine_kind
+from respawn.outlook import History, Key, Observation, machine_kind
+from respawn.policy import Policy
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
 

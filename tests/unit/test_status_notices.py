@@ -24,7 +24,6 @@ from fakes import (
     deliver_concurrently,
 )
 
-from respawn.decide import Policy
 from respawn.events import (
     Event,
     JobRejected,
@@ -36,6 +35,7 @@ from respawn.events import (
 )
 from respawn.model import JobSpec, MachineState, Status, TpuMachine
 from respawn.notices import notice_attributes
+from respawn.policy import Policy
 from respawn.ports import PermanentError, TransientError
 from respawn.service import Retryable, Service, ServiceSettings
 

@@ -4,7 +4,7 @@
 * `capacity`, once per zone: the recommendation's `obtainability` (0..1, how likely a create succeeds now) and
   `estimatedUptime` (how long most Spot VMs are expected to run before preemption);
 * `capacityHistory`, once per region: the Spot list price history; the newest price replaces the list table's.
-It answers `respawn.placement.Advice` and never raises: a missing permission, an unknown machine type, a timeout or
+It answers `respawn.outlook.Advice` and never raises: a missing permission, an unknown machine type, a timeout or
 any other error is an Advice without zones whose `note` says why, so placement goes on with the history alone.
 
 Google documents both methods as preview and as not covering TPUs
@@ -45,7 +45,7 @@ from google.cloud import compute_v1
 from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
 from respawn.model import GpuMachine, JobSpec, MachineSpec
-from respawn.placement import HOUR, Advice, ZoneAdvice, machine_kind
+from respawn.outlook import HOUR, Advice, ZoneAdvice, machine_kind
 from respawn.topology import UnknownTpuType, tpu_topology
 
 CACHE_S = HOUR  # how long an answer is reused

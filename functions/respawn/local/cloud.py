@@ -48,7 +48,7 @@ from respawn.model import Job
 
 if TYPE_CHECKING:
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
-    from respawn.placement import History
+    from respawn.outlook import History
 
 PROJECT = "respawn-local"
 STATE_BUCKET = "respawn-local-state"

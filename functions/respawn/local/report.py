@@ -50,7 +50,7 @@ from typing import Any
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.local.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.model import EndReason, JobSpec
-from respawn.placement import History, Key, Outlook, machine_kind
+from respawn.outlook import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
 LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from respawn.model import GpuMachine, JobSpec, TpuMachine
-from respawn.placement import (
+from respawn.outlook import (
     DAY,
     HOUR,
     Advice,
