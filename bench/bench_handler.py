@@ -42,8 +42,8 @@ from respawn.actions import CreateMachine
 from respawn.adapters.clock import SystemClock
 from respawn.config import Settings
 from respawn.events import Event
+from respawn.jobs import LABEL_JOB, JobSpec, MachineState
 from respawn.local.emulators import FakeGcs, patched_env
-from respawn.model import LABEL_JOB, JobSpec, MachineState
 from respawn.ports import Machine
 from respawn.service import Retryable, Service
 

@@ -62,7 +62,7 @@ from respawn.events import (
     MachinesObserved,
     TrainerStarted,
 )
-from respawn.model import EndReason, GpuMachine, Job, JobSpec, Status
+from respawn.jobs import EndReason, GpuMachine, Job, JobSpec, Status
 from respawn.outlook import DAY, HOUR, History, Observation, Outlook
 from respawn.policy import Policy
 from respawn.prices import machine_price, rate_per_h

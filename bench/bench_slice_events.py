@@ -25,7 +25,7 @@ from typing import Any
 from bench_handler import InstantProvider  # type: ignore[import-not-found]
 
 from respawn.events import JobSubmitted, TrainerStarted, ZoneWokeUp
-from respawn.model import Job, JobSpec, MachineState, TpuMachine
+from respawn.jobs import Job, JobSpec, MachineState, TpuMachine
 from respawn.policy import Policy
 from respawn.ports import ConflictError, Machine
 from respawn.service import Service

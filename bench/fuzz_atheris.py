@@ -24,7 +24,7 @@ import atheris
 
 with atheris.instrument_imports():
     from respawn.events import Event, Ignored
-    from respawn.model import JobSpec
+    from respawn.jobs import JobSpec
     from respawn.parsing import PubSubMessage, event_to_json, events_event, log_entry_event
     from respawn.spec import CancelRequest, SpecError, parse_job_message
 

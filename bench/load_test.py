@@ -42,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from respawn.jobs import parse_machine_name
 from respawn.local.bus import Delivery
 from respawn.local.cloud import (
     EVENTS_TOPIC,
@@ -53,7 +54,6 @@ from respawn.local.cloud import (
 )
 from respawn.local.report import LIVE_STATES, percentile
 from respawn.local.scheduler import SWEEP_TICK
-from respawn.model import parse_machine_name
 
 ROOT = Path(__file__).resolve().parents[1]
 ZONES = ("us-central1-a", "us-central1-b", "us-west4-a", "europe-west4-a")

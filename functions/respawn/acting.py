@@ -24,8 +24,8 @@ from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
 from respawn.decide import decide
 from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
+from respawn.jobs import Job, JobSpec
 from respawn.machines import Machines
-from respawn.model import Job, JobSpec
 from respawn.notices import status_notice
 from respawn.outcome import Retryable
 from respawn.outlook import Advice, History, Observation, Outlook

@@ -45,7 +45,7 @@ def advice_source(settings: Settings) -> AdviceSource | None:
     if not settings.project:
         return None
     from respawn.adapters.advice import GcpAdvisor, advice_for
-    from respawn.model import GpuMachine
+    from respawn.jobs import GpuMachine
 
     advisor, project = GcpAdvisor(settings.compute_endpoint), settings.project
     return lambda spec: advice_for(advisor, project, spec) if isinstance(spec.machine, GpuMachine) else {}

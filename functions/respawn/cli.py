@@ -21,7 +21,7 @@ from typing import Any
 from respawn.accounting import CATEGORIES, job_accounting
 from respawn.bootstrap import job_store, jobs_publisher, log_reader
 from respawn.config import VARIABLES, Settings, SettingsError
-from respawn.model import Attempt, Job, TpuMachine
+from respawn.jobs import Attempt, Job, TpuMachine
 
 PROG = "respawn"
 
@@ -360,7 +360,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
     bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
     from respawn import plan
-    from respawn.model import JobSpec
+    from respawn.jobs import JobSpec
     from respawn.outlook import Outlook
     from respawn.policy import Policy
     from respawn.spec import SpecError, load_job_file, parse_job_message

@@ -49,8 +49,7 @@ from respawn.events import (
     TrainerProgressed,
     TrainerStarted,
 )
-from respawn.machine import notice_s
-from respawn.model import (
+from respawn.jobs import (
     COUNTED_AS_PREEMPTION,
     Attempt,
     EndReason,
@@ -60,6 +59,7 @@ from respawn.model import (
     Status,
     parse_machine_name,
 )
+from respawn.machine import notice_s
 from respawn.next_attempt import (
     new_attempt,
     next_tier,

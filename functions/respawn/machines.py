@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from respawn.actions import Action, CreateMachine
-from respawn.model import Job, JobSpec, parse_machine_name
+from respawn.jobs import Job, JobSpec, parse_machine_name
 from respawn.outcome import Retryable
 from respawn.ports import Machine, MachineProvider, PermanentError, TransientError
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from respawn.model import Job
+from respawn.jobs import Job
 
 MAX_REASON_CHARS = 500
 

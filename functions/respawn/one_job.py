@@ -23,8 +23,8 @@ from respawn.acting import Acting, has_intent, lease_expired
 from respawn.actions import Action
 from respawn.decide import decide, is_stale
 from respawn.events import JobEvent, JobSubmitted, MachinesObserved, TrainerFailed
+from respawn.jobs import Job, MachineState
 from respawn.machines import Machines
-from respawn.model import Job, MachineState
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.policy import Policy
 from respawn.ports import Clock, ConflictError, Machine, ProviderError, TransientError

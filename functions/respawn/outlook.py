@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from respawn.model import GpuMachine, JobSpec
+from respawn.jobs import GpuMachine, JobSpec
 
 HOUR = 3600.0
 DAY = 24 * HOUR

@@ -44,7 +44,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import parse_instance_name, parse_machine_name
+from respawn.jobs import parse_instance_name, parse_machine_name
 from respawn.spec import JOB_ID_RE, ZONE_RE, CancelRequest, SpecError, one_line, parse_job_message, show
 
 SYSTEM_EVENT_LOGS = ("/logs/cloudaudit.googleapis.com%2Fsystem_event", "/logs/cloudaudit.googleapis.com/system_event")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
-from respawn.model import Job, JobSpec, MachineState
+from respawn.jobs import Job, JobSpec, MachineState
 from respawn.outlook import History
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from respawn.acting import has_intent
 from respawn.decide import DEAD
 from respawn.events import SweepTicked, ZoneWokeUp
+from respawn.jobs import Job
 from respawn.machines import Machines
-from respawn.model import Job
 from respawn.one_job import OneJob, Sighting, observed, zones_to_watch
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.ports import Clock, Machine, TransientError

@@ -24,8 +24,8 @@ from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.compute_operations import Scope
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.local.cloudapi import CloudApiServer, Exchange
-from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 
 ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"

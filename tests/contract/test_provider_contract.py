@@ -18,8 +18,8 @@ from respawn.actions import CreateMachine
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
+from respawn.jobs import GpuMachine, JobSpec, MachineState, TpuMachine
 from respawn.local.cloudapi import CloudApiServer
-from respawn.model import GpuMachine, JobSpec, MachineState, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 
 ZONE, PROJECT = "us-central1-a", "proj"

@@ -26,9 +26,9 @@ from conftest import pull, topic_with_subscription
 from functions_framework import create_app
 
 from respawn.adapters.gcs_store import GcsJobStore
+from respawn.jobs import Status
 from respawn.local.cloudapi import CloudApiServer
 from respawn.local.emulators import PubSubEmulator
-from respawn.model import Status
 
 pytestmark = pytest.mark.emulator
 

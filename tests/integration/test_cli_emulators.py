@@ -12,8 +12,8 @@ from google.cloud import pubsub_v1
 
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.cli import main
+from respawn.jobs import Attempt, Counters, Job, JobSpec, Status, TpuMachine
 from respawn.local.emulators import PubSubEmulator
-from respawn.model import Attempt, Counters, Job, JobSpec, Status, TpuMachine
 
 pytestmark = pytest.mark.emulator
 

@@ -16,8 +16,8 @@ from respawn.actions import CreateMachine
 from respawn.adapters import compute_slices as slices
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
+from respawn.jobs import JobSpec, MachineState, Tier, TpuMachine
 from respawn.local.cloudapi import CloudApiServer
-from respawn.model import JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, PermanentError, TransientError
 
 ZONE = "us-central1-a"

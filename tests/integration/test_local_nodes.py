@@ -16,11 +16,11 @@ import psutil
 from respawn import parsing
 from respawn.adapters.startup import machine_metadata
 from respawn.events import TrainerFailed
+from respawn.jobs import GpuMachine, JobSpec
 from respawn.local.cloudapi import CloudMachine
 from respawn.local.nodes import Nodes
 from respawn.local.timeline import Timeline
 from respawn.machine import GRACE_S
-from respawn.model import GpuMachine, JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

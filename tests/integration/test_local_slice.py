@@ -22,6 +22,7 @@ from respawn import parsing
 from respawn.adapters.startup import machine_metadata
 from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
 from respawn.joblogs import lifecycle_payload
+from respawn.jobs import JobSpec, TpuMachine
 from respawn.local import cli
 from respawn.local.chaos import (
     HANG_WORKER,
@@ -42,7 +43,6 @@ from respawn.local.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
 from respawn.local.timeline import Timeline
 from respawn.logfilter import LogFilter, load_sink_filter
 from respawn.machine import GRACE_S
-from respawn.model import JobSpec, TpuMachine
 from respawn.topology import tpu_topology
 
 REPO = Path(__file__).resolve().parents[2]

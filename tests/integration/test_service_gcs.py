@@ -7,7 +7,7 @@ from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, 
 
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.events import JobSubmitted, MachinePreempted, SweepTicked, TrainerStarted
-from respawn.model import JobSpec, MachineState, Status, TpuMachine
+from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
 from respawn.policy import Policy
 from respawn.service import Service, ServiceSettings
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import pull, topic_with_subscription
 
 from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
+from respawn.jobs import Attempt, Counters, Job, Status
 from respawn.local.emulators import PubSubEmulator
-from respawn.model import Attempt, Counters, Job, Status
 from respawn.notices import status_notice
 from respawn.ports import PermanentError
 

@@ -28,10 +28,10 @@ from respawn.adapters.gcs_store import GcsJobStore
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.config import service_from_env
 from respawn.events import Event, SweepTicked
+from respawn.jobs import Job, Status
 from respawn.local.cloudapi import CloudApiServer
 from respawn.local.emulators import PubSubEmulator, free_port, start_group, stop_group, wait_http
 from respawn.local.functions import functions_framework_argv
-from respawn.model import Job, Status
 from respawn.policy import Policy
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
 

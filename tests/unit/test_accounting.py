@@ -22,7 +22,7 @@ from respawn.events import (
     TrainerFailed,
     TrainerStarted,
 )
-from respawn.model import Attempt, Job, JobSpec, Status, TpuMachine
+from respawn.jobs import Attempt, Job, JobSpec, Status, TpuMachine
 from respawn.parsing import log_entry_event
 from respawn.policy import Policy
 from respawn.prices import LIST_SOURCE

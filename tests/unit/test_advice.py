@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from respawn.adapters.advice import TPU_NOTE, GcpAdvisor, accelerators, advise_regions, is_tpu
+from respawn.jobs import GpuMachine, TpuMachine
 from respawn.local.cloudapi import CloudApiServer
-from respawn.model import GpuMachine, TpuMachine
 from respawn.outlook import ZoneAdvice
 
 PROJECT, REGION = "proj", "us-central1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from respawn import plan
-from respawn.model import GpuMachine, JobSpec, Tier, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, Tier, TpuMachine
 from respawn.outlook import HOUR, Advice, History, Key, Outlook, ZoneAdvice
 from respawn.prices import LIST_SOURCE, Priced, machine_price, priced
 

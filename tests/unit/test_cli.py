@@ -225,7 +225,7 @@ def test_status_shows_the_placement_and_why_each_attempt_went_where_it_did() -> 
     from respawn.cli import describe
     from respawn.decide import decide
     from respawn.events import JobSubmitted, MachinePreempted, TrainerStarted
-    from respawn.model import JobSpec
+    from respawn.jobs import JobSpec
     from respawn.outlook import Outlook
     from respawn.policy import Policy
     from respawn.spec import load_job_file, parse_job_message

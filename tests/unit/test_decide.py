@@ -28,7 +28,7 @@ from respawn.events import (
     TrainerProgressed,
     TrainerStarted,
 )
-from respawn.model import (
+from respawn.jobs import (
     COUNTED_AS_FAILURE,
     COUNTED_AS_PREEMPTION,
     FLEX_START_MAX_RUN_S,

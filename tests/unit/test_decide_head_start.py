@@ -27,8 +27,8 @@ from respawn.events import (
     TrainerFailed,
     TrainerStarted,
 )
+from respawn.jobs import LEGAL_TRANSITIONS, EndReason, GpuMachine, Job, JobSpec, MachineState, Status, Tier, TpuMachine
 from respawn.machine import NOTICE_S
-from respawn.model import LEGAL_TRANSITIONS, EndReason, GpuMachine, Job, JobSpec, MachineState, Status, Tier, TpuMachine
 from respawn.outlook import History, Key, Outlook
 from respawn.policy import Policy
 from respawn.spec import parse_job_message, spec_to_message

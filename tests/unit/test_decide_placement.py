@@ -17,7 +17,7 @@ from respawn.events import (
     TrainerFailed,
     TrainerStarted,
 )
-from respawn.model import LEGAL_TRANSITIONS, EndReason, Job, JobSpec, MachineState, Status, Tier, TpuMachine
+from respawn.jobs import LEGAL_TRANSITIONS, EndReason, Job, JobSpec, MachineState, Status, Tier, TpuMachine
 from respawn.outlook import HOUR, Advice, History, Key, Observation, Outlook, ZoneAdvice
 from respawn.policy import Policy
 

@@ -28,7 +28,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import (
+from respawn.jobs import (
     COUNTED_AS_FAILURE,
     COUNTED_AS_PREEMPTION,
     NO_CAPACITY,

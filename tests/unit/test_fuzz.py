@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from test_spec import tpu_message  # the valid TPU message the spec tests start from
 
 from respawn.events import CancelRequested, Event, Ignored, JobRejected, JobSubmitted
-from respawn.model import Status
+from respawn.jobs import Status
 from respawn.parsing import event_to_json, events_event, job_event, log_entry_event, message_from_cloudevent
 from respawn.service import Service
 from respawn.spec import parse_job_message, spec_to_message

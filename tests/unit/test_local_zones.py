@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from respawn.jobs import JobSpec, TpuMachine
 from respawn.local import report
 from respawn.local.chaos import MTBI_ROUND, Chaos, ChaosError, Mtbi, parse_mtbi
 from respawn.local.cli import main
-from respawn.model import JobSpec, TpuMachine
 from respawn.outlook import History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"

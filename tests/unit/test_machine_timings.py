@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
+from respawn.jobs import JobSpec, TpuMachine
 from respawn.local import machine_host
 from respawn.local.machine_host import MetadataServer
 from respawn.local.nodes import machine_step
 from respawn.machine import NOTICE_ENV
-from respawn.model import JobSpec, TpuMachine
 
 FUNCTIONS = str(Path(machine_host.__file__).resolve().parents[2])
 IMAGE = "us-docker.pkg.dev/proj/repo/trainer:1"

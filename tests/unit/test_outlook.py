@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from respawn.model import GpuMachine, JobSpec, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, TpuMachine
 from respawn.outlook import (
     DAY,
     HOUR,

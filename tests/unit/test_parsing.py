@@ -30,8 +30,8 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
+from respawn.jobs import MachineState, TpuMachine, parse_instance_name
 from respawn.logfilter import sink_filter
-from respawn.model import MachineState, TpuMachine, parse_instance_name
 from respawn.parsing import (
     PubSubMessage,
     event_from_file,

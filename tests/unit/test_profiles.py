@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from respawn.jobs import GpuMachine, TpuMachine
 from respawn.local import cli
 from respawn.local.profiles import (
     CLOUD_SCALE,
@@ -20,7 +21,6 @@ from respawn.local.profiles import (
     profile,
     real_minutes,
 )
-from respawn.model import GpuMachine, TpuMachine
 
 REPO = Path(__file__).resolve().parents[2]
 TPU_API = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")

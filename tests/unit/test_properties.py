@@ -116,7 +116,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import (
+from respawn.jobs import (
     LEGAL_TRANSITIONS,
     Attempt,
     GpuMachine,

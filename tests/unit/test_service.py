@@ -37,7 +37,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import GpuMachine, JobSpec, MachineState, Status, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Status, TpuMachine
 from respawn.policy import Policy
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Result, Retryable, Service, ServiceSettings

@@ -19,7 +19,7 @@ from fakes import (
 )
 
 from respawn.events import Event, JobSubmitted, MachinePreempted, SweepTicked, TrainerProgressed, TrainerStarted
-from respawn.model import JobSpec, MachineState, Status, TpuMachine
+from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
 from respawn.outlook import HOUR, History, Key, Observation
 from respawn.ports import PermanentError, TransientError
 from respawn.service import Retryable, Service, ServiceSettings

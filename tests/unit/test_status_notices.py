@@ -33,7 +33,7 @@ from respawn.events import (
     TrainerCompleted,
     TrainerStarted,
 )
-from respawn.model import JobSpec, MachineState, Status, TpuMachine
+from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
 from respawn.notices import notice_attributes
 from respawn.policy import Policy
 from respawn.ports import PermanentError, TransientError

@@ -44,7 +44,7 @@ from google.cloud import compute_v1
 
 from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
-from respawn.model import GpuMachine, JobSpec, MachineSpec
+from respawn.jobs import GpuMachine, JobSpec, MachineSpec
 from respawn.outlook import HOUR, Advice, ZoneAdvice, machine_kind
 from respawn.topology import UnknownTpuType, tpu_topology
 

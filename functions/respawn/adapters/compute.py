@@ -35,7 +35,7 @@ from respawn.adapters.compute_slices import ComputeSlices, Slice
 from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
-from respawn.model import (
+from respawn.jobs import (
     API_COMPUTE,
     LABEL_ATTEMPT,
     LABEL_JOB,

@@ -33,7 +33,7 @@ from google.auth.transport.urllib3 import AuthorizedHttp
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from respawn.model import Job
+from respawn.jobs import Job
 from respawn.outlook import History
 from respawn.ports import ConflictError, TransientError
 

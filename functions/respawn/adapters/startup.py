@@ -52,6 +52,7 @@ import math
 import re
 import shlex
 
+from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
 from respawn.machine import (
     CONTAINER,
     DRAIN_MARKER_METADATA,
@@ -65,7 +66,6 @@ from respawn.machine import (
 )
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
-from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
 
 NOTICE_DIR = NOTICE_FILE.rsplit("/", 1)[0]  # mounted into the container at the same path
 

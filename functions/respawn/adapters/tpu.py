@@ -27,7 +27,7 @@ from respawn.actions import CreateMachine
 from respawn.adapters.errors import classify, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
-from respawn.model import LABEL_JOB, LABEL_MANAGED, JobSpec, MachineState, TpuMachine
+from respawn.jobs import LABEL_JOB, LABEL_MANAGED, JobSpec, MachineState, TpuMachine
 from respawn.ports import Machine, PermanentError
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"

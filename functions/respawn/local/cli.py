@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from respawn.jobs import JobSpec
 from respawn.local.chaos import (
     ChaosError,
     check_workers,
@@ -31,7 +32,6 @@ from respawn.local.chaos import (
 from respawn.local.profiles import Profile, Timings, profile
 from respawn.local.secret_store import SecretError, secret_values
 from respawn.local.slices import LocalSlice, local_trainer_env
-from respawn.model import JobSpec
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption

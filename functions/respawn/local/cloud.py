@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from respawn import bootstrap
 from respawn.config import TIME_SCALE, Settings
+from respawn.jobs import Job
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
 from respawn.local.chaos import Chaos, Mtbi, StepAction, step_actions
 from respawn.local.cloudapi import CloudApiServer, CloudMachine
@@ -44,7 +45,6 @@ from respawn.local.secret_store import delivered, leaks
 from respawn.local.slices import local_trainer_env
 from respawn.local.status import STATUS_TOPIC, StatusRecorder
 from respawn.local.timeline import Timeline
-from respawn.model import Job
 
 if TYPE_CHECKING:
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore

@@ -48,8 +48,8 @@ import math
 from typing import Any
 
 from respawn.accounting import later_split, parse_split, sum_splits
+from respawn.jobs import EndReason, JobSpec
 from respawn.local.slices import SINGLE_HOST, LocalSlice, report_line
-from respawn.model import EndReason, JobSpec
 from respawn.outlook import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 

@@ -27,7 +27,7 @@ def _shown_always(model: Any) -> bool:
 class Field:
     """One field of a message object: how its value is read into the model and written back.
 
-    An absent field takes the model's default for its attribute (model.py), so each default is written once; the
+    An absent field takes the model's default for its attribute (respawn.jobs), so each default is written once; the
     message shows it as render(default).
     """
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from respawn.model import API_COMPUTE, API_TPU, GpuMachine, JobSpec, MachineSpec, Tier, TpuMachine
+from respawn.jobs import API_COMPUTE, API_TPU, GpuMachine, JobSpec, MachineSpec, Tier, TpuMachine
 from respawn.spec import values
 from respawn.spec.decoding import decode
 from respawn.spec.fields import Field, Reading, Shape, join_path, render

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from respawn.model import API_COMPUTE, API_TPU, FLEX_START_MAX_RUN_S
+from respawn.jobs import API_COMPUTE, API_TPU, FLEX_START_MAX_RUN_S
 from respawn.topology import UnknownTpuType, tpu_topology
 
 MAX_MESSAGE_BYTES = 256 * 1024

@@ -1,4 +1,4 @@
-"""The job model: spec, status, attempts and the job record.
+"""The job: its spec, status, attempts and record (the model every room shares; "model" here, never the trainer's).
 
 Everything here is plain data (frozen dataclasses) with JSON round-trips. The
 record is what the JobStore keeps at ``respawn/jobs/JOB_ID.json``.
@@ -22,7 +22,7 @@ LABEL_MANAGED = "respawn-managed"
 
 class Status(enum.StrEnum):
     """Job status. Which status may follow which, and why, is TRANSITIONS below: the one statement of the state
-    machine, which decide is tested against and docs/architecture.md shows (`python -m respawn.model`)."""
+    machine, which decide is tested against and docs/architecture.md shows (`python -m respawn.jobs`)."""
 
     PENDING = "PENDING"  # accepted; no machine requested yet (waiting out a capacity backoff)
     PROVISIONING = "PROVISIONING"  # first machine requested; trainer not started yet
