@@ -40,7 +40,7 @@ from typing import Any
 from respawn import bootstrap, parsing
 from respawn.actions import CreateMachine
 from respawn.adapters.clock import SystemClock
-from respawn.config import Settings
+from respawn.deployment import Settings
 from respawn.events import Event
 from respawn.jobs import LABEL_JOB, JobSpec, MachineState
 from respawn.local.emulators import FakeGcs, patched_env

@@ -11,7 +11,8 @@ import functions_framework
 from cloudevents.http import CloudEvent
 
 from respawn import logs, parsing
-from respawn.config import SettingsError, service_from_env
+from respawn.bootstrap import service_from_env
+from respawn.deployment import SettingsError
 from respawn.events import JobRejected
 from respawn.service import Retryable
 

@@ -1,6 +1,6 @@
 """The one wiring point: every store, machine provider, notifier and cloud client respawn's entry points use.
 
-The functions (`config.service_from_env`), the CLI and the benchmarks build what
+The functions (`service_from_env`), the CLI and the benchmarks build what
 they need here from `Settings`, so each client's options are chosen once: the
 functions' storage client ignores proxy settings while the CLI's honours them,
 and notices go out one per message. Cloud libraries are imported only when a
@@ -9,9 +9,10 @@ piece is built, so the CLI starts without them.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
-from respawn.config import Settings
+from respawn.deployment import Settings
 
 if TYPE_CHECKING:
     from respawn.acting import AdviceSource
@@ -19,6 +20,16 @@ if TYPE_CHECKING:
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
     from respawn.ports import MachineProvider, StatusNotifier
     from respawn.service import Service
+
+
+def service_from_env() -> Service:
+    """The Service for this process's environment; built once and reused (function instances are reused)."""
+    return _cached_service(Settings.from_env().require("project", "state_bucket"))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_service(settings: Settings) -> Service:
+    return service(settings)
 
 
 def service(settings: Settings) -> Service:

@@ -20,7 +20,7 @@ from typing import Any
 
 from respawn.accounting import CATEGORIES, job_accounting
 from respawn.bootstrap import job_store, jobs_publisher, log_reader
-from respawn.config import VARIABLES, Settings, SettingsError
+from respawn.deployment import VARIABLES, Settings, SettingsError
 from respawn.jobs import Attempt, Job, TpuMachine
 
 PROG = "respawn"

@@ -26,7 +26,7 @@ from respawn import parsing
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.config import service_from_env
+from respawn.bootstrap import service_from_env
 from respawn.events import Event, SweepTicked
 from respawn.jobs import Job, Status
 from respawn.local.cloudapi import CloudApiServer

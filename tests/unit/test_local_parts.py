@@ -392,7 +392,7 @@ def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Pa
 def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--profile cloud` replays a real minute in a local second: the functions get its scale (RESPAWN_TIME_SCALE),
     which decide's Policy.time_scale reads, so a head start's drain is as much shorter; the local profile's is 1."""
-    from respawn.config import Settings
+    from respawn.deployment import Settings
     from respawn.local import cloud
     from respawn.local.emulators import FakeGcs
     from respawn.local.profiles import CLOUD_SCALE

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from respawn import bootstrap
-from respawn.config import TIME_SCALE, Settings
+from respawn.deployment import TIME_SCALE, Settings
 from respawn.jobs import Job
 from respawn.local.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
 from respawn.local.chaos import Chaos, Mtbi, StepAction, step_actions

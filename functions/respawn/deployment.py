@@ -1,4 +1,6 @@
-"""Deployed configuration: Settings from the environment, and the functions' Service built from them (bootstrap.py).
+"""Deployed configuration: Settings from the environment (bootstrap.py builds the functions' Service from them).
+
+A leaf: it imports nothing of respawn, so every room may read it.
 
 The same variables configure the functions and the CLI (SPEC: deployed
 configuration). A missing setting is one clear error naming the variable.
@@ -6,15 +8,10 @@ configuration). A missing setting is one clear error naming the variable.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from respawn.service import Service
 
 
 class SettingsError(Exception):
@@ -94,15 +91,3 @@ def _time_scale(text: str | None) -> float:
             f"{TIME_SCALE} is {text!r}: it must be a positive number (local seconds per real second; default 1)"
         )
     return value
-
-
-def service_from_env() -> Service:
-    """The Service for this process's environment; built once and reused (function instances are reused)."""
-    return _service(Settings.from_env().require("project", "state_bucket"))
-
-
-@functools.lru_cache(maxsize=4)
-def _service(settings: Settings) -> Service:
-    from respawn import bootstrap
-
-    return bootstrap.service(settings)

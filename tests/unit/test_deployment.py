@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from respawn.config import Settings, SettingsError, service_from_env
+from respawn.bootstrap import service_from_env
+from respawn.deployment import Settings, SettingsError
 from respawn.policy import Policy
 
 
