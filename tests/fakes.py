@@ -222,7 +222,7 @@ def fake_providers(creating_reads: int = 1) -> dict[str, FakeProvider]:
 
 
 class RecordingNotifier:
-    """Status notices in the order they were published. `errors` are raised by the next notify calls."""
+    """Status messages in the order they were published. `errors` are raised by the next notify calls."""
 
     def __init__(self) -> None:
         self.notices: list[dict[str, Any]] = []

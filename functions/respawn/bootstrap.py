@@ -34,7 +34,7 @@ def _cached_service(settings: Settings) -> Service:
 
 def service(settings: Settings) -> Service:
     """The Service of the deployed functions: the records and the preemption history in the state bucket, TPUs and
-    GPUs, status notices when a status topic is set; decide's policy with the settings' time scale."""
+    GPUs, status messages when a status topic is set; decide's policy with the settings' time scale."""
     from respawn.adapters.clock import SystemClock
     from respawn.policy import Policy
     from respawn.service import Service
@@ -100,7 +100,7 @@ def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
 
 
 def status_notifier(settings: Settings) -> StatusNotifier | None:
-    """Status notices to the status topic; None (no notices kept or published) without one."""
+    """Status messages to the status topic; None (no notices kept or published) without one."""
     from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
 
     return PubSubStatusNotifier(settings.project, settings.status_topic) if settings.status_topic else None

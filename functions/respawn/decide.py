@@ -56,6 +56,7 @@ from respawn.jobs import (
     Job,
     JobSpec,
     MachineState,
+    Provisioning,
     Status,
     parse_machine_name,
 )
@@ -236,7 +237,7 @@ def _head_start(job: Job, live: Attempt, event: MachineNoticed, now: float, ctx:
     if not spec.head_start or live.started_at is None or _draining(job) is not None:
         return job, []
     policy = ctx.policy
-    lead = spec.preemption_notice_s if spec.all_tiers[live.tier].provisioning == "spot" else None
+    lead = spec.preemption_notice_s if spec.all_tiers[live.tier].provisioning == Provisioning.SPOT else None
     window = notice_s(spec.machine.kind) + (lead or 0) + policy.drain_margin_s
     drain_until = event.time + window * policy.time_scale
     return _lost(job, now, EndReason.PREEMPTED, ctx, drain_until=drain_until)
@@ -323,7 +324,7 @@ def _observed(job: Job, event: MachinesObserved, now: float, ctx: Context) -> De
     if live is None:
         job, more = _backoff_over(job, now, ctx)
     else:
-        job, more = _live_machine_rules(_Sighting(job, live, _state_of(job, live, event), event, now, ctx))
+        job, more = _live_machine_rules(_Listed(job, live, _state_of(job, live, event), event, now, ctx))
     return job, deletes + more
 
 
@@ -382,7 +383,7 @@ RULES: dict[type, Rule] = {
 
 
 @dataclass(frozen=True)
-class _Sighting:
+class _Listed:
     """The live attempt's machine as one listing showed it, with what the rules about it read."""
 
     job: Job
@@ -407,8 +408,8 @@ class _MachineRule:
     """When the live machine is in `state` (None: not listed) and `holds`, `then` decides."""
 
     state: MachineState | None
-    holds: Callable[[_Sighting], bool]
-    then: Callable[[_Sighting], Decision]
+    holds: Callable[[_Listed], bool]
+    then: Callable[[_Listed], Decision]
 
 
 def _queue_timeout(job: Job) -> float:
@@ -425,69 +426,69 @@ def _hung_for(job: Job, live: Attempt, now: float) -> float | None:
     return silent if silent > timeout else None
 
 
-def _always(seen: _Sighting) -> bool:
+def _always(seen: _Listed) -> bool:
     return True
 
 
-def _missing_for_good(seen: _Sighting) -> bool:
+def _missing_for_good(seen: _Listed) -> bool:
     """Its zone was listed completely, no create of ours is in flight, and it is old enough to be listed."""
     return seen.live.zone in seen.event.zones and not seen.job.pending and seen.age >= seen.policy.lost_grace_s
 
 
-def _trainer_ran(seen: _Sighting) -> bool:
+def _trainer_ran(seen: _Listed) -> bool:
     return seen.live.started_at is not None
 
 
-def _queued_too_long(seen: _Sighting) -> bool:
+def _queued_too_long(seen: _Listed) -> bool:
     return seen.age > _queue_timeout(seen.job)
 
 
-def _stuck_creating(seen: _Sighting) -> bool:
+def _stuck_creating(seen: _Listed) -> bool:
     return seen.live.started_at is None and seen.age > seen.policy.stuck_creating_s
 
 
-def _silent_too_long(seen: _Sighting) -> bool:
+def _silent_too_long(seen: _Listed) -> bool:
     return _hung_for(seen.job, seen.live, seen.now) is not None
 
 
-def _spot_lasts_again(seen: _Sighting) -> bool:
+def _spot_lasts_again(seen: _Listed) -> bool:
     """A fallback attempt whose trainer runs, on a tier the job has used long enough, while Spot looks lasting."""
     return seen.live.started_at is not None and spot_tier_to_return_to(seen.job, seen.now, seen.ctx) is not None
 
 
-def _vanished(seen: _Sighting) -> Decision:
+def _vanished(seen: _Listed) -> Decision:
     return _lost(seen.job, seen.now, EndReason.LOST, seen.ctx)
 
 
-def _taken(seen: _Sighting) -> Decision:
+def _taken(seen: _Listed) -> Decision:
     return _lost(seen.job, seen.now, EndReason.PREEMPTED, seen.ctx)
 
 
-def _failed_to_come_up(seen: _Sighting) -> Decision:
+def _failed_to_come_up(seen: _Listed) -> Decision:
     live = seen.live
     api_says = dict(seen.event.details).get(live.machine)
     reason = f"{live.machine} failed to come up in {live.zone}" + (f": {api_says}" if api_says else "")
     return _no_capacity(seen.job, seen.now, EndReason.CAPACITY, reason, seen.ctx, delete=True)
 
 
-def _queue_given_up(seen: _Sighting) -> Decision:
+def _queue_given_up(seen: _Listed) -> Decision:
     reason = f"{seen.live.machine} waited {seen.age:.0f}s in the queue of {seen.live.zone}"
     return _no_capacity(seen.job, seen.now, EndReason.QUEUED, reason, seen.ctx, delete=True)
 
 
-def _creating_given_up(seen: _Sighting) -> Decision:
+def _creating_given_up(seen: _Listed) -> Decision:
     reason = f"{seen.live.machine} was still creating after {seen.age:.0f}s in {seen.live.zone}"
     return _no_capacity(seen.job, seen.now, EndReason.STUCK, reason, seen.ctx, delete=True)
 
 
-def _hung(seen: _Sighting) -> Decision:
+def _hung(seen: _Listed) -> Decision:
     silent = _hung_for(seen.job, seen.live, seen.now)
     assert silent is not None
     reason = f"hung: no training progress for {silent:.0f}s on {seen.live.machine}"
     return _crashed(seen.job, seen.now, EndReason.HUNG, reason, seen.ctx)
 
 
-def _back_to_spot(seen: _Sighting) -> Decision:
+def _back_to_spot(seen: _Listed) -> Decision:
     """End the fallback attempt (not a preemption, not a failure: no counter moves) and request Spot again."""
     live, now = seen.live, seen.now
     on_tier = now - on_tier_since(seen.job, now)
@@ -512,7 +513,7 @@ LIVE_MACHINE_RULES: tuple[_MachineRule, ...] = (
 )
 
 
-def _live_machine_rules(seen: _Sighting) -> Decision:
+def _live_machine_rules(seen: _Listed) -> Decision:
     rule = next((r for r in LIVE_MACHINE_RULES if r.state == seen.state and r.holds(seen)), None)
     return rule.then(seen) if rule is not None else (seen.job, [])
 

@@ -29,7 +29,7 @@ VARIABLES = {
     ),
     "status_topic": (
         "RESPAWN_STATUS_TOPIC",
-        "the Pub/Sub topic of status notices, respawn-status as deployed (unset: no notices are published)",
+        "the Pub/Sub topic of status messages, respawn-status as deployed (unset: no notices are published)",
     ),
 }
 # Seconds of the machines' own timings per real second (decide.Policy.time_scale): 1 in the cloud; the local cloud
@@ -43,7 +43,7 @@ class Settings:
     state_bucket: str = ""
     jobs_topic: str = "respawn-jobs"
     events_topic: str = "respawn-events"
-    status_topic: str | None = None  # None: publish no status notices
+    status_topic: str | None = None  # None: publish no status messages
     machine_service_account: str | None = None
     tpu_endpoint: str | None = None  # local cloud only: http://127.0.0.1:PORT
     compute_endpoint: str | None = None  # local cloud only

@@ -109,6 +109,21 @@ class MachineState(enum.StrEnum):
     DELETING = "DELETING"
 
 
+class Provisioning(enum.StrEnum):
+    """How a tier's machines are provisioned: the job message's `provisioning` (the values records hold)."""
+
+    SPOT = "spot"
+    PREEMPTIBLE = "preemptible"  # the Cloud TPU API's preemptible TPUs, Compute Engine's legacy preemptible VMs
+    STANDARD = "standard"
+    FLEX_START = "flex-start"  # Compute Engine's queue for capacity: a GPU, or a TPU with machine.api compute
+    RESERVATION = "reservation"  # a tier's only: standard machines that consume a named reservation
+
+
+# The models the cloud may take machines back from: a fallback tier goes back to them (back_to_spot_after), their
+# machines cost the Spot price.
+SPOT_MODELS = frozenset({Provisioning.SPOT, Provisioning.PREEMPTIBLE})
+
+
 # Which API provisions a machine: "tpu" the Cloud TPU API (nodes, queued resources), "compute" Compute Engine
 # (instances, and a managed instance group for a multi-host TPU slice).
 API_TPU = "tpu"
@@ -159,7 +174,7 @@ class Tier:
 
     A job without `tiers` has one: its `provisioning` in its `zones`, never moving on."""
 
-    provisioning: str  # spot | preemptible | standard | reservation | flex-start (Compute Engine only)
+    provisioning: Provisioning
     zones: tuple[str, ...]
     reservation: str | None = None  # provisioning reservation: the reservation's name
     # provisioning flex-start: the machine's maximum run duration; None: the time left to the job's TTL (see
@@ -171,6 +186,9 @@ class Tier:
     # A later tier that is not Spot: how long the job stays on it before it may go back to the first Spot tier
     # (decide's back-to-Spot rule, when the outlook expects Spot to last); None: it never goes back.
     back_to_spot_after_s: int | None = 2 * 3600
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "provisioning", Provisioning(self.provisioning))  # as read back from JSON
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "zones": list(self.zones)}
@@ -189,7 +207,7 @@ class JobSpec:
     zones: tuple[str, ...]
     image: str
     checkpoint_uri: str
-    provisioning: str = "spot"  # spot | preemptible | standard | flex-start
+    provisioning: Provisioning = Provisioning.SPOT  # a tier's, but reservation
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
     # sorted (variable name, Secret Manager version reference) pairs: references only, resolved on the machine
@@ -208,6 +226,9 @@ class JobSpec:
     # The metadata notice a Spot VM on Compute Engine asks for before its soft off (scheduling.preemptionNoticeDuration,
     # preview); None: none, the soft off comes with the notice
     preemption_notice_s: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "provisioning", Provisioning(self.provisioning))  # as read back from JSON
 
     @property
     def all_tiers(self) -> tuple[Tier, ...]:
@@ -390,7 +411,7 @@ class Counters:
 
 @dataclass(frozen=True)
 class Job:
-    """The job record. `pending` (machine actions), `outbox` (status notices) and `observations` (what ended attempts
+    """The job record. `pending` (machine actions), `outbox` (status messages) and `observations` (what ended attempts
     add to the preemption history) hold intent persisted before its side effects, owned by the handler whose lease
     (`pending_lease_until`) is live."""
 
@@ -409,7 +430,7 @@ class Job:
     next_attempt_at: float | None = None  # capacity backoff: create no sooner than this
     pending: tuple[dict[str, Any], ...] = ()  # serialized actions not yet confirmed done
     pending_lease_until: float | None = None
-    outbox: tuple[dict[str, Any], ...] = ()  # status notices not yet published (respawn.notices), under the lease
+    outbox: tuple[dict[str, Any], ...] = ()  # status messages not yet published (status_messages.py), under the lease
     seen_events: tuple[str, ...] = ()  # bounded, newest last
     # ended attempts' evidence for the preemption history (respawn.outlook.Observation dicts), under the lease
     observations: tuple[dict[str, Any], ...] = ()

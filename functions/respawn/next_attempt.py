@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from respawn.jobs import COUNTED_AS_PREEMPTION, NO_CAPACITY, Attempt, Job, Tier, machine_name
+from respawn.jobs import COUNTED_AS_PREEMPTION, NO_CAPACITY, SPOT_MODELS, Attempt, Job, Tier, machine_name
 from respawn.outlook import Placed, machine_kind
 from respawn.policy import Context
-from respawn.prices import SPOT_MODELS, advice_source, machine_price, rate_per_h
+from respawn.prices import advice_source, machine_price, rate_per_h
 
 
 def new_attempt(

@@ -101,5 +101,5 @@ class StatusNotifier(Protocol):
     """Publishes the status changes of jobs (topic respawn-status)."""
 
     def notify(self, notice: dict[str, Any]) -> None:
-        """Publish one notice (respawn.notices). Raises TransientError when a later try may succeed,
+        """Publish one notice (respawn.status_messages). Raises TransientError when a later try may succeed,
         PermanentError when it cannot (no such topic, no permission)."""

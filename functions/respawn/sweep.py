@@ -15,17 +15,17 @@ from respawn.acting import has_intent
 from respawn.decide import DEAD
 from respawn.events import SweepTicked, ZoneWokeUp
 from respawn.jobs import Job
-from respawn.machines import Machines
 from respawn.one_job import OneJob, Sighting, observed, zones_to_watch
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.ports import Clock, Machine, TransientError
+from respawn.providers import Providers
 from respawn.records import Read, Records
 
 
 @dataclass(frozen=True)
 class Sweep:
     records: Records
-    machines: Machines
+    machines: Providers
     one_job: OneJob
     clock: Clock
 

@@ -69,7 +69,7 @@ def cloud(bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CloudApiServ
 
 @pytest.fixture
 def status_subscription(pubsub_emulator: PubSubEmulator, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The functions publish status notices to a fresh topic on the emulator; returns a pull subscription on it."""
+    """The functions publish status messages to a fresh topic on the emulator; returns a pull subscription on it."""
     topic, subscription = topic_with_subscription(PROJECT, "respawn-status")
     monkeypatch.setenv("RESPAWN_STATUS_TOPIC", topic)
     return subscription

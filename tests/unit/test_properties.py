@@ -42,7 +42,7 @@ a preemption or failure of the live attempt is counted exactly once (and never
 as the other), completion, cancel and TTL expiry end the job with its machine
 deleted, and a trainer's own result is never replaced (it fills in an exit code's).
 At the end of each history every job reaches a terminal status with no machine
-left once the clock passes the TTLs and one sweep runs, and the status notices
+left once the clock passes the TTLs and one sweep runs, and the status messages
 published are the records' status changes, each once, in order (a notice
 repeated, with its id, only after a crash), and the preemption history (seeded at
 random, changed by other jobs as the history goes on, its store failing at times)

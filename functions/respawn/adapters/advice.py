@@ -44,7 +44,7 @@ from google.cloud import compute_v1
 
 from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
-from respawn.jobs import GpuMachine, JobSpec, MachineSpec
+from respawn.jobs import GpuMachine, JobSpec, MachineSpec, Provisioning
 from respawn.outlook import HOUR, Advice, ZoneAdvice, machine_kind
 from respawn.topology import UnknownTpuType, tpu_topology
 
@@ -54,7 +54,7 @@ DEADLINE_S = 5.0  # all the calls of one advise() together
 TPU_NOTE = "Advice API does not cover TPUs; history only"
 # respawn's provisioning -> the Advice API's model. Preemptible VMs run as Spot VMs underneath
 # (https://cloud.google.com/compute/docs/instances/preemptible), so they get Spot advice.
-SPOT_MODELS = {"spot": "SPOT", "preemptible": "SPOT"}
+ADVISED_MODELS: dict[str, str] = {Provisioning.SPOT: "SPOT", Provisioning.PREEMPTIBLE: "SPOT"}
 _COMPUTE_TPU = re.compile(r"^(ct\d+[a-z]*|tpu\d+[a-z]*)-")  # ct5p-hightpu-4t, ct6e-standard-8t, tpu7x-standard-4t
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
@@ -164,7 +164,7 @@ class GcpAdvisor:
         now = self.clock()
         if is_tpu(machine_type):
             return Advice({}, now, TPU_NOTE)
-        model = SPOT_MODELS.get(provisioning)
+        model = ADVISED_MODELS.get(provisioning)
         if model is None:
             return Advice({}, now, f"Advice API advises Spot VMs only; {provisioning}: history only")
         if not zones:

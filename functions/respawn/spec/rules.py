@@ -9,20 +9,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from respawn.jobs import API_COMPUTE, API_TPU, GpuMachine, JobSpec, MachineSpec, Tier, TpuMachine
+from respawn.jobs import (
+    API_COMPUTE,
+    API_TPU,
+    SPOT_MODELS,
+    GpuMachine,
+    JobSpec,
+    MachineSpec,
+    Provisioning,
+    Tier,
+    TpuMachine,
+)
 from respawn.spec import values
 from respawn.spec.decoding import decode
 from respawn.spec.fields import Field, Reading, Shape, join_path, render
 from respawn.spec.values import (
     APIS,
     BOOT_DISK_GB,
-    FLEX_START,
     FLEX_START_QUEUE_MAX_S,
     MAX_FAILURES,
     MAX_TIERS,
     PLACEMENTS,
     PROVISIONING,
-    SPOT_PROVISIONING,
     TIER_PROVISIONING,
     boolean,
     expect_type,
@@ -230,7 +238,7 @@ TIER = Shape(
             optional(parse_ttl),
             format_optional_ttl,
             "back_to_spot_after_s",
-            shown_if=lambda tier: tier.provisioning not in SPOT_PROVISIONING,
+            shown_if=lambda tier: tier.provisioning not in SPOT_MODELS,
             omitted_when_default=True,
         ),
         Field("move_on", lambda value, path: value),  # read and written as MOVE_ON, whose fields are the tier's
@@ -243,15 +251,15 @@ def _tier(value: Any, path: str, *, last: bool) -> Tier:
     fields = Reading(TIER, value, path)
     provisioning = fields["provisioning"]
     named = value.get("reservation") is not None
-    if provisioning == "reservation" and not named:
+    if provisioning == Provisioning.RESERVATION and not named:
         fail(join_path(path, "reservation"), "missing", "the name of a reservation in the tier's zones")
-    if provisioning != "reservation" and named:
+    if provisioning != Provisioning.RESERVATION and named:
         fail(
             join_path(path, "reservation"), "only a reservation tier names a reservation", 'provisioning "reservation"'
         )
     fields.check("reservation")
     _run_duration_only_with_flex_start(fields, provisioning)
-    if provisioning in SPOT_PROVISIONING and "back_to_spot_after" in value:
+    if provisioning in SPOT_MODELS and "back_to_spot_after" in value:
         problem = "a Spot tier has no Spot to go back to"
         allowed = "back_to_spot_after on a standard, reservation or flex-start tier"
         fail(join_path(path, "back_to_spot_after"), problem, allowed)
@@ -284,9 +292,9 @@ def _untiered(spec: JobSpec) -> bool:
 
 def _run_duration_only_with_flex_start(fields: Reading, provisioning: str) -> None:
     """max_run_duration (a tier's, or an untiered job's) goes with provisioning flex-start only."""
-    if provisioning != FLEX_START and fields.message.get("max_run_duration") is not None:
+    if provisioning != Provisioning.FLEX_START and fields.message.get("max_run_duration") is not None:
         path = join_path(fields.path, "max_run_duration")
-        fail(path, "only a flex-start machine has a maximum run duration", f'provisioning "{FLEX_START}"')
+        fail(path, "only a flex-start machine has a maximum run duration", f'provisioning "{Provisioning.FLEX_START}"')
     fields.check("max_run_duration")
 
 
@@ -394,16 +402,20 @@ def _provisioning_fits_the_api(spec: JobSpec) -> None:
     """Flex-start is Compute Engine's; preemptible TPUs are the Cloud TPU API's (Compute Engine has Spot TPUs)."""
     api = spec.machine.api
     for path, tier in _tier_paths(spec):
-        if tier.provisioning == FLEX_START and api != API_COMPUTE:
+        if tier.provisioning == Provisioning.FLEX_START and api != API_COMPUTE:
             problem = "\"flex-start\" is Compute Engine's, not the Cloud TPU API's"
             allowed = f'machine.api "compute" ({COMPUTE_OFFERS}), or request "queued" to wait'
             fail(path, problem, allowed)
-        if tier.provisioning == "preemptible" and isinstance(spec.machine, TpuMachine) and api == API_COMPUTE:
+        if (
+            tier.provisioning == Provisioning.PREEMPTIBLE
+            and isinstance(spec.machine, TpuMachine)
+            and api == API_COMPUTE
+        ):
             fail(path, '"preemptible" is not offered for TPUs on Compute Engine', 'spot, or machine.api "tpu"')
     if spec.preemption_notice_s is not None and api != API_COMPUTE:
         problem = "the Cloud TPU API has no preemption notice to ask for (a Compute Engine Spot VM's)"
         fail("preemption_notice", problem, f'off, or machine.api "compute" ({COMPUTE_OFFERS})')
-    if spec.preemption_notice_s is not None and not any(t.provisioning == "spot" for t in spec.all_tiers):
+    if spec.preemption_notice_s is not None and not any(t.provisioning == Provisioning.SPOT for t in spec.all_tiers):
         allowed = 'off, or a tier with provisioning "spot"'
         fail("preemption_notice", "only a Spot VM gets it, and no tier is spot", allowed)
 
@@ -412,9 +424,9 @@ def _queue_timeout_fits(spec: JobSpec, machine: dict[str, Any]) -> None:
     """On Compute Engine only a flex-start request waits for capacity, and an instance waits at most 2 hours."""
     if spec.machine.api != API_COMPUTE:
         return
-    flex_start = any(tier.provisioning == FLEX_START for tier in spec.all_tiers)
+    flex_start = any(tier.provisioning == Provisioning.FLEX_START for tier in spec.all_tiers)
     if "queue_timeout" in machine and not flex_start:
-        allowed = f'a tier with provisioning "{FLEX_START}"'
+        allowed = f'a tier with provisioning "{Provisioning.FLEX_START}"'
         fail("machine.queue_timeout", "only a flex-start request waits for capacity on Compute Engine", allowed)
     if flex_start and spec.machine.queue_timeout_s > FLEX_START_QUEUE_MAX_S:
         problem = f"{show(machine['queue_timeout'])} is longer than Compute Engine waits for flex-start capacity"

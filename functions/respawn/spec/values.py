@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from respawn.jobs import API_COMPUTE, API_TPU, FLEX_START_MAX_RUN_S
+from respawn.jobs import API_COMPUTE, API_TPU, FLEX_START_MAX_RUN_S, Provisioning
 from respawn.topology import UnknownTpuType, tpu_topology
 
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -40,10 +40,8 @@ _TAG = r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})"
 _DIGEST = r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})"
 IMAGE_RE = re.compile(rf"^{_HOST}?{_PATH}{_TAG}?{_DIGEST}?$")
 
-FLEX_START = "flex-start"  # Compute Engine's queue for capacity: a GPU, or a TPU with machine.api compute
-PROVISIONING = ("spot", "preemptible", "standard", FLEX_START)
-TIER_PROVISIONING = (*PROVISIONING, "reservation")
-SPOT_PROVISIONING = ("spot", "preemptible")  # the tiers a fallback tier goes back to (back_to_spot_after)
+TIER_PROVISIONING = tuple(p.value for p in Provisioning)
+PROVISIONING = tuple(p for p in TIER_PROVISIONING if p != Provisioning.RESERVATION)  # a job without tiers
 # ranked: each attempt's zone by the outlook (history, advice, price); ordered: the list's order, the same zone again
 PLACEMENTS = ("ranked", "ordered")
 REQUESTS = ("queued", "node")

@@ -20,7 +20,7 @@ from respawn.ports import Machine, MachineProvider, PermanentError, TransientErr
 
 
 @dataclass(frozen=True)
-class Machines:
+class Providers:
     providers: Mapping[str, MachineProvider]  # by API: tpu, compute
 
     def provider(self, api: str) -> MachineProvider:
