@@ -188,7 +188,8 @@ class Tier:
     back_to_spot_after_s: int | None = 2 * 3600
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "provisioning", Provisioning(self.provisioning))  # as read back from JSON
+        if not isinstance(self.provisioning, Provisioning):  # as read back from JSON
+            object.__setattr__(self, "provisioning", Provisioning(self.provisioning))
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "zones": list(self.zones)}
@@ -228,7 +229,8 @@ class JobSpec:
     preemption_notice_s: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "provisioning", Provisioning(self.provisioning))  # as read back from JSON
+        if not isinstance(self.provisioning, Provisioning):  # as read back from JSON
+            object.__setattr__(self, "provisioning", Provisioning(self.provisioning))
 
     @property
     def all_tiers(self) -> tuple[Tier, ...]:
