@@ -6,7 +6,7 @@ and a fresh read per event; the benchmark stops instead of reporting it.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import random
 import sys
 from pathlib import Path
@@ -17,14 +17,9 @@ from fakes import InMemoryJobStore
 from respawn.adapters.clock import SystemClock
 from respawn.service import Service
 
-# bench/ is a folder of scripts, not an installed package: load the script by its path.
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_handler", Path(__file__).resolve().parents[2] / "bench" / "bench_handler.py"
-)
-assert _SPEC is not None and _SPEC.loader is not None
-bench_handler = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_handler"] = bench_handler
-_SPEC.loader.exec_module(bench_handler)
+# bench/ is a folder of scripts, not an installed package: import the script from it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+bench_handler = importlib.import_module("bench_handler")
 
 
 def mix(jobs: int = 3) -> list[list[tuple[str, str, dict[str, object]]]]:
