@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CHECKOV := .venv-checkov/bin/checkov
 TFSCHEMA := .venv-tfschema/node_modules/.installed
 
-.PHONY: setup local test lint bench load clean
+.PHONY: setup system-packages local test lint bench load clean
 
 $(STAMP): requirements.txt functions/requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,26 @@ $(TFSCHEMA): infra/tfschema/package.json infra/tfschema/package-lock.json
 	cd .venv-tfschema && npm ci --ignore-scripts --legacy-peer-deps --no-audit --no-fund --loglevel=error
 	@touch $(TFSCHEMA)
 
-setup: $(STAMP) $(CHECKOV) $(TFSCHEMA)
+# Debian's packages the tests need: shellcheck (0.9.0 on bookworm) for the machine's scripts
+# (tests/unit/test_machine_scripts.py) and headless Chromium for the job report's page
+# (tests/integration/test_local_monitoring.py). Their tests skip without them, and fail without them in CI.
+# apt-get as root, or through sudo that asks no password; where neither works, say what to install.
+SYSTEM_PACKAGES := shellcheck chromium
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null 2>&1 || echo $$p; done); \
+	[ -n "$$missing" ] || exit 0; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make setup: $$missing missing and apt-get is not here to install it: install it by hand" \
+	    "(Debian's packages), or its tests skip (and fail in CI)" >&2; exit 0; \
+	fi; \
+	sudo=; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$$sudo apt-get install -y -q --no-install-recommends $$missing \
+	  || { $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends $$missing; } \
+	  || echo "make setup: apt-get could not install $$missing (not root, and no sudo without a password?):" \
+	    "install it by hand, or its tests skip (and fail in CI)" >&2
+
+setup: $(STAMP) $(CHECKOV) $(TFSCHEMA) system-packages
 
 local: $(STAMP)
 	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at-step 250,550 $(ARGS)

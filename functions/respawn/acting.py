@@ -24,6 +24,7 @@ from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
 from respawn.decide import decide
 from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
+from respawn.facts import log_facts
 from respawn.jobs import Job, JobSpec
 from respawn.outcome import Retryable
 from respawn.outlook import Advice, History, Observation, Outlook
@@ -169,10 +170,12 @@ class Acting:
                     service_log.error(job.job_id, f"{type(action).__name__} {action.machine} failed: {e}")
                     continue
                 creates_left_to_retry -= 1
+                before = job
                 job, more = self._create_failed(job, action, e, now)
                 queue += more
                 job = replace(job, pending=_dicts(queue), pending_lease_until=now + self.lease_s)
                 generation = self._save_held(job, generation)
+                log_facts(before, job, now)
                 continue
             done.append(action)
         self._publish(job, generation, now)

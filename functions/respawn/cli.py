@@ -115,8 +115,12 @@ def describe(job: Job, now: float | None = None) -> str:
     if job.result:
         lines += ["", "result"]
         lines += [
-            f"  {k:<13}{json.dumps(v, sort_keys=True) if isinstance(v, dict) else v}" for k, v in job.result.items()
+            f"  {k:<13}{json.dumps(v, sort_keys=True) if isinstance(v, dict) else v}"
+            for k, v in job.result.items()
+            if k != "final_weights"
         ]
+    if job.result.get("final_weights"):
+        lines += ["", f"final weights  {job.result['final_weights']} (kept past the checkpoint bucket's retention)"]
     return "\n".join(lines)
 
 
@@ -356,6 +360,33 @@ def _local_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """One self-contained HTML page of the job (respawn/job_report.py): from its record and log entries when a state
+    bucket is configured, else (or with --local) from the local cloud's newest run of the job."""
+    validated({"action": "cancel", "job_id": args.job}, "report")
+    out = Path(args.html or f"{args.job}.html")
+    if not args.local and bool(args.state_bucket or Settings.from_env().state_bucket):
+        from respawn.job_report import from_record, page
+        from respawn.joblogs import job_filter, stream
+
+        s = settings(args, "state_bucket", "project")
+        job, _ = job_store(s).load(args.job)
+        if job is None:
+            raise UserError(f"no job {args.job!r} in gs://{s.state_bucket}/respawn/jobs/")
+        entries: list[Any] = []
+        stream(log_reader(s), job_filter(s.project, args.job), job.submitted_at, entries.append, sleep=time.sleep)
+        out.write_text(page(from_record(job, entries, time.time())), encoding="utf-8")
+    else:
+        from respawn.local import html_report, joblogs
+
+        run = joblogs.find_run(Path(args.workdir), args.job)
+        if run is None or not (run / "report.json").exists():
+            raise UserError(f"no finished local run of job {args.job!r} in {args.workdir}/runs/ (no report.json)")
+        html_report.write(run, json.loads((run / "report.json").read_text()), out)
+    print(str(out))
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
     bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
@@ -476,6 +507,18 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--attempt", type=int, metavar="N", help="only attempt N")
     logs.add_argument("--local", action="store_true", help="read the local cloud's runs even with a bucket set")
     logs.add_argument("--workdir", default=".respawn", help="the local cloud's workdir (default .respawn)")
+    report = add(
+        "report",
+        cmd_report,
+        "write one self-contained HTML page of a job: attempts by zone with preemptions, notices and head starts, "
+        "the training step, the goodput split, cost against on-demand, placement reasons",
+        project,
+        bucket,
+    )
+    report.add_argument("job")
+    report.add_argument("--html", metavar="FILE", help="where to write the page (default JOB.html)")
+    report.add_argument("--local", action="store_true", help="read the local cloud's runs even with a bucket set")
+    report.add_argument("--workdir", default=".respawn", help="the local cloud's workdir (default .respawn)")
     add(
         "plan",
         cmd_plan,

@@ -275,6 +275,9 @@ def _trainer_failed(job: Job, live: Attempt, event: TrainerFailed, now: float, c
         return _lost(job, now, EndReason.PREEMPTED, ctx)
     on = f"{live.machine}" + ("" if event.worker is None else f" worker {event.worker}")
     error = f"trainer failed on {on}" + (f": {event.error}" if event.error else "")
+    if event.permanent:  # the trainer says no machine of this job would do better (its devices): not retried
+        failed, actions = _finish(job, now, Status.FAILED, EndReason.FAILED, f"{error} (permanent: not retried)")
+        return replace(failed, counters=replace(failed.counters, failures=failed.counters.failures + 1)), actions
     return _crashed(job, now, EndReason.FAILED, error, ctx)
 
 

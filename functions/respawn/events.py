@@ -144,6 +144,7 @@ class TrainerFailed(AboutAttempt):
     worker: int | None = None
     machine_state: MachineState | None = None
     goodput: dict[str, float] | None = None  # the trainer's own entry has its split; its startup script's has none
+    permanent: bool = False  # the trainer says another machine would fail the same way (wrong devices): no retry
 
 
 @dataclass(frozen=True)

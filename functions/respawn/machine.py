@@ -3,11 +3,12 @@
 The grace period each kind of machine gives its trainer after the notice, the notice itself (the marker file the
 shutdown script or the startup script's trap leaves), the trainer's environment, the entry the startup script
 writes from the trainer's exit code, and the names of the logs a machine writes to. adapters/startup.py renders the
-bash that does it on a real machine; the local cloud (respawn/local/nodes.py) runs the trainer with this contract.
+machine's scripts (adapters/startup.sh, shutdown.sh) with it; the local cloud (respawn/local/nodes.py) runs them.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable
 
 # The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
@@ -19,6 +20,9 @@ GRACE_S = {"gpu": 25, "tpu": 8}
 # start (respawn.decide) keeps a noticed machine this long (plus a margin) before its replacement's trainer starts.
 NOTICE_S = {"gpu": 30, "tpu": 10}
 
+# 128 + SIGTERM: the exit code of a trainer stopped by `docker stop` (the notice, or the machine deleted), and the
+# startup script's own when its machine shuts down before the trainer starts; the local cloud reads it as no failure
+SHUT_DOWN_RC = 128 + signal.SIGTERM
 CONTAINER = "respawn-trainer"  # the trainer's container, which `docker stop -t GRACE` stops
 NOTICE_FILE = "/run/respawn/notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`,
 # and by a trainer that stops on a peer's notice (its directory is mounted into the container)
@@ -93,13 +97,16 @@ def trainer_env(
         ("RESPAWN_CHECKPOINT_URI", checkpoint_uri),
         ("RESPAWN_LOG_SINK", log_sink),
         ("RESPAWN_GRACE_S", str(grace_s(kind))),
+        ("RESPAWN_ACCELERATOR", kind),  # the trainer fails at once where JAX does not find it (wrong image variant)
         ("RESPAWN_PROGRESS_S", str(progress_s)),
     ]
     return [(k, v) for k, v in env if k not in RESERVED_ENV] + own
 
 
-# (event, severity) the startup script writes for a trainer that exited, from (exit code is 0, noticed, worker 0)
-_EXIT_ENTRIES: dict[tuple[bool, bool, bool], tuple[str, str] | None] = {
+# The exit code rules, once (docs/trainer-protocol.md, Exit codes): the (event, severity) the startup script writes for
+# a trainer that exited, from (its exit code is 0, the machine got the notice, this is worker 0). adapters/startup.py
+# renders them into the script (startup.sh reads them as `exit_entries`).
+EXIT_ENTRIES: dict[tuple[bool, bool, bool], tuple[str, str] | None] = {
     (True, False, True): ("completed", "INFO"),
     (True, True, True): ("stopped", "WARNING"),
     (True, False, False): None,  # worker 0 speaks for a slice
@@ -114,4 +121,4 @@ _EXIT_ENTRIES: dict[tuple[bool, bool, bool], tuple[str, str] | None] = {
 def exit_code_entry(code: int, worker: int, *, noticed: bool) -> tuple[str, str] | None:
     """The (event, severity) the startup script logs from the exit code of a trainer (docs/trainer-protocol.md,
     Exit codes), marked `"source": "exit-code"`; None when the script says nothing."""
-    return _EXIT_ENTRIES[(code == 0, noticed, worker == 0)]
+    return EXIT_ENTRIES[(code == 0, noticed, worker == 0)]

@@ -23,6 +23,7 @@ from respawn.acting import Acting, has_intent, lease_expired
 from respawn.actions import Action
 from respawn.decide import decide, is_stale
 from respawn.events import JobEvent, JobSubmitted, MachinesObserved, TrainerFailed
+from respawn.facts import log_facts
 from respawn.jobs import Job, MachineState
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.policy import Policy
@@ -93,6 +94,7 @@ class OneJob:
             return None if read.cached else Outcome(_result_of_no_change(job, judged), (job_id,), tuple(done))
         intent = self.acting.intent(job, new, actions, now)
         generation = self.records.save(intent, read.generation)
+        log_facts(job, intent, now)  # this write won the compare-and-set: its facts are logged once, here
         if has_intent(intent):
             _, acted = self.acting.carry_out(intent, generation, actions, now)
             done += acted

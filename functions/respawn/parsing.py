@@ -327,6 +327,9 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
         if payload.get("source") == ResultSource.EXIT_CODE:  # the startup script's: it knows only the exit code
             return TrainerCompleted(event_id, when, job_id, attempt, step, source=ResultSource.EXIT_CODE)
         result = {k: payload[k] for k in ("final_loss", "params_sha256", "goodput") if k in payload}
+        kept = payload.get("final_weights")  # where the final checkpoint outlives the bucket's retention
+        if isinstance(kept, str) and kept.startswith(("gs://", "/")) and len(kept) <= 1024:
+            result["final_weights"] = kept
         return TrainerCompleted(event_id, when, job_id, attempt, step, result, split)
     worker = _as_int(payload.get("worker"))
     worker = worker if worker is not None and worker >= 0 else None
@@ -334,7 +337,8 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
         return MachineNoticed(event_id, when, job_id, attempt, worker)
     error = payload.get("error")
     text = error if isinstance(error, str) else show(error, 500)
-    return TrainerFailed(event_id, when, job_id, attempt, text, worker, goodput=split)
+    permanent = payload.get("permanent") is True
+    return TrainerFailed(event_id, when, job_id, attempt, text, worker, goodput=split, permanent=permanent)
 
 
 def _as_int(value: Any) -> int | None:

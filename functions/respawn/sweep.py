@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from respawn.acting import has_intent
 from respawn.decide import DEAD
 from respawn.events import SweepTicked, ZoneWokeUp
+from respawn.facts import log_waiting
 from respawn.jobs import Job
 from respawn.one_job import OneJob, Sighting, observed, zones_to_watch
 from respawn.outcome import InFlight, Outcome, Result, Retryable
@@ -32,6 +33,7 @@ class Sweep:
     def sweep(self, tick: SweepTicked) -> Outcome:
         """Every job that is live or may still hold a machine: observe its zones and let decide repair."""
         reads = self.records.every_record()
+        log_waiting((read.job for read in reads.values()), self.clock.now())
         api_zones = {
             (job.spec.machine.api, zone)
             for job in (read.job for read in reads.values())

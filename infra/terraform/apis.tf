@@ -2,6 +2,7 @@
 locals {
   apis = [
     "artifactregistry.googleapis.com", # trainer image
+    "billingbudgets.googleapis.com",   # the optional budget (monitoring.tf)
     "cloudbuild.googleapis.com",       # function builds, the pipeline
     "cloudfunctions.googleapis.com",
     "cloudresourcemanager.googleapis.com", # project IAM bindings
@@ -9,6 +10,7 @@ locals {
     "compute.googleapis.com",              # Spot GPU VMs
     "iam.googleapis.com",
     "logging.googleapis.com", # the sink
+    "monitoring.googleapis.com", # log-based metrics, dashboard, alerts
     "pubsub.googleapis.com",
     "run.googleapis.com",           # 2nd gen functions run on Cloud Run
     "secretmanager.googleapis.com", # jobs' secrets, read on the machines

@@ -76,3 +76,34 @@ resource "google_artifact_registry_repository_iam_member" "machine_pulls_trainer
   role       = "roles/artifactregistry.reader"
   member     = google_service_account.machine.member
 }
+
+# The functions' build images. With build_config.docker_repository the builds push here instead of the gcf-artifacts
+# repository Cloud Functions would create on first deploy, so the build account's Artifact Registry Writer grant
+# can name this repository (iam.tf) instead of a project grant under a condition Artifact Registry does not evaluate.
+resource "google_artifact_registry_repository" "functions" {
+  #checkov:skip=CKV_GCP_84:Google-managed encryption at rest; the images hold respawn's open-source function code and no secrets, so a customer-managed key would add key management without protecting anything more.
+  repository_id = "${var.artifact_repository}-functions"
+  location      = var.region
+  format        = "DOCKER"
+  description   = "Images of the respawn functions, built by Cloud Functions."
+
+  # Each deploy builds new images: those older than 30 days go, but for the 10 most recent (KEEP wins over DELETE).
+  cleanup_policies {
+    id     = "delete-old"
+    action = "DELETE"
+    condition {
+      tag_state  = "ANY"
+      older_than = "2592000s"
+    }
+  }
+
+  cleanup_policies {
+    id     = "keep-last-builds"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = 10
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}

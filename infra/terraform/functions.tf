@@ -34,6 +34,10 @@ locals {
     RESPAWN_EVENTS_TOPIC            = google_pubsub_topic.events.name
     RESPAWN_STATUS_TOPIC            = google_pubsub_topic.status.name
     RESPAWN_MACHINE_SERVICE_ACCOUNT = google_service_account.machine.email
+    # The machines' network (network.tf). The providers read these to fill every create's network interface.
+    RESPAWN_NETWORK     = local.machine_network
+    RESPAWN_SUBNETWORK  = local.machine_subnetwork
+    RESPAWN_EXTERNAL_IP = tostring(local.external_ip)
   }
 }
 
@@ -65,8 +69,9 @@ resource "google_cloudfunctions2_function" "respawn" {
 
   build_config {
     runtime         = var.python_runtime
-    entry_point     = each.key
-    service_account = google_service_account.build.id
+    entry_point       = each.key
+    service_account   = google_service_account.build.id
+    docker_repository = google_artifact_registry_repository.functions.id
     source {
       storage_source {
         bucket = google_storage_bucket.source.name
@@ -93,7 +98,7 @@ resource "google_cloudfunctions2_function" "respawn" {
     google_project_service.apis,
     google_project_iam_member.build_logs,
     google_project_iam_member.build_sources,
-    google_project_iam_member.build_pushes_images,
+    google_artifact_registry_repository_iam_member.build_pushes_images,
   ]
 }
 

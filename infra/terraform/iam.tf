@@ -34,19 +34,18 @@ resource "google_service_account" "build" {
 resource "google_project_iam_custom_role" "orchestrator" {
   role_id     = "respawnOrchestrator"
   title       = "respawn orchestrator"
-  description = "Create, get, list and delete Cloud TPU queued resources and nodes, and Compute Engine TPU and GPU VMs, slice MIGs, their templates and workload policies; read the Advice API."
+  description = "Create, get, list and delete Cloud TPU nodes and queued resources, and Compute Engine TPU and GPU VMs, slice MIGs, their templates and workload policies; read the Advice API."
   permissions = [
     # --- Cloud TPU API (machine.api: tpu) ---
     "tpu.nodes.create",
     "tpu.nodes.delete",
     "tpu.nodes.get",
     "tpu.nodes.list",
-    # machine.request "queued" (the default). Consuming a reservation (a reservation tier) needs no permission
-    # beyond creating the machine (Compute Engine "Consume reservations": compute.instances.create).
-    "tpu.queuedResources.create",
-    "tpu.queuedResources.delete",
-    "tpu.queuedResources.get",
-    "tpu.queuedResources.list",
+    # machine.request "queued" (the default) needs no permission of its own: Google's list of permissions (IAM
+    # queryTestablePermissions, tests/data/iam_custom_role_support.json) has no tpu.queuedResources.* at all, and the
+    # TPU Admin role that manages queued resources holds only tpu.nodes.* and tpu.operations.*. A custom role that
+    # names a permission Google does not have is refused when it is created. Consuming a reservation (a reservation
+    # tier) needs no permission beyond creating the machine (Compute Engine "Consume reservations").
     "tpu.operations.get",
     "tpu.operations.list",
     # --- Compute Engine: one instance (GPU VMs, single-host TPU VMs) ---
@@ -92,10 +91,14 @@ resource "google_project_iam_custom_role" "orchestrator" {
     # listing per zone) and listManagedInstances (its VMs and their states; gcloud's `managed list-instances`
     # names compute.instanceGroupManagers.list, the REST reference the get permission: both are granted).
     # Every slice, flex-start included, is created at its full size and never resized: no update permission.
+    # A MIG is also an instance group of its name, created and deleted with it: instanceGroups.create / delete, as
+    # in Compute Engine's Instance Admin role (roles/compute.instanceAdmin.v1 holds both).
     "compute.instanceGroupManagers.create",
     "compute.instanceGroupManagers.delete",
     "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.list",
+    "compute.instanceGroups.create",
+    "compute.instanceGroups.delete",
     # Waiting on each create/delete (operations `wait`, authorized by `get`): instances and MIGs return
     # zone operations, workload policies region operations, instance templates global operations.
     "compute.zoneOperations.get",
@@ -106,6 +109,7 @@ resource "google_project_iam_custom_role" "orchestrator" {
     # respawn/adapters/advice.py calls them. The permission names are those of Google's roles reference (e.g.
     # iam/docs/roles-permissions/notebooks lists both); that each method checks the one of its own name is how
     # the public projects using them describe it. Without them respawn places by its history alone and says so.
+    # Both are SUPPORTED in custom roles (tests/data/iam_custom_role_support.json), so they stay in this role.
     "compute.advice.capacity",
     "compute.advice.capacityHistory",
   ]
@@ -197,12 +201,15 @@ resource "google_service_account_iam_member" "pubsub_signs_push_tokens" {
 }
 
 # --- function builds --------------------------------------------------------------------------------------------
-# Cloud Functions copies the uploaded source to its gcf-v2-sources-* bucket and pushes the built image to the
-# gcf-artifacts repository; the builds need exactly those, so the grants are conditioned on those names. The roles
-# are the ones Google lists for a custom build service account (Logs Writer, Artifact Registry Writer, and Storage
-# Object Admin, which holds Storage Object Viewer): https://cloud.google.com/functions/1stgendocs/securing/build-custom-sa
+# The roles are the ones Google lists for a custom build service account (Logs Writer, Artifact Registry Writer, and
+# Storage Object Admin, which holds Storage Object Viewer): https://cloud.google.com/functions/1stgendocs/securing/build-custom-sa
 # (the page for `--build-service-account`, which 2nd gen's build_config.service_account is too). Object Viewer alone
 # is less than documented, and a first `terraform apply` on a fresh project may fail on it.
+#
+# Each is granted on the one resource the builds touch, and an IAM condition is used only where the service
+# evaluates it: Google's "Resource attributes for IAM Conditions" page lists the services that recognise
+# resource.name (Cloud Storage does, Artifact Registry does not), and tests/infra/test_iam_support.py checks every
+# condition here against that list (tests/data/iam_condition_services.json).
 
 resource "google_project_iam_member" "build_logs" {
   project = var.project
@@ -210,6 +217,8 @@ resource "google_project_iam_member" "build_logs" {
   member  = google_service_account.build.member
 }
 
+# Cloud Functions copies the uploaded source to its gcf-v2-sources-* bucket, which it creates itself: no bucket
+# resource to grant on, so a project grant narrowed by a condition Cloud Storage evaluates.
 resource "google_project_iam_member" "build_sources" {
   project = var.project
   role    = "roles/storage.objectAdmin"
@@ -220,12 +229,11 @@ resource "google_project_iam_member" "build_sources" {
   }
 }
 
-resource "google_project_iam_member" "build_pushes_images" {
-  project = var.project
-  role    = "roles/artifactregistry.writer"
-  member  = google_service_account.build.member
-  condition {
-    title      = "gcf-artifacts-only"
-    expression = "resource.name.startsWith(\"projects/${var.project}/locations/${var.region}/repositories/gcf-artifacts\")"
-  }
+# The built images go to the functions' own repository (artifact_registry.tf, build_config.docker_repository),
+# which Terraform creates: Artifact Registry Writer on that repository alone, no condition.
+resource "google_artifact_registry_repository_iam_member" "build_pushes_images" {
+  location   = google_artifact_registry_repository.functions.location
+  repository = google_artifact_registry_repository.functions.name
+  role       = "roles/artifactregistry.writer"
+  member     = google_service_account.build.member
 }

@@ -30,7 +30,9 @@ resource "google_storage_bucket" "state" {
   depends_on = [google_project_service.apis]
 }
 
-# Orbax checkpoints. The trainer keeps the newest N itself; the age rule removes what finished jobs left behind.
+# Orbax checkpoints. The trainer keeps the newest N itself; the age rule removes what jobs left behind under runs/,
+# where job messages put their checkpoint_uri. A SUCCEEDED job's final checkpoint is copied to final/ (the same path
+# after it), which no rule deletes: `respawn status JOB` says where.
 resource "google_storage_bucket" "checkpoints" {
   name                        = local.checkpoint_bucket
   location                    = var.region
@@ -44,7 +46,8 @@ resource "google_storage_bucket" "checkpoints" {
       type = "Delete"
     }
     condition {
-      age = var.checkpoint_retention_days
+      age            = var.checkpoint_retention_days
+      matches_prefix = ["runs/"]
     }
   }
 

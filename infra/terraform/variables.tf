@@ -22,7 +22,7 @@ variable "checkpoint_bucket_name" {
 }
 
 variable "checkpoint_retention_days" {
-  description = "Checkpoint objects older than this are deleted."
+  description = "Checkpoint objects under runs/ older than this are deleted; a SUCCEEDED job's final checkpoint, copied to final/, is kept."
   type        = number
   default     = 30
   validation {
@@ -135,4 +135,64 @@ variable "labels" {
   description = "Extra labels on every resource that takes labels."
   type        = map(string)
   default     = {}
+}
+
+# --- the machines' network (network.tf, docs/deploy.md "A project without a default network") -------------------
+
+variable "network" {
+  description = "The VPC network of the machines: a network name in this project (default: the project's `default` network), or projects/HOST_PROJECT/global/networks/NAME for a Shared VPC. With create_network, the name of the network Terraform creates."
+  type        = string
+  default     = "default"
+  validation {
+    condition     = can(regex("^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/global/networks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", var.network))
+    error_message = "network must be a network name like respawn-vpc, or projects/HOST_PROJECT/global/networks/NAME."
+  }
+}
+
+variable "subnetwork" {
+  description = "Name of the subnetwork the machines use in each region of their zones: `network` must have a subnetwork of this name in every region a job names a zone of. null: the network picks (auto-mode networks such as `default` only). Required with create_network."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.subnetwork == null || can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", var.subnetwork))
+    error_message = "subnetwork must be a subnetwork name like respawn-machines (the same name in every region), not a path."
+  }
+}
+
+variable "create_network" {
+  description = "Create `network` as a custom-mode VPC with a subnetwork `subnetwork` in each region of subnetwork_ranges, Private Google Access on: for a project without a default network."
+  type        = bool
+  default     = false
+}
+
+variable "subnetwork_ranges" {
+  description = "With create_network: region => primary IPv4 range of the subnetwork there, e.g. { us-central1 = \"10.20.0.0/20\" }. List every region of every job's zones."
+  type        = map(string)
+  default     = {}
+  validation {
+    condition     = alltrue([for region, range in var.subnetwork_ranges : can(regex("^[a-z]+-[a-z]+[0-9]+$", region)) && can(cidrnetmask(range))])
+    error_message = "subnetwork_ranges must map regions like us-central1 to IPv4 ranges like 10.20.0.0/20."
+  }
+}
+
+variable "external_ip" {
+  description = "Whether the machines get an external IP. null (the default): none with create_network (Private Google Access reaches Cloud Storage, Artifact Registry, Cloud Logging and Secret Manager), one on an existing network (whose subnetworks may lack Private Google Access, as the `default` network's do). Set false under the constraints/compute.vmExternalIpAccess organisation policy, once Private Google Access is on in `subnetwork` in every region."
+  type        = bool
+  default     = null
+}
+
+variable "slice_firewall" {
+  description = "Create the ingress rule that lets the machines reach each other on `network` (JAX's coordinator on port 8482 and the workers' peer traffic). false for a Shared VPC whose host project's administrators create that rule."
+  type        = bool
+  default     = true
+}
+
+variable "cloud_nat_regions" {
+  description = "Regions where Terraform adds a Cloud Router and Cloud NAT on `network`, for machines without an external IP that must reach outside Google: a boot image without docker (the startup script then installs it with apt-get, and the NVIDIA container toolkit from nvidia.github.io), or trainers that download from Hugging Face or PyPI."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for r in var.cloud_nat_regions : can(regex("^[a-z]+-[a-z]+[0-9]+$", r))])
+    error_message = "cloud_nat_regions must be regions like us-central1."
+  }
 }

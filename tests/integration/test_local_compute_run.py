@@ -11,7 +11,10 @@ flex-start job waits in its zone's queue for capacity, then runs.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +108,17 @@ def test_a_compute_engine_slice_survives_a_vm_preemption_and_a_killed_worker(wor
     assert sorted(e["machine"] for e in events if e["kind"] == "deleted") == names, why
     starts = [e for e in events if e["kind"] == "trainer_start"]
     assert len(starts) == 3 * 4 and {e["worker"] for e in starts} == {0, 1, 2, 3}, why
+    if os.geteuid() == 0 and shutil.which("setpriv"):  # the local machine runs containers as the image's user
+        machines = Path(report["run_dir"]) / "machines"
+        for n, worker in itertools.product((1, 2, 3), range(4)):
+            log = (machines / f"compute-it-a{n}-w-{worker}.log").read_text(errors="replace")
+            assert "the container runs as user 10001:10001" in log, (n, worker, log[-2000:])
+        # a1's workers that stopped on worker 2's notice left their notice files as the trainer's user; worker 2's
+        # own was left by its shutdown script (root)
+        owners = [
+            (machines / "compute-it-a1" / f"w-{w}" / "run" / "respawn" / "notice").stat().st_uid for w in range(4)
+        ]
+        assert owners == [10001, 10001, 0, 10001], why
 
 
 SINGLE_STEPS = 60

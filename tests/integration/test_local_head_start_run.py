@@ -3,7 +3,8 @@
 `respawn local run` with the head start on (the default), every message delivered three times, and each preemption
 timed at a step that starts a periodic save (`--checkpoint-every=20`, preempted at steps 60 and 140), so the notice
 comes while the trainer saves. The machines run the real startup and shutdown scripts: the shutdown script's
-`notice` entry reaches the service through the local `gcloud`, the next machine is created while the noticed one
+`notice` entry reaches the service through the VM's Cloud Logging endpoint (curl and the machine's token), while the
+VM's gcloud, a snap as on Ubuntu's images, fails during shutdown; the next machine is created while the noticed one
 trains on, its trainer (respawn's image takes over itself) sets itself up, says it is ready, and restores once the
 noticed machine's drain marker appears in fake-gcs-server (its final save done), long before `respawn-start-after`.
 """
@@ -88,6 +89,15 @@ def test_each_notice_starts_the_next_machine_while_the_noticed_one_saves(tmp_pat
     assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
     a, b = job["zones"]
     assert [z["zone"] for z in report["zones"]] == [a, b, a], detail  # each replacement away from the dying zone
+
+    # the noticed VMs' gcloud failed during their shutdown, as Ubuntu's snap does: the notices came all the same
+    machines = Path(report["run_dir"]) / "machines"
+    for noticed in (1, 2):
+        home = {"HOME": str(machines / f"head-start-a{noticed}" / "w-0")}
+        snap = subprocess.run(
+            [machines / ".bin" / "gcloud", "logging", "write"], env=home, capture_output=True, text=True
+        )
+        assert snap.returncode == 1 and "TransactionIsDestructive" in snap.stderr, snap.stderr
 
     events = timeline(report)
     notices, stopped, started = entries(events, "notice"), entries(events, "stopped"), entries(events, "started")

@@ -72,12 +72,14 @@ def run_local(
     env: dict[str, str] | None = None,
     chaos: list[str] = CHAOS,
     timeout: float = 400,
+    cwd: Path = ROOT,
 ) -> tuple[dict[str, Any], str]:
-    """The command in a subprocess; no process it started may outlive it."""
+    """The command in a subprocess, run in `cwd` (`job_file` and `workdir` may be relative to it); no process it
+    started may outlive it."""
     marker = uuid.uuid4().hex
     argv = [*RESPAWN, "local", "run", str(job_file), *chaos, "--json", "--workdir", str(workdir), *extra]
     run_env = {**os.environ, **(env or {}), "LOCAL_RUN_MARKER": marker}
-    proc = subprocess.run(argv, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=cwd, env=run_env, capture_output=True, text=True, timeout=timeout)
     time.sleep(0.5)
     left = marked(marker)
     for p in left:  # never leave them behind, even when the assertion below fails
@@ -215,10 +217,18 @@ def test_duplicate_deliveries_change_nothing_and_a_secret_reaches_the_trainers_o
     assert report["notifications"] == len(notices) == 1 + 2 * report["attempts"], changes
 
 
-def test_without_the_emulator_the_in_process_bus_is_used(job_file: Path, workdir: Path) -> None:
+def test_without_the_emulator_the_in_process_bus_is_used_from_a_fresh_directory_with_a_relative_workdir(
+    job_file: Path, tmp_path: Path
+) -> None:
+    """As a user runs it: from a directory of their own, the job file and the workdir given relative to it (the
+    default --workdir, `.respawn`, is relative too). Every path a trainer gets is absolute all the same."""
     need(FakeGcs.missing())
-    report, stderr = run_local(job_file, workdir, env={"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"})
+    (tmp_path / "job.yaml").write_text(job_file.read_text())
+    report, stderr = run_local(
+        Path("job.yaml"), Path(".respawn"), env={"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"}, cwd=tmp_path
+    )
     check(report, stderr)
+    assert Path(report["run_dir"]).is_relative_to((tmp_path / ".respawn").resolve()), report["run_dir"]
     assert report["bus"] == "in-process"
     notices = [line for line in stderr.splitlines() if "RESPAWN_HIDE_PUBSUB_EMULATOR" in line]
     assert len(notices) == 1 and "in-process push bus" in notices[0], stderr[-2000:]
@@ -230,10 +240,10 @@ PROGRAMS = Path("tests") / "data" / "programs"  # relative to ROOT, where the co
 
 
 def own_program_job(workdir: Path, job_id: str, args: list[str], **changes: Any) -> Path:
-    """The quickstart job with another id and the program's args; `node` requests start at once."""
+    """The quickstart job with another id, the program's args and `changes`; a TPU `node` request starts at once."""
     job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-    job.update(job_id=job_id, args=args, **changes)
     job["machine"]["request"] = "node"
+    job.update(job_id=job_id, args=args, **changes)
     path = workdir / f"{job_id}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -317,3 +327,43 @@ def test_the_users_script_changes_in_a_few_lines_to_use_respawn_trainer() -> Non
     changed = [d for d in difflib.unified_diff(plain, with_library, lineterm="", n=0) if d[:1] in "+-"]
     added = [d for d in changed if d.startswith("+") and not d.startswith("+++")]
     assert 0 < len(added) <= 10 and "import respawn_trainer" in "\n".join(added), changed
+
+
+def test_a_trainer_that_finds_only_cpu_devices_for_a_tpu_job_fails_once_naming_the_device(workdir: Path) -> None:
+    """A machine whose CPU processes stand in for nothing (--no-stand-in), as an image of the wrong variant: the
+    trainer fails before training, its `failed` entry names the device and the fix, and the job is FAILED on its
+    first attempt, with max_failures 3 (no retry)."""
+    need(FakeGcs.missing())
+    job = own_program_job(workdir, "wrong-device", ["--model=tiny", "--steps=50"], max_failures=3)
+    chaos = ["--creation-delay", "0.2s", "--sweep-every", "2s", "--no-stand-in", "--no-reference"]
+    report, stderr = run_local(job, workdir, chaos=chaos, timeout=180)
+    detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "FAILED" and (report["attempts"], report["failures"]) == (1, 1), detail
+    assert "has a TPU but JAX found only" in report["reason"] and "VARIANT=tpu" in report["reason"], detail
+    assert "not retried" in report["reason"], detail
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
+
+
+def test_a_gpu_trainer_has_its_whole_grace_while_the_daemon_stops_containers_in_parallel(workdir: Path) -> None:
+    """A preempted VM's docker daemon stops its containers alongside the shutdown script, each with its own stop
+    timeout (docker's default 10 s): the container is run with --stop-timeout of the GPU grace (25 s), so a final
+    save of 12 s lands and the program exits 0 (`stopped`), where the default would kill it at 10 s (exit 137)."""
+    need(FakeGcs.missing())
+    gpu = json.loads((ROOT / "tests" / "data" / "job_gpu.json").read_text())
+    job = own_program_job(
+        workdir,
+        "slow-save",
+        ["--steps=30", "--step-time=0.2", "--save-time=12"],
+        machine=gpu["machine"],
+        zones=["europe-west4-b"],
+        checkpoint_uri="gs://respawn-local-checkpoints/runs/slow-save",
+    )
+    entrypoint = f"python {PROGRAMS / 'plain_train.py'}"
+    chaos = ["--preempt-at-step", "4", "--creation-delay", "0.2s", "--sweep-every", "2s", "--no-reference"]
+    report, stderr = run_local(job, workdir, "--entrypoint", entrypoint, chaos=chaos, timeout=240)
+    detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "SUCCEEDED" and (report["attempts"], report["preemptions"]) == (2, 1), detail
+    log = (Path(report["run_dir"]) / "machines" / "slow-save-a1.log").read_text(errors="replace")
+    assert "final save done after 12s" in log, log[-3000:]
+    stopped = [(e["attempt"], e["payload"]["exit_code"]) for e in entries(report["run_dir"], "stopped")]
+    assert stopped == [(1, 0)], detail

@@ -388,3 +388,15 @@ def test_the_garbage_collector_is_paused_from_run_to_the_end_of_restore(tmp_path
         gc.unfreeze()
         gc.enable()
         run.watch.stop()
+
+
+def test_a_machine_whose_accelerator_jax_cannot_see_fails_at_once_unless_cpus_stand_in_for_it() -> None:
+    from respawn_trainer.env import load_env
+    from respawn_trainer.runtime import WrongDevices, check_devices
+
+    check_devices(load_env({}))  # no accelerator asked for: whatever JAX finds
+    check_devices(load_env({"RESPAWN_ACCELERATOR": "tpu", "RESPAWN_DEVICES_STAND_IN": "cpu"}))  # the local cloud
+    for kind, fix in (("tpu", "VARIANT=tpu"), ("gpu", "--gpus all")):
+        with pytest.raises(WrongDevices, match=f"has a {kind.upper()} but JAX found only .* CPU device") as e:
+            check_devices(load_env({"RESPAWN_ACCELERATOR": kind}))
+        assert fix in str(e.value)

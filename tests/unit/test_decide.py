@@ -438,6 +438,17 @@ def test_max_failures_counts_only_trainer_failures() -> None:
     assert actions == [DeleteMachine("llm", 5, "llm-a5", A)]
 
 
+def test_a_permanent_failure_fails_the_job_at_once_whatever_max_failures_allows() -> None:
+    """The trainer found no device for the machine's accelerator: any other machine would fail the same way."""
+    job = run(None, submitted(spec(max_failures=3)), started(1))
+    wrong = TrainerFailed(eid(), T0, "llm", 1, "the machine has a TPU but JAX found only 1 CPU device(s)", 0, None)
+    job, actions = step(job, replace(wrong, permanent=True))
+    assert job is not None and job.status is Status.FAILED and job.counters.failures == 1
+    assert "JAX found only 1 CPU" in job.reason and "not retried" in job.reason
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]
+    assert step(job, replace(wrong, permanent=True)) == (job, [])  # delivered again: nothing more
+
+
 def test_preemptions_never_count_as_failures() -> None:
     job = run(None, submitted(spec(max_failures=1)))
     for n in range(1, 11):

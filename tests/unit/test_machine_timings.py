@@ -12,7 +12,7 @@ from pathlib import Path
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
 from respawn.jobs import JobSpec, TpuMachine
 from respawn.local import machine_host
-from respawn.local.machine_host import MetadataServer
+from respawn.local.machine_host import CloudLogging, MetadataServer
 from respawn.local.nodes import machine_step
 from respawn.machine import NOTICE_ENV
 
@@ -88,7 +88,9 @@ def test_apt_get_installs_docker_onto_the_vms_path_in_the_install_time(tmp_path:
     assert not (bin_dir / "docker").exists() and (bin_dir / "tools" / "bash").exists()
 
 
-def boot(home: Path, bin_dir: Path, metadata: MetadataServer, docker: bool) -> subprocess.CompletedProcess[str]:
+def boot(
+    home: Path, bin_dir: Path, metadata: MetadataServer, logging: CloudLogging, docker: bool
+) -> subprocess.CompletedProcess[str]:
     """One boot of a local VM whose disk is `home`: its startup script, with or without Docker on its image."""
     path = f"{home / 'bin'}:{bin_dir}:{bin_dir / 'tools'}"
     if docker:
@@ -97,6 +99,7 @@ def boot(home: Path, bin_dir: Path, metadata: MetadataServer, docker: bool) -> s
         "PATH": path,
         "HOME": str(home),
         "GCE_METADATA_HOST": metadata.host,
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": logging.endpoint,
         NOTICE_ENV: str(home / "notice"),
         IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),
         machine_host.DOCKER_DIR: str(home / "docker"),
@@ -122,16 +125,20 @@ def test_a_local_vm_without_docker_installs_it_pulls_once_and_reuses_the_image_a
     (tmp_path / "startup-script.sh").write_text(startup_script(spec, 1))
     bin_dir = machine_host.install(tmp_path / "shims")
     metadata = MetadataServer("p", {})
+    said: list[str] = []
+    logging = CloudLogging(lambda log, payload: said.append(payload["event"]))
     home = tmp_path / "w-0"
     home.mkdir()
     try:
-        first = boot(home, bin_dir, metadata, docker=False)
-        second = boot(home, bin_dir, metadata, docker=False)  # the same disk: Docker and the image are there
+        first = boot(home, bin_dir, metadata, logging, docker=False)
+        after_first = list(said)
+        second = boot(home, bin_dir, metadata, logging, docker=False)  # the same disk: Docker and the image are there
     finally:
         metadata.close()
+        logging.close()
     assert first.returncode == 0, first.stderr
     assert [name for name, _, _ in steps(first.stderr)] == ["install", "pull"]
     assert second.returncode == 0, second.stderr
     assert steps(second.stderr) == []  # nothing installed, nothing pulled
     assert "not pulled again" in second.stderr
-    assert first.stdout.count('"event":"completed"') == second.stdout.count('"event":"completed"') == 1
+    assert after_first == ["completed"] and said == ["completed", "completed"]  # the exit code's, once a boot

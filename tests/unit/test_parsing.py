@@ -461,6 +461,22 @@ def test_a_completed_entry_from_the_exit_code_carries_no_result() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("kept", "result"),
+    [("gs://b/final/runs/llm/7", {"final_weights": "gs://b/final/runs/llm/7"}), (7, {}), ("s3://b/x", {})],
+)
+def test_a_completed_entry_says_where_the_final_weights_are_kept(kept: Any, result: dict[str, str]) -> None:
+    said = {"event": "completed", "job_id": "llm", "attempt": 2, "step": 7, "final_weights": kept}
+    got = log_entry_event(trainer(said))
+    assert isinstance(got, TrainerCompleted) and got.result == result
+
+
+@pytest.mark.parametrize(("said", "permanent"), [(True, True), (False, False), ("yes", False), (None, False)])
+def test_only_a_failed_entry_that_says_permanent_true_is_permanent(said: Any, permanent: bool) -> None:
+    got = log_entry_event(trainer({"event": "failed", "job_id": "llm", "attempt": 2, "permanent": said}))
+    assert isinstance(got, TrainerFailed) and got.permanent is permanent
+
+
 # ---------------------------------------------------------------------------- envelopes
 
 

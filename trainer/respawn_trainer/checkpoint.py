@@ -141,6 +141,29 @@ class Checkpoints:
         if self._manager is not None:
             self._manager.close()
 
+    def keep_final(self, step: int) -> str:
+        """Copy step `step` (durable) where the checkpoint bucket's retention rule never deletes it (`final_uri`);
+        returns where. A local checkpoint directory has no such rule: its step stays where it is."""
+        source = f"{self.uri.rstrip('/')}/{step}"
+        if not self.uri.startswith("gs://"):
+            return source
+        import gcsfs
+
+        target = final_uri(self.uri, step)
+        gcsfs.GCSFileSystem().copy(source, target, recursive=True)  # a server-side rewrite, object by object
+        return target
+
+
+# A finished job's final checkpoint is kept under this prefix of its bucket, which the bucket's retention rule spares
+# (infra/terraform/storage.tf: the rule deletes only under runs/, where job messages put their checkpoint_uri)
+FINAL_PREFIX = "final"
+
+
+def final_uri(uri: str, step: int) -> str:
+    """gs://BUCKET/final/PATH/STEP for the checkpoints gs://BUCKET/PATH."""
+    bucket, _, path = uri.removeprefix("gs://").rstrip("/").partition("/")
+    return f"gs://{bucket}/{FINAL_PREFIX}/{path + '/' if path else ''}{step}"
+
 
 def abstract(state: Any) -> Any:
     """Shapes, dtypes and shardings of `state`: the restore target."""

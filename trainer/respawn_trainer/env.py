@@ -50,6 +50,8 @@ class RunEnv:
     start_after: float  # RESPAWN_START_AFTER: epoch s, when the noticed machine is off in any case
     time_scale: float  # test knob: the local cloud replays real timings this much faster (the handover's bound too)
     window_s: float | None  # test knob: the local cloud's notice window (its --grace), where shorter than the grace
+    accelerator: str | None  # RESPAWN_ACCELERATOR: the machine's (tpu | gpu); None: whatever JAX finds
+    stand_in: str | None  # RESPAWN_DEVICES_STAND_IN: the local cloud's CPU processes stand in for the accelerator
 
     @property
     def hosts(self) -> int:
@@ -57,6 +59,15 @@ class RunEnv:
 
 
 # -- value parsers: each returns the value or raises ValueError("what was wrong") -------------------------------
+
+
+def _one_of(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"{text!r} is not one of them")
+        return text
+
+    return parse
 
 
 def parse_int(lo: int, hi: int) -> Callable[[str], int]:
@@ -166,6 +177,8 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "RESPAWN_START_AFTER": (parse_float(0.0, 1e11), "epoch seconds"),
     "RESPAWN_TEST_TIME_SCALE": (parse_float(0.0, 1.0, lo_open=True), "a fraction in (0, 1]"),
     "RESPAWN_TEST_WINDOW_S": (parse_float(0.0, 3600.0, lo_open=True), "seconds in (0, 3600]"),
+    "RESPAWN_ACCELERATOR": (_one_of("tpu", "gpu"), "tpu or gpu"),
+    "RESPAWN_DEVICES_STAND_IN": (_one_of("cpu"), "cpu"),
 }
 
 
@@ -214,6 +227,8 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         start_after=e.get("RESPAWN_START_AFTER", 0.0),
         time_scale=e.get("RESPAWN_TEST_TIME_SCALE", 1.0),
         window_s=e.get("RESPAWN_TEST_WINDOW_S"),
+        accelerator=e.get("RESPAWN_ACCELERATOR"),
+        stand_in=e.get("RESPAWN_DEVICES_STAND_IN"),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])

@@ -28,7 +28,7 @@ def on_gce() -> bool:
 def leave_notice(path: str | None) -> None:
     """A host that stops on the notice, its own or a peer's (a slice stops whole), leaves the startup script's notice
     file (RESPAWN_NOTICE_FILE): its exit 0 is then `stopped`, not `completed` (docs/trainer-protocol.md)."""
-    if path:
+    if path and not Path(path).exists():  # else its own notice: the shutdown script (root) left it already
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).touch()

@@ -177,8 +177,9 @@ class Run:
         if step >= self.steps:
             digest = state_sha256(state if params is None else params)
             loss = _finite(state.get("loss") if isinstance(state, dict) and "loss" in state else self._loss)
+            kept = self._keep_final(step) if runtime.is_primary() else {}
             self.lifecycle.emit(
-                "completed", step, final_loss=loss, params_sha256=digest, goodput=self.goodput.summary()
+                "completed", step, final_loss=loss, params_sha256=digest, goodput=self.goodput.summary(), **kept
             )
             log.info("completed step %d: loss %.4f params_sha256 %s", step, loss or 0.0, digest)
             event = "completed"
@@ -231,9 +232,24 @@ class Run:
             pass  # failed before the checkpointer existed
         except Exception as late:
             log.warning("the pending checkpoint did not complete: %s", one_line(late))
-        self.lifecycle.emit("failed", self.step, error=text, goodput=self.goodput.summary(lost=True))
+        permanent = {"permanent": True} if isinstance(error, runtime.WrongDevices) else {}  # no machine would do
+        self.lifecycle.emit("failed", self.step, error=text, goodput=self.goodput.summary(lost=True), **permanent)
 
     # -- saves ----------------------------------------------------------------------------------------------------
+
+    def _keep_final(self, step: int) -> dict[str, str]:
+        """The final save, kept past the checkpoint bucket's retention (Checkpoints.keep_final): {"final_weights":
+        where}, or nothing for a checkpointer of the user's own or when the copy failed (said in the log)."""
+        keep = getattr(self.checkpoints, "keep_final", None)
+        if keep is None:
+            return {}
+        try:
+            where = str(keep(step))
+        except Exception as e:
+            log.warning("could not keep the final checkpoint past the bucket's retention: %s", one_line(e))
+            return {}
+        log.info("final weights kept at %s", where)
+        return {"final_weights": where}
 
     def _save_last(self, state: Any) -> None:
         if self.schedule.should_save(self.step, loop_ended=True):

@@ -80,8 +80,39 @@ def configure(run: RunEnv, distributed: str = "auto") -> None:
             jax.device_count(),
             run.heartbeat_timeout_s,
         )
+    check_devices(run)
     if run.compile_cache:
         use_compile_cache(run.compile_cache)
+
+
+class WrongDevices(RuntimeError):
+    """The machine has an accelerator that JAX does not see (an image of the wrong variant, a missing runtime or
+    driver): every machine of the job would train at CPU speed, so the failure is permanent, not retried."""
+
+
+# How to give JAX the machine's accelerator (docs/trainer-protocol.md, Devices)
+DEVICE_FIXES = {
+    "tpu": "run an image with jax[tpu] (respawn's: docker build --build-arg VARIANT=tpu trainer/)",
+    "gpu": "run an image with JAX's CUDA wheels (jax[cuda12]) on a GPU image with the NVIDIA driver, with --gpus all",
+}
+
+
+def check_devices(run: RunEnv) -> None:
+    """Fail at once when the machine's accelerator (RESPAWN_ACCELERATOR) is not what JAX found, unless the local
+    cloud says its CPU processes stand in for it (RESPAWN_DEVICES_STAND_IN)."""
+    import jax
+
+    found, wanted = jax.default_backend(), run.accelerator
+    if wanted is None or found == wanted:
+        return
+    devices = f"{jax.device_count()} {found.upper()} device(s)"
+    if found == run.stand_in:
+        log.info("%s stand in for the machine's %s (the local cloud)", devices, wanted.upper())
+        return
+    raise WrongDevices(
+        f"the machine has a {wanted.upper()} but JAX found only {devices}: the image's JAX or the machine's "
+        f"{wanted.upper()} runtime is wrong; fix: {DEVICE_FIXES[wanted]}"
+    )
 
 
 def cache_dir(base: str) -> str:

@@ -197,6 +197,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
     r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
     r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
+    r.add_argument(
+        "--no-stand-in",
+        action="store_true",
+        help="the machines' CPU processes do not stand in for the job's TPU or GPU: respawn's trainer fails at once, "
+        "as on a machine whose image cannot see its accelerator",
+    )
     r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
     r.add_argument("--plot", metavar="FILE.png", help="write a timeline PNG")
     return p  # fmt: skip
@@ -327,6 +333,7 @@ def options(ns: argparse.Namespace) -> Any:
         timeout_s=parse_duration(ns.timeout, "--timeout"),
         workdir=Path(ns.workdir),
         entrypoint=parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None,
+        stand_in=not ns.no_stand_in,
     )
 
 
@@ -434,6 +441,9 @@ def run(ns: argparse.Namespace) -> int:
 
         plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {summary['status']}")
         summary["plot"] = ns.plot
+    from respawn.local.monitoring import write_beside_report
+
+    summary.update(write_beside_report(outcome.run_dir, summary))  # report.html, metrics.json
     (outcome.run_dir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
     if ns.json:
         print(json.dumps(summary, sort_keys=True))

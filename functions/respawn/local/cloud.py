@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,6 +46,7 @@ from respawn.local.secret_store import delivered, leaks
 from respawn.local.slices import local_trainer_env
 from respawn.local.status import STATUS_TOPIC, StatusRecorder
 from respawn.local.timeline import Timeline
+from respawn.machine import SHUT_DOWN_RC
 
 if TYPE_CHECKING:
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
@@ -83,6 +85,12 @@ class Options:
     bus: str = "auto"  # auto (the emulator when it can run) | emulator | in-process
     entrypoint: list[str] | None = None  # run on every machine instead of `python -m trainer` (with the job's args)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)  # Secret Manager reference -> value
+    stand_in: bool = True  # the machines' CPU processes stand in for their TPU or GPU (False: as a wrong image)
+
+    def __post_init__(self) -> None:
+        # Resolved once, here: every path the machines and trainers get lies under it, and a trainer (like a real
+        # machine's) takes absolute paths only, whatever directory the run started from.
+        self.workdir = self.workdir.resolve()
 
 
 def checkpoint_buckets(messages: Iterable[dict[str, Any]]) -> list[str]:
@@ -150,7 +158,8 @@ class LocalCloud:
     def trainer_env(self, gcs: FakeGcs) -> dict[str, str]:
         """What every trainer process of this cloud starts from, fake-gcs-server's address included; its grace period
         is its machine's (respawn/machine.py), as in the cloud."""
-        return {**local_trainer_env(self.options.workdir), **gcs.env()}
+        stand_in = {"RESPAWN_DEVICES_STAND_IN": "cpu"} if self.options.stand_in else {}  # respawn_trainer's check
+        return {**local_trainer_env(self.options.workdir), **gcs.env(), **stand_in}
 
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
         """One job to a terminal status (`respawn local run`): start everything, submit, follow, settle, stop."""
@@ -563,7 +572,7 @@ def _note(e: dict[str, Any], t0: float) -> str | None:
             f"{at} chaos: host error on worker {e['worker']} of {e['machine']}: node TERMINATED, system event on "
             f"{e['instance']} sent to the log router, the worker killed"
         )
-    if kind == "trainer_exit" and e["code"] not in (0, 143, -15):  # docker's 143 (128 + SIGTERM): preempted or deleted
+    if kind == "trainer_exit" and e["code"] not in (0, SHUT_DOWN_RC, -signal.SIGTERM):  # preempted or deleted
         worker = f" worker {e['worker']}" if "worker" in e else ""
         return f"{at} trainer on {e['machine']}{worker} exited with code {e['code']}"
     if kind == "entry" and e["payload"].get("event") in ("started", "stopped", "completed", "failed"):

@@ -6,7 +6,10 @@ exactly those, and nothing else differs:
 * `MetadataServer`: the VM's metadata server over HTTP on loopback, which the script reaches the way it reaches the
   real one (`GCE_METADATA_HOST`, as Google's client libraries read it): the machine's metadata attributes, this
   worker's `agent-worker-number` and the slice's `worker-network-endpoints`, `preempted`, a token, the project.
-* `SecretManager`: Secret Manager's `versions/V:access` over HTTP, answering from the local secret store.
+* `SecretManager`: Secret Manager's `versions/V:access` over HTTP, answering from the local secret store, and
+  `CloudLogging`: Cloud Logging's `entries:write`, where the machine's scripts write their entries: the scripts reach
+  both with curl and the machine's token, at the endpoints gcloud's overrides name
+  (`CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER`, `..._LOGGING`).
 * `docker` (`python -m respawn.local.machine_host docker ...`): runs the image's command (`python -m trainer`, or
   the local cloud's entrypoint), or `--entrypoint`'s, as a local process in its own process group with only the
   image's environment and what `-e`/`--env-file` pass, honouring `run` (`--name`, `--rm`, signals proxied to the
@@ -16,10 +19,14 @@ exactly those, and nothing else differs:
   which the machine reads (local/nodes.py). Its images are names in the VM's image store (on its disk): `pull` of
   one it lacks takes the machine's pull time, of one it has its refresh time, and `run` starts the trainer after
   the machine's trainer start time (respawn/local/profiles.py).
-* `gcloud`: `logging write` prints the entry's payload on stdout, where the machine reads lifecycle entries;
-  `secrets versions access` asks `SecretManager`; `auth configure-docker` has nothing to configure.
+* `gcloud`: a snap's, as Ubuntu's TPU and GPU images have it: during the VM's shutdown it fails as snapd makes it
+  fail (`TransactionIsDestructive`); it knows no command, since the scripts need none of it.
 * `apt-get` and `systemctl`, for a boot image without Docker: `apt-get install docker.io` takes the machine's
   install time and puts `docker` on the VM's PATH; anything else does nothing.
+
+Its `docker run` runs the container's process as the image's USER (`RESPAWN_LOCAL_IMAGE_USER`; respawn's trainer
+image: uid 10001), so only what the container is given is writable to it, and `stop_all` is what the daemon does as
+the VM shuts down: each container stopped with its own stop timeout (`run --stop-timeout`, docker's 10 s default).
 
 The shims learn where things are from the machine's environment (`RESPAWN_LOCAL_*`), never from the script. Each
 timed step (`install`, `pull`) prints one line `STEP_MARK {"step", "start", "end"}` on stderr, from which the
@@ -42,14 +49,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from respawn.machine import TRAINER_LOG
-
 DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its containers (NAME.pid)
 IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
 IMAGE_LABELS = "RESPAWN_LOCAL_IMAGE_LABELS"  # JSON object: the image's labels
+IMAGE_USER = "RESPAWN_LOCAL_IMAGE_USER"  # the image's USER as UID:GID (empty: root, as an image that names none)
+IMAGE_WORKDIR = "RESPAWN_LOCAL_IMAGE_WORKDIR"  # the image's WORKDIR (empty: a directory of the container's own)
+DEFAULT_STOP_TIMEOUT_S = 10  # the daemon's stop timeout of a container run without --stop-timeout (docker's)
 LABELS_FORMAT = "{{json .Config.Labels}}"  # the one `image inspect --format` the startup script asks
-SECRET_MANAGER = "RESPAWN_LOCAL_SECRET_MANAGER"  # URL of the local Secret Manager
 PULL_S = "RESPAWN_LOCAL_PULL_S"  # seconds a `docker pull` of an image the VM lacks takes
 REFRESH_S = "RESPAWN_LOCAL_REFRESH_S"  # seconds a `docker pull` of an image the VM has takes (its manifest)
 START_S = "RESPAWN_LOCAL_START_S"  # seconds between `docker run` and the trainer's process
@@ -60,18 +67,33 @@ STOP_POLL_S = 0.05
 # What the startup script runs on a boot image without Docker, besides the shims: a PATH of links to only these,
 # so that no program of this machine (its own docker above all) stands in for one the VM lacks.
 VM_TOOLS: tuple[str, ...] = ("bash", "sh", "curl", "sed", "tr", "grep", "awk", "paste", "cut", "rm", "touch")
-VM_TOOLS += ("sleep", "seq", "cat", "base64", "mkdir", "head", "gpg", "env", "date")
+VM_TOOLS += ("sleep", "seq", "cat", "base64", "mkdir", "chmod", "head", "gpg", "env", "date")
+
+
+Answer = tuple[int, bytes]  # (HTTP status, body)
 
 
 class _Server:
-    """A ThreadingHTTPServer on loopback, served on a daemon thread; `get(path)` answers (status, body)."""
+    """A ThreadingHTTPServer on loopback, served on a daemon thread: `get(path, headers)` and `post(path, headers,
+    body)` answer (status, body); a server without `post` answers POST with 405."""
 
-    def __init__(self, get: Callable[[str, Mapping[str, str]], tuple[int, bytes]]) -> None:
+    def __init__(
+        self,
+        get: Callable[[str, Mapping[str, str]], Answer],
+        post: Callable[[str, Mapping[str, str], bytes], Answer] | None = None,
+    ) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # the servers' only: not the shims'
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                status, body = get(self.path, {k: v for k, v in self.headers.items()})
+                self._answer(*get(self.path, {k: v for k, v in self.headers.items()}))
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k: v for k, v in self.headers.items()}
+                self._answer(*(post(self.path, headers, body) if post is not None else (405, b"")))
+
+            def _answer(self, status: int, body: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Metadata-Flavor", "Google")
                 self.send_header("Content-Length", str(len(body)))
@@ -120,6 +142,36 @@ class MetadataServer(_Server):
         return (200, answers[key].encode()) if key in answers else (404, b"not found")
 
 
+class CloudLogging(_Server):
+    """Cloud Logging's `POST /v2/entries:write` for one VM (https://cloud.google.com/logging/docs/reference/v2/rest/v2/
+    entries/write), where the machine's scripts write their entries: each entry's log id (the end of `logName`) and
+    `jsonPayload` to `on_entry`; 401 without a bearer token, 400 for a body that is no such request."""
+
+    def __init__(self, on_entry: Callable[[str, dict[str, Any]], None]) -> None:
+        self.on_entry = on_entry
+        super().__init__(lambda path, headers: (404, b"not found"), self._post)
+
+    @property
+    def endpoint(self) -> str:
+        """The API's root as gcloud's endpoint overrides name it (CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING)."""
+        return f"http://{self.host}/"
+
+    def _post(self, path: str, headers: Mapping[str, str], body: bytes) -> Answer:
+        if path != "/v2/entries:write":
+            return 404, b"not found"
+        if not headers.get("Authorization", "").startswith("Bearer "):
+            return 401, json.dumps({"error": {"code": 401, "status": "UNAUTHENTICATED"}}).encode()
+        try:
+            entries = [
+                (str(e["logName"]).rsplit("/", 1)[-1], dict(e["jsonPayload"])) for e in json.loads(body)["entries"]
+            ]
+        except (ValueError, KeyError, TypeError):
+            return 400, json.dumps({"error": {"code": 400, "status": "INVALID_ARGUMENT"}}).encode()
+        for log, payload in entries:
+            self.on_entry(log, payload)
+        return 200, b"{}"
+
+
 class SecretManager(_Server):
     """Secret Manager's `GET /v1/projects/P/secrets/S/versions/V:access` from {reference: value}: the documented
     answer (`payload.data` base64), or 404 NOT_FOUND for a reference without a value."""
@@ -129,10 +181,13 @@ class SecretManager(_Server):
         super().__init__(self._get)
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}"
+    def endpoint(self) -> str:
+        """The API's root as gcloud's endpoint overrides name it (CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER)."""
+        return f"http://{self.host}/"
 
     def _get(self, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        if not headers.get("Authorization", "").startswith("Bearer "):
+            return 401, json.dumps({"error": {"code": 401, "status": "UNAUTHENTICATED"}}).encode()
         ref = path.removeprefix("/v1/").removesuffix(":access")
         if ref not in self.values:
             return 404, json.dumps({"error": {"code": 404, "status": "NOT_FOUND"}}).encode()
@@ -143,7 +198,7 @@ class SecretManager(_Server):
 # ---- docker -----------------------------------------------------------------------------------------------------
 
 _WITH_VALUE = {"--name", "-e", "--env", "--env-file", "--log-driver", "--log-opt", "--gpus", "--entrypoint", "--net"}
-_WITH_VALUE |= {"--network", "-v", "--volume", "-w", "--workdir", "-u", "--user"}
+_WITH_VALUE |= {"--network", "-v", "--volume", "-w", "--workdir", "-u", "--user", "--stop-timeout", "--ulimit"}
 
 
 def _options(
@@ -218,15 +273,18 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     start_s = _seconds(environ, START_S)
     if start_s:  # the container exists from here on (stop and rm find it); its trainer starts after the delay
         argv = ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{start_s:g}", *argv]
+    state.mkdir(parents=True, exist_ok=True)
+    env = container_env(opts, environ)
+    user = given.get("-u") or given.get("--user") or environ.get(IMAGE_USER) or ""
+    argv, cwd = _as_user(user, argv, env, state / f"{name}.fs", environ.get(IMAGE_WORKDIR) or None)
     try:
-        child = subprocess.Popen(
-            argv, env=container_env(opts, environ), stdin=subprocess.DEVNULL, process_group=0, close_fds=True
-        )
+        child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, process_group=0, close_fds=True)
     except OSError as e:
         print(f"docker: Error response from daemon: failed to create task for container: exec: {e}", file=sys.stderr)
         return 127
-    state.mkdir(parents=True, exist_ok=True)
     pidfile = state / f"{name}.pid"
+    stop_timeout = given.get("--stop-timeout") or str(DEFAULT_STOP_TIMEOUT_S)
+    (state / f"{name}.stop-timeout").write_text(stop_timeout)  # the daemon's, when it stops (stop_all)
     pidfile.write_text(str(child.pid))
     proxied = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     for sig in proxied:  # docker run's --sig-proxy (on by default)
@@ -237,6 +295,60 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     with contextlib.suppress(OSError):
         pidfile.unlink()
     return 128 - code if code < 0 else code
+
+
+def _as_user(
+    user: str, argv: list[str], env: dict[str, str], fs: Path, image_workdir: str | None
+) -> tuple[list[str], Path]:
+    """The container's process as the image's USER (`UID[:GID]`; empty, 0 or root: root), as docker runs it, and its
+    working directory: `fs` stands for the image's own files, its WORKDIR owned by root (unless the image names one:
+    `image_workdir`) and the user's HOME by the user (docker sets HOME from the image's passwd). Only those and what
+    the container is given (its mounts: the same paths here) are writable to it. It can read everything, as the files
+    of an image are readable: the interpreter and packages it runs lie in this machine's directories, which a user of
+    the image need not be able to enter (setpriv keeps CAP_DAC_READ_SEARCH for it; writes are checked as for any
+    process of that user). Where this machine cannot switch users (not root, or no setpriv), the container runs as
+    this machine's user, and the machine says so."""
+    workdir, home = fs / "workdir", fs / "home"
+    for directory in (workdir, home):
+        directory.mkdir(parents=True, exist_ok=True)
+    workdir = Path(image_workdir) if image_workdir else workdir
+    env.setdefault("HOME", str(home))
+    uid, _, gid = user.partition(":")
+    if user in ("", "0", "root", "0:0"):
+        return argv, workdir
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or not uid.isdigit() or not (gid or uid).isdigit():
+        print(
+            f"docker: the local machine runs the container as its own user, not the image's ({user})", file=sys.stderr
+        )
+        return argv, workdir
+    os.chown(home, int(uid), int(gid or uid))
+    print(f"docker: the container runs as user {uid}:{gid or uid}", file=sys.stderr)  # in the machine's log
+    ids = [f"--reuid={uid}", f"--regid={gid or uid}", "--clear-groups"]
+    caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    return [setpriv, *ids, *caps, *argv], workdir
+
+
+def stop_all(state: Path) -> None:
+    """What the docker daemon does as the machine shuts down (systemd stops docker.service alongside the shutdown
+    script): each running container stopped with its own stop timeout (`run --stop-timeout`, docker's default
+    10 s), in parallel."""
+    names = [pidfile.stem for pidfile in state.glob("*.pid")] if state.is_dir() else []
+
+    def stop(name: str) -> None:
+        try:
+            timeout = float((state / f"{name}.stop-timeout").read_text())
+        except (OSError, ValueError):
+            timeout = DEFAULT_STOP_TIMEOUT_S
+        pid = _pid(state, name)
+        if pid is not None:
+            _stop_container(state, name, pid, timeout)
+
+    threads = [threading.Thread(target=stop, args=(name,), daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -265,15 +377,17 @@ def _stop(args: Sequence[str], state: Path) -> int:
     opts, names = _options(args, {"-t", "--time"})
     timeout = float(dict(opts).get("-t") or dict(opts).get("--time") or 10)
 
-    def stop(name: str, pid: int) -> bool:
-        _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid(state, name) is not None and time.monotonic() < deadline:
-            time.sleep(STOP_POLL_S)
-        _kill(pid, signal.SIGKILL)
-        return True
+    return _each(names, state, lambda name, pid: _stop_container(state, name, pid, timeout))
 
-    return _each(names, state, stop)
+
+def _stop_container(state: Path, name: str, pid: int, timeout: float) -> bool:
+    """SIGTERM to the container, SIGKILL when it has not ended `timeout` seconds later."""
+    _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid(state, name) is not None and time.monotonic() < deadline:
+        time.sleep(STOP_POLL_S)
+    _kill(pid, signal.SIGKILL)
+    return True
 
 
 def _rm(args: Sequence[str], state: Path) -> int:
@@ -378,34 +492,23 @@ def docker(args: Sequence[str], environ: Mapping[str, str]) -> int:
     return 1
 
 
-# ---- gcloud -----------------------------------------------------------------------------------------------------
+# ---- gcloud ----------------------------------------------------------------------------------------------------
+
+# What a snap's gcloud says at shutdown (Ubuntu's TPU and GPU images install Google's CLI as a snap; snapd refuses to
+# run it while the system shuts down): public reports against gsutil and Google's runner modules
+SNAP_REFUSAL = (
+    "error: cannot perform operation: mount --rbind /dev /tmp/snap.rootfs_x/dev: "
+    "TransactionIsDestructive: a system shutdown is in progress"
+)
+SHUTTING_DOWN = "shutting-down"  # a file in the VM's home once its shutdown began (Nodes writes it)
 
 
 def gcloud(args: Sequence[str], environ: Mapping[str, str]) -> int:
-    if list(args[:2]) == ["logging", "write"] and len(args) >= 4:
-        payload = json.loads(args[3])
-        if args[2] == TRAINER_LOG:  # a lifecycle entry: where the machine reads them
-            print(json.dumps(payload, separators=(",", ":")), flush=True)
-        else:
-            print(f"{args[2]}: {json.dumps(payload)}", file=sys.stderr)
-        return 0
-    if list(args[:3]) == ["secrets", "versions", "access"] and len(args) >= 4:
-        import urllib.error
-        import urllib.request
-
-        ref = args[3]
-        try:
-            with urllib.request.urlopen(f"{environ[SECRET_MANAGER]}/v1/{ref}:access", timeout=30) as answer:
-                data = json.loads(answer.read())["payload"]["data"]
-        except urllib.error.HTTPError:
-            print(
-                f"ERROR: (gcloud.secrets.versions.access) NOT_FOUND: Secret Version [{ref}] not found.", file=sys.stderr
-            )
-            return 1
-        sys.stdout.buffer.write(base64.b64decode(data))
-        return 0
-    if list(args[:2]) == ["auth", "configure-docker"]:
-        return 0
+    """The boot image's gcloud, a snap: it fails during shutdown as a snap does; the machine's scripts do not need
+    it (they reach Google's APIs with curl and the machine's token), so it knows no command besides."""
+    if (Path(environ.get("HOME", "/nonexistent")) / SHUTTING_DOWN).exists():
+        print(SNAP_REFUSAL, file=sys.stderr)
+        return 1
     print(f"ERROR: (gcloud) the local machine's gcloud has no {' '.join(args[:3])!r}", file=sys.stderr)
     return 2
 

@@ -2,12 +2,12 @@
 
 A READY machine keeps the startup and shutdown scripts of its metadata in its run directory (`NAME/`) and runs the
 startup script once per worker VM, as Compute Engine does, with local stand-ins for only what a VM gets from outside
-itself (machine_host.py): its metadata server, `docker` and `gcloud`. So the trainer's command, environment and
-grace period, the secrets it reads and the entries it writes from the trainer's exit code are the script's own
-(respawn/machine.py). The script's output (the container's too) goes to the worker's log file (`NAME.log`,
-`NAME-w-I.log`); lifecycle entries on its stdout (the trainer's, and what the script's `gcloud logging write` says)
-become the LogEntries google-cloud-logging writes, for the log router; worker 0's progress lines are read for live
-progress. Each worker's script and its container run in process groups of their own.
+itself (machine_host.py): its metadata server, `docker`, a snap's `gcloud`, Cloud Logging and Secret Manager. So the
+trainer's command, environment and grace period, the secrets it reads and the entries it writes from the trainer's
+exit code are the script's own (respawn/machine.py). The script's output (the container's too) goes to the worker's
+log file (`NAME.log`, `NAME-w-I.log`); lifecycle entries (the trainer's on its stdout, the script's own through the
+VM's Cloud Logging endpoint) become the LogEntries google-cloud-logging writes, for the log router; worker 0's
+progress lines are read for live progress. Each worker's script and its container run in process groups of their own.
 
 A machine boots as its `MachineTimings` say (respawn/local/profiles.py): its scripts start `boot_s` after READY;
 a boot image without Docker (`docker_install_s`) has no `docker` on the VM's PATH until the script installs it; a
@@ -31,6 +31,7 @@ machine shuts every VM down (SIGTERM to the script, whose trap stops the contain
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -51,11 +52,11 @@ from respawn.local.cloudapi import CloudMachine
 from respawn.local.compute_checks import seconds
 from respawn.local.emulators import free_port, start_group
 from respawn.local.logentries import host_event_entry, preempted_entry, trainer_entry
-from respawn.local.machine_host import MetadataServer, SecretManager
+from respawn.local.machine_host import CloudLogging, MetadataServer, SecretManager
 from respawn.local.profiles import MachineTimings
 from respawn.local.slices import LocalSlice, compile_bytecode
 from respawn.local.timeline import Timeline
-from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, START_AFTER_METADATA
+from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, NOTICE_FILE, START_AFTER_METADATA, TRAINER_LOG
 from respawn.parsing import TRAINER_EVENTS
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
@@ -66,6 +67,7 @@ BOOT_WAIT_S = 30.0  # how long a boot waits for each worker's script to start it
 DELETE_WINDOW_S = 5.0  # a deleted machine's VMs are off this long after their shutdown begins
 BASH = shutil.which("bash") or "/bin/bash"
 TRAINER = (sys.executable, "-m", "trainer")  # the trainer image's entrypoint, run with this interpreter
+TRAINER_USER = "10001:10001"  # the trainer image's USER (trainer/Dockerfile's useradd --uid)
 
 
 def notice_lead_s(machine: CloudMachine) -> float:
@@ -118,13 +120,14 @@ def lifecycle_entry(line: bytes, job_id: str, attempt: int) -> dict[str, Any] | 
 
 @dataclass
 class Worker:
-    """One worker VM of a machine: its startup script's process (`proc`), its metadata server and its home (the
-    notice file, the docker shim's containers)."""
+    """One worker VM of a machine: its startup script's process (`proc`), its metadata server, the Cloud Logging
+    endpoint its scripts write to, and its home (the notice file, the docker shim's containers)."""
 
     index: int
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     metadata: MetadataServer
+    cloud_logging: CloudLogging
     home: Path
     env: dict[str, str]  # the VM's environment, which its scripts run with
     readers: list[threading.Thread] = field(default_factory=list)
@@ -176,6 +179,17 @@ class Image:
     def labels(self) -> dict[str, str] | None:
         return {TAKEOVER_LABEL: "1"} if tuple(self.command) == TRAINER else None
 
+    @property
+    def user(self) -> str:
+        """The image's USER: respawn's trainer image runs as its own user; an entrypoint's image names none (root)."""
+        return TRAINER_USER if tuple(self.command) == TRAINER else ""
+
+    @property
+    def workdir(self) -> str:
+        """The image's WORKDIR: respawn's trainer image has its own; an entrypoint's program runs where the local
+        cloud was started (its project directory stands for the user's image: `python train.py` finds train.py)."""
+        return "" if tuple(self.command) == TRAINER else os.getcwd()
+
 
 @dataclass(frozen=True)
 class CloudHooks:
@@ -217,7 +231,8 @@ class Nodes:
         # may be shorter (`grace_s`), and in a replay of real timings at time_scale shrunk alike, as the machine's
         # steps are
         scaled = {"RESPAWN_TEST_TIME_SCALE": f"{time_scale:g}"} if time_scale != 1.0 else {}
-        image_env = {**base_env, "PYTHONUNBUFFERED": "1", "RESPAWN_TEST_WINDOW_S": f"{grace_s:g}", **scaled}
+        image_env = {k: v for k, v in base_env.items() if k != "HOME"}  # docker sets HOME from the image's USER
+        image_env |= {"PYTHONUNBUFFERED": "1", "RESPAWN_TEST_WINDOW_S": f"{grace_s:g}", **scaled}
         self.image = Image(image_env, list(entrypoint) if entrypoint else TRAINER)
         compile_bytecode()  # the image's bytecode, as its build writes it
         self.timings = timings or MachineTimings()
@@ -286,7 +301,8 @@ class Nodes:
             if self.timings.image_on_boot_disk and meta.get("respawn-image"):  # baked into the boot image
                 machine_host.add_image(home / "docker", meta["respawn-image"])
             server = MetadataServer(self.project, self._attributes(node, index))
-            env = self._vm_env(node, index, port, home, server)
+            cloud_logging = CloudLogging(functools.partial(self._script_entry, node, index))
+            env = self._vm_env(node, index, port, home, server, cloud_logging)
             proc = start_group(
                 [BASH, str(run / "startup-script.sh")],
                 env=env,
@@ -295,7 +311,7 @@ class Nodes:
                 stderr=subprocess.PIPE,
             )
             log = (self.log_dir / node.machine_slice.log_name(machine.name, index)).open("ab")
-            worker = Worker(index, proc, log, server, home, env)
+            worker = Worker(index, proc, log, server, cloud_logging, home, env)
             node.workers.append(worker)
             tag = node.machine_slice.tag(index)
             self.timeline.add(
@@ -317,10 +333,13 @@ class Nodes:
             attributes["worker-network-endpoints"] = node.machine_slice.endpoints()
         return attributes
 
-    def _vm_env(self, node: Node, worker: int, port: int, home: Path, server: MetadataServer) -> dict[str, str]:
+    def _vm_env(
+        self, node: Node, worker: int, port: int, home: Path, server: MetadataServer, cloud_logging: CloudLogging
+    ) -> dict[str, str]:
         """A worker VM's environment: its tools first on PATH, its metadata server, Cloud Storage (fake-gcs-server,
-        where the script writes and polls a head start's drain marker, as the trainers' checkpoints go there), its
-        notice file, and for its `docker` the image (a slice's worker: with what its host gives the trainer)."""
+        where the script writes and polls a head start's drain marker, as the trainers' checkpoints go there), Cloud
+        Logging and Secret Manager (the local ones, where gcloud's endpoint overrides name them), its notice file, and
+        for its `docker` the image (a slice's worker: with what its host gives the trainer)."""
         image_env = node.machine_slice.host_env(self.image.env, worker, port)
         t = self.timings
         if t.docker_install_s:  # a boot image without Docker: only the image's tools until apt-get installs it
@@ -333,13 +352,16 @@ class Nodes:
             "LANG": "C.UTF-8",
             "GCE_METADATA_HOST": server.host,
             **{k: v for k, v in self.image.env.items() if k == "STORAGE_EMULATOR_HOST"},
-            NOTICE_ENV: str(home / "respawn-notice"),
+            NOTICE_ENV: str(home / NOTICE_FILE.lstrip("/")),  # under the VM: the script makes its directory
             IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),  # on the VM's disk
             machine_host.DOCKER_DIR: str(home / "docker"),
             machine_host.IMAGE_ENV: json.dumps(image_env),
             machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),
             machine_host.IMAGE_LABELS: json.dumps(self.image.labels),
-            machine_host.SECRET_MANAGER: self.secret_manager.url,
+            machine_host.IMAGE_USER: self.image.user,
+            machine_host.IMAGE_WORKDIR: self.image.workdir,
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": cloud_logging.endpoint,
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": self.secret_manager.endpoint,
             machine_host.BIN_DIR: str(self.bin_dir),
             machine_host.VM_BIN: str(home / "bin"),
             machine_host.INSTALL_S: f"{t.docker_install_s:g}",
@@ -493,17 +515,26 @@ class Nodes:
             os.killpg(pid, sig)
 
     def _off(self, worker: Worker) -> None:
-        """The worker's VM is off: its script and its container are killed where they stand."""
+        """The worker's VM is off: its script and its container are killed where they stand, and nothing of it
+        reaches Cloud Logging any more."""
         container = worker.container()
         self._signal(worker.proc.pid, signal.SIGKILL)
         if container is not None:
             self._signal(container, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.proc.wait(timeout=KILL_WAIT_S)
+        worker.cloud_logging.close()
+
+    def _shutting_down(self, worker: Worker) -> None:
+        """The VM's shutdown begins: the docker daemon stops with it (each container with its own stop timeout, in
+        parallel with the scripts), and its snap gcloud refuses to run (machine_host.gcloud)."""
+        (worker.home / machine_host.SHUTTING_DOWN).touch()
+        self._spawn(machine_host.stop_all, worker.home / "docker")
 
     def _terminate(self, worker: Worker, window: float) -> None:
         """The worker's VM shuts down: SIGTERM to its script (whose trap leaves the notice and stops the container
         with the grace period), off after `window` (at once when its trainer is stopped: nothing is left to save)."""
+        self._shutting_down(worker)
         self._signal(worker.proc.pid, signal.SIGTERM)
         if not worker.stopped:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -511,13 +542,16 @@ class Nodes:
         self._off(worker)
 
     def _shut_down(self, node: Node, worker: Worker, window: float) -> None:
-        """A preempted VM: its shutdown script runs (ACPI soft off), and the VM is off after the notice `window`. The
-        script's `notice` entry (its `gcloud logging write` on stdout) goes to the router as the VM's other entries."""
+        """A preempted VM: its shutdown script runs (ACPI soft off) while the docker daemon stops each container with
+        that container's own stop timeout (google-shutdown-scripts.service is ordered after the network and rsyslog
+        only, so systemd stops docker.service in parallel), and the VM is off after the notice `window`. The
+        script's `notice` entry (written to the VM's Cloud Logging endpoint) goes to the router as its other entries."""
         deadline = time.monotonic() + window
         script = self.log_dir / node.machine.name / "shutdown-script.sh"
         shutdown = start_group(
             [BASH, str(script)], env=worker.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=worker.log
         )
+        self._shutting_down(worker)  # systemd stops docker.service alongside the shutdown script
         assert shutdown.stdout is not None
         reader = self._spawn(self._read_stdout, node, worker, shutdown.stdout)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -532,8 +566,9 @@ class Nodes:
         self._off(worker)
 
     def _read_stdout(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
-        """A worker's script's stdout (its startup script's, or its shutdown script's): lifecycle entries to the
-        router, every line to the worker's log (while it is open: a shutdown script may outlive the startup script)."""
+        """A worker's script's stdout (its startup script's, or its shutdown script's): the trainer's lifecycle entries
+        to the router, every line to the worker's log (while it is open: a shutdown script may outlive the startup
+        script)."""
         for raw in stream:
             payload = lifecycle_entry(raw, node.job_id, node.attempt)
             if payload is None:
@@ -559,6 +594,19 @@ class Nodes:
                 now=now,
             )
         )
+
+    def _script_entry(self, node: Node, index: int, log: str, payload: dict[str, Any]) -> None:
+        """An entry a worker's script wrote to Cloud Logging: a lifecycle entry of this attempt (the exit code's, the
+        `notice`) to the router and the worker's log, anything else (a note for the operator) to the worker's log."""
+        worker = node.workers[index]
+        line = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+        if log != TRAINER_LOG or lifecycle_entry(line, node.job_id, node.attempt) is None:
+            self._log_line(node, worker, f"{log}: {json.dumps(payload)}\n".encode())
+            return
+        with contextlib.suppress(ValueError):  # the log closed with the startup script
+            worker.log.write(line)
+        if not self._closed:
+            self._emit(node, payload)
 
     def _read_stderr(self, node: Node, worker: Worker, stream: IO[bytes]) -> None:
         for raw in stream:

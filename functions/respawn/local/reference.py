@@ -30,6 +30,7 @@ from typing import Any
 from respawn.local.emulators import stop_group
 from respawn.local.nodes import TRAINER, lifecycle_entry
 from respawn.local.slices import SINGLE_HOST, LocalSlice
+from respawn.machine import exit_code_entry
 
 JOB_ID = "reference"
 
@@ -125,7 +126,8 @@ def reference_run(
                 log.write(line)  # what the program printed
             elif entry["event"] == "completed":
                 completed = entry
-    if completed is None and proc.returncode == 0:  # completed by its exit code (the startup script's `completed`)
+    by_exit_code = exit_code_entry(proc.returncode, worker=0, noticed=False)  # what the startup script would say
+    if completed is None and by_exit_code is not None and by_exit_code[0] == "completed":
         completed = {}
     if completed is None:
         codes = ", ".join(str(p.returncode) for p in procs)

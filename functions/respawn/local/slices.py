@@ -37,7 +37,10 @@ def local_trainer_env(workdir: Path, environ: Mapping[str, str] = os.environ) ->
     """The environment every local trainer process starts from: this one without the control plane's settings,
     the compile cache under the workdir (shared by the runs and their reference) and LOCAL_TRAINER_ENV."""
     env = {k: v for k, v in environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
-    env["RESPAWN_COMPILE_CACHE"] = str((workdir / "compile-cache").resolve())
+    cache = (workdir / "compile-cache").resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.chmod(0o777)  # it stands for the gs:// cache that every machine's trainer writes, whatever its user
+    env["RESPAWN_COMPILE_CACHE"] = str(cache)
     return {**env, **LOCAL_TRAINER_ENV}
 
 
@@ -129,7 +132,9 @@ class LocalSlice:
     ) -> list[subprocess.Popen[bytes]]:
         """Start every worker, worker 0 first, each in its own process group with its worker environment and the
         (stdout, stderr) `output(worker)` gives. A slice gets a fresh coordinator port each time it starts, so a
-        slice being torn down and its replacement never share one."""
+        slice being torn down and its replacement never share one. Run with umask 0: what they write into the
+        shared compile cache (a directory standing for the gs:// cache that every machine's account writes) stays
+        writable to the machines' trainers, whatever their uid."""
         port = free_port() if self.hosts > 1 else 0
         processes = []
         for worker in self.workers:
@@ -141,6 +146,7 @@ class LocalSlice:
                     stdin=stdin,
                     stdout=stdout,
                     stderr=stderr,
+                    umask=0,
                 )
             )
         return processes
