@@ -254,6 +254,7 @@ READ = {
     ("protoPayload", "metadata", "terminateReason"),  # a terminated TPU node's reason: the event's cause
     ("jsonPayload", "goodput"),
     ("jsonPayload", "error"),
+    ("jsonPayload", "worker"),  # the worker VM a notice or a failure names
     *(
         ("jsonPayload", k)
         for k in ("event", "job_id", "attempt", "step", "restored_step", "startup_s", "final_loss", "params_sha256")
