@@ -25,7 +25,7 @@ from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.compute_operations import Scope
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 
 ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"

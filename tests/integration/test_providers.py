@@ -14,7 +14,7 @@ from respawn.actions import CreateMachine
 from respawn.adapters.compute import DLVM_IMAGE, GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
 ZONE = "us-central1-a"

@@ -17,7 +17,7 @@ from respawn.adapters.compute_operations import api_error
 from respawn.adapters.compute_slices import Observed, slice_state
 from respawn.adapters.errors import classify
 from respawn.adapters.settings import ProviderSettings
-from respawn.model import GpuMachine, JobSpec, MachineSpec, MachineState, Tier, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
 ZONE = "us-central1-a"

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 
 from respawn.actions import CreateMachine
 from respawn.adapters.tpu import GcpTpuProvider, any_reservation
-from respawn.model import JobSpec, Tier, TpuMachine
+from respawn.jobs import JobSpec, Tier, TpuMachine
 
 DATA = Path(__file__).parent.parent / "data"
 PROJECT, ZONE = "my-project", "us-central2-b"

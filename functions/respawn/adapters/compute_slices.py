@@ -40,7 +40,7 @@ from google.cloud import compute_v1
 from respawn.adapters.compute_operations import Operations, Scope, api_error, operation_error
 from respawn.adapters.errors import classify, deleting, error_text, is_already_exists, read_retry
 from respawn.adapters.settings import ProviderSettings
-from respawn.model import MachineState, parse_machine_name, slice_vm_base
+from respawn.jobs import MachineState, parse_machine_name, slice_vm_base
 from respawn.ports import CapacityError, Machine, PermanentError, ProviderError, TransientError
 
 MANAGED = "respawn-managed"  # the MIG's description (a MIG has no labels)

@@ -1,4 +1,6 @@
-"""Deployed configuration: Settings from the environment, and the functions' Service built from them (bootstrap.py).
+"""Deployed configuration: Settings from the environment (bootstrap.py builds the functions' Service from them).
+
+A leaf: it imports nothing of respawn, so every room may read it.
 
 The same variables configure the functions and the CLI (SPEC: deployed
 configuration). A missing setting is one clear error naming the variable.
@@ -6,15 +8,10 @@ configuration). A missing setting is one clear error naming the variable.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from respawn.service import Service
 
 
 class SettingsError(Exception):
@@ -32,7 +29,7 @@ VARIABLES = {
     ),
     "status_topic": (
         "RESPAWN_STATUS_TOPIC",
-        "the Pub/Sub topic of status notices, respawn-status as deployed (unset: no notices are published)",
+        "the Pub/Sub topic of status messages, respawn-status as deployed (unset: no notices are published)",
     ),
 }
 # Seconds of the machines' own timings per real second (decide.Policy.time_scale): 1 in the cloud; the local cloud
@@ -46,7 +43,7 @@ class Settings:
     state_bucket: str = ""
     jobs_topic: str = "respawn-jobs"
     events_topic: str = "respawn-events"
-    status_topic: str | None = None  # None: publish no status notices
+    status_topic: str | None = None  # None: publish no status messages
     machine_service_account: str | None = None
     tpu_endpoint: str | None = None  # local cloud only: http://127.0.0.1:PORT
     compute_endpoint: str | None = None  # local cloud only
@@ -94,15 +91,3 @@ def _time_scale(text: str | None) -> float:
             f"{TIME_SCALE} is {text!r}: it must be a positive number (local seconds per real second; default 1)"
         )
     return value
-
-
-def service_from_env() -> Service:
-    """The Service for this process's environment; built once and reused (function instances are reused)."""
-    return _service(Settings.from_env().require("project", "state_bucket"))
-
-
-@functools.lru_cache(maxsize=4)
-def _service(settings: Settings) -> Service:
-    from respawn import bootstrap
-
-    return bootstrap.service(settings)

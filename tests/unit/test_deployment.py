@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from respawn.config import Settings, SettingsError, service_from_env
-from respawn.decide import Policy
+from respawn.bootstrap import service_from_env
+from respawn.deployment import Settings, SettingsError
+from respawn.policy import Policy
 
 
 def test_settings_read_the_environment_with_defaults() -> None:
