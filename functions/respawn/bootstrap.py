@@ -92,7 +92,12 @@ def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
     from respawn.adapters.settings import ProviderSettings
     from respawn.adapters.tpu import GcpTpuProvider
 
-    machines = ProviderSettings(service_account=settings.machine_service_account)
+    machines = ProviderSettings(
+        service_account=settings.machine_service_account,
+        network=settings.network,
+        subnetwork=settings.subnetwork,
+        external_ips=settings.external_ips,
+    )
     return {
         "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, settings=machines),
         "compute": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, settings=machines),

@@ -43,7 +43,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from respawn.adapters.errors import error_text
-from respawn.adapters.settings import client_options
+from respawn.adapters.settings import client_options, region_of
 from respawn.jobs import GpuMachine, JobSpec, MachineSpec, Provisioning
 from respawn.outlook import HOUR, Advice, ZoneAdvice, machine_kind
 from respawn.topology import UnknownTpuType, tpu_topology
@@ -74,11 +74,6 @@ def is_tpu(machine_type: str) -> bool:
     except UnknownTpuType:
         return False
     return True
-
-
-def region_of(zone: str) -> str:
-    """us-central1-a -> us-central1."""
-    return zone.rpartition("-")[0]
 
 
 def accelerators(machine: MachineSpec) -> tuple[tuple[str, int], ...]:

@@ -201,7 +201,9 @@ class GcpComputeProvider:
             **machine_metadata(spec, action.attempt, action.mtbi_s, start_after=action.start_after),
             **dict(vm.metadata),
         }
-        nic = compute_v1.NetworkInterface(network=self.settings.network or DEFAULT_NETWORK)
+        nic = compute_v1.NetworkInterface(
+            network=self.settings.network or DEFAULT_NETWORK, subnetwork=self.settings.subnetwork_in(zone, self.project)
+        )
         if self.settings.external_ips:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         disk_type = _zonal(zone, "diskTypes", vm.disk_type, template)

@@ -111,7 +111,9 @@ class GcpTpuProvider:
             labels=machine_labels(spec, action.attempt),
             metadata=machine_metadata(spec, action.attempt, action.mtbi_s, start_after=action.start_after),
             network_config=tpu_v2.NetworkConfig(
-                enable_external_ips=self.settings.external_ips, network=self.settings.network or ""
+                enable_external_ips=self.settings.external_ips,
+                network=self.settings.network or "",
+                subnetwork=self.settings.subnetwork_in(action.zone, self.project) or "",
             ),
         )
         if self.settings.service_account:
