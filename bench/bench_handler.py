@@ -41,9 +41,9 @@ from localcloud.services.emulators import FakeGcs, patched_env
 from respawn import bootstrap, parsing
 from respawn.actions import CreateMachine
 from respawn.adapters.clock import SystemClock
-from respawn.config import Settings
+from respawn.deployment import Settings
 from respawn.events import Event
-from respawn.model import LABEL_JOB, JobSpec, MachineState
+from respawn.jobs import LABEL_JOB, JobSpec, MachineState
 from respawn.ports import Machine
 from respawn.service import Retryable, Service
 
@@ -191,20 +191,43 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+# What each kind of delivery must come to, or the run measured another path than the one it names (a job whose
+# machines cannot be created fails at once, and every later event of it is a no-op that costs a fresh read).
+EXPECTED = {
+    "submit": {"applied"},
+    "started": {"applied"},
+    "checkpoint": {"applied"},
+    "preempted": {"applied"},
+    "completed": {"applied"},
+    "duplicate": {"duplicate", "ignored"},  # a duplicate of the noise entry is ignored like the noise
+    "ignored": {"ignored"},
+}
+
+
+def check_results(results: dict[str, set[str]]) -> None:
+    """Stop the benchmark when a delivery came to anything but what the mix is meant to exercise."""
+    wrong = {label: sorted(got - EXPECTED[label]) for label, got in results.items() if not got <= EXPECTED[label]}
+    if wrong:
+        raise SystemExit(f"the event mix did not do what it measures: {wrong} (expected {EXPECTED})")
+
+
 def run(
     service: Service, per_job: list[list[Delivery]], workers: int
 ) -> tuple[list[float], dict[str, list[float]], float]:
-    """Handle every delivery; each job's deliveries in order on one worker. Returns latencies, by label, wall time."""
+    """Handle every delivery; each job's deliveries in order on one worker. Returns latencies, by label, wall time.
+    Stops when a delivery came to something else than the mix means it to (check_results)."""
     latencies: list[float] = []
     by_label: dict[str, list[float]] = {}
+    results: dict[str, set[str]] = {}
     lock = threading.Lock()
 
     def work(jobs: list[list[Delivery]]) -> None:
         for label, topic, ce in interleave(jobs):
-            seconds, _ = handle(service, topic, ce)
+            seconds, result = handle(service, topic, ce)
             with lock:
                 latencies.append(seconds)
                 by_label.setdefault(label, []).append(seconds)
+                results.setdefault(label, set()).add(str(result))
 
     shards = [per_job[i::workers] for i in range(workers)]
     start = time.perf_counter()
@@ -213,7 +236,9 @@ def run(
     else:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(work, shards))
-    return latencies, by_label, time.perf_counter() - start
+    wall = time.perf_counter() - start
+    check_results(results)
+    return latencies, by_label, wall
 
 
 def timed(fn: Callable[[], object], n: int) -> float:
@@ -252,7 +277,7 @@ def main() -> int:
             bucket = f"bench-{uuid.uuid4().hex[:10]}"
             gcs.create_bucket(bucket)
             store = bootstrap.job_store(Settings(state_bucket=bucket), in_functions=True)  # as deployed
-            return Service(store, {"gpu": InstantProvider()}, SystemClock())
+            return Service(store, {"compute": InstantProvider()}, SystemClock())  # a GPU's API: Compute Engine
 
         def mix(prefix: str) -> list[list[Delivery]]:
             return [job_events(f"{prefix}-{i:04d}", rng, args.checkpoints) for i in range(args.jobs)]

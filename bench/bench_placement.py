@@ -11,7 +11,7 @@ whose zone's trace turns 0 is preempted (MachinePreempted),
 a machine up for `RESTART_S` has its trainer started (TrainerStarted), a job waiting out its capacity backoff is
 woken by a listing (MachinesObserved) when it is due.
 
-Placement is decide()'s own: the respawn policy hands it an Outlook (respawn.placement) built from this set's
+Placement is decide()'s own: the respawn policy hands it an Outlook (respawn.outlook) built from this set's
 preemption history, which learns as the service's does: each decision that ends an attempt leaves its observation
 (Job.observations: the trainer's running time, and whether the cloud took the machine) and the simulator drains it
 into the history shared by all jobs of the set, then clears it, as Acting does under the lease. decide() then ranks
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from respawn.actions import CreateMachine
-from respawn.decide import Policy, decide
+from respawn.decide import decide
 from respawn.events import (
     CreateFailed,
     CreateFailure,
@@ -62,8 +62,9 @@ from respawn.events import (
     MachinesObserved,
     TrainerStarted,
 )
-from respawn.model import EndReason, GpuMachine, Job, JobSpec, Status
-from respawn.placement import DAY, HOUR, History, Observation, Outlook
+from respawn.jobs import EndReason, GpuMachine, Job, JobSpec, Status
+from respawn.outlook import DAY, HOUR, History, Observation, Outlook
+from respawn.policy import Policy
 from respawn.prices import machine_price, rate_per_h
 
 POLICIES = ("respawn", "ordered", "skip-preempted", "respawn-zones-only")

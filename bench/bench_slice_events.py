@@ -24,9 +24,9 @@ from typing import Any
 
 from bench_handler import InstantProvider  # type: ignore[import-not-found]
 
-from respawn.decide import Policy
 from respawn.events import JobSubmitted, TrainerStarted, ZoneWokeUp
-from respawn.model import Job, JobSpec, MachineState, TpuMachine
+from respawn.jobs import Job, JobSpec, MachineState, TpuMachine
+from respawn.policy import Policy
 from respawn.ports import ConflictError, Machine
 from respawn.service import Service
 from respawn.topology import tpu_topology

@@ -24,8 +24,9 @@ import atheris
 
 with atheris.instrument_imports():
     from respawn.events import Event, Ignored
+    from respawn.jobs import JobSpec
     from respawn.parsing import PubSubMessage, event_to_json, events_event, log_entry_event
-    from respawn.spec import CancelRequest, JobSpec, SpecError, parse_job_message
+    from respawn.spec import CancelRequest, SpecError, parse_job_message
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

@@ -53,7 +53,7 @@ from localcloud.cloud import (
 from localcloud.readout.report import LIVE_STATES, percentile
 from localcloud.services.bus import Delivery
 from localcloud.services.scheduler import SWEEP_TICK
-from respawn.model import parse_machine_name
+from respawn.jobs import parse_machine_name
 
 ROOT = Path(__file__).resolve().parents[1]
 ZONES = ("us-central1-a", "us-central1-b", "us-west4-a", "europe-west4-a")

@@ -10,10 +10,13 @@ from __future__ import annotations
 import functions_framework
 from cloudevents.http import CloudEvent
 
-from respawn import logs, parsing
-from respawn.config import SettingsError, service_from_env
+from respawn import parsing, service_log
+from respawn.bootstrap import service_from_env
+from respawn.deployment import SettingsError
 from respawn.events import JobRejected
 from respawn.service import Retryable
+
+service_log.ensure_handler()  # the lines of a message dropped before a service is built reach stderr too
 
 
 @functions_framework.cloud_event
@@ -22,12 +25,12 @@ def on_job_message(cloud_event: CloudEvent) -> None:
     try:
         event = parsing.job_event(parsing.message_from_cloudevent(cloud_event))
         if isinstance(event, JobRejected):
-            logs.error(f"job message rejected: {event.error}", job_id=event.job_id, message_id=event.event_id)
+            service_log.dropped(f"job message rejected: {event.error}", job_id=event.job_id, message_id=event.event_id)
         service_from_env().handle(event)  # logs one line per handled event
     except (Retryable, SettingsError):
         raise
     except Exception as e:
-        logs.error(f"job message dropped: {type(e).__name__}: {e}", cloud_event_id=cloud_event["id"])
+        service_log.dropped(f"job message dropped: {type(e).__name__}: {e}", cloud_event_id=cloud_event["id"])
 
 
 @functions_framework.cloud_event
@@ -38,4 +41,4 @@ def on_event(cloud_event: CloudEvent) -> None:
     except (Retryable, SettingsError):
         raise
     except Exception as e:
-        logs.error(f"event dropped: {type(e).__name__}: {e}", cloud_event_id=cloud_event["id"])
+        service_log.dropped(f"event dropped: {type(e).__name__}: {e}", cloud_event_id=cloud_event["id"])

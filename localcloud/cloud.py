@@ -45,11 +45,11 @@ from localcloud.services.status import STATUS_TOPIC, StatusRecorder
 from localcloud.timeline import Timeline
 from localcloud.watch import Run, follow, watch_calls
 from respawn import bootstrap
-from respawn.config import TIME_SCALE, Settings
+from respawn.deployment import TIME_SCALE, Settings
 
 if TYPE_CHECKING:
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
-    from respawn.placement import History
+    from respawn.outlook import History
 
 PROJECT = "respawn-local"
 STATE_BUCKET = "respawn-local-state"

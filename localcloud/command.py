@@ -33,7 +33,7 @@ from localcloud.chaos import (
 from localcloud.machines.profiles import Profile, Timings, profile
 from localcloud.machines.slices import LocalSlice, local_trainer_env
 from localcloud.services.secret_store import SecretError, secret_values
-from respawn.model import JobSpec
+from respawn.jobs import JobSpec
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption

@@ -15,8 +15,8 @@ from typing import Any
 
 from localcloud.apis.cloudapi import CloudApiServer
 from localcloud.timeline import Timeline
+from respawn.jobs import Job
 from respawn.machine import SHUT_DOWN_RC
-from respawn.model import Job
 
 WAITING = "WAITING_FOR_CAPACITY"  # the timeline's `queued` state of a Compute Engine request in its zone's queue
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from respawn.actions import CreateMachine
 from respawn.events import Event
-from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
-from respawn.placement import History
+from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
+from respawn.outlook import History
 from respawn.ports import CapacityError, ConflictError, HistoryStore, JobStore, Machine, MachineProvider, StatusNotifier
 from respawn.service import Outcome, Retryable
 
@@ -222,7 +222,7 @@ def fake_providers(creating_reads: int = 1) -> dict[str, FakeProvider]:
 
 
 class RecordingNotifier:
-    """Status notices in the order they were published. `errors` are raised by the next notify calls."""
+    """Status messages in the order they were published. `errors` are raised by the next notify calls."""
 
     def __init__(self) -> None:
         self.notices: list[dict[str, Any]] = []
@@ -375,7 +375,7 @@ class CrashingNotifier:
 def assert_status_chain(changes: list[tuple[str | None, str]]) -> None:
     """Status changes as notices tell them: each starts where the one before ended, by a legal transition, so a
     notice sent twice or never breaks the chain."""
-    from respawn.model import LEGAL_TRANSITIONS, Status
+    from respawn.jobs import LEGAL_TRANSITIONS, Status
 
     before: str | None = None
     for old, new in changes:

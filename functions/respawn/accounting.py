@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from respawn.model import Attempt, EndReason, Job
+from respawn.jobs import Attempt, EndReason, Job
 from respawn.prices import LIST_SOURCE, cost, machine_price, rate_per_h
 
 TRAINER_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "input_s", "wasted_s", "total_s")

@@ -22,14 +22,13 @@ from typing import Any
 
 from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
-from respawn.decide import Policy, decide
+from respawn.decide import decide
 from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
 from respawn.facts import log_facts
-from respawn.machines import Machines
-from respawn.model import Job, JobSpec
-from respawn.notices import status_notice
+from respawn.jobs import Job, JobSpec
 from respawn.outcome import Retryable
-from respawn.placement import Advice, History, Observation, Outlook
+from respawn.outlook import Advice, History, Observation, Outlook
+from respawn.policy import Policy
 from respawn.ports import (
     CapacityError,
     ConflictError,
@@ -38,7 +37,9 @@ from respawn.ports import (
     StatusNotifier,
     TransientError,
 )
+from respawn.providers import Providers
 from respawn.records import Read, Records
+from respawn.status_messages import status_message
 
 # The events most jobs send most often, none of which requests a machine: decide ranks nothing for them, so they
 # get an outlook without reading the history (its presence alone has the attempts they end observed).
@@ -50,7 +51,7 @@ AdviceSource = Callable[[JobSpec], Mapping[tuple[str, str], Advice]]
 
 
 def has_intent(job: Job) -> bool:
-    """The record holds intent not yet carried out: machine actions, status notices or history observations."""
+    """The record holds intent not yet carried out: machine actions, status messages or history observations."""
     return bool(job.pending or job.outbox or job.observations)
 
 
@@ -112,10 +113,10 @@ def lease_expired(job: Job, now: float) -> bool:
 
 @dataclass(frozen=True)
 class Acting:
-    """Persists and carries out intent. Without a `notifier` no status notice is kept or published."""
+    """Persists and carries out intent. Without a `notifier` no status message is kept or published."""
 
     records: Records
-    machines: Machines
+    machines: Providers
     notifier: StatusNotifier | None
     policy: Policy
     lease_s: float
@@ -129,17 +130,17 @@ class Acting:
         return self.histories.outlook(now, read=not isinstance(event, _PLACES_NOTHING), spec=spec)
 
     def intent(self, old: Job | None, new: Job, actions: Sequence[Action], now: float) -> Job:
-        """The record to persist for a decision: `new` with its actions pending and its status notice in the outbox,
+        """The record to persist for a decision: `new` with its actions pending and its status message in the outbox,
         leased to this handler while there is anything to carry out."""
-        new = self._with_status_notice(old, new, now)
+        new = self._with_status_message(old, new, now)
         leased = bool(actions or new.outbox or new.observations)
         return replace(new, pending=_dicts(actions), pending_lease_until=now + self.lease_s if leased else None)
 
-    def _with_status_notice(self, old: Job | None, new: Job, now: float) -> Job:
+    def _with_status_message(self, old: Job | None, new: Job, now: float) -> Job:
         """`new` with the notice of its status change in the outbox (when it changed and notices are published)."""
         if self.notifier is None or (old is not None and old.status is new.status):
             return new
-        return replace(new, outbox=(*new.outbox, status_notice(old, new, now)))
+        return replace(new, outbox=(*new.outbox, status_message(old, new, now)))
 
     def take_over(self, read: Read, now: float) -> tuple[Read, list[Action]]:
         """Take over intent whose lease ran out and carry it out. A conflict means another handler took it first."""
@@ -185,12 +186,18 @@ class Acting:
     def _create_failed(
         self, job: Job, action: CreateMachine, error: ProviderError, now: float
     ) -> tuple[Job, list[Action]]:
-        """What `decide` makes of a create that failed: the record (with its status notice) and the next actions."""
+        """What `decide` makes of a create that failed: the record (with its status message) and the next actions.
+
+        Why decide is called a second time here, not in one_job: the failure is an event (`CreateFailed`) that only
+        acting can see, and it comes while this handler holds the record's lease. Decided at once by its own rule
+        (decide.RULES[CreateFailed]), it moves the job to the next zone or tier within this delivery, with the same
+        outcome as if it had come as an event of its own: no second read, no lease to take over, no wait for a
+        redelivery between the zones of a walk."""
         kind = CreateFailure.CAPACITY if isinstance(error, CapacityError) else CreateFailure.PERMANENT
         failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(error))
         decided, more = decide(job, failed, now, self.policy, outlook=self.outlook(now, failed, job.spec))
         assert decided is not None
-        return self._with_status_notice(job, decided, now), more
+        return self._with_status_message(job, decided, now), more
 
     def _publish(self, job: Job, generation: int, now: float) -> None:
         """Publish the outbox, in order. A notice that cannot be published (no topic, no permission) is logged and
@@ -201,9 +208,9 @@ class Acting:
                 self.notifier.notify(notice)
             except TransientError as e:
                 self._save_held(replace(job, pending=(), outbox=job.outbox[i:], pending_lease_until=now), generation)
-                raise Retryable(f"publishing the status notice {notice.get('id')}: {e}") from e
+                raise Retryable(f"publishing the status message {notice.get('id')}: {e}") from e
             except ProviderError as e:
-                service_log.error(job.job_id, f"status notice {notice.get('id')} dropped: {e}")
+                service_log.error(job.job_id, f"status message {notice.get('id')} dropped: {e}")
 
     def _observe(self, job: Job, generation: int, now: float) -> None:
         """Add the record's observations to the history (without a history store they are dropped). A transient

@@ -1,6 +1,6 @@
 """The one wiring point: every store, machine provider, notifier and cloud client respawn's entry points use.
 
-The functions (`config.service_from_env`), the CLI and the benchmarks build what
+The functions (`service_from_env`), the CLI and the benchmarks build what
 they need here from `Settings`, so each client's options are chosen once: the
 functions' storage client ignores proxy settings while the CLI's honours them,
 and notices go out one per message. Cloud libraries are imported only when a
@@ -9,9 +9,10 @@ piece is built, so the CLI starts without them.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
-from respawn.config import Settings
+from respawn.deployment import Settings
 
 if TYPE_CHECKING:
     from respawn.acting import AdviceSource
@@ -21,11 +22,21 @@ if TYPE_CHECKING:
     from respawn.service import Service
 
 
+def service_from_env() -> Service:
+    """The Service for this process's environment; built once and reused (function instances are reused)."""
+    return _cached_service(Settings.from_env().require("project", "state_bucket"))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_service(settings: Settings) -> Service:
+    return service(settings)
+
+
 def service(settings: Settings) -> Service:
     """The Service of the deployed functions: the records and the preemption history in the state bucket, TPUs and
-    GPUs, status notices when a status topic is set; decide's policy with the settings' time scale."""
+    GPUs, status messages when a status topic is set; decide's policy with the settings' time scale."""
     from respawn.adapters.clock import SystemClock
-    from respawn.decide import Policy
+    from respawn.policy import Policy
     from respawn.service import Service
 
     return Service(
@@ -45,7 +56,7 @@ def advice_source(settings: Settings) -> AdviceSource | None:
     if not settings.project:
         return None
     from respawn.adapters.advice import GcpAdvisor, advice_for
-    from respawn.model import GpuMachine
+    from respawn.jobs import GpuMachine
 
     advisor, project = GcpAdvisor(settings.compute_endpoint), settings.project
     return lambda spec: advice_for(advisor, project, spec) if isinstance(spec.machine, GpuMachine) else {}
@@ -81,7 +92,12 @@ def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
     from respawn.adapters.settings import ProviderSettings
     from respawn.adapters.tpu import GcpTpuProvider
 
-    machines = ProviderSettings(service_account=settings.machine_service_account)
+    machines = ProviderSettings(
+        service_account=settings.machine_service_account,
+        network=settings.network,
+        subnetwork=settings.subnetwork,
+        external_ips=settings.external_ips,
+    )
     return {
         "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, settings=machines),
         "compute": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, settings=machines),
@@ -89,7 +105,7 @@ def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
 
 
 def status_notifier(settings: Settings) -> StatusNotifier | None:
-    """Status notices to the status topic; None (no notices kept or published) without one."""
+    """Status messages to the status topic; None (no notices kept or published) without one."""
     from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
 
     return PubSubStatusNotifier(settings.project, settings.status_topic) if settings.status_topic else None

@@ -20,8 +20,8 @@ from typing import Any
 
 from respawn.accounting import CATEGORIES, job_accounting
 from respawn.bootstrap import job_store, jobs_publisher, log_reader
-from respawn.config import VARIABLES, Settings, SettingsError
-from respawn.model import Attempt, Job, TpuMachine
+from respawn.deployment import VARIABLES, Settings, SettingsError
+from respawn.jobs import Attempt, Job, TpuMachine
 
 PROG = "respawn"
 
@@ -106,7 +106,7 @@ def describe(job: Job, now: float | None = None) -> str:
         headers = ("#", "zone", "tier", "machine", "requested", "waited", "started", "ended", "end", "restored",
                    "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
-        placed = [f"  {a.n}  {a.placement}" for a in job.attempts if a.placement]
+        placed = [f"  {a.n}  {a.zone_reason}" for a in job.attempts if a.zone_reason]
         if placed:  # why each attempt went where it did (the outlook's figures, the runner-up)
             lines += ["", "placement", *placed]
         if spec is not None:
@@ -395,9 +395,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
     bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
     from respawn import plan
-    from respawn.decide import Policy
-    from respawn.model import JobSpec
-    from respawn.placement import Outlook
+    from respawn.jobs import JobSpec
+    from respawn.outlook import Outlook
+    from respawn.policy import Policy
     from respawn.spec import SpecError, load_job_file, parse_job_message
 
     try:
@@ -420,7 +420,7 @@ def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
     """(the deployment's history, the outlook's note when it is empty for want of one, where it came from): from the
     state bucket when one is set and readable, else an empty history, saying why."""
     from respawn.bootstrap import history_store
-    from respawn.placement import History
+    from respawn.outlook import History
 
     if not s.state_bucket:
         why = f"no history: {VARIABLES['state_bucket'][0]} is not set (or pass --bucket); an empty history"
@@ -439,7 +439,7 @@ def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
 def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
     """What the Advice API says for each provisioning model of the job's tiers (adapters.advice.advice_for). A
     missing project or client: a note, no call."""
-    from respawn.placement import Advice, machine_kind
+    from respawn.outlook import Advice, machine_kind
 
     if not s.project:
         note = f"Advice API not asked: {VARIABLES['project'][0]} is not set (or pass --project); history only"

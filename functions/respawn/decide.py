@@ -18,12 +18,8 @@ the replacement at once, in another zone, to start its trainer once the noticed 
 noticed machine is kept for its final save (it drains) until its trainer's last entry, a listing after
 drain_until, or the end of the job; at most one attempt drains, so a job has at most two machines.
 
-Where each new attempt goes (`_with_new_attempt` and the placement section below): its tier first (back to Spot,
-on to the next tier, or the same), then its zone. With an outlook (respawn.placement.Outlook: the deployment's
-preemption history, advice, prices) and `placement: ranked`, the zone is the best-ranked of the tier's zones not yet
-tried in the current walk of stockouts, a zone that just interrupted the job penalised, and the same zone again after
-a crash; without an outlook, or with `placement: ordered`, the list's order: the same zone after a preemption or a
-crash, the next zone after a stockout. Ended attempts leave observations for the history only with an outlook.
+Where each new attempt goes is respawn.next_attempt's: the rules here say that a machine is requested, it says on
+which tier and in which zone. Ended attempts leave observations for the history only with an outlook.
 """
 
 from __future__ import annotations
@@ -53,56 +49,36 @@ from respawn.events import (
     TrainerProgressed,
     TrainerStarted,
 )
-from respawn.machine import notice_s
-from respawn.model import (
+from respawn.jobs import (
     COUNTED_AS_PREEMPTION,
-    NO_CAPACITY,
     Attempt,
     EndReason,
     Job,
     JobSpec,
     MachineState,
+    Provisioning,
     Status,
-    Tier,
-    machine_name,
     parse_machine_name,
 )
-from respawn.placement import Key, Observation, Outlook, Placed, machine_kind
-from respawn.prices import SPOT_MODELS, advice_source, machine_price, rate_per_h
+from respawn.machine import notice_s
+from respawn.next_attempt import (
+    new_attempt,
+    next_tier,
+    no_capacity_streak,
+    on_tier_since,
+    spot_tier_to_return_to,
+    tier_name,
+    tier_of,
+    where,
+    zone_index_of,
+)
+from respawn.outlook import Key, Observation, Outlook, machine_kind
+from respawn.policy import Context, Policy
 
 # What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
 DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
 
 Decision = tuple[Job, list[Action]]
-
-
-@dataclass(frozen=True)
-class Policy:
-    backoff_base_s: float = 30.0  # wait after the first full walk of the zones without capacity
-    backoff_max_s: float = 600.0  # cap of the exponential backoff (before jitter)
-    jitter: float = 0.2  # the wait is scaled by a factor in [1 - jitter, 1 + jitter]
-    stuck_creating_s: float = 900.0  # a machine CREATING this long is given up for the next zone
-    lost_grace_s: float = 60.0  # a machine younger than this may not be listed yet: not lost
-    seen_events_max: int = 256  # event ids remembered for de-duplication
-    # A head start: a noticed machine is kept this long past its notice window before its replacement's trainer
-    # starts (the two machines' clocks may differ by a little)
-    drain_margin_s: float = 5.0
-    # Seconds of the notice window and margin per real second: 1 in the cloud; a local cloud replaying real timings
-    # faster (a real minute in a local second) makes the drain as much shorter
-    time_scale: float = 1.0
-    restart_cost_s: float = 300.0  # what an interruption costs before training resumes (create, boot, restore)
-    # A fallback tier goes back to Spot only when the outlook expects Spot's best zone to run at least this long
-    # without an interruption: with the default restart and checkpoint costs, 4 h keeps over 90% of Spot's time.
-    spot_min_mtbi_s: float = 4 * 3600.0
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a decision reads besides the record, the event and the time: the knobs, and the outlook when the service
-    has one (None: zones in list order, no back to Spot, exactly as before placement knew anything)."""
-
-    policy: Policy
-    outlook: Outlook | None = None
 
 
 def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:
@@ -175,7 +151,7 @@ def _first(event: JobEvent, now: float, ctx: Context) -> tuple[Job | None, list[
     if isinstance(event, JobSubmitted):
         spec = event.spec
         job = _new_record(event, now, spec.job_id, spec, Status.PROVISIONING, "")
-        job, attempt = _with_new_attempt(job, now, ctx, 0)
+        job, attempt = new_attempt(job, now, ctx, 0)
         return replace(job, reason=f"machine requested in {attempt.zone}"), [_create(job, attempt)]
     if isinstance(event, JobRejected) and event.job_id:
         return _new_record(event, now, event.job_id, None, Status.REJECTED, event.error), []
@@ -261,7 +237,7 @@ def _head_start(job: Job, live: Attempt, event: MachineNoticed, now: float, ctx:
     if not spec.head_start or live.started_at is None or _draining(job) is not None:
         return job, []
     policy = ctx.policy
-    lead = spec.preemption_notice_s if spec.all_tiers[live.tier].provisioning == "spot" else None
+    lead = spec.preemption_notice_s if spec.all_tiers[live.tier].provisioning == Provisioning.SPOT else None
     window = notice_s(spec.machine.kind) + (lead or 0) + policy.drain_margin_s
     drain_until = event.time + window * policy.time_scale
     return _lost(job, now, EndReason.PREEMPTED, ctx, drain_until=drain_until)
@@ -351,7 +327,7 @@ def _observed(job: Job, event: MachinesObserved, now: float, ctx: Context) -> De
     if live is None:
         job, more = _backoff_over(job, now, ctx)
     else:
-        job, more = _live_machine_rules(_Sighting(job, live, _state_of(job, live, event), event, now, ctx))
+        job, more = _live_machine_rules(_Listed(job, live, _state_of(job, live, event), event, now, ctx))
     return job, deletes + more
 
 
@@ -385,8 +361,8 @@ def _backoff_over(job: Job, now: float, ctx: Context) -> Decision:
     due = job.status is Status.PENDING and job.next_attempt_at is not None and job.next_attempt_at <= now
     if not due or job.spec is None:
         return job, []
-    job, attempt = _with_new_attempt(job, now, ctx, job.zone_index)
-    return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {_where(job, attempt)}"), [
+    job, attempt = new_attempt(job, now, ctx, job.zone_index)
+    return replace(job, status=Status.PROVISIONING, reason=f"machine requested in {where(job, attempt)}"), [
         _create(job, attempt)
     ]
 
@@ -410,7 +386,7 @@ RULES: dict[type, Rule] = {
 
 
 @dataclass(frozen=True)
-class _Sighting:
+class _Listed:
     """The live attempt's machine as one listing showed it, with what the rules about it read."""
 
     job: Job
@@ -435,8 +411,8 @@ class _MachineRule:
     """When the live machine is in `state` (None: not listed) and `holds`, `then` decides."""
 
     state: MachineState | None
-    holds: Callable[[_Sighting], bool]
-    then: Callable[[_Sighting], Decision]
+    holds: Callable[[_Listed], bool]
+    then: Callable[[_Listed], Decision]
 
 
 def _queue_timeout(job: Job) -> float:
@@ -453,75 +429,75 @@ def _hung_for(job: Job, live: Attempt, now: float) -> float | None:
     return silent if silent > timeout else None
 
 
-def _always(seen: _Sighting) -> bool:
+def _always(seen: _Listed) -> bool:
     return True
 
 
-def _missing_for_good(seen: _Sighting) -> bool:
+def _missing_for_good(seen: _Listed) -> bool:
     """Its zone was listed completely, no create of ours is in flight, and it is old enough to be listed."""
     return seen.live.zone in seen.event.zones and not seen.job.pending and seen.age >= seen.policy.lost_grace_s
 
 
-def _trainer_ran(seen: _Sighting) -> bool:
+def _trainer_ran(seen: _Listed) -> bool:
     return seen.live.started_at is not None
 
 
-def _queued_too_long(seen: _Sighting) -> bool:
+def _queued_too_long(seen: _Listed) -> bool:
     return seen.age > _queue_timeout(seen.job)
 
 
-def _stuck_creating(seen: _Sighting) -> bool:
+def _stuck_creating(seen: _Listed) -> bool:
     return seen.live.started_at is None and seen.age > seen.policy.stuck_creating_s
 
 
-def _silent_too_long(seen: _Sighting) -> bool:
+def _silent_too_long(seen: _Listed) -> bool:
     return _hung_for(seen.job, seen.live, seen.now) is not None
 
 
-def _spot_lasts_again(seen: _Sighting) -> bool:
+def _spot_lasts_again(seen: _Listed) -> bool:
     """A fallback attempt whose trainer runs, on a tier the job has used long enough, while Spot looks lasting."""
-    return seen.live.started_at is not None and _spot_tier_to_return_to(seen.job, seen.now, seen.ctx) is not None
+    return seen.live.started_at is not None and spot_tier_to_return_to(seen.job, seen.now, seen.ctx) is not None
 
 
-def _vanished(seen: _Sighting) -> Decision:
+def _vanished(seen: _Listed) -> Decision:
     return _lost(seen.job, seen.now, EndReason.LOST, seen.ctx)
 
 
-def _taken(seen: _Sighting) -> Decision:
+def _taken(seen: _Listed) -> Decision:
     return _lost(seen.job, seen.now, EndReason.PREEMPTED, seen.ctx)
 
 
-def _failed_to_come_up(seen: _Sighting) -> Decision:
+def _failed_to_come_up(seen: _Listed) -> Decision:
     live = seen.live
     api_says = dict(seen.event.details).get(live.machine)
     reason = f"{live.machine} failed to come up in {live.zone}" + (f": {api_says}" if api_says else "")
     return _no_capacity(seen.job, seen.now, EndReason.CAPACITY, reason, seen.ctx, delete=True)
 
 
-def _queue_given_up(seen: _Sighting) -> Decision:
+def _queue_given_up(seen: _Listed) -> Decision:
     reason = f"{seen.live.machine} waited {seen.age:.0f}s in the queue of {seen.live.zone}"
     return _no_capacity(seen.job, seen.now, EndReason.QUEUED, reason, seen.ctx, delete=True)
 
 
-def _creating_given_up(seen: _Sighting) -> Decision:
+def _creating_given_up(seen: _Listed) -> Decision:
     reason = f"{seen.live.machine} was still creating after {seen.age:.0f}s in {seen.live.zone}"
     return _no_capacity(seen.job, seen.now, EndReason.STUCK, reason, seen.ctx, delete=True)
 
 
-def _hung(seen: _Sighting) -> Decision:
+def _hung(seen: _Listed) -> Decision:
     silent = _hung_for(seen.job, seen.live, seen.now)
     assert silent is not None
     reason = f"hung: no training progress for {silent:.0f}s on {seen.live.machine}"
     return _crashed(seen.job, seen.now, EndReason.HUNG, reason, seen.ctx)
 
 
-def _back_to_spot(seen: _Sighting) -> Decision:
+def _back_to_spot(seen: _Listed) -> Decision:
     """End the fallback attempt (not a preemption, not a failure: no counter moves) and request Spot again."""
     live, now = seen.live, seen.now
-    on_tier = now - _on_tier_since(seen.job, now)
+    on_tier = now - on_tier_since(seen.job, now)
     job = _end(seen.job, now, EndReason.BACK_TO_SPOT)
-    job, attempt = _with_new_attempt(job, now, seen.ctx, 0)
-    reason = f"back to Spot after {on_tier / 3600:.1f}h on {_tier_name(seen.job)}: requested {_where(job, attempt)}"
+    job, attempt = new_attempt(job, now, seen.ctx, 0)
+    reason = f"back to Spot after {on_tier / 3600:.1f}h on {tier_name(seen.job)}: requested {where(job, attempt)}"
     delete = DeleteMachine(job.job_id, live.n, live.machine, live.zone)
     return replace(job, status=Status.RECOVERING, reason=reason), [delete, _create(job, attempt)]
 
@@ -540,7 +516,7 @@ LIVE_MACHINE_RULES: tuple[_MachineRule, ...] = (
 )
 
 
-def _live_machine_rules(seen: _Sighting) -> Decision:
+def _live_machine_rules(seen: _Listed) -> Decision:
     rule = next((r for r in LIVE_MACHINE_RULES if r.state == seen.state and r.holds(seen)), None)
     return rule.then(seen) if rule is not None else (seen.job, [])
 
@@ -563,12 +539,12 @@ def _lost(job: Job, now: float, end_reason: EndReason, ctx: Context, *, drain_un
         reason = f"{live.machine} {end_reason}; {job.counters.preemptions} preemptions exceed max_preemptions={limit}"
         return replace(_mark_deleted(job, live.n), status=Status.FAILED, reason=reason), [delete]
     avoid = live.zone if drain_until is not None else None
-    job, attempt = _with_new_attempt(job, now, ctx, _zone_index(job, live.zone), avoid=avoid)
-    where = "" if (attempt.tier, attempt.zone) == (live.tier, live.zone) else f" in {_where(job, attempt)}"
+    job, attempt = new_attempt(job, now, ctx, zone_index_of(job, live.zone), avoid=avoid)
+    moved = "" if (attempt.tier, attempt.zone) == (live.tier, live.zone) else f" in {where(job, attempt)}"
     if drain_until is not None:
-        reason = f"{live.machine} noticed; its replacement is requested now{where}, to start after its final save"
+        reason = f"{live.machine} noticed; its replacement is requested now{moved}, to start after its final save"
         return replace(job, status=Status.RECOVERING, reason=reason), [_create(job, attempt)]
-    return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {end_reason}; replacing it{where}"), [
+    return replace(job, status=Status.RECOVERING, reason=f"{live.machine} {end_reason}; replacing it{moved}"), [
         delete,
         _create(job, attempt),
     ]
@@ -587,7 +563,7 @@ def _crashed(job: Job, now: float, end_reason: EndReason, reason: str, ctx: Cont
         return replace(job, status=Status.FAILED, reason=f"{reason} (failure {failures} of {spec.max_failures})"), [
             delete
         ]
-    job, attempt = _with_new_attempt(job, now, ctx, _zone_index(job, live.zone), same_zone=True)
+    job, attempt = new_attempt(job, now, ctx, zone_index_of(job, live.zone), same_zone=True)
     return replace(job, status=Status.RECOVERING, reason=f"{reason}; retrying"), [delete, _create(job, attempt)]
 
 
@@ -597,13 +573,13 @@ def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, ctx: 
     machine was made (it failed or waited too long) and must go."""
     live = _live(job)
     assert live is not None and job.spec is not None
-    zones = _tier(job).zones
+    zones = tier_of(job).zones
     job = _end(job, now, end_reason)
     job = replace(job, counters=replace(job.counters, capacity_errors=job.counters.capacity_errors + 1))
     actions: list[Action] = [DeleteMachine(job.job_id, live.n, live.machine, live.zone)] if delete else []
-    following = (_zone_index(job, live.zone) + 1) % len(zones)
-    walked = _no_capacity_streak(job) % len(zones) == 0
-    if walked and _next_tier(job, now) is None and _spot_tier_to_return_to(job, now, ctx) is None:
+    following = (zone_index_of(job, live.zone) + 1) % len(zones)
+    walked = no_capacity_streak(job) % len(zones) == 0
+    if walked and next_tier(job, now) is None and spot_tier_to_return_to(job, now, ctx) is None:
         wait = backoff_s(job.job_id, job.capacity_round, ctx.policy)
         return replace(
             job,
@@ -613,8 +589,8 @@ def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, ctx: 
             next_attempt_at=now + wait,
             reason=f"{reason}; no capacity in any zone, next try in {wait:.0f}s",
         ), actions
-    job, attempt = _with_new_attempt(job, now, ctx, following)
-    return replace(job, reason=f"{reason}; trying {_where(job, attempt)}"), [*actions, _create(job, attempt)]
+    job, attempt = new_attempt(job, now, ctx, following)
+    return replace(job, reason=f"{reason}; trying {where(job, attempt)}"), [*actions, _create(job, attempt)]
 
 
 def _finish(job: Job, now: float, status: Status, end_reason: EndReason, reason: str) -> Decision:
@@ -704,47 +680,6 @@ def _progressed(attempt: Attempt, at: float) -> Attempt:
     return replace(attempt, progress_at=at)
 
 
-def _with_new_attempt(
-    job: Job, now: float, ctx: Context, zone_index: int, *, same_zone: bool = False, avoid: str | None = None
-) -> tuple[Job, Attempt]:
-    """The next attempt: its tier first (back to Spot, or on to the next tier when it is time, else this one), then
-    its zone. In list order (no outlook, or placement ordered) that is `zone_index` of the tier, or a new tier's first
-    zone; ranked, the outlook's best zone not yet tried in this walk, or the same zone again for a `same_zone` retry
-    in the same tier. Zone `avoid` (a head start's dying machine's) is taken only when the tier has no other."""
-    spec = job.spec
-    assert spec is not None
-    tier = _spot_tier_to_return_to(job, now, ctx)
-    tier = tier if tier is not None else _next_tier(job, now)
-    if tier is not None:
-        job, zone_index, same_zone = replace(job, tier_index=tier, capacity_round=0), 0, False
-    zones, outlook = _tier(job).zones, ctx.outlook
-    if len(zones) > 1 and zones[zone_index] == avoid:
-        zone_index = (zone_index + 1) % len(zones)
-    placement, mtbi, price = "", None, None
-    if outlook is not None:
-        if _ranked(job) and not same_zone:
-            placed, placement = _best_untried(job, now, ctx, avoid)
-            zone_index = zones.index(placed.zone)
-        else:
-            why = "the same zone: a crash says nothing of the zone" if same_zone else "list order (placement ordered)"
-            placement = f"{zones[zone_index]}: {why}"
-        mtbi = outlook.mtbi_s(zones[zone_index], machine_kind(spec), _tier(job).provisioning, now)
-        advised = outlook.advised_price(zones[zone_index], machine_kind(spec), _tier(job).provisioning)
-        price = None if advised is None else {"per_h": advised[0], "source": advice_source(advised[1])}
-    n = job.current.n + 1 if job.current else 1
-    attempt = Attempt(
-        n=n,
-        zone=zones[zone_index],
-        machine=machine_name(job.job_id, n),
-        requested_at=now,
-        tier=job.tier_index,
-        placement=placement,
-        mtbi_s=mtbi,
-        price=price,
-    )
-    return replace(job.with_attempt(attempt), zone_index=zone_index, next_attempt_at=None), attempt
-
-
 def _create(job: Job, attempt: Attempt) -> CreateMachine:
     """The attempt's create; while an older attempt drains (a head start), its trainer starts after that drain."""
     draining = _draining(job)
@@ -758,164 +693,6 @@ def _create(job: Job, attempt: Attempt) -> CreateMachine:
         mtbi_s=attempt.mtbi_s,
         start_after=draining.drain_until if draining is not None else None,
     )
-
-
-# -- placement: which zone, and when a fallback goes back to Spot ----------------------------------------------------
-
-
-def _ranked(job: Job) -> bool:
-    return job.spec is not None and job.spec.placement == "ranked"
-
-
-def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
-    """The current tier's zones, best first by the outlook; a zone that just interrupted the job is penalised (the
-    newest end of a preempted or lost attempt of the job there), and one that just had no capacity for it more."""
-    spec, tier, outlook = job.spec, _tier(job), ctx.outlook
-    assert spec is not None and outlook is not None
-    interrupted = {a.zone: a.ended_at for a in job.attempts if a.end_reason in COUNTED_AS_PREEMPTION and a.ended_at}
-    ranking = outlook.rank(
-        tier.zones,
-        now,
-        machine_type=machine_kind(spec),
-        provisioning=tier.provisioning,
-        list_price_per_hour=rate_per_h(tier.provisioning, machine_price(dict(spec.machine.__dict__))),
-        restart_cost_s=ctx.policy.restart_cost_s,
-        just_interrupted=interrupted,
-        just_refused=_refused(job),
-    )
-    return ranking.placed
-
-
-def _refused(job: Job) -> dict[str, float]:
-    """The zones that had no capacity for the job: when each last refused it."""
-    return {a.zone: a.ended_at for a in job.attempts if a.end_reason in NO_CAPACITY and a.ended_at}
-
-
-def _best_untried(job: Job, now: float, ctx: Context, avoid: str | None = None) -> tuple[Placed, str]:
-    """The best-ranked zone not tried in the current walk of stockouts (nor `avoid`, while another is left), and the
-    one-line reason: its figures, the runner-up's, the zones skipped as tried, and what the outlook lacked. A zone
-    that once refused the job and still ranks below `avoid` (the refusal's penalty outweighs the interruption's) is
-    no other zone to go to: a head start would wait in its queue while the dying zone had capacity a moment ago."""
-    assert ctx.outlook is not None
-    placed = _ranking(job, now, ctx)
-    tried = _tried_in_walk(job)
-    untried = [p for p in placed if p.zone not in tried] or list(placed)
-    dying = next((p.score for p in untried if p.zone == avoid), None)
-    refused = _refused(job)
-    elsewhere = [
-        p for p in untried if p.zone != avoid and not (p.zone in refused and dying is not None and p.score < dying)
-    ] or untried
-    best = elsewhere[0]
-    reason = f"{best.reason}"
-    if len(elsewhere) > 1:
-        reason += f"; runner-up {elsewhere[1].zone} at {elsewhere[1].score:.3f} useful h/$"
-    if tried:
-        reason += f"; no capacity this walk in {', '.join(sorted(tried))}"
-    if dying is not None and best.zone == avoid and len(untried) > 1:
-        reason += f"; {avoid} again, its machine on notice: every other zone just had no capacity for the job"
-    elif dying is not None and best.zone != avoid:
-        reason += f"; not {avoid}: its machine is on notice"
-    notes = [n for n in (ctx.outlook.note, _advice_note(job, ctx)) if n]
-    return best, reason + "".join(f"; {n}" for n in notes)
-
-
-def _advice_note(job: Job, ctx: Context) -> str | None:
-    assert job.spec is not None and ctx.outlook is not None
-    advice = ctx.outlook.advice.get((machine_kind(job.spec), _tier(job).provisioning))
-    return advice.note if advice is not None else None
-
-
-def _tried_in_walk(job: Job) -> set[str]:
-    """The zones of the current tier that found no capacity since the last full walk of its zones."""
-    walk = _no_capacity_streak(job) % len(_tier(job).zones)
-    return {a.zone for a in job.attempts[len(job.attempts) - walk :]} if walk else set()
-
-
-def _spot_tier_to_return_to(job: Job, now: float, ctx: Context) -> int | None:
-    """The first Spot tier, when a job on a later tier that is not Spot goes back to it: the tier's
-    back_to_spot_after has passed since the job came to it, the Spot tier's deadline rule would not move it on again
-    at once, and the outlook expects Spot's best zone to last at least Policy.spot_min_mtbi_s. Never without an
-    outlook."""
-    spec = job.spec
-    if ctx.outlook is None or spec is None:
-        return None
-    tier = _tier(job)
-    if tier.provisioning in SPOT_MODELS or tier.back_to_spot_after_s is None:
-        return None
-    spot = next((i for i, t in enumerate(spec.all_tiers[: job.tier_index]) if t.provisioning in SPOT_MODELS), None)
-    if spot is None or now - _on_tier_since(job, now) < tier.back_to_spot_after_s:
-        return None
-    spot_tier = spec.all_tiers[spot]
-    if spot_tier.deadline_within_s is not None and job.deadline - now <= spot_tier.deadline_within_s:
-        return None
-    best = _ranking(replace(job, tier_index=spot), now, ctx)[0]
-    return spot if best.mtbi_s >= ctx.policy.spot_min_mtbi_s else None
-
-
-def _stint(job: Job) -> tuple[Attempt, ...]:
-    """The attempts since the job last went back to Spot: within a stint, tiers only move forward."""
-    attempts, start = job.attempts, 0
-    for i in range(1, len(attempts)):
-        if attempts[i].tier < attempts[i - 1].tier:
-            start = i
-    return attempts[start:]
-
-
-def _on_tier_since(job: Job, now: float) -> float:
-    """When the job came to its current tier: the request of the stint's first attempt on it (`now` if none yet)."""
-    return next((a.requested_at for a in _stint(job) if a.tier == job.tier_index), now)
-
-
-def _tier_name(job: Job) -> str:
-    return f"the {_tier(job).provisioning} tier"
-
-
-def _tier(job: Job) -> Tier:
-    assert job.spec is not None
-    return job.spec.all_tiers[job.tier_index]
-
-
-def _where(job: Job, attempt: Attempt) -> str:
-    assert job.spec is not None
-    tiers = job.spec.all_tiers
-    return attempt.zone if len(tiers) == 1 else f"{attempt.zone} ({tiers[attempt.tier].provisioning} tier)"
-
-
-def _next_tier(job: Job, now: float) -> int | None:
-    """The tier the next attempt must use when the current tier's move-on rule holds (the last tier stays)."""
-    assert job.spec is not None
-    tiers, index = job.spec.all_tiers, job.tier_index
-    while index + 1 < len(tiers) and _moves_on(job, tiers[index], index, now):
-        index += 1
-    return index if index != job.tier_index else None
-
-
-def _moves_on(job: Job, tier: Tier, index: int, now: float) -> bool:
-    mine = [a for a in _stint(job) if a.tier == index]
-    if tier.after_preemptions is not None:
-        preempted = sum(a.end_reason in COUNTED_AS_PREEMPTION for a in mine)
-        if preempted >= tier.after_preemptions:
-            return True
-    if tier.after_stockout_s is not None and index == job.tier_index:
-        streak = _no_capacity_streak(job)
-        if streak and now - job.attempts[-streak].requested_at >= tier.after_stockout_s:
-            return True
-    return tier.deadline_within_s is not None and job.deadline - now <= tier.deadline_within_s
-
-
-def _zone_index(job: Job, zone: str) -> int:
-    zones = _tier(job).zones
-    return zones.index(zone) if zone in zones else job.zone_index
-
-
-def _no_capacity_streak(job: Job) -> int:
-    """How many attempts in a row, newest first, found no capacity (in the current tier)."""
-    streak = 0
-    for attempt in reversed(job.attempts):
-        if attempt.end_reason not in NO_CAPACITY or attempt.tier != job.tier_index:
-            break
-        streak += 1
-    return streak
 
 
 def _ttl(job: Job) -> int:

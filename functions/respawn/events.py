@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from respawn.model import JobSpec, MachineState
+from respawn.jobs import JobSpec, MachineState
 
 
 @dataclass(frozen=True)

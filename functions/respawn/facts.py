@@ -33,8 +33,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from respawn.accounting import job_accounting, machine_seconds, trainer_start
-from respawn.model import COUNTED_AS_PREEMPTION, NO_CAPACITY, Attempt, Job, Status
-from respawn.placement import machine_kind
+from respawn.jobs import COUNTED_AS_PREEMPTION, NO_CAPACITY, Attempt, Job, Status
+from respawn.outlook import machine_kind
 from respawn.prices import MachinePrice, machine_price, rate_per_h
 
 log = logging.getLogger("respawn.facts")  # beside respawn.service: the same handler, its own lines

@@ -8,7 +8,7 @@ The page is built from a `View`, which either source fills in: a deployed job's 
   the training step over time
   the goodput split: productive time and each kind of badput
   cost at the price paid against on-demand
-  each attempt's placement reason
+  each attempt's reason for its zone
 
 Inline SVG and CSS only: no script, no external asset, so the page opens anywhere (an email attachment, a bucket).
 Every figure is also in an element with a `data-figure` attribute, for tests and scrapers.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from respawn.accounting import job_accounting
-from respawn.model import COUNTED_AS_PREEMPTION, Job
+from respawn.jobs import COUNTED_AS_PREEMPTION, Job
 
 END_COLOURS = {
     "completed": "#2e7d32",
@@ -55,7 +55,7 @@ class Bar:
     start: float
     end: float | None  # None: still live
     end_reason: str
-    placement: str = ""
+    placement: str = ""  # the attempt's reason for its zone (Attempt.zone_reason)
     provisioning: str = ""
     head_start: bool = False  # requested on its predecessor's notice
 
@@ -97,7 +97,7 @@ def from_record(job: Job, entries: Sequence[Mapping[str, Any]], now: float) -> V
             a.requested_at,
             a.ended_at,
             str(a.end_reason or ""),
-            a.placement,
+            a.zone_reason,
             tiers[a.tier].provisioning if a.tier < len(tiers) else "",
             head_start=_requested_on_notice(job, a.n),
         )

@@ -26,10 +26,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from respawn.machine import TRAINER_LOG
 from respawn.parsing import rfc3339
 from respawn.ports import LogReader
 
-TRAINER_LOG = "respawn-trainer"
 CONTAINER_LOG = "gcplogs-docker-driver"
 JOB_ENV, ATTEMPT_ENV = "RESPAWN_JOB_ID", "RESPAWN_ATTEMPT"  # the container's variables gcplogs copies to entries
 POLL_S = 5.0  # Cloud Logging allows 60 entries.list calls a minute per project

@@ -21,13 +21,14 @@ from dataclasses import dataclass, replace
 
 from respawn.acting import Acting, has_intent, lease_expired
 from respawn.actions import Action
-from respawn.decide import Policy, decide, is_stale
+from respawn.decide import decide, is_stale
 from respawn.events import JobEvent, JobSubmitted, MachinesObserved, TrainerFailed
 from respawn.facts import log_facts
-from respawn.machines import Machines
-from respawn.model import Job, MachineState
+from respawn.jobs import Job, MachineState
 from respawn.outcome import InFlight, Outcome, Result, Retryable
+from respawn.policy import Policy
 from respawn.ports import Clock, ConflictError, Machine, ProviderError, TransientError
+from respawn.providers import Providers
 from respawn.records import Read, Records
 
 
@@ -49,7 +50,7 @@ class OneJob:
     """One event on one job's record, in tries of one read each (the module docstring)."""
 
     records: Records
-    machines: Machines
+    machines: Providers
     acting: Acting
     clock: Clock
     policy: Policy

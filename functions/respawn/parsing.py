@@ -44,19 +44,19 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import parse_instance_name, parse_machine_name
+from respawn.jobs import parse_instance_name, parse_machine_name
+from respawn.machine import TRAINER_LOG
 from respawn.spec import JOB_ID_RE, ZONE_RE, CancelRequest, SpecError, one_line, parse_job_message, show
 
 SYSTEM_EVENT_LOGS = ("/logs/cloudaudit.googleapis.com%2Fsystem_event", "/logs/cloudaudit.googleapis.com/system_event")
 ACTIVITY_LOGS = ("/logs/cloudaudit.googleapis.com%2Factivity", "/logs/cloudaudit.googleapis.com/activity")
 NODE_TERMINATED = "tpu.nodes.terminate"
-TRAINER_LOG = "/logs/respawn-trainer"
 HOST_EVENTS = {
     "compute.instances.preempted": "preempted",
     "compute.instances.hostError": "hostError",
     "compute.instances.terminateOnHostMaintenance": "terminateOnHostMaintenance",
 }
-# the lifecycle entries of log respawn-trainer: the trainer's own and its startup script's, and (notice) the shutdown
+# the lifecycle entries of log TRAINER_LOG: the trainer's own and its startup script's, and (notice) the shutdown
 # script's as the preemption notice comes
 TRAINER_EVENTS = ("started", "checkpoint", "progress", "completed", "failed", "stopped", "notice")
 SWEEP_TICK = "sweep_tick"
@@ -221,11 +221,11 @@ def _log_entry_event(entry: Any) -> Event:
         return _node_terminated(entry, event_id, when)
     if log_name.endswith(SYSTEM_EVENT_LOGS):
         return _system_event(entry, event_id, when)
-    if log_name.endswith(TRAINER_LOG):
+    if log_name.endswith(f"/logs/{TRAINER_LOG}"):
         return _trainer_entry(entry, event_id, when)
     return Ignored(
         f"log {show(log_name.rpartition('/logs/')[2])} is neither a GCE system event, a TPU node's termination nor "
-        "respawn-trainer"
+        f"{TRAINER_LOG}"
     )
 
 
@@ -296,7 +296,7 @@ def _system_event(entry: dict[str, Any], event_id: str, when: float) -> Event:
 def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
     payload = entry.get("jsonPayload")
     if not isinstance(payload, dict):
-        return Ignored("respawn-trainer entry has no jsonPayload")
+        return Ignored(f"{TRAINER_LOG} entry has no jsonPayload")
     kind = payload.get("event")
     if kind not in TRAINER_EVENTS:
         return Ignored(f"trainer event {show(kind)} is not one of {', '.join(TRAINER_EVENTS)}")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from respawn.model import JobSpec, TpuMachine
-from respawn.placement import HOUR, Key, Outlook, machine_kind
+from respawn.jobs import JobSpec, TpuMachine
+from respawn.outlook import HOUR, Key, Outlook, machine_kind
 from respawn.prices import Priced, machine_price, priced, rate_per_h
 
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
-from respawn.model import Job, JobSpec, MachineState
-from respawn.placement import History
+from respawn.jobs import Job, JobSpec, MachineState
+from respawn.outlook import History
 
 
 class ProviderError(Exception):
@@ -76,7 +76,7 @@ class JobStore(Protocol):
 
 
 class HistoryStore(Protocol):
-    """The deployment's preemption history (respawn.placement.History): one object, written with compare-and-set."""
+    """The deployment's preemption history (respawn.outlook.History): one object, written with compare-and-set."""
 
     def load(self) -> tuple[History, int]:
         """(history, generation); (History(), 0) when none was written yet."""
@@ -101,5 +101,5 @@ class StatusNotifier(Protocol):
     """Publishes the status changes of jobs (topic respawn-status)."""
 
     def notify(self, notice: dict[str, Any]) -> None:
-        """Publish one notice (respawn.notices). Raises TransientError when a later try may succeed,
+        """Publish one notice (respawn.status_messages). Raises TransientError when a later try may succeed,
         PermanentError when it cannot (no such topic, no permission)."""

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from respawn.jobs import SPOT_MODELS
 from respawn.topology import UnknownTpuType, tpu_topology
 
 PRICES_AS_OF = "2025-06 (us-central1 list prices)"
@@ -109,9 +110,6 @@ def machine_price(machine: dict[str, object]) -> MachinePrice | None:
     label = f"{count} x {accelerator}: ${gpu.on_demand:.2f} on-demand / ${gpu.spot:.2f} Spot per GPU-hour"
     label += " (host VM not included)"
     return MachinePrice(label, count * gpu.on_demand, count * gpu.spot)
-
-
-SPOT_MODELS = ("spot", "preemptible")
 
 
 def rate_per_h(provisioning: str, price: MachinePrice | None) -> float | None:

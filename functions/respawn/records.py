@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from respawn.model import Job
+from respawn.jobs import Job
 from respawn.ports import ConflictError, JobStore
 
 

@@ -4,9 +4,9 @@ The rooms behind it, one concern each:
 
   one_job.py          one event on one job: read, take over crashed intent, decide, persist intent, act, clear
   records.py          the cache of records and compare-and-set (the cache is only a hint)
-  acting.py           intent before effect: leases, acting, create failures fed back into decide, status notices
+  acting.py           intent before effect: leases, acting, create failures fed back into decide, status messages
   sweep.py            many jobs: the sweep and zone wake-ups, fanned out over one job each
-  machines.py         the machine providers by API, for acting and listing
+  providers.py        the machine providers by API, for acting and listing
   outcome.py          what an event came to (`Result`), and `Retryable`
   service_settings.py the lease, the compare-and-set tries and the cache size (`ServiceSettings`)
   service_log.py      the structured log lines
@@ -25,12 +25,12 @@ from dataclasses import replace
 
 from respawn import service_log
 from respawn.acting import Acting, AdviceSource, Histories
-from respawn.decide import Policy
 from respawn.events import Event, Ignored, JobEvent, JobRejected, JobSubmitted, SweepTicked, ZoneWokeUp
-from respawn.machines import Machines
 from respawn.one_job import OneJob
 from respawn.outcome import InFlight, Outcome, Result, Retryable
+from respawn.policy import Policy
 from respawn.ports import Clock, HistoryStore, JobStore, MachineProvider, StatusNotifier, TransientError
+from respawn.providers import Providers
 from respawn.records import Records
 from respawn.service_settings import ServiceSettings
 from respawn.sweep import Sweep
@@ -54,12 +54,12 @@ class Service:
         history: HistoryStore | None = None,
         advice: AdviceSource | None = None,
     ) -> None:
-        """Without a `notifier` no status notice is kept or published. Without a `history` store no preemption history
+        """Without a `notifier` no status message is kept or published. Without a `history` store no preemption history
         is kept and decide places machines in list order (no outlook); `advice` adds the Advice API's word on a
         job's machines to its outlook."""
         self.providers, self.notifier, self.history = providers, notifier, history  # what it was wired with
         records = Records(store, settings.cached_records)
-        machines = Machines(providers)
+        machines = Providers(providers)
         histories = Histories(history, advice=advice) if history is not None else None
         acting = Acting(records, machines, notifier, policy, settings.lease_s, histories)
         self._one_job = OneJob(records, machines, acting, clock, policy, settings.max_conflicts)

@@ -1,6 +1,8 @@
-"""The service's structured log lines: one JSON line per handled event, one per failed action or dropped notice.
+"""respawn's one logging mechanism: structured JSON lines through the `respawn.service` logger.
 
-Cloud Logging reads each line as a structured entry. A line never includes the job's env, args or image.
+One line per handled event, one per failed action or dropped status message, and the entry points' own (a job
+message rejected, an event dropped). Cloud Logging reads each line as a structured entry. A line never includes the
+job's env, args or image.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ def retrying(event: Event, reason: str) -> None:
 
 
 def error(job_id: str, message: str) -> None:
-    """An action or a notice that failed for good; the job goes on without it."""
-    log.error(json.dumps({"severity": "ERROR", "message": message, "job_id": job_id}))
+    """An action or a status message that failed for good; the job goes on without it."""
+    dropped(message, job_id=job_id)
+
+
+def dropped(message: str, **fields: object) -> None:
+    """An error line: what was dropped or rejected, with the fields that say which (None fields left out)."""
+    entry = {"severity": "ERROR", "message": message, **{k: v for k, v in fields.items() if v is not None}}
+    log.error(json.dumps(entry, default=str))
 
 
 def ensure_handler() -> None:

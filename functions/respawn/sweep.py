@@ -15,18 +15,18 @@ from respawn.acting import has_intent
 from respawn.decide import DEAD
 from respawn.events import SweepTicked, ZoneWokeUp
 from respawn.facts import log_waiting
-from respawn.machines import Machines
-from respawn.model import Job
+from respawn.jobs import Job
 from respawn.one_job import OneJob, Sighting, observed, zones_to_watch
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.ports import Clock, Machine, TransientError
+from respawn.providers import Providers
 from respawn.records import Read, Records
 
 
 @dataclass(frozen=True)
 class Sweep:
     records: Records
-    machines: Machines
+    machines: Providers
     one_job: OneJob
     clock: Clock
 

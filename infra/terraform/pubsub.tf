@@ -15,7 +15,7 @@ resource "google_pubsub_topic" "events" {
   depends_on = [google_project_service.apis]
 }
 
-# One message per status change of a job (respawn/notices.py), published by the functions. Subscribe to route it:
+# One message per status change of a job (respawn/status_messages.py), published by the functions. Subscribe to route it:
 # docs/operations.md, Status notices.
 resource "google_pubsub_topic" "status" {
   #checkov:skip=CKV_GCP_83:Google-managed encryption at rest; status notices carry job ids, statuses, reasons and counters, never credentials, so a customer-managed key would add a key ring, rotation and service-agent grants without protecting anything more.

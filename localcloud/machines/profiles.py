@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from respawn.model import GpuMachine, TpuMachine
+from respawn.jobs import GpuMachine, TpuMachine
 
 CLOUD_SCALE = 1 / 60  # local seconds per real second: a real minute is a local second
 

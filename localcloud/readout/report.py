@@ -55,8 +55,8 @@ from typing import Any
 
 from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.accounting import later_split, parse_split, sum_splits
-from respawn.model import EndReason, JobSpec
-from respawn.placement import History, Key, Outlook, machine_kind
+from respawn.jobs import EndReason, JobSpec
+from respawn.outlook import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
 LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from respawn.joblogs import LogLine, lifecycle_payload
-from respawn.model import parse_machine_name
+from respawn.jobs import parse_machine_name
 
 _LOG_FILE = re.compile(r"(?P<machine>.+?)(?:-w-(?P<worker>\d+))?\.log")
 POLL_S = 0.25

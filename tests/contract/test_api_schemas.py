@@ -13,6 +13,7 @@ import copy
 import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,16 @@ from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.compute_operations import Scope
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 
 ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"
 ADAPTERS = Path(__file__).parents[2] / "functions" / "respawn" / "adapters"
 TPU_API, COMPUTE_API = Api.load("tpu.v2"), Api.load("compute.v1")
 SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
+# A deployment's own network (RESPAWN_NETWORK, RESPAWN_SUBNETWORK, RESPAWN_EXTERNAL_IP=false).
+NETWORKED = replace(SETTINGS, network="projects/host/global/networks/vpc", subnetwork="ml", external_ips=False)
+SUBNETWORK = f"projects/host/regions/{REGION}/subnetworks/ml"
 
 # The client objects each adapter calls, by (file, attribute): the discovery resource their methods belong to.
 CLIENTS = {
@@ -175,6 +179,16 @@ def run_compute(server: CloudApiServer) -> None:
     stocked_out(gce, compute_spec("slice-out", SLICE))
 
 
+def run_networked(server: CloudApiServer) -> None:
+    """Every kind of create on a deployment's own network, without external IPs."""
+    tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=NETWORKED)
+    gce = GcpComputeProvider(PROJECT, endpoint=server.url, settings=NETWORKED, clock=time.time)
+    lifecycle(server, tpu, tpu_spec("net-node", "node"))
+    lifecycle(server, tpu, tpu_spec("net-queued", "queued"))
+    lifecycle(server, gce, compute_spec("net-gpu", GPU))
+    lifecycle(server, gce, compute_spec("net-slice", SLICE))
+
+
 @pytest.fixture(scope="module")
 def exchanges() -> Iterator[list[Exchange]]:
     """Every request and reply of every scenario."""
@@ -183,6 +197,7 @@ def exchanges() -> Iterator[list[Exchange]]:
         (run_tpu, {}),
         (run_queue_wait, {"queue_waits": {ZONE: 30.0}}),
         (run_compute, {}),
+        (run_networked, {}),
     ):
         with CloudApiServer(create_delay_s=0.02, record=True, **knobs) as server:  # type: ignore[arg-type]
             run(server)
@@ -229,6 +244,18 @@ def test_the_scenarios_reach_errors_and_states(exchanges: list[Exchange]) -> Non
     states = ("'PREEMPTED'", "'SUSPENDED'", "'WAITING_FOR_RESOURCES'", "'TERMINATED'")
     for seen in ("ZONE_RESOURCE_POOL_EXHAUSTED", *states):
         assert any(seen in r for r in replies), seen
+
+
+def test_the_networked_creates_were_checked(exchanges: list[Exchange]) -> None:
+    """The conformance check above saw the subnetwork, and no external IP, on each kind of create."""
+    networked = [e for e in exchanges if e.method == "POST" and SUBNETWORK in str(e.body)]
+    assert {e.path.rsplit("/", 1)[-1] for e in networked} == {
+        "nodes",
+        "queuedResources",
+        "instances",
+        "instanceTemplates",
+    }
+    assert not any("accessConfigs" in str(e.body) or "enableExternalIps" in str(e.body) for e in networked)
 
 
 def first(exchanges: list[Exchange], method_id: str) -> Exchange:

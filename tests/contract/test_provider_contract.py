@@ -19,7 +19,7 @@ from respawn.actions import CreateMachine
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.model import GpuMachine, JobSpec, MachineState, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineState, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 
 ZONE, PROJECT = "us-central1-a", "proj"

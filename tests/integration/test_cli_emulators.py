@@ -13,7 +13,7 @@ from google.cloud import pubsub_v1
 from localcloud.services.emulators import PubSubEmulator
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.cli import main
-from respawn.model import Attempt, Counters, Job, JobSpec, Status, TpuMachine
+from respawn.jobs import Attempt, Counters, Job, JobSpec, Status, TpuMachine
 
 pytestmark = pytest.mark.emulator
 

@@ -17,7 +17,7 @@ from respawn.actions import CreateMachine
 from respawn.adapters import compute_slices as slices
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
-from respawn.model import JobSpec, MachineState, Tier, TpuMachine
+from respawn.jobs import JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, PermanentError, TransientError
 
 ZONE = "us-central1-a"

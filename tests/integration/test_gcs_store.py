@@ -16,8 +16,8 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore, StoreError
-from respawn.model import Attempt, Job, JobSpec, Status, TpuMachine
-from respawn.placement import History, Key, Observation
+from respawn.jobs import Attempt, Job, JobSpec, Status, TpuMachine
+from respawn.outlook import History, Key, Observation
 from respawn.ports import ConflictError, TransientError
 
 pytestmark = pytest.mark.emulator

@@ -16,7 +16,7 @@ import pytest
 from localcloud.apis.cloudapi import CloudApiServer
 from respawn.adapters.gcs_store import GcsHistoryStore
 from respawn.cli import main
-from respawn.placement import HOUR, History, Key
+from respawn.outlook import HOUR, History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-west1-b"
 GPU_JOB = {

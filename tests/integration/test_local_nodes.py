@@ -20,8 +20,8 @@ from localcloud.timeline import Timeline
 from respawn import parsing
 from respawn.adapters.startup import machine_metadata
 from respawn.events import TrainerFailed
+from respawn.jobs import GpuMachine, JobSpec
 from respawn.machine import GRACE_S
-from respawn.model import GpuMachine, JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -42,8 +42,8 @@ from respawn import parsing
 from respawn.adapters.startup import machine_metadata
 from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
 from respawn.joblogs import lifecycle_payload
+from respawn.jobs import JobSpec, TpuMachine
 from respawn.machine import GRACE_S
-from respawn.model import JobSpec, TpuMachine
 from respawn.topology import tpu_topology
 
 REPO = Path(__file__).resolve().parents[2]

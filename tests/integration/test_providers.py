@@ -14,7 +14,7 @@ from respawn.actions import CreateMachine
 from respawn.adapters.compute import DLVM_IMAGE, GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.model import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
 ZONE = "us-central1-a"
@@ -676,3 +676,26 @@ def test_a_gpu_reservation_tier_consumes_that_reservation(server: CloudApiServer
         "key": "compute.googleapis.com/reservation-name",
         "values": ["gpu-res"],
     }
+
+
+# ---------------------------------------------------------------------------------------------------------- network
+
+
+def test_the_local_apis_take_every_create_on_the_deployments_network(server: CloudApiServer) -> None:
+    """With a network, a subnetwork and no external IPs (RESPAWN_NETWORK, RESPAWN_SUBNETWORK, RESPAWN_EXTERNAL_IP),
+    the Cloud TPU API's node and queued resource and Compute Engine's instance carry them to the API."""
+    network, subnetwork = "projects/host/global/networks/team-vpc", "projects/host/regions/us-central1/subnetworks/ml"
+    settings = ProviderSettings(network=network, subnetwork="ml", external_ips=False, create_wait_s=10)
+    tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=settings)
+    gce = GcpComputeProvider(PROJECT, endpoint=server.url, clock=lambda: 1000.0, settings=settings)
+    node_spec, queued, gpu = tpu_spec(), queued_spec("llm-2"), gpu_spec()
+    tpu.create(create(node_spec), node_spec)
+    tpu.create(create(queued), queued)
+    gce.create(create(gpu), gpu)
+
+    expected = {"network": network, "subnetwork": subnetwork}
+    node = server.machine("llm-1-a1")
+    assert node is not None and node.resource["networkConfig"] == expected
+    assert server.queued_resources()[0].body["tpu"]["nodeSpec"][0]["node"]["networkConfig"] == expected
+    vm = server.machine("gpu-1-a1")
+    assert vm is not None and vm.resource["networkInterfaces"] == [expected]  # no accessConfigs: no external IP

@@ -6,9 +6,9 @@ import pytest
 from fakes import Crash, CrashingProvider, CrashingStore, CrashPlan, FakeClock, FakeProvider, deliver_concurrently
 
 from respawn.adapters.gcs_store import GcsJobStore
-from respawn.decide import Policy
 from respawn.events import JobSubmitted, MachinePreempted, SweepTicked, TrainerStarted
-from respawn.model import JobSpec, MachineState, Status, TpuMachine
+from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
+from respawn.policy import Policy
 from respawn.service import Service, ServiceSettings
 
 pytestmark = pytest.mark.emulator

@@ -10,9 +10,9 @@ from conftest import pull, topic_with_subscription
 
 from localcloud.services.emulators import PubSubEmulator
 from respawn.adapters.pubsub_notifier import PubSubStatusNotifier
-from respawn.model import Attempt, Counters, Job, Status
-from respawn.notices import status_notice
+from respawn.jobs import Attempt, Counters, Job, Status
 from respawn.ports import PermanentError
+from respawn.status_messages import status_message
 
 pytestmark = pytest.mark.emulator
 
@@ -22,7 +22,7 @@ def test_a_notice_is_one_message_with_attributes_to_filter_on(pubsub_emulator: P
     old = Job("llm", None, Status.RUNNING, 1.0, 1.0)
     attempt = Attempt(2, "us-central1-a", "llm-a2", 5.0)
     new = Job("llm", None, Status.RECOVERING, 1.0, 9.0, "preempted", (attempt,), Counters(preemptions=1))
-    notice = status_notice(old, new, 1_767_225_600.25)
+    notice = status_message(old, new, 1_767_225_600.25)
 
     PubSubStatusNotifier(pubsub_emulator.project, topic).notify(notice)
 
@@ -40,6 +40,6 @@ def test_a_notice_is_one_message_with_attributes_to_filter_on(pubsub_emulator: P
 
 def test_a_missing_topic_is_a_permanent_error_naming_it(pubsub_emulator: PubSubEmulator) -> None:
     notifier = PubSubStatusNotifier(pubsub_emulator.project, f"missing-{uuid.uuid4().hex[:8]}")
-    notice = status_notice(None, Job("llm", None, Status.REJECTED, 1.0, 1.0, "bad zones"), 1.0)
+    notice = status_message(None, Job("llm", None, Status.REJECTED, 1.0, 1.0, "bad zones"), 1.0)
     with pytest.raises(PermanentError, match=f"publishing to {notifier.topic}"):
         notifier.notify(notice)

@@ -29,10 +29,10 @@ from respawn import parsing
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.adapters.tpu import GcpTpuProvider
-from respawn.config import service_from_env
-from respawn.decide import Policy
+from respawn.bootstrap import service_from_env
 from respawn.events import Event, SweepTicked
-from respawn.model import Job, Status
+from respawn.jobs import Job, Status
+from respawn.policy import Policy
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
 
 pytestmark = pytest.mark.emulator

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from respawn.accounting import CATEGORIES, job_accounting, later_split, parse_split
-from respawn.decide import Policy, decide
+from respawn.decide import decide
 from respawn.events import (
     CheckpointSaved,
     JobEvent,
@@ -22,8 +22,9 @@ from respawn.events import (
     TrainerFailed,
     TrainerStarted,
 )
-from respawn.model import Attempt, Job, JobSpec, Status, TpuMachine
+from respawn.jobs import Attempt, Job, JobSpec, Status, TpuMachine
 from respawn.parsing import log_entry_event
+from respawn.policy import Policy
 from respawn.prices import LIST_SOURCE
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -13,8 +13,8 @@ import pytest
 
 from localcloud.apis.cloudapi import CloudApiServer
 from respawn.adapters.advice import TPU_NOTE, GcpAdvisor, accelerators, advise_regions, is_tpu
-from respawn.model import GpuMachine, TpuMachine
-from respawn.placement import ZoneAdvice
+from respawn.jobs import GpuMachine, TpuMachine
+from respawn.outlook import ZoneAdvice
 
 PROJECT, REGION = "proj", "us-central1"
 A, B = "us-central1-a", "us-central1-b"

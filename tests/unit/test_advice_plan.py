@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from respawn import plan
-from respawn.model import GpuMachine, JobSpec, Tier, TpuMachine
-from respawn.placement import HOUR, Advice, History, Key, Outlook, ZoneAdvice
+from respawn.jobs import GpuMachine, JobSpec, Tier, TpuMachine
+from respawn.outlook import HOUR, Advice, History, Key, Outlook, ZoneAdvice
 from respawn.prices import LIST_SOURCE, Priced, machine_price, priced
 
 NOW = 1_800_000_000.0  # 2027-01-15 UTC

@@ -83,7 +83,7 @@ def test_placement_is_decides_own_through_an_outlook_that_learns(zones: Path, mo
         def spy(job: Any, event: Any, now: float, knobs: Any, *, outlook: Any = None, seen: str = policy) -> Any:
             outlooks[seen].append(outlook)
             new, actions = real(job, event, now, knobs, outlook=outlook)
-            reasons[seen] += [new.current.placement for a in actions if isinstance(a, CreateMachine)]
+            reasons[seen] += [new.current.zone_reason for a in actions if isinstance(a, CreateMachine)]
             return new, actions
 
         monkeypatch.setattr(bench_placement, "decide", spy)

@@ -171,8 +171,9 @@ def test_parse_event_prints_one_json_object(
 
 def test_status_shows_the_hosts_of_a_slice_and_the_hang_timeout() -> None:
     from respawn.cli import describe
-    from respawn.decide import Policy, decide
+    from respawn.decide import decide
     from respawn.events import JobSubmitted
+    from respawn.policy import Policy
     from respawn.spec import load_job_file, parse_job_message
 
     message = load_job_file(DATA / "job_tpu.yaml")
@@ -187,8 +188,9 @@ def test_status_shows_the_hosts_of_a_slice_and_the_hang_timeout() -> None:
 
 def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
     from respawn.cli import describe
-    from respawn.decide import Policy, decide
+    from respawn.decide import decide
     from respawn.events import JobSubmitted, MachinePreempted, TrainerStarted
+    from respawn.policy import Policy
     from respawn.spec import load_job_file, parse_job_message
 
     T = 1_700_000_000.0
@@ -221,10 +223,11 @@ def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
 
 def test_status_shows_the_placement_and_why_each_attempt_went_where_it_did() -> None:
     from respawn.cli import describe
-    from respawn.decide import Policy, decide
+    from respawn.decide import decide
     from respawn.events import JobSubmitted, MachinePreempted, TrainerStarted
-    from respawn.model import JobSpec
-    from respawn.placement import Outlook
+    from respawn.jobs import JobSpec
+    from respawn.outlook import Outlook
+    from respawn.policy import Policy
     from respawn.spec import load_job_file, parse_job_message
 
     T = 1_700_000_000.0
@@ -311,8 +314,9 @@ def test_logs_with_a_state_bucket_read_cloud_logging(
     from fakes import FakeLogReader, InMemoryJobStore
 
     from respawn import cli
-    from respawn.decide import Policy, decide
+    from respawn.decide import decide
     from respawn.events import JobSubmitted, TrainerCompleted, TrainerStarted
+    from respawn.policy import Policy
     from respawn.spec import load_job_file, parse_job_message
 
     names = ["logentry_trainer_started.json", "logentry_container_line.json", "logentry_trainer_completed.json",

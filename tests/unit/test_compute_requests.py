@@ -17,7 +17,9 @@ from respawn.adapters.compute_operations import api_error
 from respawn.adapters.compute_slices import Observed, slice_state
 from respawn.adapters.errors import classify
 from respawn.adapters.settings import ProviderSettings
-from respawn.model import GpuMachine, JobSpec, MachineSpec, MachineState, Tier, TpuMachine
+from respawn.bootstrap import machine_providers
+from respawn.deployment import Settings
+from respawn.jobs import GpuMachine, JobSpec, MachineSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
 ZONE = "us-central1-a"
@@ -459,3 +461,46 @@ def test_the_zones_mtbi_goes_to_the_machine_and_the_trainer_of_an_instance_and_o
         assert items["respawn-mtbi-s"] == "5400" and "-e RESPAWN_MTBI_S=5400 " in items["startup-script"]
     items = metadata(body(gce.instance(create(), job(tpu("v6e-8")))))
     assert "respawn-mtbi-s" not in items and "RESPAWN_MTBI_S" not in items["startup-script"]  # no outlook
+
+
+# ------------------------------------------------------------------------------------------------ the network
+
+NETWORK_ENV = {
+    "RESPAWN_NETWORK": "projects/host/global/networks/team-vpc",
+    "RESPAWN_SUBNETWORK": "ml-subnet",
+    "RESPAWN_EXTERNAL_IP": "false",
+    "RESPAWN_TPU_ENDPOINT": "http://127.0.0.1:9",  # never called
+    "RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:9",
+}
+
+
+def test_every_create_names_the_deployments_network_and_subnetwork_without_an_external_ip() -> None:
+    """RESPAWN_NETWORK, RESPAWN_SUBNETWORK and RESPAWN_EXTERNAL_IP (Terraform's network.tf), read as the functions
+    read them: an instance and a slice's template name that network, the subnetwork in the zone's region (in the
+    network's project, a Shared VPC's host), and no access config."""
+    settings = Settings.from_env({"RESPAWN_PROJECT": "proj", **NETWORK_ENV})
+    provider = machine_providers(settings)["compute"]
+    assert isinstance(provider, GcpComputeProvider)
+    expected = [
+        {
+            "network": "projects/host/global/networks/team-vpc",
+            "subnetwork": "projects/host/regions/us-central1/subnetworks/ml-subnet",
+        }
+    ]
+    gpu = job(GpuMachine("g2-standard-8", "nvidia-l4", 1))
+    assert body(provider.instance(create(), gpu))["networkInterfaces"] == expected
+    assert body(provider.instance(create(), job(tpu("v6e-8"))))["networkInterfaces"] == expected
+    template = body(slices.instance_template(provider.slice(create(), job(tpu("v6e-16")))))
+    assert template["properties"]["networkInterfaces"] == expected
+
+
+def test_unset_the_network_is_the_projects_default_with_an_external_ip(gce: GcpComputeProvider) -> None:
+    expected = [
+        {
+            "network": "global/networks/default",
+            "accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}],
+        }
+    ]
+    assert body(gce.instance(create(), job(tpu("v6e-8"))))["networkInterfaces"] == expected
+    template = body(slices.instance_template(gce.slice(create(), job(tpu("v6e-16")))))
+    assert template["properties"]["networkInterfaces"] == expected

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from respawn.actions import Action, CreateMachine, DeleteMachine, action_from_dict, action_to_dict
-from respawn.decide import Policy, decide
+from respawn.decide import decide
 from respawn.events import (
     CancelRequested,
     CheckpointSaved,
@@ -27,9 +27,10 @@ from respawn.events import (
     TrainerFailed,
     TrainerStarted,
 )
+from respawn.jobs import LEGAL_TRANSITIONS, EndReason, GpuMachine, Job, JobSpec, MachineState, Status, Tier, TpuMachine
 from respawn.machine import NOTICE_S
-from respawn.model import LEGAL_TRANSITIONS, EndReason, GpuMachine, Job, JobSpec, MachineState, Status, Tier, TpuMachine
-from respawn.placement import History, Key, Outlook
+from respawn.outlook import History, Key, Outlook
+from respawn.policy import Policy
 from respawn.spec import parse_job_message, spec_to_message
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
@@ -156,7 +157,7 @@ def test_ranked_the_replacement_goes_to_the_best_zone_other_than_the_dying_machi
 
     noticed, actions = step(job, notice(), NOTICED_AT + 1, outlook)
     assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [C]
-    assert noticed.attempts[1].placement.endswith(f"not {A}: its machine is on notice")
+    assert noticed.attempts[1].zone_reason.endswith(f"not {A}: its machine is on notice")
 
 
 def test_the_preemption_that_follows_is_stale_and_counts_nothing_more() -> None:
@@ -320,11 +321,11 @@ def test_a_head_start_stays_in_the_dying_zone_while_the_other_just_had_no_capaci
     job, actions = step(job, notice(2, at=at), at + 1, outlook)
     assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [then]
     said = f"{B} again, its machine on notice" if then == B else f"not {B}: its machine is on notice"
-    assert said in job.attempts[2].placement
+    assert said in job.attempts[2].zone_reason
 
 
 def test_ranked_with_one_zone_the_replacement_stays_and_its_reason_says_nothing_of_leaving_it() -> None:
     outlook = Outlook(History())
     job, actions = step(running(spec(zones=(A,)), outlook), notice(), NOTICED_AT + 1, outlook)
     assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [A]
-    assert "on notice" not in job.attempts[1].placement
+    assert "on notice" not in job.attempts[1].zone_reason

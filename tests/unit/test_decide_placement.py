@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from respawn.actions import Action, CreateMachine, DeleteMachine
-from respawn.decide import Policy, decide
+from respawn.decide import decide
 from respawn.events import (
     CreateFailed,
     CreateFailure,
@@ -17,8 +17,9 @@ from respawn.events import (
     TrainerFailed,
     TrainerStarted,
 )
-from respawn.model import LEGAL_TRANSITIONS, EndReason, Job, JobSpec, MachineState, Status, Tier, TpuMachine
-from respawn.placement import HOUR, Advice, History, Key, Observation, Outlook, ZoneAdvice
+from respawn.jobs import LEGAL_TRANSITIONS, EndReason, Job, JobSpec, MachineState, Status, Tier, TpuMachine
+from respawn.outlook import HOUR, Advice, History, Key, Observation, Outlook, ZoneAdvice
+from respawn.policy import Policy
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 TPU = "v5litepod-8"
@@ -85,7 +86,7 @@ def test_the_first_machine_goes_to_the_best_ranked_zone_with_its_reason_and_mtbi
     job, actions = step(None, JobSubmitted(eid(), T0, spec()))
     attempt = job.attempts[0]
     assert attempt.zone == C and job.reason == f"machine requested in {C}"
-    assert attempt.placement.startswith(f"{C}: MTBI") and f"runner-up {B}" in attempt.placement
+    assert attempt.zone_reason.startswith(f"{C}: MTBI") and f"runner-up {B}" in attempt.zone_reason
     assert creates(actions)[0].mtbi_s == attempt.mtbi_s == LEARNED.mtbi_s(C, TPU, "spot", T0)
 
 
@@ -102,12 +103,12 @@ def test_an_attempt_placed_with_the_advice_apis_price_keeps_it_with_its_date_and
 
 def test_without_an_outlook_the_first_machine_takes_the_first_zone_and_records_no_reason() -> None:
     job, actions = step(None, JobSubmitted(eid(), T0, spec()), outlook=None)
-    assert job.attempts[0].zone == A and job.attempts[0].placement == "" and creates(actions)[0].mtbi_s is None
+    assert job.attempts[0].zone == A and job.attempts[0].zone_reason == "" and creates(actions)[0].mtbi_s is None
 
 
 def test_placement_ordered_follows_the_list_and_stays_in_the_zone_after_a_preemption_yet_hands_the_mtbi() -> None:
     job, actions = step(None, JobSubmitted(eid(), T0, spec(placement="ordered")))
-    assert job.attempts[0].zone == A and "list order (placement ordered)" in job.attempts[0].placement
+    assert job.attempts[0].zone == A and "list order (placement ordered)" in job.attempts[0].zone_reason
     assert creates(actions)[0].mtbi_s == LEARNED.mtbi_s(A, TPU, "spot", T0)
     job, _ = step(job, started(1))
     job, actions = step(job, preempted(1, A))
@@ -123,7 +124,7 @@ def test_after_a_preemption_the_zone_that_took_the_machine_is_penalised() -> Non
     assert job.status is Status.RECOVERING and job.attempts[-1].zone == B
     assert f"replacing it in {B}" in job.reason
     assert actions == [DeleteMachine("llm", 1, "llm-a1", A), creates(actions)[0]]
-    assert f"{B}: MTBI" in job.attempts[-1].placement and f"runner-up {C}" in job.attempts[-1].placement
+    assert f"{B}: MTBI" in job.attempts[-1].zone_reason and f"runner-up {C}" in job.attempts[-1].zone_reason
 
 
 def test_a_zone_that_just_had_no_capacity_for_the_job_is_avoided_more_than_one_that_just_preempted_it() -> None:
@@ -135,7 +136,7 @@ def test_a_zone_that_just_had_no_capacity_for_the_job_is_avoided_more_than_one_t
     assert job.attempts[-1].zone == B
     job, _ = step(job, started(2, T0 + 90), T0 + 90, outlook=even)
     job, actions = step(job, preempted(2, B), T0 + 150, outlook=even)
-    assert creates(actions)[0].zone == B and f"runner-up {A} at 0.006" in job.attempts[-1].placement
+    assert creates(actions)[0].zone == B and f"runner-up {A} at 0.006" in job.attempts[-1].zone_reason
     job, _ = step(job, started(3, T0 + 200), T0 + 200, outlook=even)
     job, actions = step(job, preempted(3, B), T0 + 12 * HOUR, outlook=even)
     assert creates(actions)[0].zone == A  # half a day on, A's refusal has faded and B just took the machine
@@ -154,7 +155,7 @@ def test_the_penalty_fades_so_a_long_lived_zone_that_preempted_long_ago_is_chose
 def test_after_a_stockout_the_best_untried_zone_then_a_backoff_once_every_zone_was_tried() -> None:
     job, _ = step(None, JobSubmitted(eid(), T0, spec()))
     job, _ = step(job, capacity(1))
-    assert [a.zone for a in job.attempts] == [C, B] and f"no capacity this walk in {C}" in job.attempts[-1].placement
+    assert [a.zone for a in job.attempts] == [C, B] and f"no capacity this walk in {C}" in job.attempts[-1].zone_reason
     job, _ = step(job, capacity(2))
     assert [a.zone for a in job.attempts] == [C, B, A]
     job, actions = step(job, capacity(3))
@@ -168,12 +169,12 @@ def test_a_crash_is_retried_in_the_same_zone() -> None:
     job, _ = step(None, JobSubmitted(eid(), T0, spec()))
     job, _ = step(job, started(1))
     job, actions = step(job, TrainerFailed(eid(), T0, "llm", 1, "exit 1"))
-    assert creates(actions)[0].zone == C and "a crash says nothing of the zone" in job.attempts[-1].placement
+    assert creates(actions)[0].zone == C and "a crash says nothing of the zone" in job.attempts[-1].zone_reason
 
 
 def test_the_ranking_note_is_said_in_the_reason() -> None:
     job, _ = step(None, JobSubmitted(eid(), T0, spec()), outlook=Outlook(History(), note="history unreadable: 503"))
-    assert job.attempts[0].placement.endswith("; history unreadable: 503")
+    assert job.attempts[0].zone_reason.endswith("; history unreadable: 503")
 
 
 # -- back to Spot ------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from respawn.decide import Policy, decide
+from respawn.decide import decide
 from respawn.events import (
     EXIT_CODE,
     CancelRequested,
@@ -28,7 +28,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import (
+from respawn.jobs import (
     COUNTED_AS_FAILURE,
     COUNTED_AS_PREEMPTION,
     NO_CAPACITY,
@@ -38,6 +38,7 @@ from respawn.model import (
     JobSpec,
     TpuMachine,
 )
+from respawn.policy import Policy
 
 LEGACY_END_REASONS = {
     "preempted", "lost", "terminated", "failed", "hung", "capacity", "queued", "stuck", "completed", "cancelled",

@@ -16,7 +16,7 @@ from localcloud.readout.function_entries import _entry
 from respawn import log_metrics
 from respawn.events import JobSubmitted, MachinePreempted, SweepTicked, TrainerCompleted, TrainerStarted
 from respawn.facts import facts, waiting
-from respawn.model import JobSpec, MachineState, Status, TpuMachine
+from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
 from respawn.service import Service
 
 A, B = "us-central1-a", "us-west4-a"
@@ -137,7 +137,7 @@ def test_errors_and_retries_are_counted_by_function() -> None:
 
 
 def test_a_live_job_waiting_grows_its_progress_age_and_an_ended_one_has_none() -> None:
-    from respawn.model import Job
+    from respawn.jobs import Job
 
     job = Job("llm", SPEC, Status.PENDING, submitted_at=T0, updated_at=T0)
     assert waiting(job, T0 + 90) == {

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from test_spec import tpu_message  # the valid TPU message the spec tests start from
 
 from respawn.events import CancelRequested, Event, Ignored, JobRejected, JobSubmitted
-from respawn.model import Status
+from respawn.jobs import Status
 from respawn.parsing import event_to_json, events_event, job_event, log_entry_event, message_from_cloudevent
 from respawn.service import Service
 from respawn.spec import parse_job_message, spec_to_message
@@ -254,6 +254,7 @@ READ = {
     ("protoPayload", "metadata", "terminateReason"),  # a terminated TPU node's reason: the event's cause
     ("jsonPayload", "goodput"),
     ("jsonPayload", "error"),
+    ("jsonPayload", "worker"),  # the worker VM a notice or a failure names
     *(
         ("jsonPayload", k)
         for k in ("event", "job_id", "attempt", "step", "restored_step", "startup_s", "final_loss", "params_sha256")

@@ -8,7 +8,7 @@ import urllib.request
 
 from localcloud.machines.machine_host import MetadataServer, container_env
 from respawn.adapters.startup import MTBI_ENV, MTBI_METADATA, docker_run_argv, machine_metadata
-from respawn.model import GpuMachine, JobSpec
+from respawn.jobs import GpuMachine, JobSpec
 from respawn_trainer.env import load_env
 
 SPEC = JobSpec(job_id="job-1", machine=GpuMachine("g2-standard-8", "nvidia-l4", 1), zones=("us-central1-a",),

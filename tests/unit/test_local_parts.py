@@ -395,7 +395,7 @@ def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypat
     from localcloud import cloud
     from localcloud.machines.profiles import CLOUD_SCALE
     from localcloud.services.emulators import FakeGcs
-    from respawn.config import Settings
+    from respawn.deployment import Settings
 
     given: list[dict[str, str]] = []
 

@@ -8,8 +8,8 @@ import pytest
 from localcloud.chaos import MTBI_ROUND, Chaos, ChaosError, Mtbi, parse_mtbi
 from localcloud.command import main
 from localcloud.readout import report
-from respawn.model import JobSpec, TpuMachine
-from respawn.placement import History, Key
+from respawn.jobs import JobSpec, TpuMachine
+from respawn.outlook import History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 

@@ -13,8 +13,8 @@ from localcloud.machines import machine_host
 from localcloud.machines.machine_host import CloudLogging, MetadataServer
 from localcloud.machines.vms import machine_step
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
+from respawn.jobs import JobSpec, TpuMachine
 from respawn.machine import NOTICE_ENV
-from respawn.model import JobSpec, TpuMachine
 
 FUNCTIONS = str(Path(machine_host.__file__).resolve().parents[2])
 IMAGE = "us-docker.pkg.dev/proj/repo/trainer:1"

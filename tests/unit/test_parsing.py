@@ -31,7 +31,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import MachineState, TpuMachine, parse_instance_name
+from respawn.jobs import MachineState, TpuMachine, parse_instance_name
 from respawn.parsing import (
     PubSubMessage,
     event_from_file,
@@ -752,3 +752,14 @@ def test_a_system_event_on_a_slice_vm_is_its_attempts_and_the_sink_routes_it(met
 def test_a_vm_that_is_no_slice_of_respawns_is_neither_routed_nor_parsed(vm: str) -> None:
     e = slice_vm_event(vm)
     assert isinstance(log_entry_event(e), Ignored) and not sink_filter().matches(e)
+
+
+def test_the_trainer_log_is_named_once_on_each_side_of_the_protocol() -> None:
+    """The service reads, `respawn logs` queries and the startup script writes respawn.machine.TRAINER_LOG; the
+    trainer library (a package of its own, which imports nothing of respawn) writes its LOG_NAME: the same log."""
+    from respawn.machine import TRAINER_LOG
+    from respawn_trainer.lifecycle import LOG_NAME
+
+    assert LOG_NAME == TRAINER_LOG
+    entry = json.loads((DATA / "logentry_trainer_started.json").read_text())
+    assert entry["logName"].endswith(f"/logs/{TRAINER_LOG}")

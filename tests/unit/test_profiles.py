@@ -20,7 +20,7 @@ from localcloud.machines.profiles import (
     profile,
     real_minutes,
 )
-from respawn.model import GpuMachine, TpuMachine
+from respawn.jobs import GpuMachine, TpuMachine
 
 REPO = Path(__file__).resolve().parents[2]
 TPU_API = TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")

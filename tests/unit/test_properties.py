@@ -42,7 +42,7 @@ a preemption or failure of the live attempt is counted exactly once (and never
 as the other), completion, cancel and TTL expiry end the job with its machine
 deleted, and a trainer's own result is never replaced (it fills in an exit code's).
 At the end of each history every job reaches a terminal status with no machine
-left once the clock passes the TTLs and one sweep runs, and the status notices
+left once the clock passes the TTLs and one sweep runs, and the status messages
 published are the records' status changes, each once, in order (a notice
 repeated, with its id, only after a crash), and the preemption history (seeded at
 random, changed by other jobs as the history goes on, its store failing at times)
@@ -100,7 +100,6 @@ from hypothesis import event as tally
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from respawn.decide import Policy
 from respawn.events import (
     EXIT_CODE,
     CancelRequested,
@@ -117,7 +116,7 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import (
+from respawn.jobs import (
     LEGAL_TRANSITIONS,
     Attempt,
     GpuMachine,
@@ -130,7 +129,8 @@ from respawn.model import (
     machine_name,
     parse_machine_name,
 )
-from respawn.placement import History, Key, Observation, machine_kind
+from respawn.outlook import History, Key, Observation, machine_kind
+from respawn.policy import Policy
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
 

@@ -21,7 +21,7 @@ from fakes import (
 )
 
 from respawn.actions import CreateMachine, DeleteMachine
-from respawn.decide import Policy, backoff_s
+from respawn.decide import backoff_s
 from respawn.events import (
     EXIT_CODE,
     CheckpointSaved,
@@ -37,7 +37,8 @@ from respawn.events import (
     TrainerStarted,
     ZoneWokeUp,
 )
-from respawn.model import GpuMachine, JobSpec, MachineState, Status, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Status, TpuMachine
+from respawn.policy import Policy
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Result, Retryable, Service, ServiceSettings
 

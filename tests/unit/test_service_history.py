@@ -19,8 +19,8 @@ from fakes import (
 )
 
 from respawn.events import Event, JobSubmitted, MachinePreempted, SweepTicked, TrainerProgressed, TrainerStarted
-from respawn.model import JobSpec, MachineState, Status, TpuMachine
-from respawn.placement import HOUR, History, Key, Observation
+from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
+from respawn.outlook import HOUR, History, Key, Observation
 from respawn.ports import PermanentError, TransientError
 from respawn.service import Retryable, Service, ServiceSettings
 
@@ -84,7 +84,7 @@ def test_placement_reads_the_history_first_creates_go_where_spot_lasts() -> None
     w = World(lasting.observe(Key(A, TPU, "spot"), T0, seconds=HOUR, interruptions=5))
     w.handle(JobSubmitted("submit-1", T0, spec()))
     job = w.store.job("llm")
-    assert job.attempts[0].zone == B and job.attempts[0].placement.startswith(f"{B}: MTBI")
+    assert job.attempts[0].zone == B and job.attempts[0].zone_reason.startswith(f"{B}: MTBI")
     assert w.provider.machines["llm-a1"].zone == B
 
 
@@ -106,7 +106,9 @@ def test_an_unreadable_history_ranks_on_no_data_and_says_so_without_failing_the_
     w.handle(JobSubmitted("submit-1", T0, spec()))
     job = w.store.job("llm")
     assert job.status is Status.PROVISIONING and job.attempts[0].zone == A
-    assert "preemption history unreadable (PermanentError: 403 storage.objects.get denied)" in job.attempts[0].placement
+    assert (
+        "preemption history unreadable (PermanentError: 403 storage.objects.get denied)" in job.attempts[0].zone_reason
+    )
 
 
 def test_a_transient_history_failure_keeps_the_observations_for_the_next_handler() -> None:
@@ -175,7 +177,7 @@ def test_observations_in_any_order_and_repeated_give_the_same_history() -> None:
 
 
 def test_advice_for_the_jobs_machines_joins_the_history_in_its_outlook() -> None:
-    from respawn.placement import Advice, ZoneAdvice
+    from respawn.outlook import Advice, ZoneAdvice
 
     asked: list[str] = []
 
@@ -187,6 +189,6 @@ def test_advice_for_the_jobs_machines_joins_the_history_in_its_outlook() -> None
     service = Service(store, {"tpu": provider}, clock, history=InMemoryHistoryStore(), advice=advice)
     service.handle(JobSubmitted("submit-1", T0, spec()))
     service.handle(TrainerProgressed("progress-1", T0, "llm", 1, 5))  # places nothing: no advice asked
-    placement = store.job("llm").attempts[0].placement
+    placement = store.job("llm").attempts[0].zone_reason
     assert asked == ["llm"] and placement.startswith(f"{B}: MTBI") and "$0.01/h (advice)" in placement
     assert placement.endswith("; seeded figures")

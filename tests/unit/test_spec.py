@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from respawn.model import GpuMachine, JobSpec, TpuMachine
+from respawn.jobs import GpuMachine, JobSpec, TpuMachine
 from respawn.spec import (
     MAX_MESSAGE_BYTES,
     CancelRequest,

@@ -23,8 +23,8 @@ from localcloud.machines.machine_host import MetadataServer
 from respawn.adapters import startup
 from respawn.adapters.startup import grace_s, machine_labels, machine_metadata, startup_script
 from respawn.events import EXIT_CODE, Event, MachineNoticed, TrainerCompleted, TrainerFailed
+from respawn.jobs import GpuMachine, JobSpec, TpuMachine
 from respawn.machine import GRACE_S, drain_marker, exit_code_entry
-from respawn.model import GpuMachine, JobSpec, TpuMachine
 from respawn.parsing import log_entry_event
 from respawn.topology import compute_shape
 

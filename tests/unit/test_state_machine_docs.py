@@ -1,6 +1,6 @@
 """The docs say what the code does: the state machine and the job message's defaults are written once, in the code.
 
-docs/architecture.md embeds `python -m respawn.model` (the TRANSITIONS table) between two markers, and
+docs/architecture.md embeds `python -m respawn.jobs` (the TRANSITIONS table) between two markers, and
 docs/job-message.md lists each field's default; both are checked against the code here, so a doc that drifts
 fails.
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from respawn.model import LEGAL_TRANSITIONS, TERMINAL, TRANSITIONS, Status, transitions_markdown
+from respawn.jobs import LEGAL_TRANSITIONS, TERMINAL, TRANSITIONS, Status, transitions_markdown
 from respawn.spec import SUBMIT
 
 DOCS = Path(__file__).parent.parent.parent / "docs"
-BEGIN = "<!-- transitions: begin (python -m respawn.model) -->\n"
+BEGIN = "<!-- transitions: begin (python -m respawn.jobs) -->\n"
 END = "\n<!-- transitions: end -->"
 
 
@@ -40,7 +40,7 @@ def transition_drift(doc: str) -> list[str]:
 
 def test_architecture_doc_shows_the_transitions_of_the_code() -> None:
     doc = (DOCS / "architecture.md").read_text()
-    assert transition_drift(doc) == [], "run `python -m respawn.model` and paste it into docs/architecture.md"
+    assert transition_drift(doc) == [], "run `python -m respawn.jobs` and paste it into docs/architecture.md"
     assert embedded_transitions(doc) == transitions_markdown()  # the same lines in the same order
 
 
@@ -55,8 +55,8 @@ def test_a_drifted_doc_fails() -> None:
     assert transition_drift(stale_arrow) == ["code only:     RUNNING --> RECOVERING"]
 
 
-def test_python_m_respawn_model_prints_the_block() -> None:
-    out = subprocess.run([sys.executable, "-m", "respawn.model"], capture_output=True, text=True, check=True).stdout
+def test_python_m_respawn_jobs_prints_the_block() -> None:
+    out = subprocess.run([sys.executable, "-m", "respawn.jobs"], capture_output=True, text=True, check=True).stdout
     assert out == transitions_markdown() + "\n"
 
 

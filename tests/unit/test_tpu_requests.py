@@ -12,7 +12,9 @@ from google.protobuf import json_format
 
 from respawn.actions import CreateMachine
 from respawn.adapters.tpu import GcpTpuProvider, any_reservation
-from respawn.model import JobSpec, Tier, TpuMachine
+from respawn.bootstrap import machine_providers
+from respawn.deployment import Settings
+from respawn.jobs import JobSpec, Tier, TpuMachine
 
 DATA = Path(__file__).parent.parent / "data"
 PROJECT, ZONE = "my-project", "us-central2-b"
@@ -67,3 +69,31 @@ def test_a_cloud_tpu_node_carries_the_zones_mtbi_for_its_trainer() -> None:
     qr = provider.queued_resource(action, spec("spot"))
     metadata = dict(qr.tpu.node_spec[0].node.metadata)
     assert metadata["respawn-mtbi-s"] == "7200" and "-e RESPAWN_MTBI_S=7200 " in metadata["startup-script"]
+
+
+def test_a_node_and_a_queued_resource_name_the_deployments_network_without_external_ips() -> None:
+    """RESPAWN_NETWORK, RESPAWN_SUBNETWORK and RESPAWN_EXTERNAL_IP, read as the functions read them, fill the
+    node's networkConfig, alone and inside a queued resource; the subnetwork is the one in the zone's region."""
+    env = {
+        "RESPAWN_PROJECT": PROJECT,
+        "RESPAWN_NETWORK": "projects/host/global/networks/team-vpc",
+        "RESPAWN_SUBNETWORK": "ml-subnet",
+        "RESPAWN_EXTERNAL_IP": "false",
+        "RESPAWN_TPU_ENDPOINT": "http://127.0.0.1:9",  # never called
+        "RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:9",
+    }
+    provider = machine_providers(Settings.from_env(env))["tpu"]
+    assert isinstance(provider, GcpTpuProvider)
+    action = CreateMachine("llm", 1, "llm-a1", ZONE, None)
+    expected = {
+        "network": "projects/host/global/networks/team-vpc",
+        "subnetwork": "projects/host/regions/us-central2/subnetworks/ml-subnet",
+    }  # enableExternalIps false: left out of the JSON, as proto3 leaves every default
+    node = json_format.MessageToDict(tpu_v2.Node.pb(provider.node(action, spec("spot"))))
+    assert node["networkConfig"] == expected
+    qr = json_format.MessageToDict(tpu_v2.QueuedResource.pb(provider.queued_resource(action, spec("spot"))))
+    assert qr["tpu"]["nodeSpec"][0]["node"]["networkConfig"] == expected
+
+
+def test_unset_a_node_is_on_the_default_network_with_external_ips() -> None:
+    assert body("spot")["tpu"]["nodeSpec"][0]["node"]["networkConfig"] == {"enableExternalIps": True}

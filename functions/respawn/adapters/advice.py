@@ -4,7 +4,7 @@
 * `capacity`, once per zone: the recommendation's `obtainability` (0..1, how likely a create succeeds now) and
   `estimatedUptime` (how long most Spot VMs are expected to run before preemption);
 * `capacityHistory`, once per region: the Spot list price history; the newest price replaces the list table's.
-It answers `respawn.placement.Advice` and never raises: a missing permission, an unknown machine type, a timeout or
+It answers `respawn.outlook.Advice` and never raises: a missing permission, an unknown machine type, a timeout or
 any other error is an Advice without zones whose `note` says why, so placement goes on with the history alone.
 
 Google documents both methods as preview and as not covering TPUs
@@ -43,9 +43,9 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from respawn.adapters.errors import error_text
-from respawn.adapters.settings import client_options
-from respawn.model import GpuMachine, JobSpec, MachineSpec
-from respawn.placement import HOUR, Advice, ZoneAdvice, machine_kind
+from respawn.adapters.settings import client_options, region_of
+from respawn.jobs import GpuMachine, JobSpec, MachineSpec, Provisioning
+from respawn.outlook import HOUR, Advice, ZoneAdvice, machine_kind
 from respawn.topology import UnknownTpuType, tpu_topology
 
 CACHE_S = HOUR  # how long an answer is reused
@@ -54,7 +54,7 @@ DEADLINE_S = 5.0  # all the calls of one advise() together
 TPU_NOTE = "Advice API does not cover TPUs; history only"
 # respawn's provisioning -> the Advice API's model. Preemptible VMs run as Spot VMs underneath
 # (https://cloud.google.com/compute/docs/instances/preemptible), so they get Spot advice.
-SPOT_MODELS = {"spot": "SPOT", "preemptible": "SPOT"}
+ADVISED_MODELS: dict[str, str] = {Provisioning.SPOT: "SPOT", Provisioning.PREEMPTIBLE: "SPOT"}
 _COMPUTE_TPU = re.compile(r"^(ct\d+[a-z]*|tpu\d+[a-z]*)-")  # ct5p-hightpu-4t, ct6e-standard-8t, tpu7x-standard-4t
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
@@ -74,11 +74,6 @@ def is_tpu(machine_type: str) -> bool:
     except UnknownTpuType:
         return False
     return True
-
-
-def region_of(zone: str) -> str:
-    """us-central1-a -> us-central1."""
-    return zone.rpartition("-")[0]
 
 
 def accelerators(machine: MachineSpec) -> tuple[tuple[str, int], ...]:
@@ -164,7 +159,7 @@ class GcpAdvisor:
         now = self.clock()
         if is_tpu(machine_type):
             return Advice({}, now, TPU_NOTE)
-        model = SPOT_MODELS.get(provisioning)
+        model = ADVISED_MODELS.get(provisioning)
         if model is None:
             return Advice({}, now, f"Advice API advises Spot VMs only; {provisioning}: history only")
         if not zones:

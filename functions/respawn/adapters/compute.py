@@ -35,7 +35,7 @@ from respawn.adapters.compute_slices import ComputeSlices, Slice
 from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
-from respawn.model import (
+from respawn.jobs import (
     API_COMPUTE,
     LABEL_ATTEMPT,
     LABEL_JOB,
@@ -43,6 +43,7 @@ from respawn.model import (
     GpuMachine,
     JobSpec,
     MachineState,
+    Provisioning,
     TpuMachine,
     flex_start_run_s,
     machine_name,
@@ -112,14 +113,14 @@ def scheduling(
     A reservation tier runs standard VMs that consume the reservation (`reservation_affinity`). `on_preemption` is
     the instanceTerminationAction of a Spot or standard VM; a flex-start VM is always deleted at its end. A Spot VM
     asks for `notice_s` of metadata notice before its soft off (the job's preemption_notice; preview)."""
-    if provisioning == "preemptible":  # legacy preemptible VMs: at most 24 h, no maxRunDuration
+    if provisioning == Provisioning.PREEMPTIBLE:  # legacy preemptible VMs: at most 24 h, no maxRunDuration
         return compute_v1.Scheduling(preemptible=True, automatic_restart=False, on_host_maintenance="TERMINATE")
-    flex = provisioning == "flex-start"
+    flex = provisioning == Provisioning.FLEX_START
     fields: dict[str, compute_v1.Duration] = {}
-    if provisioning == "spot" and notice_s is not None:
+    if provisioning == Provisioning.SPOT and notice_s is not None:
         fields["preemption_notice_duration"] = compute_v1.Duration(seconds=notice_s)
     return compute_v1.Scheduling(
-        provisioning_model="FLEX_START" if flex else "SPOT" if provisioning == "spot" else "STANDARD",
+        provisioning_model="FLEX_START" if flex else "SPOT" if provisioning == Provisioning.SPOT else "STANDARD",
         instance_termination_action="DELETE" if flex else on_preemption,
         max_run_duration=compute_v1.Duration(seconds=run_s),
         automatic_restart=False,
@@ -188,7 +189,7 @@ class GcpComputeProvider:
         TTL deadline (capped at 7 days); otherwise the time left, so that no VM outlives its job."""
         tier, now = spec.all_tiers[action.tier], self.clock()
         deadline = action.deadline if action.deadline is not None else now + spec.ttl_s
-        if tier.provisioning == "flex-start":
+        if tier.provisioning == Provisioning.FLEX_START:
             return flex_start_run_s(tier, deadline, now)
         return max(MIN_RUN_S, int(deadline - now))
 
@@ -200,7 +201,9 @@ class GcpComputeProvider:
             **machine_metadata(spec, action.attempt, action.mtbi_s, start_after=action.start_after),
             **dict(vm.metadata),
         }
-        nic = compute_v1.NetworkInterface(network=self.settings.network or DEFAULT_NETWORK)
+        nic = compute_v1.NetworkInterface(
+            network=self.settings.network or DEFAULT_NETWORK, subnetwork=self.settings.subnetwork_in(zone, self.project)
+        )
         if self.settings.external_ips:
             nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
         disk_type = _zonal(zone, "diskTypes", vm.disk_type, template)
@@ -247,7 +250,7 @@ class GcpComputeProvider:
                 f"machine.accelerator_type: {spec.machine.accelerator_type} is a multi-host slice, not one instance"
             )
         instance = compute_v1.Instance(name=action.machine, **self._vm_fields(action, spec, vm, template=False))
-        if spec.all_tiers[action.tier].provisioning == "flex-start":
+        if spec.all_tiers[action.tier].provisioning == Provisioning.FLEX_START:
             wait = compute_v1.Duration(seconds=spec.machine.queue_timeout_s)
             instance.params = compute_v1.InstanceParams(request_valid_for_duration=wait)
         return instance
@@ -259,7 +262,7 @@ class GcpComputeProvider:
             raise PermanentError(
                 f"machine.accelerator_type: {spec.machine.accelerator_type} is one instance, not a multi-host slice"
             )
-        flex = spec.all_tiers[action.tier].provisioning == "flex-start"
+        flex = spec.all_tiers[action.tier].provisioning == Provisioning.FLEX_START
         properties = self.vm_properties(action, spec, vm, template=True)
         return Slice(self.project, action.machine, action.zone, shape.vms, shape.topology, properties, flex)
 

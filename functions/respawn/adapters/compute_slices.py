@@ -39,8 +39,8 @@ from google.cloud import compute_v1
 
 from respawn.adapters.compute_operations import Operations, Scope, api_error, operation_error
 from respawn.adapters.errors import classify, deleting, error_text, is_already_exists, read_retry
-from respawn.adapters.settings import ProviderSettings
-from respawn.model import MachineState, parse_machine_name, slice_vm_base
+from respawn.adapters.settings import ProviderSettings, region_of
+from respawn.jobs import MachineState, parse_machine_name, slice_vm_base
 from respawn.ports import CapacityError, Machine, PermanentError, ProviderError, TransientError
 
 MANAGED = "respawn-managed"  # the MIG's description (a MIG has no labels)
@@ -53,10 +53,6 @@ _BULK_REFUSED = re.compile(r"bulk mode\b.*\bprovisioning model", re.I)
 # Spot slice templates, leaves it TERMINATED, and a MIG with repair off does not replace it), stopped, suspended or
 # on its way there.
 LOST_VM = frozenset({"STOPPING", "STOPPED", "TERMINATED", "PENDING_STOP", "SUSPENDING", "SUSPENDED", "DEPROVISIONING"})
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
 
 
 def description(zone: str) -> str:

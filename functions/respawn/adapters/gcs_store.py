@@ -1,5 +1,5 @@
 """GcsJobStore: job records as JSON objects in GCS, written only with compare-and-set; GcsHistoryStore: the
-deployment's preemption history (respawn.placement.History), one object in the same bucket, written the same way.
+deployment's preemption history (respawn.outlook.History), one object in the same bucket, written the same way.
 
 Every write carries `ifGenerationMatch` (0 = create only), so two handlers
 that loaded the same generation cannot both win: the loser gets ConflictError,
@@ -33,8 +33,8 @@ from google.auth.transport.urllib3 import AuthorizedHttp
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from respawn.model import Job
-from respawn.placement import History
+from respawn.jobs import Job
+from respawn.outlook import History
 from respawn.ports import ConflictError, TransientError
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})

@@ -1,4 +1,4 @@
-"""PubSubStatusNotifier: status notices published to a Pub/Sub topic (respawn-status) with google-cloud-pubsub.
+"""PubSubStatusNotifier: status messages published to a Pub/Sub topic (respawn-status) with google-cloud-pubsub.
 
 One message per notice: the notice as compact JSON, with the attributes a
 subscription filter can select on (`job_id`, `status`, `notice_id`). Each
@@ -14,8 +14,8 @@ import threading
 from typing import Any
 
 from respawn.adapters.errors import classify
-from respawn.notices import notice_attributes
 from respawn.ports import CapacityError, TransientError
+from respawn.status_messages import message_attributes
 
 PUBLISH_TIMEOUT_S = 20.0
 
@@ -40,7 +40,7 @@ class PubSubStatusNotifier:
     def notify(self, notice: dict[str, Any]) -> None:
         data = json.dumps(notice, sort_keys=True, separators=(",", ":")).encode()
         try:
-            future = self._client().publish(self.topic, data, timeout=PUBLISH_TIMEOUT_S, **notice_attributes(notice))
+            future = self._client().publish(self.topic, data, timeout=PUBLISH_TIMEOUT_S, **message_attributes(notice))
             future.result(timeout=PUBLISH_TIMEOUT_S + 10)
         except Exception as e:
             error = classify(e, f"publishing to {self.topic}")

@@ -60,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from respawn.events import EXIT_CODE
+from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
 from respawn.machine import (
     CONTAINER,
     DRAIN_MARKER_METADATA,
@@ -75,7 +76,6 @@ from respawn.machine import (
 )
 from respawn.machine import grace_s as kind_grace_s
 from respawn.machine import trainer_env as machine_trainer_env
-from respawn.model import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
 
 NOTICE_DIR = NOTICE_FILE.rsplit("/", 1)[0]  # mounted into the container at the same path
 

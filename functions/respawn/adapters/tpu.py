@@ -27,7 +27,7 @@ from respawn.actions import CreateMachine
 from respawn.adapters.errors import classify, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
-from respawn.model import LABEL_JOB, LABEL_MANAGED, JobSpec, MachineState, TpuMachine
+from respawn.jobs import LABEL_JOB, LABEL_MANAGED, SPOT_MODELS, JobSpec, MachineState, Provisioning, TpuMachine
 from respawn.ports import Machine, PermanentError
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
@@ -80,12 +80,13 @@ def any_reservation(project: str, zone: str) -> str:
     return f"projects/{project}/locations/{zone}/reservations/-"
 
 
-def scheduling_config(provisioning: str) -> tpu_v2.SchedulingConfig | None:
-    if provisioning == "standard":
+def scheduling_config(provisioning: Provisioning) -> tpu_v2.SchedulingConfig | None:
+    if provisioning == Provisioning.STANDARD:
         return None
-    if provisioning == "reservation":
+    if provisioning == Provisioning.RESERVATION:
         return tpu_v2.SchedulingConfig(reserved=True)
-    return tpu_v2.SchedulingConfig(spot=provisioning == "spot", preemptible=provisioning == "preemptible")
+    spot, preemptible = provisioning == Provisioning.SPOT, provisioning == Provisioning.PREEMPTIBLE
+    return tpu_v2.SchedulingConfig(spot=spot, preemptible=preemptible)
 
 
 class GcpTpuProvider:
@@ -110,7 +111,9 @@ class GcpTpuProvider:
             labels=machine_labels(spec, action.attempt),
             metadata=machine_metadata(spec, action.attempt, action.mtbi_s, start_after=action.start_after),
             network_config=tpu_v2.NetworkConfig(
-                enable_external_ips=self.settings.external_ips, network=self.settings.network or ""
+                enable_external_ips=self.settings.external_ips,
+                network=self.settings.network or "",
+                subnetwork=self.settings.subnetwork_in(action.zone, self.project) or "",
             ),
         )
         if self.settings.service_account:
@@ -130,9 +133,9 @@ class GcpTpuProvider:
                 ]
             )
         )
-        if tier.provisioning in ("spot", "preemptible"):
+        if tier.provisioning in SPOT_MODELS:
             qr.spot = tpu_v2.QueuedResource.Spot()
-        elif tier.provisioning == "reservation":
+        elif tier.provisioning == Provisioning.RESERVATION:
             qr.reservation_name = any_reservation(self.project, action.zone)
         else:
             qr.guaranteed = tpu_v2.QueuedResource.Guaranteed()

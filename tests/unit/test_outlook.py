@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from respawn.model import GpuMachine, JobSpec, TpuMachine
-from respawn.placement import (
+from respawn.jobs import GpuMachine, JobSpec, TpuMachine
+from respawn.outlook import (
     DAY,
     HOUR,
     Advice,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from respawn.config import Settings, SettingsError, service_from_env
-from respawn.decide import Policy
+from respawn.bootstrap import service_from_env
+from respawn.deployment import Settings, SettingsError
+from respawn.policy import Policy
 
 
 def test_settings_read_the_environment_with_defaults() -> None:
@@ -81,4 +82,38 @@ def test_a_time_scale_that_is_no_positive_number_is_one_line_naming_the_variable
     with pytest.raises(SettingsError) as e:
         Settings.from_env({"RESPAWN_TIME_SCALE": text})
     assert str(e.value).startswith(f"RESPAWN_TIME_SCALE is {text!r}: it must be a positive number")
+    assert "\n" not in str(e.value)
+
+
+def test_the_machines_network_settings_and_their_defaults() -> None:
+    """Unset (or empty, as Terraform passes no subnetwork): the default network with external IPs."""
+    unset = Settings.from_env({"RESPAWN_SUBNETWORK": ""})
+    assert (unset.network, unset.subnetwork, unset.external_ips) == (None, None, True)
+    s = Settings.from_env(
+        {
+            "RESPAWN_NETWORK": "projects/host-1/global/networks/team-vpc",
+            "RESPAWN_SUBNETWORK": "ml-subnet",
+            "RESPAWN_EXTERNAL_IP": "false",
+        }
+    )
+    assert (s.network, s.subnetwork, s.external_ips) == ("projects/host-1/global/networks/team-vpc", "ml-subnet", False)
+    assert Settings.from_env({"RESPAWN_EXTERNAL_IP": "TRUE"}).external_ips is True
+
+
+@pytest.mark.parametrize(
+    ("variable", "text", "allowed"),
+    [
+        ("RESPAWN_NETWORK", "team-vpc", "projects/PROJECT/global/networks/NAME"),
+        ("RESPAWN_NETWORK", "projects/p1/global/networks/", "projects/PROJECT/global/networks/NAME"),
+        ("RESPAWN_NETWORK", "projects/p1/regions/us-central1/subnetworks/s", "projects/PROJECT/global/networks/NAME"),
+        ("RESPAWN_SUBNETWORK", "regions/us-central1/subnetworks/s", "a subnetwork name"),
+        ("RESPAWN_SUBNETWORK", "ML_Subnet", "a subnetwork name"),
+        ("RESPAWN_EXTERNAL_IP", "no", "true or false"),
+        ("RESPAWN_EXTERNAL_IP", "1", "true or false"),
+    ],
+)
+def test_a_bad_network_setting_is_one_line_naming_the_variable(variable: str, text: str, allowed: str) -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({variable: text})
+    assert str(e.value).startswith(f"{variable} is {text!r}: it must be {allowed}")
     assert "\n" not in str(e.value)

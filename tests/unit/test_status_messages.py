@@ -1,4 +1,4 @@
-"""Status notices: one per status change, kept in the record's outbox under the lease, published once.
+"""Status messages: one per status change, kept in the record's outbox under the lease, published once.
 
 Duplicates (sequential and concurrent), a crash at every mutating step, transient and permanent publish failures,
 against the in-memory fakes.
@@ -24,7 +24,6 @@ from fakes import (
     deliver_concurrently,
 )
 
-from respawn.decide import Policy
 from respawn.events import (
     Event,
     JobRejected,
@@ -34,10 +33,11 @@ from respawn.events import (
     TrainerCompleted,
     TrainerStarted,
 )
-from respawn.model import JobSpec, MachineState, Status, TpuMachine
-from respawn.notices import notice_attributes
+from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
+from respawn.policy import Policy
 from respawn.ports import PermanentError, TransientError
 from respawn.service import Retryable, Service, ServiceSettings
+from respawn.status_messages import message_attributes
 
 A, B = "us-central1-a", "us-west4-a"
 T0 = 1_000_000.0
@@ -118,7 +118,7 @@ def test_a_job_through_two_preemptions_notifies_each_change_once_under_duplicate
     assert last["counters"] == {"preemptions": 2, "failures": 0, "capacity_errors": 0}
     assert last["time"].endswith("Z") and last["text"].startswith("respawn: job llm RUNNING -> SUCCEEDED")
     assert len({n["id"] for n in w.notifier.notices}) == 7
-    assert notice_attributes(last) == {"job_id": "llm", "status": "SUCCEEDED", "notice_id": last["id"]}
+    assert message_attributes(last) == {"job_id": "llm", "status": "SUCCEEDED", "notice_id": last["id"]}
     job = w.store.job("llm")
     assert job.outbox == () and job.pending_lease_until is None
 
@@ -208,7 +208,7 @@ def test_a_transient_publish_failure_is_retried_by_redelivery_and_publishes_once
     w.handle(JobSubmitted("submit-1", T0, SPEC))
     w.notifier.errors.append(TransientError("publishing to projects/p/topics/respawn-status: 503"))
     started = TrainerStarted("started-1", T0, "llm", 1)
-    with pytest.raises(Retryable, match="status notice"):
+    with pytest.raises(Retryable, match="status message"):
         w.handle(started)
     job = w.store.job("llm")
     assert job.status is Status.RUNNING and len(job.outbox) == 1  # kept for the next handler, lease given up
@@ -224,7 +224,7 @@ def test_a_permanent_publish_failure_is_logged_and_never_holds_up_the_job(caplog
         assert w.handle(JobSubmitted("submit-1", T0, SPEC)) == "applied"
     assert w.provider.live("llm") == ["llm-a1"]
     assert w.notifier.notices == [] and w.store.job("llm").outbox == ()
-    assert "status notice llm/" in caplog.text and "topic not found" in caplog.text
+    assert "status message llm/" in caplog.text and "topic not found" in caplog.text
 
 
 def test_without_a_notifier_no_notice_is_kept() -> None:

@@ -1,4 +1,6 @@
-"""Deployed configuration: Settings from the environment, and the functions' Service built from them (bootstrap.py).
+"""Deployed configuration: Settings from the environment (bootstrap.py builds the functions' Service from them).
+
+A leaf: it imports nothing of respawn, so every room may read it.
 
 The same variables configure the functions and the CLI (SPEC: deployed
 configuration). A missing setting is one clear error naming the variable.
@@ -6,15 +8,11 @@ configuration). A missing setting is one clear error naming the variable.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from respawn.service import Service
 
 
 class SettingsError(Exception):
@@ -32,12 +30,17 @@ VARIABLES = {
     ),
     "status_topic": (
         "RESPAWN_STATUS_TOPIC",
-        "the Pub/Sub topic of status notices, respawn-status as deployed (unset: no notices are published)",
+        "the Pub/Sub topic of status messages, respawn-status as deployed (unset: no notices are published)",
     ),
 }
 # Seconds of the machines' own timings per real second (decide.Policy.time_scale): 1 in the cloud; the local cloud
 # sets its recovery profile's scale (1/60 for `--profile cloud`), so that a head start's drain reads in its time.
 TIME_SCALE = "RESPAWN_TIME_SCALE"
+# The machines' network (infra/terraform/network.tf): every create names it; unset, the project's default network
+# with an external IP.
+NETWORK, SUBNETWORK, EXTERNAL_IP = "RESPAWN_NETWORK", "RESPAWN_SUBNETWORK", "RESPAWN_EXTERNAL_IP"
+_NETWORK = re.compile(r"projects/[a-z][-a-z0-9.:]*[a-z0-9]/global/networks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,14 @@ class Settings:
     state_bucket: str = ""
     jobs_topic: str = "respawn-jobs"
     events_topic: str = "respawn-events"
-    status_topic: str | None = None  # None: publish no status notices
+    status_topic: str | None = None  # None: publish no status messages
     machine_service_account: str | None = None
     tpu_endpoint: str | None = None  # local cloud only: http://127.0.0.1:PORT
     compute_endpoint: str | None = None  # local cloud only
     time_scale: float = 1.0  # RESPAWN_TIME_SCALE: local cloud only (a recovery profile replayed faster)
+    network: str | None = None  # projects/P/global/networks/N; None: the project's default network
+    subnetwork: str | None = None  # a subnetwork name in every region a job uses; None: the network's own
+    external_ips: bool = True
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -70,6 +76,11 @@ class Settings:
             tpu_endpoint=get("RESPAWN_TPU_ENDPOINT"),
             compute_endpoint=get("RESPAWN_COMPUTE_ENDPOINT"),
             time_scale=_time_scale(get(TIME_SCALE)),
+            network=_matching(NETWORK, get(NETWORK), _NETWORK, "projects/PROJECT/global/networks/NAME"),
+            subnetwork=_matching(
+                SUBNETWORK, get(SUBNETWORK), _NAME, "a subnetwork name (lowercase letters, digits, -)"
+            ),
+            external_ips=_boolean(EXTERNAL_IP, get(EXTERNAL_IP), default=True),
         )
 
     def require(self, *names: str) -> Settings:
@@ -96,13 +107,17 @@ def _time_scale(text: str | None) -> float:
     return value
 
 
-def service_from_env() -> Service:
-    """The Service for this process's environment; built once and reused (function instances are reused)."""
-    return _service(Settings.from_env().require("project", "state_bucket"))
+def _matching(variable: str, text: str | None, pattern: re.Pattern[str], allowed: str) -> str | None:
+    """`text` when it matches `pattern` whole; SettingsError (one line) otherwise."""
+    if text is not None and not pattern.fullmatch(text):
+        raise SettingsError(f"{variable} is {text!r}: it must be {allowed} (unset: the default)")
+    return text
 
 
-@functools.lru_cache(maxsize=4)
-def _service(settings: Settings) -> Service:
-    from respawn import bootstrap
-
-    return bootstrap.service(settings)
+def _boolean(variable: str, text: str | None, *, default: bool) -> bool:
+    """`true` or `false` (any case); SettingsError (one line) for anything else."""
+    if text is None:
+        return default
+    if text.lower() not in ("true", "false"):
+        raise SettingsError(f"{variable} is {text!r}: it must be true or false (unset: {str(default).lower()})")
+    return text.lower() == "true"

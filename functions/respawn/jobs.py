@@ -1,4 +1,4 @@
-"""The job model: spec, status, attempts and the job record.
+"""The job: its spec, status, attempts and record (the model every room shares; "model" here, never the trainer's).
 
 Everything here is plain data (frozen dataclasses) with JSON round-trips. The
 record is what the JobStore keeps at ``respawn/jobs/JOB_ID.json``.
@@ -22,7 +22,7 @@ LABEL_MANAGED = "respawn-managed"
 
 class Status(enum.StrEnum):
     """Job status. Which status may follow which, and why, is TRANSITIONS below: the one statement of the state
-    machine, which decide is tested against and docs/architecture.md shows (`python -m respawn.model`)."""
+    machine, which decide is tested against and docs/architecture.md shows (`python -m respawn.jobs`)."""
 
     PENDING = "PENDING"  # accepted; no machine requested yet (waiting out a capacity backoff)
     PROVISIONING = "PROVISIONING"  # first machine requested; trainer not started yet
@@ -109,6 +109,21 @@ class MachineState(enum.StrEnum):
     DELETING = "DELETING"
 
 
+class Provisioning(enum.StrEnum):
+    """How a tier's machines are provisioned: the job message's `provisioning` (the values records hold)."""
+
+    SPOT = "spot"
+    PREEMPTIBLE = "preemptible"  # the Cloud TPU API's preemptible TPUs, Compute Engine's legacy preemptible VMs
+    STANDARD = "standard"
+    FLEX_START = "flex-start"  # Compute Engine's queue for capacity: a GPU, or a TPU with machine.api compute
+    RESERVATION = "reservation"  # a tier's only: standard machines that consume a named reservation
+
+
+# The models the cloud may take machines back from: a fallback tier goes back to them (back_to_spot_after), their
+# machines cost the Spot price.
+SPOT_MODELS = frozenset({Provisioning.SPOT, Provisioning.PREEMPTIBLE})
+
+
 # Which API provisions a machine: "tpu" the Cloud TPU API (nodes, queued resources), "compute" Compute Engine
 # (instances, and a managed instance group for a multi-host TPU slice).
 API_TPU = "tpu"
@@ -159,7 +174,7 @@ class Tier:
 
     A job without `tiers` has one: its `provisioning` in its `zones`, never moving on."""
 
-    provisioning: str  # spot | preemptible | standard | reservation | flex-start (Compute Engine only)
+    provisioning: Provisioning
     zones: tuple[str, ...]
     reservation: str | None = None  # provisioning reservation: the reservation's name
     # provisioning flex-start: the machine's maximum run duration; None: the time left to the job's TTL (see
@@ -171,6 +186,10 @@ class Tier:
     # A later tier that is not Spot: how long the job stays on it before it may go back to the first Spot tier
     # (decide's back-to-Spot rule, when the outlook expects Spot to last); None: it never goes back.
     back_to_spot_after_s: int | None = 2 * 3600
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.provisioning, Provisioning):  # as read back from JSON
+            object.__setattr__(self, "provisioning", Provisioning(self.provisioning))
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "zones": list(self.zones)}
@@ -189,7 +208,7 @@ class JobSpec:
     zones: tuple[str, ...]
     image: str
     checkpoint_uri: str
-    provisioning: str = "spot"  # spot | preemptible | standard | flex-start
+    provisioning: Provisioning = Provisioning.SPOT  # a tier's, but reservation
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
     # sorted (variable name, Secret Manager version reference) pairs: references only, resolved on the machine
@@ -208,6 +227,10 @@ class JobSpec:
     # The metadata notice a Spot VM on Compute Engine asks for before its soft off (scheduling.preemptionNoticeDuration,
     # preview); None: none, the soft off comes with the notice
     preemption_notice_s: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.provisioning, Provisioning):  # as read back from JSON
+            object.__setattr__(self, "provisioning", Provisioning(self.provisioning))
 
     @property
     def all_tiers(self) -> tuple[Tier, ...]:
@@ -345,7 +368,9 @@ class Attempt:
     machine_deleted: bool = False
     checkpoint_at: float | None = None  # time of the newest `checkpoint` / `stopped` entry: a save completed
     goodput: dict[str, float] | None = None  # the trainer's split of its time (accounting.py), from its last entry
-    placement: str = ""  # why this zone: the chosen zone's figures and the runner-up ("" without an outlook)
+    # why this zone: the chosen zone's figures and the runner-up ("" without an outlook); the record's key for it is
+    # "placement", as records written before hold it (Attempt.to_dict, from_dict)
+    zone_reason: str = ""
     mtbi_s: float | None = None  # the outlook's expected seconds to interruption of its zone, handed to the machine
     # the Advice API's price of its machine in its zone when placed ({per_h, source}): its hours' cost (accounting)
     price: dict[str, Any] | None = None
@@ -362,6 +387,17 @@ class Attempt:
     def ended(self) -> bool:
         return self.ended_at is not None
 
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["placement"] = d.pop("zone_reason")
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Attempt:
+        fields = dict(d)
+        reason = fields.pop("placement", "")
+        return Attempt(**fields, zone_reason=reason)
+
     @property
     def draining(self) -> bool:
         """Ended on its machine's notice, and that machine, finishing its final save, is not deleted yet."""
@@ -377,7 +413,7 @@ class Counters:
 
 @dataclass(frozen=True)
 class Job:
-    """The job record. `pending` (machine actions), `outbox` (status notices) and `observations` (what ended attempts
+    """The job record. `pending` (machine actions), `outbox` (status messages) and `observations` (what ended attempts
     add to the preemption history) hold intent persisted before its side effects, owned by the handler whose lease
     (`pending_lease_until`) is live."""
 
@@ -396,9 +432,9 @@ class Job:
     next_attempt_at: float | None = None  # capacity backoff: create no sooner than this
     pending: tuple[dict[str, Any], ...] = ()  # serialized actions not yet confirmed done
     pending_lease_until: float | None = None
-    outbox: tuple[dict[str, Any], ...] = ()  # status notices not yet published (respawn.notices), under the lease
+    outbox: tuple[dict[str, Any], ...] = ()  # status messages not yet published (status_messages.py), under the lease
     seen_events: tuple[str, ...] = ()  # bounded, newest last
-    # ended attempts' evidence for the preemption history (respawn.placement.Observation dicts), under the lease
+    # ended attempts' evidence for the preemption history (respawn.outlook.Observation dicts), under the lease
     observations: tuple[dict[str, Any], ...] = ()
     result: dict[str, Any] = field(default_factory=dict)  # completed: final_step, final_loss, params_sha256
 
@@ -421,7 +457,7 @@ class Job:
         d = dict(self.__dict__)
         d["spec"] = self.spec.to_dict() if self.spec else None
         d["status"] = self.status.value
-        d["attempts"] = [dict(a.__dict__) for a in self.attempts]
+        d["attempts"] = [a.to_dict() for a in self.attempts]
         d["counters"] = dict(self.counters.__dict__)
         d["pending"] = [dict(p) for p in self.pending]
         d["outbox"] = [dict(n) for n in self.outbox]
@@ -440,7 +476,7 @@ class Job:
             submitted_at=d["submitted_at"],
             updated_at=d["updated_at"],
             reason=d.get("reason", ""),
-            attempts=tuple(Attempt(**a) for a in d.get("attempts", ())),
+            attempts=tuple(Attempt.from_dict(a) for a in d.get("attempts", ())),
             counters=Counters(**d.get("counters", {})),
             tier_index=d.get("tier_index", 0),
             zone_index=d.get("zone_index", 0),

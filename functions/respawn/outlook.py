@@ -1,4 +1,5 @@
-"""Where Spot lasts: a decayed preemption history per (zone, machine type, provisioning model) and a zone ranking.
+"""The outlook: where Spot lasts. A decayed preemption history per (zone, machine type, provisioning model) and a
+zone ranking.
 
 The history keeps, per key, machine-seconds and interruptions, both decayed exponentially with the time since they
 were seen (half-life a parameter): interruption rates drift over days, so old evidence should fade. It is one small
@@ -27,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from respawn.model import GpuMachine, JobSpec
+from respawn.jobs import GpuMachine, JobSpec
 
 HOUR = 3600.0
 DAY = 24 * HOUR

@@ -14,13 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from respawn.actions import Action, CreateMachine
-from respawn.model import Job, JobSpec, parse_machine_name
+from respawn.jobs import Job, JobSpec, parse_machine_name
 from respawn.outcome import Retryable
 from respawn.ports import Machine, MachineProvider, PermanentError, TransientError
 
 
 @dataclass(frozen=True)
-class Machines:
+class Providers:
     providers: Mapping[str, MachineProvider]  # by API: tpu, compute
 
     def provider(self, api: str) -> MachineProvider:
