@@ -54,9 +54,9 @@ def facts(old: Job | None, new: Job, now: float) -> list[dict[str, Any]]:
             found.append(_attempt_ended(new, a, now))
         if a.started_at is not None and (was is None or was.started_at is None):
             found.append(_fact("attempt_started", new, a, wait_s=_round(_wait_s(a))))
-            since = _recovering_since(new, a)
-            if since is not None:
-                found.append(_fact("recovered", new, a, recovery_s=_round(max(0.0, a.started_at - since))))
+            recovered = recoveries(new).get(a.n)
+            if recovered is not None:
+                found.append(_fact("recovered", new, a, recovery_s=recovered))
     if new.status.terminal and (old is None or not old.status.terminal):
         found.append(_job_ended(new, now))
     return found
@@ -149,6 +149,17 @@ def _job_ended(job: Job, now: float) -> dict[str, Any]:
 def _wait_s(a: Attempt) -> float:
     start = trainer_start(a)
     return 0.0 if start is None else max(0.0, start - a.requested_at)
+
+
+def recoveries(job: Job) -> dict[int, float]:
+    """Attempt -> its recovery_s, for every attempt that recovered from a preemption: what the `recovered` facts of
+    the job's history said, once each (the local report shows them beside the metric's values)."""
+    found = {}
+    for a in job.attempts:
+        since = _recovering_since(job, a) if a.started_at is not None else None
+        if a.started_at is not None and since is not None:
+            found[a.n] = _round(max(0.0, a.started_at - since))
+    return found
 
 
 def _recovering_since(job: Job, started: Attempt) -> float | None:

@@ -41,6 +41,7 @@ SPLIT_COLOURS = {
     "startup_s": "#f9a825",
     "restore_s": "#ef6c00",
     "checkpoint_s": "#1565c0",
+    "input_s": "#00838f",  # waiting for the data pipeline (a dataset read through Grain)
     "wasted_s": "#6a1b9a",
     "lost_s": "#c62828",
     "waiting_s": "#9e9e9e",

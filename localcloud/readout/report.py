@@ -55,7 +55,8 @@ from typing import Any
 
 from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.accounting import later_split, parse_split, sum_splits
-from respawn.jobs import EndReason, JobSpec
+from respawn.facts import recoveries as record_recoveries
+from respawn.jobs import EndReason, Job, JobSpec
 from respawn.outlook import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
@@ -390,6 +391,9 @@ def build(
         "goodput": round(split["productive_s"] / wall, 4) if wall else 0.0,
         "goodput_s": {k: round(v, 3) for k, v in split.items()},
         "recovery": rows,
+        # the control plane's own figure per recovered attempt (its record: preempted attempt ended -> next trainer
+        # started), which the recovery_duration metric counts
+        "recovered_s": {str(n): v for n, v in record_recoveries(Job.from_dict(job)).items()} if job.get("spec") else {},
         "recovery_create_s": [round(v, 3) for v in create],
         "recovery_first_step_s": [round(v, 3) for v in first],
         "recovery_create_p50_s": percentile(create, 50),

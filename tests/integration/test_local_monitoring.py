@@ -76,6 +76,7 @@ def test_each_metric_counts_what_the_report_says(run: dict[str, Any]) -> None:
     rows = {attempt_of[r["machine"]] + 1: r for r in run["recovery"]}
     assert sorted(recovered) == sorted(rows) == [2, 3]
     assert sorted(recovered.values()) == sorted(log_metrics.values(m["respawn/recovery_duration"]))
+    assert recovered == {int(n): s for n, s in run["recovered_s"].items()}  # the report's own figure, exactly
     for n, row in rows.items():
         assert row["queue_s"] + row["boot_s"] <= recovered[n] <= row["first_step_s"], (n, recovered, row)
     assert len(log_metrics.values(m["respawn/job_goodput"], job_id="mon-it")) == 1
