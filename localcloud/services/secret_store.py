@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,9 @@ def leaks(values: Iterable[str], roots: Iterable[Path]) -> list[str]:
     return found
 
 
+ENVIRON_TRIES = 10
+
+
 def check_trainers(
     timeline: Timeline, machine: str, refs_json: str, pids: Callable[[], list[int]], secrets: Mapping[str, str]
 ) -> None:
@@ -113,7 +117,13 @@ def check_trainers(
     expected = {name: secrets.get(ref) for name, ref in refs.items()}
     for pid in pids():
         try:
-            ok = delivered(psutil.Process(pid).environ(), expected)
+            # read again a few times: a container's process may be between its execs (setpriv, then the trainer),
+            # when the OS shows an environment that is not yet the new program's
+            for _ in range(ENVIRON_TRIES):
+                ok = delivered(psutil.Process(pid).environ(), expected)
+                if ok:
+                    break
+                time.sleep(0.1)
         except psutil.Error:
             continue  # exited already
         timeline.add("secrets", machine=machine, pid=pid, names=sorted(refs), delivered=ok)
