@@ -60,3 +60,13 @@ def test_every_pin_of_the_image_is_the_version_the_tests_run() -> None:
     pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==(\S+)", text, re.M))
     assert {"grain", "array-record", "orbax-checkpoint"} <= set(pins)
     assert {name: metadata.version(name) for name in pins} == pins
+
+
+def test_the_local_cloud_runs_respawns_image_as_the_user_its_dockerfile_makes() -> None:
+    """trainer/Dockerfile: `useradd --uid N ... trainer` and `USER trainer`; the local docker runs its trainer as N."""
+    from localcloud.machines.vms import TRAINER_USER
+
+    text = (REPO / "trainer" / "Dockerfile").read_text()
+    (uid,) = re.findall(r"useradd [^\n]*--uid (\d+)[^\n]* trainer\b", text)
+    assert re.search(r"^USER trainer$", text, re.M)
+    assert f"{uid}:{uid}" == TRAINER_USER
