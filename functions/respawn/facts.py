@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from respawn.accounting import job_accounting, machine_seconds, trainer_start
@@ -54,7 +54,7 @@ def facts(old: Job | None, new: Job, now: float) -> list[dict[str, Any]]:
             found.append(_attempt_ended(new, a, now))
         if a.started_at is not None and (was is None or was.started_at is None):
             found.append(_fact("attempt_started", new, a, wait_s=_round(_wait_s(a))))
-            recovered = recoveries(new).get(a.n)
+            recovered = recoveries(new.attempts).get(a.n)
             if recovered is not None:
                 found.append(_fact("recovered", new, a, recovery_s=recovered))
     if new.status.terminal and (old is None or not old.status.terminal):
@@ -151,22 +151,22 @@ def _wait_s(a: Attempt) -> float:
     return 0.0 if start is None else max(0.0, start - a.requested_at)
 
 
-def recoveries(job: Job) -> dict[int, float]:
+def recoveries(attempts: Sequence[Attempt]) -> dict[int, float]:
     """Attempt -> its recovery_s, for every attempt that recovered from a preemption: what the `recovered` facts of
     the job's history said, once each (the local report shows them beside the metric's values)."""
     found = {}
-    for a in job.attempts:
-        since = _recovering_since(job, a) if a.started_at is not None else None
+    for a in attempts:
+        since = _recovering_since(attempts, a) if a.started_at is not None else None
         if a.started_at is not None and since is not None:
             found[a.n] = _round(max(0.0, a.started_at - since))
     return found
 
 
-def _recovering_since(job: Job, started: Attempt) -> float | None:
+def _recovering_since(attempts: Sequence[Attempt], started: Attempt) -> float | None:
     """When the preemption this attempt recovers from ended its predecessor: the newest earlier attempt whose trainer
     ran (attempts between that never started, stockouts, are part of the recovery); None when that one was not
     preempted (a failure, the first attempt)."""
-    earlier = [a for a in job.attempts if a.n < started.n and a.started_at is not None]
+    earlier = [a for a in attempts if a.n < started.n and a.started_at is not None]
     if not earlier or earlier[-1].end_reason not in COUNTED_AS_PREEMPTION:
         return None
     return earlier[-1].ended_at

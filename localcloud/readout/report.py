@@ -56,7 +56,7 @@ from typing import Any
 from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.facts import recoveries as record_recoveries
-from respawn.jobs import EndReason, Job, JobSpec
+from respawn.jobs import Attempt, EndReason, JobSpec
 from respawn.outlook import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
@@ -336,6 +336,7 @@ def build(
     end = completed[-1]["t"] if completed else (events[-1]["t"] if events else t0)
     wall = max(0.0, end - t0)
     job = job or {}
+    attempts = [Attempt.from_dict(a) for a in job.get("attempts") or ()]
     result = job.get("result") or (completed[-1]["payload"] if completed else {})
     if result.get("source") == "exit-code":  # the trainer's own may come after the record was read: it fills it in
         last = completed[-1].get("attempt") if completed else None
@@ -393,7 +394,7 @@ def build(
         "recovery": rows,
         # the control plane's own figure per recovered attempt (its record: preempted attempt ended -> next trainer
         # started), which the recovery_duration metric counts
-        "recovered_s": {str(n): v for n, v in record_recoveries(Job.from_dict(job)).items()} if job.get("spec") else {},
+        "recovered_s": {str(n): v for n, v in record_recoveries(attempts).items()},
         "recovery_create_s": [round(v, 3) for v in create],
         "recovery_first_step_s": [round(v, 3) for v in first],
         "recovery_create_p50_s": percentile(create, 50),

@@ -61,6 +61,7 @@ def test_none_model_sleeps_steps_and_resumes_after_sigterm(tmp_path: Path, compi
         "restore_s",
         "productive_s",
         "checkpoint_s",
+        "input_s",
         "wasted_s",
         "total_s",
     }

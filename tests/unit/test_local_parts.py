@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,13 @@ from localcloud.services.logentries import preempted_entry, tpu_worker_name, tra
 from localcloud.services.logfilter import LogFilter, load_sink_filter
 from respawn import parsing
 from respawn.events import MachinePreempted, TrainerStarted, ZoneWokeUp
+from respawn.jobs import Attempt
 from respawn.prices import machine_price, tpu_units
+
+
+def record_attempt(n: int, zone: str, **kw: Any) -> dict[str, Any]:
+    """An attempt as the job record holds it."""
+    return Attempt(n=n, zone=zone, machine=f"j-a{n}", requested_at=float(n), **kw).to_dict()
 
 
 def test_durations_and_schedules() -> None:
@@ -173,7 +180,7 @@ def head_start_timeline(marked: bool) -> list[dict[str, object]]:
 def test_a_head_starts_recovery_is_measured_from_the_notice(marked: bool) -> None:
     """The next machine was requested on the notice, before the noticed one was PREEMPTED (or it never was: deleted
     at its final save): measured from the PREEMPTED mark, its create call would come before it."""
-    job = {"job_id": "j", "status": "SUCCEEDED", "attempts": [{"n": 1, "zone": "z-a"}, {"n": 2, "zone": "z-b"}],
+    job = {"job_id": "j", "status": "SUCCEEDED", "attempts": [record_attempt(1, "z-a"), record_attempt(2, "z-b")],
            "counters": {"preemptions": 1}, "result": {"params_sha256": "ab", "step": 60}}  # fmt: skip
     r = report.build(
         events=head_start_timeline(marked), job=job, reference_sha="ab", machines_left=0, leftover_processes=0,
@@ -191,7 +198,7 @@ def test_a_notice_the_job_ended_on_is_no_recovery() -> None:
 
 
 def test_report_from_a_timeline() -> None:
-    job = {"job_id": "j", "status": "SUCCEEDED", "attempts": [{"n": 1, "zone": "z-a"}, {"n": 2, "zone": "z-a"}],
+    job = {"job_id": "j", "status": "SUCCEEDED", "attempts": [record_attempt(1, "z-a"), record_attempt(2, "z-a")],
            "counters": {"preemptions": 1}, "result": {"params_sha256": "ab", "step": 60}}  # fmt: skip
     r = report.build(
         events=list(reversed(TIMELINE)),  # order of recording does not matter
@@ -231,7 +238,7 @@ def test_report_from_a_timeline() -> None:
 )
 def test_each_attempt_row_says_which_api_provisioned_it(machine: dict[str, str], api: str) -> None:
     job = {"job_id": "j", "status": "SUCCEEDED", "spec": {"machine": machine},
-           "attempts": [{"n": 1, "zone": "z-a", "end_reason": "preempted"}, {"n": 2, "zone": "z-b"}]}  # fmt: skip
+           "attempts": [record_attempt(1, "z-a", end_reason="preempted"), record_attempt(2, "z-b")]}  # fmt: skip
     r = report.build(events=TIMELINE, job=job, reference_sha=None, machines_left=0, leftover_processes=0,
                      price=None, timed_out=False)  # fmt: skip
     assert [z["api"] for z in r["zones"]] == [api, api]
@@ -242,7 +249,7 @@ def test_without_a_reference_hash_exact_is_unknown_and_the_report_says_why() -> 
     job = {
         "job_id": "j",
         "status": "SUCCEEDED",
-        "attempts": [{"n": 1, "zone": "z-a"}],
+        "attempts": [record_attempt(1, "z-a")],
         "result": {"source": "exit-code"},
     }
     why = "the program sends no params_sha256 (the respawn_trainer library does)"

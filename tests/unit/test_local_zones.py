@@ -3,15 +3,22 @@ zone (machine time, interruptions, productive steps)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from localcloud.chaos import MTBI_ROUND, Chaos, ChaosError, Mtbi, parse_mtbi
 from localcloud.command import main
 from localcloud.readout import report
-from respawn.jobs import JobSpec, TpuMachine
+from respawn.jobs import Attempt, JobSpec, TpuMachine
 from respawn.outlook import History, Key
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+
+
+def record_attempt(n: int, zone: str, **kw: Any) -> dict[str, Any]:
+    """An attempt as the job record holds it."""
+    return Attempt(n=n, zone=zone, machine=f"j-a{n}", requested_at=float(n), **kw).to_dict()
 
 
 def test_mtbi_is_one_duration_for_every_zone_or_one_per_zone() -> None:
@@ -119,10 +126,10 @@ def test_the_report_gives_each_zone_its_machine_time_interruptions_and_productiv
         _ev(30.0, "host_error", machine="j-a3", zone=C, worker=0, instance="x"),
     ]
     attempts = [
-        {"n": 1, "zone": A, "machine": "j-a1", "end_reason": "preempted", "restored_step": 0},
-        {"n": 2, "zone": A, "machine": "j-a2", "end_reason": "preempted", "restored_step": 20},
-        {"n": 3, "zone": C, "machine": "j-a3", "restored_step": 24},
-        {"n": 4, "zone": B, "machine": "j-a4", "end_reason": "no_capacity"},  # never ran: a row without machine time
+        record_attempt(1, A, end_reason="preempted", restored_step=0),
+        record_attempt(2, A, end_reason="preempted", restored_step=20),
+        record_attempt(3, C, restored_step=24),
+        record_attempt(4, B, end_reason="capacity"),  # never ran: a row without machine time
     ]
     job = {"job_id": "j", "status": "SUCCEEDED", "spec": {"zones": [A, B, C]}, "attempts": attempts,
            "result": {"step": 100}}  # fmt: skip
@@ -155,7 +162,7 @@ def test_the_report_says_what_the_history_learned_of_each_zone_and_why_each_atte
                    image="trainer:1", checkpoint_uri="gs://b/j")  # fmt: skip
     history = History().observe(Key(A, "v5litepod-8", "spot"), 100.0, seconds=40.0, interruptions=2)
     job = {"job_id": "j", "status": "SUCCEEDED", "spec": spec.to_dict(),
-           "attempts": [{"n": 1, "zone": C, "placement": f"{C}: MTBI 24.0h (history ...)"}]}  # fmt: skip
+           "attempts": [record_attempt(1, C, zone_reason=f"{C}: MTBI 24.0h (history ...)")]}  # fmt: skip
     events = [_ev(0.0, "submitted"), _ev(100.0, "step", machine="j-a1", attempt=1, step=1)]
     r = report.build(events=events, job=job, reference_sha=None, machines_left=0, leftover_processes=0, price=None,
                      timed_out=False, history=history)  # fmt: skip
