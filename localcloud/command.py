@@ -27,8 +27,8 @@ from localcloud.chaos import (
     parse_mtbi,
     parse_steps,
     parse_stockout,
-    parse_unoffered,
     parse_times,
+    parse_unoffered,
     parse_worker_steps,
 )
 from localcloud.machines.profiles import Profile, Timings, profile
