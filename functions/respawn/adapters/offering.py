@@ -45,8 +45,9 @@ class OfferingLookup:
 
     def __init__(self, project: str, *, tpu_endpoint: str | None = None, compute_endpoint: str | None = None) -> None:
         self.project = project
-        self.tpu_options = client_options(tpu_endpoint)
-        self.compute_options = client_options(compute_endpoint)
+        self.tpu = tpu_v2.TpuClient(**client_options(tpu_endpoint))
+        self.machine_types = compute_v1.MachineTypesClient(**client_options(compute_endpoint))
+        self.accelerators = compute_v1.AcceleratorTypesClient(**client_options(compute_endpoint))
 
     def zones(self, spec: JobSpec) -> list[Offering]:
         return [self.zone(spec.machine, zone) for zone in spec.every_zone]
@@ -66,27 +67,23 @@ class OfferingLookup:
     def _asks(self, machine: MachineSpec, zone: str) -> list[tuple[str, Callable[[], object]]]:
         p = self.project
         if isinstance(machine, GpuMachine):
-            machine_types = compute_v1.MachineTypesClient(**self.compute_options)
-            accelerators = compute_v1.AcceleratorTypesClient(**self.compute_options)
             return [
                 (
                     f"machine type {machine.machine_type}",
-                    lambda: machine_types.get(project=p, zone=zone, machine_type=machine.machine_type),
+                    lambda: self.machine_types.get(project=p, zone=zone, machine_type=machine.machine_type),
                 ),
                 (
                     f"accelerator type {machine.accelerator_type}",
-                    lambda: accelerators.get(project=p, zone=zone, accelerator_type=machine.accelerator_type),
+                    lambda: self.accelerators.get(project=p, zone=zone, accelerator_type=machine.accelerator_type),
                 ),
             ]
         if machine.api == API_TPU:
-            tpu = tpu_v2.TpuClient(**self.tpu_options)
             name = f"projects/{p}/locations/{zone}/acceleratorTypes/{machine.accelerator_type}"
-            return [(f"TPU type {machine.accelerator_type}", lambda: tpu.get_accelerator_type(name=name))]
+            return [(f"TPU type {machine.accelerator_type}", lambda: self.tpu.get_accelerator_type(name=name))]
         machine_type = compute_shape(machine.accelerator_type).machine_type
-        machine_types = compute_v1.MachineTypesClient(**self.compute_options)
         return [
             (
                 f"machine type {machine_type}",
-                lambda: machine_types.get(project=p, zone=zone, machine_type=machine_type),
+                lambda: self.machine_types.get(project=p, zone=zone, machine_type=machine_type),
             )
         ]
