@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1, tpu_v2
@@ -22,6 +23,9 @@ from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options
 from respawn.jobs import API_TPU, GpuMachine, JobSpec, MachineSpec
 from respawn.topology import compute_shape
+
+# One try each, briefly: a zone that cannot be asked is left unknown rather than holding up `respawn submit`.
+_ONCE: dict[str, Any] = {"retry": None, "timeout": 15.0}
 
 
 @dataclass(frozen=True)
@@ -70,20 +74,22 @@ class OfferingLookup:
             return [
                 (
                     f"machine type {machine.machine_type}",
-                    lambda: self.machine_types.get(project=p, zone=zone, machine_type=machine.machine_type),
+                    lambda: self.machine_types.get(project=p, zone=zone, machine_type=machine.machine_type, **_ONCE),
                 ),
                 (
                     f"accelerator type {machine.accelerator_type}",
-                    lambda: self.accelerators.get(project=p, zone=zone, accelerator_type=machine.accelerator_type),
+                    lambda: self.accelerators.get(
+                        project=p, zone=zone, accelerator_type=machine.accelerator_type, **_ONCE
+                    ),
                 ),
             ]
         if machine.api == API_TPU:
             name = f"projects/{p}/locations/{zone}/acceleratorTypes/{machine.accelerator_type}"
-            return [(f"TPU type {machine.accelerator_type}", lambda: self.tpu.get_accelerator_type(name=name))]
+            return [(f"TPU type {machine.accelerator_type}", lambda: self.tpu.get_accelerator_type(name=name, **_ONCE))]
         machine_type = compute_shape(machine.accelerator_type).machine_type
         return [
             (
                 f"machine type {machine_type}",
-                lambda: self.machine_types.get(project=p, zone=zone, machine_type=machine_type),
+                lambda: self.machine_types.get(project=p, zone=zone, machine_type=machine_type, **_ONCE),
             )
         ]
