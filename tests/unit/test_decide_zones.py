@@ -10,6 +10,7 @@ from respawn.actions import Action, CreateMachine
 from respawn.decide import decide
 from respawn.events import CreateFailed, CreateFailure, JobEvent, JobSubmitted, MachinesObserved
 from respawn.jobs import LEGAL_TRANSITIONS, EndReason, Job, JobSpec, Status, Tier, TpuMachine
+from respawn.outlook import History, Outlook
 from respawn.policy import Policy, backoff_s
 
 A, B, C = "us-east5-a", "us-east5-b", "us-central1-a"
@@ -33,8 +34,10 @@ def submitted(s: JobSpec) -> JobSubmitted:
     return JobSubmitted(eid(), T0, s)
 
 
-def step(job: Job | None, event: JobEvent, now: float = T0) -> tuple[Job | None, list[Action]]:
-    new, actions = decide(job, event, now, POLICY)
+def step(
+    job: Job | None, event: JobEvent, now: float = T0, outlook: Outlook | None = None
+) -> tuple[Job | None, list[Action]]:
+    new, actions = decide(job, event, now, POLICY, outlook=outlook)
     if new is not None and (job is None or new.status != job.status):
         assert new.status in LEGAL_TRANSITIONS[job.status if job else None]
     return new, actions
@@ -88,3 +91,18 @@ def test_a_tier_whose_zones_do_not_offer_the_machine_gives_way_to_the_next() -> 
     job, actions = step(job, unoffered(1), T0)
     assert job is not None and job.status is Status.PROVISIONING and job.tier_index == 1
     assert actions == [CreateMachine("llm", 2, "llm-a2", B, deadline=DEADLINE, tier=1)]
+
+
+def test_ranked_placement_never_ranks_a_zone_that_does_not_offer_the_machine() -> None:
+    """With an outlook (placement ranked, the default), a refused zone, whose refusal decays, is never chosen again:
+    not after a full walk of the others, not hours later."""
+    even = Outlook(History())  # no data: every zone alike, list order breaks ties
+    job, _ = step(None, submitted(spec(zones=(A, B, C))), outlook=even)
+    job, actions = step(job, unoffered(1), outlook=even)
+    assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [B]
+    job, _ = step(job, capacity(2), outlook=even)
+    job, _ = step(job, capacity(3), outlook=even)
+    assert job is not None and job.status is Status.PENDING and [a.zone for a in job.attempts] == [A, B, C]
+    later = T0 + 10 * 3600  # every penalty has decayed
+    job, actions = step(job, MachinesObserved(eid(), later, "llm", (), ()), later, outlook=even)
+    assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [B]
