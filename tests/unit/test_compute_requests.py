@@ -333,6 +333,8 @@ STOCKOUT = (("ZONE_RESOURCE_POOL_EXHAUSTED", "The zone does not have enough reso
         ),
         ("one vm suspended", mig(topology="INCOMPLETE"), vms("SUSPENDED", *RUN[:3]), MachineState.PREEMPTED),
         ("topology deactivating", mig(topology="DEACTIVATING"), vms(*RUN), MachineState.PREEMPTED),
+        # "active but operating in degraded mode": not still creating, a slice that no longer runs whole
+        ("topology degraded", mig(topology="ACTIVE_DEGRADED"), vms(*RUN), MachineState.PREEMPTED),
         ("one vm missing", mig(topology="INCOMPLETE"), vms(*RUN[:3]), MachineState.PREEMPTED),
         (
             "one vm deleted, still listed without an instance",
