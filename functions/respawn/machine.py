@@ -11,6 +11,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
+# respawn's own trainer image of each machine kind, REPOSITORY/NAME:TAG in the deployment's repository (terraform
+# output trainer_images), and the trainer/Dockerfile VARIANT that cloudbuild.yaml builds it with: JAX's TPU wheels
+# for TPU machines, its CUDA 12 wheels for GPU machines (docs/gpus.md).
+TRAINER_IMAGES = {"gpu": "trainer-cuda", "tpu": "trainer"}
+IMAGE_VARIANTS = {"gpu": "cuda", "tpu": "tpu"}
+
 # The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
 # a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about
 # 10 s in practice (docs/operations.md, Notice windows).
