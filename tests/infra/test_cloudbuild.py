@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
-from respawn.machine import IMAGE_VARIANTS, TRAINER_IMAGES
 from tfconfig import REPO, Config
+
+from respawn.machine import IMAGE_VARIANTS, TRAINER_IMAGES
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,15 @@ def test_every_substitution_used_is_declared_and_every_declared_one_is_used(buil
 def test_the_suite_runs_before_anything_is_built_or_deployed(build: dict[str, Any]) -> None:
     test = steps(build)["test"]
     assert (test["entrypoint"], test["args"]) == ("make", ["test"])
-    for later in ("build-trainer", "build-trainer-cuda", "terraform-init", "terraform-plan", "terraform-apply",
-                  "push-trainer", "push-trainer-cuda"):
+    for later in (
+        "build-trainer",
+        "build-trainer-cuda",
+        "terraform-init",
+        "terraform-plan",
+        "terraform-apply",
+        "push-trainer",
+        "push-trainer-cuda",
+    ):
         assert runs_after(build, later, "test"), later
 
 

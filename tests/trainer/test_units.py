@@ -500,7 +500,9 @@ print(os.environ["XLA_FLAGS"])
 def configured_flags(accelerator: str, xla_flags: str) -> list[str]:
     env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags,
            "RESPAWN_ACCELERATOR": accelerator, "RESPAWN_DEVICES_STAND_IN": "cpu"}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", CONFIGURED_FLAGS], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CONFIGURED_FLAGS], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result, flags = proc.stdout.splitlines()
     assert result == "8.0"

@@ -431,7 +431,9 @@ def test_a_slice_vm_is_not_listed_as_a_machine(name: str, labels: dict[str, str]
 
 
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: s.machine_type)
-def test_a_gpu_vm_boots_from_the_disk_type_its_machine_series_supports(gce: GcpComputeProvider, shape: GpuShape) -> None:
+def test_a_gpu_vm_boots_from_the_disk_type_its_machine_series_supports(
+    gce: GcpComputeProvider, shape: GpuShape
+) -> None:
     """Every row of respawn.gpus: its machine type, its GPUs and the boot disk its series supports."""
     r = body(gce.instance(create(), job(GpuMachine(shape.machine_type, shape.accelerator_type, shape.gpus))))
     assert r["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{shape.boot_disk}"

@@ -32,6 +32,8 @@ GPU_DETERMINISM_FLAGS = "--xla_gpu_deterministic_ops=true"
 def determinism_flags(run: RunEnv) -> list[str]:
     """The XLA flags a trainer on this machine adds to XLA_FLAGS (unless already there)."""
     return [CPU_DETERMINISM_FLAGS] + ([GPU_DETERMINISM_FLAGS] if run.accelerator == "gpu" else [])
+
+
 # Part of every stored program's key: programs stored in an older format are never read.
 STORED_PROGRAM_FORMAT = "kept-2"
 CACHE_PROBE_TIMEOUT_S = 10.0  # an unreachable gs:// cache costs this long once, then the run compiles without it
