@@ -118,3 +118,32 @@ def test_the_gpu_example_parses_and_names_the_cuda_image_of_a_priced_shape() -> 
     assert (spec.machine.accelerator_type, spec.machine.accelerator_count) == (shape.accelerator_type, shape.gpus)
     assert spec.provisioning == "spot"
     assert re.search(rf"/{TRAINER_IMAGES['gpu']}:[^/]+$", spec.image), spec.image
+
+
+@pytest.mark.parametrize(
+    ("kind", "image", "warning"),
+    [
+        ("gpu", "us-docker.pkg.dev/p/r/trainer:7", "is respawn's TPU trainer image; a gpu machine runs "
+         "us-docker.pkg.dev/p/r/trainer-cuda:7"),
+        ("tpu", "us-docker.pkg.dev/p/r/trainer-cuda@sha256:" + "0" * 64, "is respawn's GPU trainer image; a tpu "
+         "machine runs us-docker.pkg.dev/p/r/trainer\n"),
+        ("gpu", "us-docker.pkg.dev/p/r/trainer-cuda:7", None),
+        ("tpu", "us-docker.pkg.dev/p/r/trainer:7", None),
+        ("gpu", "us-docker.pkg.dev/p/r/my-trainer:7", None),  # the user's own image: whatever its name
+    ],
+)  # fmt: skip
+def test_submit_warns_when_a_job_names_respawns_image_of_the_other_kind(
+    kind: str, image: str, warning: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The image of a kind is TRAINER_IMAGES[kind]: the other kind's would fail at its trainer's start (its JAX
+    finds no GPU, or no TPU), so `respawn submit` says so before anything is spent, and still submits."""
+    message = load_job_file(REPO / ("examples/gpu.yaml" if kind == "gpu" else "examples/quickstart.yaml"))
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({**message, "image": image}))
+    assert main(["submit", str(path), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["image"] == image
+    if warning is None:
+        assert err == ""
+    else:
+        assert err.startswith(f"respawn: warning: {path}: image {image} ") and warning in err
