@@ -209,12 +209,18 @@ def publish(s: Settings, message: dict[str, Any]) -> str:
 
 
 def validated(message: dict[str, Any], source: str) -> dict[str, Any]:
+    """The message, once the job spec decoder took it; a job naming respawn's trainer image of the other machine
+    kind is warned about on stderr (it would fail at its trainer's start)."""
+    from respawn.jobs import JobSpec
+    from respawn.machine import image_mismatch
     from respawn.spec import SpecError, parse_job_message
 
     try:
-        parse_job_message(message)
+        spec = parse_job_message(message)
     except SpecError as e:
         raise UserError(f"{source}: {e}") from e
+    if isinstance(spec, JobSpec) and (wrong := image_mismatch(spec.machine.kind, spec.image)):
+        print(f"respawn: warning: {source}: {wrong}", file=sys.stderr)
     return message
 
 

@@ -943,6 +943,14 @@ def test_each_example_job_parses_through_the_api_its_generation_uses(name: str) 
     assert (spec.machine.runtime_version is None) == compute
 
 
+def test_every_example_job_parses() -> None:
+    """Every job file under examples/ (the GPU one, the bring-your-own one among them) is a valid submit message."""
+    files = sorted((DATA.parent.parent / "examples").glob("**/*.yaml"))
+    assert {"gpu.yaml", "quickstart.yaml", "job.yaml"} <= {f.name for f in files}
+    for path in files:
+        assert isinstance(parse_job_message(load_job_file(path)), JobSpec), path
+
+
 # ---------------------------------------------------------------------------- placement and back to Spot
 
 

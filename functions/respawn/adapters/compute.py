@@ -35,6 +35,7 @@ from respawn.adapters.compute_slices import ComputeSlices, Slice
 from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
+from respawn.gpus import GPU_SHAPES, PD_BALANCED
 from respawn.jobs import (
     API_COMPUTE,
     LABEL_ATTEMPT,
@@ -60,22 +61,21 @@ MIN_RUN_S = 30  # Compute Engine's smallest maxRunDuration
 # A TPU VM "includes a 100 GiB boot disk".
 TPU_BOOT_DISK_GB = 100
 # The boot disk type per machine series, by machine type prefix (first match); anything else takes Balanced
-# Persistent Disk. v6e takes Hyperdisk only, v5p Balanced Persistent Disk (tpu/docs/setup-persistent-disk); A4X, A4
-# and A3 Ultra support Hyperdisk only (compute/docs/accelerator-optimized-machines, each series' "Supported disk
-# types"; Vertex AI's DiskSpec defaults A3 Ultra to hyperdisk-balanced). TPU7x is in neither table: Hyperdisk
-# Balanced, as for v6e, is unverified.
+# Persistent Disk. v6e takes Hyperdisk only, v5p Balanced Persistent Disk (tpu/docs/setup-persistent-disk); A4X
+# supports Hyperdisk only (compute/docs/accelerator-optimized-machines, "Supported disk types"), as do the GPU series
+# respawn.gpus lists with hyperdisk-balanced (A4, A3 Ultra), each by its machine types' family (a4-highgpu-).
+# TPU7x is in neither table: Hyperdisk Balanced, as for v6e, is unverified.
 BOOT_DISK_TYPES = (
     ("ct6e-", "hyperdisk-balanced"),
     ("tpu7x-", "hyperdisk-balanced"),
     ("a4x-", "hyperdisk-balanced"),
-    ("a4-", "hyperdisk-balanced"),
-    ("a3-ultragpu-", "hyperdisk-balanced"),
+    *sorted({(s.machine_type.rpartition("-")[0] + "-", s.boot_disk) for s in GPU_SHAPES if s.boot_disk != PD_BALANCED}),
 )
 
 
 def boot_disk_type(machine_type: str) -> str:
     """The boot disk type a VM of this machine type can boot from."""
-    return next((disk for prefix, disk in BOOT_DISK_TYPES if machine_type.startswith(prefix)), "pd-balanced")
+    return next((disk for prefix, disk in BOOT_DISK_TYPES if machine_type.startswith(prefix)), PD_BALANCED)
 
 
 STATES: dict[str, MachineState] = {
