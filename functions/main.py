@@ -12,7 +12,7 @@ from cloudevents.http import CloudEvent
 
 from respawn import parsing, service_log
 from respawn.bootstrap import service_from_env
-from respawn.deployment import SettingsError
+from respawn.deployment import Settings, SettingsError
 from respawn.events import JobRejected
 from respawn.service import Retryable
 
@@ -21,9 +21,11 @@ service_log.ensure_handler()  # the lines of a message dropped before a service 
 
 @functions_framework.cloud_event
 def on_job_message(cloud_event: CloudEvent) -> None:
-    """A job message from topic respawn-jobs: submit or cancel."""
+    """A job message from topic respawn-jobs: submit or cancel; a submit without `image` runs the deployment's trainer
+    image of its machine's kind (RESPAWN_TRAINER_IMAGES)."""
     try:
-        event = parsing.job_event(parsing.message_from_cloudevent(cloud_event))
+        images = dict(Settings.from_env().trainer_images)
+        event = parsing.job_event(parsing.message_from_cloudevent(cloud_event), images)
         if isinstance(event, JobRejected):
             service_log.dropped(f"job message rejected: {event.error}", job_id=event.job_id, message_id=event.event_id)
         service_from_env().handle(event)  # logs one line per handled event

@@ -45,7 +45,8 @@ from localcloud.services.status import STATUS_TOPIC, StatusRecorder
 from localcloud.timeline import Timeline
 from localcloud.watch import Run, follow, watch_calls
 from respawn import bootstrap
-from respawn.deployment import TIME_SCALE, Settings
+from respawn.deployment import IMAGES, TIME_SCALE, Settings
+from respawn.machine import TRAINER_IMAGES as TRAINER_IMAGE_NAMES
 
 if TYPE_CHECKING:
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
@@ -55,6 +56,11 @@ PROJECT = "respawn-local"
 STATE_BUCKET = "respawn-local-state"
 JOBS_TOPIC = "respawn-jobs"
 EVENTS_TOPIC = "respawn-events"
+# respawn's trainer image of each machine kind in the local project's repository, the functions' RESPAWN_TRAINER_IMAGES:
+# a job without `image` names the one of its machine's kind in its record (the local cloud runs the trainer itself)
+TRAINER_IMAGES = {
+    kind: f"us-docker.pkg.dev/{PROJECT}/respawn/{name}:latest" for kind, name in TRAINER_IMAGE_NAMES.items()
+}
 
 
 @dataclass
@@ -292,6 +298,7 @@ class LocalCloud:
             "RESPAWN_JOBS_TOPIC": JOBS_TOPIC,
             "RESPAWN_EVENTS_TOPIC": EVENTS_TOPIC,
             TIME_SCALE: repr(self.options.time_scale),
+            IMAGES: json.dumps(TRAINER_IMAGES),
             **gcs.env(),
         }
         if emulator is not None:  # the functions publish status notices there, as deployed

@@ -299,9 +299,10 @@ class TimingOptions:
     machine: dict[str, Any]
 
     def for_job(self, message: dict[str, Any]) -> Timings:
+        from localcloud.cloud import TRAINER_IMAGES
         from respawn.spec import parse_job_message
 
-        spec = parse_job_message(message)
+        spec = parse_job_message(message, TRAINER_IMAGES)
         assert isinstance(spec, JobSpec)  # load_message allows submit only
         base = self.profile.timings(spec.machine)
         creation = base.creation_delay_s if self.creation_delay_s is None else self.creation_delay_s
@@ -394,13 +395,14 @@ def uploaded(uploads: list[tuple[Path, str]]) -> Iterator[tuple[dict[str, str], 
 
 def load_message(path: str, overrides: Sequence[str], own_program: bool = False) -> dict[str, Any]:
     """The validated job message; its args must be the trainer's flags unless `own_program` runs instead."""
+    from localcloud.cloud import TRAINER_IMAGES
     from respawn.spec import SpecError, load_job_file, parse_job_message
 
     try:
         message = load_job_file(path)
         if overrides:
             message["args"] = with_trainer_args(message.get("args") or [], overrides)
-        parse_job_message(message)
+        parse_job_message(message, TRAINER_IMAGES)  # without `image`: the local functions' image of its kind
     except SpecError as e:
         raise UsageError(f"{path}: {e}") from e
     if message.get("action", "submit") != "submit":

@@ -16,12 +16,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from respawn.accounting import CATEGORIES, job_accounting
 from respawn.bootstrap import job_store, jobs_publisher, log_reader
 from respawn.deployment import VARIABLES, Settings, SettingsError
-from respawn.jobs import Attempt, EndReason, Job, TpuMachine
+from respawn.jobs import Attempt, EndReason, Job, JobSpec, TpuMachine
+
+if TYPE_CHECKING:
+    from respawn.spec import CancelRequest
 
 PROG = "respawn"
 
@@ -208,15 +211,24 @@ def publish(s: Settings, message: dict[str, Any]) -> str:
 # ---- subcommands ---------------------------------------------------------------------------------------------------
 
 
+def job_spec(message: dict[str, Any]) -> JobSpec | CancelRequest:
+    """The job message decoded (JobSpec or CancelRequest). A submit without `image` is checked as if it named the
+    deployment's trainer image of its machine's kind, which the CLI does not know: it goes out without one, and the
+    functions fill in the image RESPAWN_TRAINER_IMAGES names for that kind (or reject the job where it names none)."""
+    from respawn.machine import TRAINER_IMAGES
+    from respawn.spec import parse_job_message
+
+    return parse_job_message(message, {kind: f"deployment/{name}" for kind, name in TRAINER_IMAGES.items()})
+
+
 def validated(message: dict[str, Any], source: str) -> dict[str, Any]:
     """The message, once the job spec decoder took it; a job naming respawn's trainer image of the other machine
     kind is warned about on stderr (it would fail at its trainer's start)."""
-    from respawn.jobs import JobSpec
     from respawn.machine import image_mismatch
-    from respawn.spec import SpecError, parse_job_message
+    from respawn.spec import SpecError
 
     try:
-        spec = parse_job_message(message)
+        spec = job_spec(message)
     except SpecError as e:
         raise UserError(f"{source}: {e}") from e
     if isinstance(spec, JobSpec) and (wrong := image_mismatch(spec.machine.kind, spec.image)):
@@ -254,10 +266,8 @@ def check_zones(source: str, s: Settings, message: dict[str, Any]) -> None:
     listings): a warning for each that does not (respawn skips it) or could not be asked, and UserError when none
     offers it."""
     from respawn.adapters.offering import OfferingLookup, machine_words
-    from respawn.jobs import JobSpec
-    from respawn.spec import parse_job_message
 
-    spec = parse_job_message(message)
+    spec = job_spec(message)
     assert isinstance(spec, JobSpec)
     try:
         lookup = OfferingLookup(s.project, tpu_endpoint=s.tpu_endpoint, compute_endpoint=s.compute_endpoint)
@@ -434,13 +444,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
     bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
     from respawn import plan
-    from respawn.jobs import JobSpec
     from respawn.outlook import Outlook
     from respawn.policy import Policy
-    from respawn.spec import SpecError, load_job_file, parse_job_message
+    from respawn.spec import SpecError, load_job_file
 
     try:
-        spec = parse_job_message(load_job_file(args.file))
+        spec = job_spec(load_job_file(args.file))
     except SpecError as e:
         raise UserError(f"{args.file}: {e}") from e
     if not isinstance(spec, JobSpec):

@@ -1,6 +1,7 @@
 """Deployed configuration: Settings from the environment (bootstrap.py builds the functions' Service from them).
 
-A leaf: it imports nothing of respawn, so every room may read it.
+Nearly a leaf: of respawn it imports only the job message's rule for an image (respawn.spec.values), and only when
+RESPAWN_TRAINER_IMAGES is set, so every room may read it.
 
 The same variables configure the functions and the CLI (SPEC: deployed
 configuration). A missing setting is one clear error naming the variable.
@@ -8,6 +9,7 @@ configuration). A missing setting is one clear error naming the variable.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -41,6 +43,10 @@ TIME_SCALE = "RESPAWN_TIME_SCALE"
 NETWORK, SUBNETWORK, EXTERNAL_IP = "RESPAWN_NETWORK", "RESPAWN_SUBNETWORK", "RESPAWN_EXTERNAL_IP"
 _NETWORK = re.compile(r"projects/[a-z][-a-z0-9.:]*[a-z0-9]/global/networks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+# The deployment's own trainer image of each machine kind, a JSON object {"gpu": IMAGE, "tpu": IMAGE}
+# (infra/terraform/functions.tf): the image of a job message without one (respawn.spec.parse_job_message)
+IMAGES = "RESPAWN_TRAINER_IMAGES"
+MACHINE_KINDS = ("gpu", "tpu")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Settings:
     network: str | None = None  # projects/P/global/networks/N; None: the project's default network
     subnetwork: str | None = None  # a subnetwork name in every region a job uses; None: the network's own
     external_ips: bool = True
+    trainer_images: tuple[tuple[str, str], ...] = ()  # RESPAWN_TRAINER_IMAGES: (kind, image) pairs, by kind
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> Settings:
@@ -81,6 +88,7 @@ class Settings:
                 SUBNETWORK, get(SUBNETWORK), _NAME, "a subnetwork name (lowercase letters, digits, -)"
             ),
             external_ips=_boolean(EXTERNAL_IP, get(EXTERNAL_IP), default=True),
+            trainer_images=_trainer_images(get(IMAGES)),
         )
 
     def require(self, *names: str) -> Settings:
@@ -105,6 +113,30 @@ def _time_scale(text: str | None) -> float:
             f"{TIME_SCALE} is {text!r}: it must be a positive number (local seconds per real second; default 1)"
         )
     return value
+
+
+def _trainer_images(text: str | None) -> tuple[tuple[str, str], ...]:
+    """RESPAWN_TRAINER_IMAGES as (kind, image) pairs: a JSON object of machine kinds to images, each image checked as
+    a job message's `image` is; SettingsError (one line) otherwise."""
+    if text is None:
+        return ()
+    from respawn.spec.values import SpecError, image
+
+    allowed = 'a JSON object of machine kind to image, like {"gpu": "REPOSITORY/trainer-cuda:TAG", "tpu": ...}'
+    try:
+        images = json.loads(text)
+    except (ValueError, RecursionError):
+        images = None
+    if not isinstance(images, dict) or not images:
+        raise SettingsError(f"{IMAGES} is {text[:80]!r}: it must be {allowed} (unset: jobs name their image)")
+    for kind, value in images.items():
+        if kind not in MACHINE_KINDS:
+            raise SettingsError(f"{IMAGES}: {kind[:40]!r} is not a machine kind; allowed: {', '.join(MACHINE_KINDS)}")
+        try:
+            image(value, f"{IMAGES}.{kind}")
+        except SpecError as e:
+            raise SettingsError(f"{e.field}: {e.problem}; allowed: {e.allowed}") from e
+    return tuple(sorted(images.items()))
 
 
 def _matching(variable: str, text: str | None, pattern: re.Pattern[str], allowed: str) -> str | None:

@@ -22,6 +22,7 @@ import enum
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -149,13 +150,16 @@ def message_from_cloudevent(cloud_event: Any) -> PubSubMessage:
 # ---------------------------------------------------------------------------- job messages
 
 
-def job_event(msg: PubSubMessage) -> JobSubmitted | CancelRequested | JobRejected:
-    """A message on respawn-jobs -> JobSubmitted, CancelRequested or JobRejected (never raises)."""
+def job_event(
+    msg: PubSubMessage, default_images: Mapping[str, str] | None = None
+) -> JobSubmitted | CancelRequested | JobRejected:
+    """A message on respawn-jobs -> JobSubmitted, CancelRequested or JobRejected (never raises). A submit without
+    `image` runs `default_images[kind]`, the deployment's trainer image of its machine's kind (Settings)."""
     event_id, when = msg.message_id or _digest(msg.data), msg.publish_time
     if msg.problem:
         return JobRejected(event_id, when, None, f"job message: {msg.problem}")
     try:
-        parsed = parse_job_message(msg.data)
+        parsed = parse_job_message(msg.data, default_images)
     except SpecError as e:
         return JobRejected(event_id, when, _usable_job_id(msg.data), str(e))
     except Exception as e:  # a defect, not the sender's fault; still never a redelivery storm

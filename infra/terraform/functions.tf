@@ -38,6 +38,11 @@ locals {
     RESPAWN_NETWORK     = local.machine_network
     RESPAWN_SUBNETWORK  = local.machine_subnetwork
     RESPAWN_EXTERNAL_IP = tostring(local.external_ip)
+    # A job message without `image` runs the trainer image of its machine's kind at trainer_tag (the tag Cloud Build
+    # pushed), {"gpu": ".../trainer-cuda:TAG", "tpu": ".../trainer:TAG"}; empty (no trainer_tag): every job names one.
+    RESPAWN_TRAINER_IMAGES = var.trainer_tag == "" ? "" : jsonencode({
+      for kind, image in local.trainer_images : kind => "${image}:${var.trainer_tag}"
+    })
   }
 }
 

@@ -15,17 +15,14 @@ output "checkpoint_bucket" {
 
 output "trainer_image_repository" {
   description = "Push the trainer image here; name it in job messages as REPOSITORY/trainer:TAG (TPU machines) or REPOSITORY/trainer-cuda:TAG (GPU machines)."
-  value       = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}"
+  value       = local.trainer_repository
 }
 
-# respawn's trainer image per machine kind, as cloudbuild.yaml builds it (respawn.machine.TRAINER_IMAGES): a job
-# names IMAGE:TAG for its machine's kind.
+# respawn's trainer image per machine kind, as cloudbuild.yaml builds it (artifact_registry.tf, local.trainer_images):
+# the image of a job without `image` at trainer_tag, or IMAGE:TAG that a job names itself.
 output "trainer_images" {
-  description = "The trainer image of each machine kind, without its tag: name IMAGE:TAG in a job of that kind (TAG: the commit cloudbuild.yaml built)."
-  value = {
-    gpu = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}/trainer-cuda"
-    tpu = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}/trainer"
-  }
+  description = "The trainer image of each machine kind, without its tag: a job without `image` runs IMAGE:trainer_tag of its kind; a job may name IMAGE:TAG itself (TAG: the commit cloudbuild.yaml built)."
+  value       = local.trainer_images
 }
 
 output "trainer_image_regional_repositories" {

@@ -53,6 +53,16 @@ variable "artifact_repository" {
   default     = "respawn"
 }
 
+variable "trainer_tag" {
+  description = "The tag of the trainer images (output trainer_images) that a job message without `image` runs, the one of its machine's kind: the tag cloudbuild.yaml built and pushed (its _TAG, passed as -var=trainer_tag). Empty: every job names its image."
+  type        = string
+  default     = ""
+  validation {
+    condition     = can(regex("^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$", var.trainer_tag))
+    error_message = "trainer_tag must be a Docker image tag (letters, digits, _ . -, at most 128 characters, not starting with . or -), or empty."
+  }
+}
+
 variable "image_regions" {
   description = "Regions (or multi-regions us, europe, asia) of the machines' zones that get a copy of the trainer image repository, so machines pull from their own region (docs/operations.md, Machines that start fast)."
   type        = list(string)

@@ -98,11 +98,31 @@ def test_exactly_the_two_variants_are_built_and_listed(build: dict[str, Any]) ->
 
 
 def test_terraform_names_the_same_image_for_each_kind() -> None:
-    """outputs.tf's trainer_images: REPOSITORY/NAME per machine kind, NAME the one Cloud Build pushes."""
-    value = Config.load().outputs["trainer_images"]["value"]
-    assert set(value) == set(TRAINER_IMAGES)
+    """artifact_registry.tf's local.trainer_images: REPOSITORY/NAME per machine kind, NAME the one Cloud Build pushes;
+    output trainer_images is that local, and the functions' RESPAWN_TRAINER_IMAGES is it at trainer_tag."""
+    config = Config.load()
+    images = config.locals["trainer_images"]
+    assert set(images) == set(TRAINER_IMAGES)
     for kind, name in TRAINER_IMAGES.items():
-        assert value[kind].endswith(f"/{name}") and "trainer.repository_id" in value[kind], value[kind]
+        assert images[kind] == f"${{local.trainer_repository}}/{name}", images[kind]
+    assert "trainer.repository_id" in config.locals["trainer_repository"]
+    assert config.outputs["trainer_images"]["value"] == "${local.trainer_images}"
+    assert config.outputs["trainer_image_repository"]["value"] == "${local.trainer_repository}"
+    env = config.locals["function_environment"]["RESPAWN_TRAINER_IMAGES"]
+    assert 'for kind, image in local.trainer_images : kind => "${image}:${var.trainer_tag}"' in env, env
+    assert env.startswith('${var.trainer_tag == "" ? "" : jsonencode('), env  # no tag: jobs name their image
+
+
+def test_the_plan_sets_the_default_images_tag_to_the_one_this_build_pushes(build: dict[str, Any]) -> None:
+    plan = steps(build)["terraform-plan"]["args"]
+    assert "-var=trainer_tag=${_TAG}" in plan
+    variable = Config.load().variables["trainer_tag"]
+    assert variable["default"] == ""  # a deploy by hand without it: every job names its image (docs/deploy.md)
+    (validation,) = variable["validation"]
+    pattern = re.search(r'regex\("(.+?)", var.trainer_tag\)', validation["condition"])
+    assert pattern is not None
+    for tag, allowed in (("", True), ("3f9c2ab", True), ("v1.2_rc-1", True), ("-x", False), ("a b", False)):
+        assert bool(re.fullmatch(pattern.group(1), tag)) is allowed, tag
 
 
 def test_terraform_applies_exactly_the_saved_plan(build: dict[str, Any]) -> None:

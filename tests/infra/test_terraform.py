@@ -387,6 +387,7 @@ def test_functions_are_2nd_gen_python_with_deliberate_limits(config: Config) -> 
         "RESPAWN_NETWORK",
         "RESPAWN_SUBNETWORK",
         "RESPAWN_EXTERNAL_IP",
+        "RESPAWN_TRAINER_IMAGES",
     }
     source = block(block(build, "source"), "storage_source")
     assert source["object"] == "${google_storage_bucket_object.functions_source.name}"

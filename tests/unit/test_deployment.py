@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from respawn.bootstrap import service_from_env
-from respawn.deployment import Settings, SettingsError
+from respawn.deployment import IMAGES, Settings, SettingsError
+from respawn.spec.rules import IMAGES_VARIABLE
 from respawn.policy import Policy
 
 
@@ -117,3 +120,43 @@ def test_a_bad_network_setting_is_one_line_naming_the_variable(variable: str, te
         Settings.from_env({variable: text})
     assert str(e.value).startswith(f"{variable} is {text!r}: it must be {allowed}")
     assert "\n" not in str(e.value)
+
+
+GPU_IMAGE, TPU_IMAGE = "us-docker.pkg.dev/p/respawn/trainer-cuda:abc1234", "us-docker.pkg.dev/p/respawn/trainer:abc1234"
+
+
+def test_the_deployments_trainer_images_by_machine_kind() -> None:
+    """RESPAWN_TRAINER_IMAGES as Terraform writes it (jsonencode of a map of kind to image); unset or empty (Terraform
+    without trainer_tag): none, and every job names its image."""
+    both = json.dumps({"tpu": TPU_IMAGE, "gpu": GPU_IMAGE})
+    assert Settings.from_env({IMAGES: both}).trainer_images == (("gpu", GPU_IMAGE), ("tpu", TPU_IMAGE))
+    assert Settings.from_env({IMAGES: json.dumps({"tpu": TPU_IMAGE})}).trainer_images == (("tpu", TPU_IMAGE),)
+    assert Settings.from_env({}).trainer_images == Settings.from_env({IMAGES: ""}).trainer_images == ()
+    hash(Settings.from_env({IMAGES: both}))  # the functions' Service is cached by its settings
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("trainer:1", "RESPAWN_TRAINER_IMAGES is 'trainer:1': it must be a JSON object of machine kind to image"),
+        ('["x"]', "RESPAWN_TRAINER_IMAGES is '[\"x\"]': it must be a JSON object of machine kind to image"),
+        ("{}", "RESPAWN_TRAINER_IMAGES is '{}': it must be a JSON object of machine kind to image"),
+        ('{"cpu": "trainer:1"}', "RESPAWN_TRAINER_IMAGES: 'cpu' is not a machine kind; allowed: gpu, tpu"),
+        (
+            '{"gpu": "Trainer Cuda"}',
+            'RESPAWN_TRAINER_IMAGES.gpu: "Trainer Cuda" is not a container image reference; allowed: HOST/PATH',
+        ),
+        ('{"tpu": 7}', "RESPAWN_TRAINER_IMAGES.tpu: expected a string, got an integer; allowed: a string"),
+    ],
+)
+def test_malformed_trainer_images_are_one_line_naming_the_variable(text: str, message: str) -> None:
+    """Checked as a job message's `image` is: a bad deployment setting fails every job message loudly (the function
+    raises, Pub/Sub redelivers) instead of turning each job into a rejection that blames the job."""
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({IMAGES: text})
+    assert str(e.value).startswith(message), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_job_message_names_the_variable_the_settings_read() -> None:
+    assert IMAGES == IMAGES_VARIABLE == "RESPAWN_TRAINER_IMAGES"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from localcloud.cloud import TRAINER_IMAGES as LOCAL_IMAGES
 from respawn.cli import main
 from respawn.gpus import GPU_SHAPES, GpuShape, gpu_shape
 from respawn.jobs import GpuMachine, JobSpec
@@ -110,14 +111,32 @@ def test_docs_print_the_same_table() -> None:
         assert (spot, on_demand, as_of) == (f"${s.gpus * row.spot:.2f}", f"${s.gpus * row.on_demand:.2f}", row.as_of)
 
 
-def test_the_gpu_example_parses_and_names_the_cuda_image_of_a_priced_shape() -> None:
-    spec = parse_job_message(load_job_file(REPO / "examples" / "gpu.yaml"))
+def test_the_gpu_example_runs_the_deployments_cuda_image_on_a_priced_shape() -> None:
+    """examples/gpu.yaml names no image: it runs the deployment's trainer image of a GPU machine, trainer-cuda (the
+    local cloud's in its functions' RESPAWN_TRAINER_IMAGES)."""
+    message = load_job_file(REPO / "examples" / "gpu.yaml")
+    assert "image" not in message
+    spec = parse_job_message(message, LOCAL_IMAGES)
     assert isinstance(spec, JobSpec) and isinstance(spec.machine, GpuMachine)
     shape = gpu_shape(spec.machine.machine_type)
     assert shape is not None
     assert (spec.machine.accelerator_type, spec.machine.accelerator_count) == (shape.accelerator_type, shape.gpus)
     assert spec.provisioning == "spot"
+    assert spec.image == "us-docker.pkg.dev/respawn-local/respawn/trainer-cuda:latest"
     assert re.search(rf"/{TRAINER_IMAGES['gpu']}:[^/]+$", spec.image), spec.image
+
+
+def test_submit_and_plan_take_a_job_without_image_and_submit_publishes_it_without(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI does not know the deployment's images: it checks the rest of the job and publishes it as written, for
+    the functions to fill in the image of its machine's kind."""
+    gpu = str(REPO / "examples" / "gpu.yaml")
+    assert main(["submit", gpu, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "image" not in json.loads(out) and err == ""
+    assert main(["plan", gpu]) == 0
+    assert "g2-standard-8" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

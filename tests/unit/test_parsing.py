@@ -547,6 +547,20 @@ def test_rejected_job_keeps_a_usable_job_id() -> None:
     assert isinstance(got, JobRejected) and got.job_id is None and 'field "job_id"' in got.error
 
 
+def test_a_job_without_image_takes_the_deployments_image_of_its_kind_or_is_rejected_naming_image() -> None:
+    job = json.loads(base64.b64decode(entry("pubsub_push_job.json")["message"]["data"]))
+    del job["image"]
+    images = {"tpu": "us-docker.pkg.dev/p/respawn/trainer:abc1234"}
+    got = job_event(message_from_push(push(job, "7")), images)
+    assert isinstance(got, JobSubmitted) and got.spec.image == images["tpu"]
+    rejected = job_event(message_from_push(push(job, "8")))
+    assert isinstance(rejected, JobRejected) and rejected.job_id == "llm-small-001"
+    assert rejected.error == (
+        'job message: field "image": missing; allowed: required for action submit unless the deployment sets '
+        "RESPAWN_TRAINER_IMAGES with an image for kind tpu"
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "problem"),
     [

@@ -158,6 +158,35 @@ def test_images(image: str) -> None:
     assert isinstance(parse_job_message(with_change("image", image)), JobSpec)
 
 
+DEFAULT_IMAGES = {
+    "gpu": "us-docker.pkg.dev/p/respawn/trainer-cuda:abc1234",
+    "tpu": "us-docker.pkg.dev/p/respawn/trainer:abc1234",
+}
+
+
+@pytest.mark.parametrize("kind", ["tpu", "gpu"])
+def test_a_job_without_image_runs_the_deployments_image_of_its_machine_kind(kind: str) -> None:
+    """The deployment's trainer image of the machine's kind (RESPAWN_TRAINER_IMAGES) fills a submit without `image`;
+    the spec holds it, so the message written back names it."""
+    msg = with_change("image", DELETE, with_change("machine", gpu_machine()) if kind == "gpu" else None)
+    spec = parse_job_message(msg, DEFAULT_IMAGES)
+    assert isinstance(spec, JobSpec) and spec.machine.kind == kind and spec.image == DEFAULT_IMAGES[kind]
+    assert spec_to_message(spec)["image"] == DEFAULT_IMAGES[kind]
+    assert parse_job_message(spec_to_message(spec)) == spec  # the record's message needs no default
+    named = parse_job_message(with_change("image", "ghcr.io/org/mine:1", msg), DEFAULT_IMAGES)
+    assert isinstance(named, JobSpec) and named.image == "ghcr.io/org/mine:1"  # a job's own image wins
+
+
+@pytest.mark.parametrize("defaults", [None, {}, {"gpu": DEFAULT_IMAGES["gpu"]}])
+def test_without_the_deployments_image_of_its_kind_image_is_required(defaults: dict[str, str] | None) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_job_message(with_change("image", DELETE), defaults)  # a TPU job
+    assert (info.value.field, info.value.problem) == ("image", "missing")
+    assert info.value.allowed == (
+        "required for action submit unless the deployment sets RESPAWN_TRAINER_IMAGES with an image for kind tpu"
+    )
+
+
 @pytest.mark.parametrize(
     ("ttl", "seconds"),
     [("30m", 1800), ("48h", 172800), ("2d", 172800), ("90s", 90), ("14d", 14 * 86400), (60, 60), (3600, 3600)],
@@ -947,8 +976,8 @@ def test_every_example_job_parses() -> None:
     """Every job file under examples/ (the GPU one, the bring-your-own one among them) is a valid submit message."""
     files = sorted((DATA.parent.parent / "examples").glob("**/*.yaml"))
     assert {"gpu.yaml", "quickstart.yaml", "job.yaml"} <= {f.name for f in files}
-    for path in files:
-        assert isinstance(parse_job_message(load_job_file(path)), JobSpec), path
+    for path in files:  # examples/gpu.yaml names no image: it runs the deployment's trainer image of its kind
+        assert isinstance(parse_job_message(load_job_file(path), DEFAULT_IMAGES), JobSpec), path
 
 
 # ---------------------------------------------------------------------------- placement and back to Spot

@@ -5,7 +5,7 @@ fields (tiers against zones and provisioning, the provisioning model against the
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,8 @@ from respawn.spec.values import (
 from respawn.topology import COMPUTE_GENERATIONS, COMPUTE_OFFERS, TPU_API_GENERATIONS
 
 QUEUE_TIMEOUT_DEFAULT_S = TpuMachine.queue_timeout_s  # what a machine waits when its message does not say
+# The deployment's trainer image of each machine kind, the image of a job without one (respawn.deployment reads it)
+IMAGES_VARIABLE = "RESPAWN_TRAINER_IMAGES"
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,9 @@ SUBMIT = Shape(
         Field("machine", _machine, _machine_message, required=True),
         Field("zones", values.zones, list, shown_if=_untiered),  # required unless tiers are given
         Field("provisioning", one_of(PROVISIONING, "a provisioning model"), shown_if=_untiered),
-        Field("image", values.image, required=True),
+        # required unless the deployment names its trainer image of the machine's kind (parse_job_message's
+        # default_images); the spec always holds the concrete image
+        Field("image", values.image),
         Field("args", values.args, list),
         Field("env", values.env, dict),
         Field("secrets", values.secrets, dict, omitted_when_default=True),
@@ -346,9 +350,13 @@ CANCEL = Shape(
 )
 
 
-def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelRequest:
+def parse_job_message(
+    data: bytes | str | dict[str, Any], default_images: Mapping[str, str] | None = None
+) -> JobSpec | CancelRequest:
     """A job message (JSON bytes/str or a decoded object) -> JobSpec (submit) or CancelRequest (cancel).
 
+    `default_images`: the deployment's trainer image of each machine kind ("gpu", "tpu"; RESPAWN_TRAINER_IMAGES,
+    respawn.deployment), the image of a submit without `image`; without one for its kind, `image` is required.
     Raises SpecError (one line: field, problem, what is allowed) on anything invalid, and nothing else.
     """
     message = decode(data)
@@ -359,7 +367,7 @@ def parse_job_message(data: bytes | str | dict[str, Any]) -> JobSpec | CancelReq
         return _cancel(message)
     if action != "submit":
         fail("action", f"{show(action)} is not an action", '"submit" or "cancel"')
-    return _submit(message)
+    return _submit(message, default_images or {})
 
 
 def _cancel(message: dict[str, Any]) -> CancelRequest:
@@ -370,8 +378,16 @@ def _cancel(message: dict[str, Any]) -> CancelRequest:
     return CancelRequest(**Reading(CANCEL, message, "").model_values())
 
 
-def _submit(message: dict[str, Any]) -> JobSpec:
+def _submit(message: dict[str, Any], default_images: Mapping[str, str]) -> JobSpec:
     fields = Reading(SUBMIT, message, "")
+    if "image" not in message:  # the deployment's trainer image of the machine's kind
+        kind = fields["machine"].kind
+        if kind not in default_images:
+            allowed = (
+                f"required for action submit unless the deployment sets {IMAGES_VARIABLE} with an image for kind {kind}"
+            )
+            fail("image", "missing", allowed)
+        fields.set("image", default_images[kind])
     tiers = fields["tiers"]  # first: whether zones and provisioning may be given depends on it
     for name in ("zones", "provisioning", "max_run_duration"):
         if tiers and name in message:
