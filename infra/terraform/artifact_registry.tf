@@ -29,17 +29,6 @@ resource "google_artifact_registry_repository" "trainer" {
   depends_on = [google_project_service.apis]
 }
 
-# respawn's trainer image of each machine kind (respawn.machine.TRAINER_IMAGES), without its tag, as cloudbuild.yaml
-# builds and pushes them: the outputs name them, and the functions run IMAGE:trainer_tag of its machine's kind for a
-# job message without `image` (functions.tf, RESPAWN_TRAINER_IMAGES).
-locals {
-  trainer_repository = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}"
-  trainer_images = {
-    gpu = "${local.trainer_repository}/trainer-cuda"
-    tpu = "${local.trainer_repository}/trainer"
-  }
-}
-
 # The trainer image next to the machines (docs/operations.md, Machines that start fast): a repository of the same
 # name in each region (or multi-region: us, europe, asia) of image_regions but the functions' own, where a copy of
 # each trainer image is pushed after the build; a job names the copy in its zones' region. Same tag rules and
@@ -86,6 +75,17 @@ resource "google_artifact_registry_repository_iam_member" "machine_pulls_trainer
   repository = each.value.name
   role       = "roles/artifactregistry.reader"
   member     = google_service_account.machine.member
+}
+
+# respawn's trainer image of each machine kind (respawn.machine.TRAINER_IMAGES), without its tag, as cloudbuild.yaml
+# builds and pushes them: the outputs name them, and the functions run IMAGE:trainer_tag of its machine's kind for a
+# job message without `image` (functions.tf, RESPAWN_TRAINER_IMAGES).
+locals {
+  trainer_repository = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}"
+  trainer_images = {
+    gpu = "${local.trainer_repository}/trainer-cuda"
+    tpu = "${local.trainer_repository}/trainer"
+  }
 }
 
 # The functions' build images. With build_config.docker_repository the builds push here instead of the gcf-artifacts
