@@ -8,8 +8,8 @@ import pytest
 
 from respawn.bootstrap import service_from_env
 from respawn.deployment import IMAGES, Settings, SettingsError
-from respawn.spec.rules import IMAGES_VARIABLE
 from respawn.policy import Policy
+from respawn.spec.rules import IMAGES_VARIABLE
 
 
 def test_settings_read_the_environment_with_defaults() -> None:
