@@ -23,6 +23,7 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 
 from localcloud.apis.cloudapi import CloudApiServer
+from localcloud.cloud import TRAINER_IMAGES as LOCAL_IMAGES
 from localcloud.services.emulators import PubSubEmulator, free_port, start_group, stop_group, wait_http
 from localcloud.services.functions import functions_framework_argv
 from respawn import parsing
@@ -30,6 +31,7 @@ from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.bootstrap import service_from_env
+from respawn.deployment import IMAGES
 from respawn.events import Event, SweepTicked
 from respawn.jobs import Job, Status
 from respawn.policy import Policy
@@ -143,7 +145,7 @@ def test_submit_through_the_pubsub_emulator_push_subscription(
     port = free_port()
     server = start_group(
         functions_framework_argv("on_job_message", port),
-        env={**os.environ, "RESPAWN_PROJECT": PROJECT},
+        env={**os.environ, "RESPAWN_PROJECT": PROJECT, IMAGES: json.dumps(LOCAL_IMAGES)},  # as the local cloud's
         cwd=str(Path(__file__).resolve().parents[2] / "functions"),
     )
     publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
@@ -159,7 +161,9 @@ def test_submit_through_the_pubsub_emulator_push_subscription(
         subscriber.create_subscription(name=subscription, topic=topic, push_config=push, ack_deadline_seconds=30)
 
         job_id = f"push-{uuid.uuid4().hex[:6]}"
-        publisher.publish(topic, json.dumps(job_message(job_id)).encode()).result(timeout=30)
+        message = job_message(job_id)  # a GPU job
+        del message["image"]  # it runs the deployment's trainer image of its kind, trainer-cuda
+        publisher.publish(topic, json.dumps(message).encode()).result(timeout=30)
 
         store, job = GcsJobStore(bucket), None
         deadline = time.monotonic() + 60
@@ -172,6 +176,9 @@ def test_submit_through_the_pubsub_emulator_push_subscription(
         assert job is not None
         assert job.status == Status.PROVISIONING
         assert live_machines(cloud, job_id) == [f"{job_id}-a1"]
+        assert job.spec.image == LOCAL_IMAGES["gpu"] == "us-docker.pkg.dev/respawn-local/respawn/trainer-cuda:latest"
+        (machine,) = [m for m in cloud.machines() if m.name == f"{job_id}-a1"]
+        assert machine.metadata["respawn-image"] == LOCAL_IMAGES["gpu"]  # the image its startup script runs
     finally:
         subscriber.delete_subscription(subscription=subscription)
         stop_group(server)
