@@ -360,6 +360,7 @@ def build(
         "status": "TIMEOUT" if timed_out and not job.get("status") else job.get("status", "UNKNOWN"),
         "timed_out": timed_out,
         "reason": job.get("reason", ""),
+        "image": (job.get("spec") or {}).get("image"),  # the record's: the job's own, or the deployment's of its kind
         "attempts": len(job.get("attempts") or ()),
         "hosts": machine_slice.hosts,
         "preemptions": (job.get("counters") or {}).get("preemptions", 0),

@@ -23,6 +23,7 @@ import yaml
 from conftest import need
 from fakes import assert_status_chain
 
+from localcloud.cloud import TRAINER_IMAGES
 from localcloud.services.emulators import FakeGcs, PubSubEmulator
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
@@ -221,15 +222,19 @@ def test_without_the_emulator_the_in_process_bus_is_used_from_a_fresh_directory_
     job_file: Path, tmp_path: Path
 ) -> None:
     """As a user runs it: from a directory of their own, the job file and the workdir given relative to it (the
-    default --workdir, `.respawn`, is relative too). Every path a trainer gets is absolute all the same."""
+    default --workdir, `.respawn`, is relative too). Every path a trainer gets is absolute all the same. The job names
+    no image: its record holds the local deployment's trainer image of a TPU machine (RESPAWN_TRAINER_IMAGES)."""
     need(FakeGcs.missing())
-    (tmp_path / "job.yaml").write_text(job_file.read_text())
+    job = yaml.safe_load(job_file.read_text())
+    del job["image"]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     report, stderr = run_local(
         Path("job.yaml"), Path(".respawn"), env={"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"}, cwd=tmp_path
     )
     check(report, stderr)
     assert Path(report["run_dir"]).is_relative_to((tmp_path / ".respawn").resolve()), report["run_dir"]
     assert report["bus"] == "in-process"
+    assert report["image"] == TRAINER_IMAGES["tpu"] == "us-docker.pkg.dev/respawn-local/respawn/trainer:latest"
     notices = [line for line in stderr.splitlines() if "RESPAWN_HIDE_PUBSUB_EMULATOR" in line]
     assert len(notices) == 1 and "in-process push bus" in notices[0], stderr[-2000:]
 
