@@ -56,6 +56,7 @@ data "archive_file" "functions" {
     "**/*.pyc",
     "**/*.egg-info/**",
     "respawn/cli.py",
+    "respawn/doctor/**",
     "respawn/job_report.py",
     "respawn/joblogs.py",
     "respawn/log_metrics.json",

@@ -1,0 +1,277 @@
+"""The deployment's checks (no job needed): APIs, each account's permissions, the network, the state bucket, the
+topics and subscriptions, the organisation policies. Each returns Lines: pass, warn or fail, a failure naming its fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from respawn.doctor import needs
+from respawn.doctor.clients import Clients, reason, status_of
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+DEPLOY = "terraform -chdir=infra/terraform apply"
+
+
+@dataclass(frozen=True)
+class Line:
+    status: str  # pass | warn | fail
+    check: str
+    detail: str
+    fix: str = ""
+
+    def text(self) -> str:
+        return f"{self.status:<4}  {self.check}: {self.detail}" + (f"\n      fix: {self.fix}" if self.fix else "")
+
+    def to_json(self) -> dict[str, str]:
+        return {"status": self.status, "check": self.check, "detail": self.detail, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What `respawn doctor` checks: the project and what Terraform made in it (the CLI's environment)."""
+
+    project: str
+    state_bucket: str
+    topics: tuple[str, ...]  # jobs, events, status, dead letter
+    subscriptions: tuple[str, ...]
+    orchestrator: str  # service account emails
+    machine: str
+    network: str  # projects/P/global/networks/N
+    subnetwork: str | None
+    external_ips: bool
+    clients: Clients
+
+    @property
+    def network_project(self) -> str:
+        return self.network.split("/")[1]
+
+    @property
+    def network_name(self) -> str:
+        return self.network.rsplit("/", 1)[1]
+
+    def email(self, account: str) -> str:
+        return self.orchestrator if account == needs.ORCHESTRATOR else self.machine
+
+
+def ask(check: str, call: Callable[[], Any]) -> tuple[Any, Line | None]:
+    """(the reply, None); (None, None) when the thing asked for does not exist (404); else (None, the line saying
+    the call failed): a 403 is a warning (the caller may not read it, which says nothing of the deployment),
+    anything else a failure."""
+    try:
+        return call(), None
+    except Exception as e:
+        if status_of(e) == 404:
+            return None, None
+        if status_of(e) == 403:
+            return None, Line(
+                WARN,
+                check,
+                f"not allowed to ask ({reason(e)})",
+                "run doctor as a project owner, or with roles/viewer and roles/iam.securityReviewer",
+            )
+        return None, Line(FAIL, check, f"the call failed ({reason(e)})", "check the project id and your credentials")
+
+
+def pages(request: Callable[[str | None], Any], key: str) -> list[Any]:
+    """Every item of a paged listing."""
+    items: list[Any] = []
+    token: str | None = None
+    while True:
+        reply = request(token)
+        items += reply.get(key) or []
+        token = reply.get("nextPageToken")
+        if not token:
+            return items
+
+
+def apis_enabled(d: Deployment) -> list[Line]:
+    services = d.clients("serviceusage").services()
+    check = "APIs enabled"
+    listed, problem = ask(
+        check,
+        lambda: pages(
+            lambda token: services.list(
+                parent=f"projects/{d.project}", filter="state:ENABLED", pageSize=200, pageToken=token
+            ).execute(),
+            "services",
+        ),
+    )
+    if problem:
+        return [problem]
+    enabled = {str(s.get("config", {}).get("name") or s["name"].rsplit("/", 1)[1]) for s in listed}
+    missing = [api for api in needs.APIS if api not in enabled]
+    if missing:
+        return [
+            Line(
+                FAIL,
+                check,
+                f"not enabled in {d.project}: {', '.join(missing)}",
+                f"gcloud services enable {' '.join(missing)} --project={d.project} (or {DEPLOY}: apis.tf)",
+            )
+        ]
+    return [Line(PASS, check, f"all {len(needs.APIS)} APIs respawn uses are enabled in {d.project}")]
+
+
+def grant_line(d: Deployment, grant: needs.Grant, where: str, check: str = "") -> Line:
+    """Whether the grant's account holds each of its permissions on `where`, as Google's Policy Troubleshooter
+    evaluates the policies that apply there (inherited, conditional and deny policies included)."""
+    email = d.email(grant.account)
+    check = check or f"{grant.account}'s permissions on the {grant.resource}"
+    full = needs.full_resource_name(grant.resource, d.project, where)
+    iam = d.clients("policytroubleshooter").iam()
+
+    def troubleshoot(permission: str) -> tuple[Any, Line | None]:
+        body = {"accessTuple": {"principal": email, "fullResourceName": full, "permission": permission}}
+        http = d.clients.http("policytroubleshooter")
+        return ask(check, lambda: iam.troubleshoot(body=body).execute(http=http))
+
+    answers = d.clients.map(troubleshoot, grant.permissions)  # one call per permission: asked side by side
+    missing, unknown = [], []
+    for permission, (reply, problem) in zip(grant.permissions, answers, strict=True):
+        if problem:
+            return problem
+        access = (reply or {}).get("access")
+        if access == "NOT_GRANTED":
+            missing.append(permission)
+        elif access != "GRANTED":
+            unknown.append(f"{permission} ({access})")
+    target = full.removeprefix("//")
+    if missing:
+        return Line(
+            FAIL,
+            check,
+            f"{email} lacks {', '.join(missing)} on {target}",
+            f"{DEPLOY} (iam.tf: {grant.terraform} grants them)",
+        )
+    if unknown:
+        return Line(
+            WARN,
+            check,
+            f"the Policy Troubleshooter cannot tell for {email}: {', '.join(unknown)}",
+            "run doctor with roles/iam.securityReviewer to read every policy",
+        )
+    return Line(PASS, check, f"{email} holds all {len(grant.permissions)} permissions it uses on {target}")
+
+
+def permissions(d: Deployment, status_topic: str) -> list[Line]:
+    """The deployment-wide grants (the job's bucket and image: job_checks.py)."""
+    where = {
+        needs.PROJECT: d.project,
+        needs.STATE_BUCKET: d.state_bucket,
+        needs.STATUS_TOPIC: status_topic,
+        needs.MACHINE_ACCOUNT: d.machine,
+    }
+    return [grant_line(d, g, where[g.resource]) for g in needs.GRANTS if g.resource in where]
+
+
+def network(d: Deployment, regions: Iterable[str]) -> list[Line]:
+    """The network exists, and a subnetwork in each region the job uses (without a job: the network only)."""
+    compute = d.clients("compute")
+    check = "network"
+    got, problem = ask(
+        check, lambda: compute.networks().get(project=d.network_project, network=d.network_name).execute()
+    )
+    if problem:
+        return [problem]
+    if got is None:
+        return [
+            Line(
+                FAIL,
+                check,
+                f"{d.network} does not exist",
+                "set network (and create_network for a new one) in terraform.tfvars, then "
+                f"{DEPLOY} (docs/deploy.md, A project without a default network)",
+            )
+        ]
+    lines = [Line(PASS, check, f"{d.network} exists")]
+    for region in sorted(set(regions)):
+        lines.append(_subnetwork(d, got, region))
+    return lines
+
+
+def _subnetwork(d: Deployment, net: dict[str, Any], region: str) -> Line:
+    check = f"subnetwork in {region}"
+    if d.subnetwork is None:
+        if net.get("autoCreateSubnetworks"):
+            return Line(PASS, check, f"{d.network_name} is an auto mode network: it has a subnetwork in {region}")
+        return Line(
+            FAIL,
+            check,
+            f"{d.network_name} is a custom mode network and no subnetwork is set",
+            f"set subnetwork (and subnetwork_ranges) in terraform.tfvars, then {DEPLOY}",
+        )
+    compute = d.clients("compute")
+    sub, problem = ask(
+        check,
+        lambda: compute.subnetworks().get(project=d.network_project, region=region, subnetwork=d.subnetwork).execute(),
+    )
+    fix = (
+        f"add {region} to subnetwork_ranges in terraform.tfvars and {DEPLOY}, or: gcloud compute networks subnets "
+        f"create {d.subnetwork} --network={d.network_name} --region={region} --range=CIDR "
+        "--enable-private-ip-google-access"
+    )
+    if problem:
+        return problem
+    if sub is None:
+        return Line(FAIL, check, f"no subnetwork {d.subnetwork} in {region}", fix)
+    if not str(sub.get("network", "")).endswith(f"/networks/{d.network_name}"):
+        return Line(
+            FAIL, check, f"{d.subnetwork} in {region} belongs to {sub.get('network')}, not {d.network_name}", fix
+        )
+    if not d.external_ips and not sub.get("privateIpGoogleAccess"):
+        return Line(
+            WARN,
+            check,
+            f"{d.subnetwork} in {region} has Private Google Access off and machines have no "
+            "external IP: they reach Google's APIs only through Cloud NAT",
+            f"gcloud compute networks subnets update {d.subnetwork} --region={region} "
+            "--enable-private-ip-google-access",
+        )
+    return Line(PASS, check, f"{d.subnetwork} in {region} ({sub.get('ipCidrRange')})")
+
+
+def state_bucket(d: Deployment) -> list[Line]:
+    check = "state bucket"
+    storage = d.clients("storage")
+    got, problem = ask(check, lambda: storage.buckets().get(bucket=d.state_bucket).execute())
+    if got is None and problem is None:
+        return [
+            Line(
+                FAIL,
+                check,
+                f"gs://{d.state_bucket} does not exist",
+                f"{DEPLOY} (storage.tf), and export RESPAWN_STATE_BUCKET from its cli_environment output",
+            )
+        ]
+    return [problem or Line(PASS, check, f"gs://{d.state_bucket} exists ({got.get('location')})")]
+
+
+def pubsub(d: Deployment) -> list[Line]:
+    client = d.clients("pubsub").projects()
+    lines = []
+    for kind, names in (("topic", d.topics), ("subscription", d.subscriptions)):
+        check = f"Pub/Sub {kind}s"
+        missing, problems = [], []
+        for name in names:
+            path = f"projects/{d.project}/{kind}s/{name}"
+            request = (
+                client.topics().get(topic=path) if kind == "topic" else client.subscriptions().get(subscription=path)
+            )
+            got, problem = ask(check, request.execute)
+            if problem:
+                problems.append(problem)
+            elif got is None:
+                missing.append(name)
+        if missing:
+            lines.append(
+                Line(
+                    FAIL, check, f"missing in {d.project}: {', '.join(missing)}", f"{DEPLOY} (pubsub.tf, functions.tf)"
+                )
+            )
+        lines += problems[:1]
+        if not missing and not problems:
+            lines.append(Line(PASS, check, ", ".join(names)))
+    return lines

@@ -1,0 +1,372 @@
+"""A job file's checks: each zone offers the machine, each region has quota for it, a slice's firewall rule, the
+checkpoint bucket, the image, and the organisation policies its machines meet. Each returns Lines (checks.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+from urllib.parse import quote
+
+from respawn.doctor import needs
+from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, grant_line, pages
+from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, Provisioning, TpuMachine
+from respawn.topology import compute_shape, tpu_topology
+
+PRIVATE = tuple(ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))  # subnetworks
+COORDINATOR_PORT = 8482  # respawn_trainer.env.COORDINATOR_PORT: worker 0's JAX coordinator
+# The Compute Engine quota metric of a GPU (regions.get quotas[].metric) and of a TPU generation's chips.
+GPU_QUOTAS = {
+    "nvidia-l4": "NVIDIA_L4_GPUS",
+    "nvidia-tesla-t4": "NVIDIA_T4_GPUS",
+    "nvidia-tesla-v100": "NVIDIA_V100_GPUS",
+    "nvidia-tesla-p100": "NVIDIA_P100_GPUS",
+    "nvidia-tesla-p4": "NVIDIA_P4_GPUS",
+    "nvidia-tesla-a100": "NVIDIA_A100_GPUS",
+    "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
+    "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
+}
+TPU_QUOTAS = {"v5litepod": "TPU_LITE_PODSLICE_V5", "v4": "TPU_PODSLICE_V4"}
+_AR_IMAGE = re.compile(
+    r"^(?P<location>[a-z0-9-]+)-docker\.pkg\.dev/(?P<project>[^/]+)/(?P<repo>[^/]+)/(?P<image>[^:@]+)"
+    r"(?::(?P<tag>[\w][\w.-]*))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+
+
+def region_of(zone: str) -> str:
+    return zone.rpartition("-")[0]
+
+
+def zones(spec: JobSpec) -> list[str]:
+    return list(dict.fromkeys(z for tier in spec.all_tiers for z in tier.zones))
+
+
+def machine_words(spec: JobSpec) -> str:
+    m = spec.machine
+    return m.accelerator_type if isinstance(m, TpuMachine) else f"{m.machine_type} with {m.accelerator_type}"
+
+
+def offer_requests(d: Deployment, machine: TpuMachine | GpuMachine, zone: str) -> list[Any]:
+    """The listings that say whether `zone` offers `machine`: Compute Engine's machineTypes (and acceleratorTypes
+    for a GPU), or the Cloud TPU API's acceleratorTypes for a TPU that API creates."""
+    compute = d.clients("compute")
+    if isinstance(machine, GpuMachine):
+        where = {"project": d.project, "zone": zone}
+        return [
+            compute.machineTypes().get(machineType=machine.machine_type, **where),
+            compute.acceleratorTypes().get(acceleratorType=machine.accelerator_type, **where),
+        ]
+    if machine.api == "compute":
+        shape = compute_shape(machine.accelerator_type)
+        return [compute.machineTypes().get(project=d.project, zone=zone, machineType=shape.machine_type)]
+    name = f"projects/{d.project}/locations/{zone}/acceleratorTypes/{machine.accelerator_type}"
+    return [d.clients("tpu").projects().locations().acceleratorTypes().get(name=name)]
+
+
+def zones_offer(d: Deployment, spec: JobSpec) -> list[Line]:
+    """Each zone of each tier offers the machine (offer_requests)."""
+    check, missing = "zones offer the machine", []
+    for zone in zones(spec):
+        for request in offer_requests(d, spec.machine, zone):
+            got, problem = ask(check, request.execute)
+            if problem:
+                return [problem]
+            if got is None:
+                missing.append(zone)
+                break
+    what, listed = machine_words(spec), ", ".join(zones(spec))
+    if missing:
+        absent = ", ".join(missing)
+        return [
+            Line(
+                FAIL,
+                check,
+                f"{absent} do{'es' if len(missing) == 1 else ''} not offer {what}",
+                f"remove {absent} from the job's zones (respawn would skip them), or pick zones that offer it: "
+                "gcloud compute accelerator-types list, gcloud compute tpus accelerator-types list",
+            )
+        ]
+    return [Line(PASS, check, f"{listed} offer{'s' if len(zones(spec)) == 1 else ''} {what}")]
+
+
+def quota_need(spec: JobSpec) -> tuple[str, int] | None:
+    """(quota metric without the PREEMPTIBLE_ prefix, units one machine takes), None when Compute Engine lists no
+    metric for it."""
+    m = spec.machine
+    if isinstance(m, GpuMachine):
+        metric = GPU_QUOTAS.get(m.accelerator_type)
+        return None if metric is None else (metric, m.accelerator_count)
+    family = m.accelerator_type.rpartition("-")[0]
+    topology = tpu_topology(m.accelerator_type)
+    metric = TPU_QUOTAS.get(family)
+    return None if metric is None else (metric, topology.hosts * topology.chips_per_host)
+
+
+def quota(d: Deployment, spec: JobSpec) -> list[Line]:
+    """Each region of each tier has the quota one machine needs: Spot and preemptible (and flex-start) machines
+    count against PREEMPTIBLE_ metrics, standard ones against the plain metric; a reservation's are reserved."""
+    need = quota_need(spec)
+    if need is None:
+        return [
+            Line(
+                WARN,
+                "quota",
+                f"Compute Engine lists no quota metric for {machine_words(spec)}: not checked",
+                "see IAM & Admin > Quotas in the console for its region",
+            )
+        ]
+    base, units = need
+    wanted: dict[tuple[str, str], None] = {}
+    for tier in spec.all_tiers:
+        if tier.provisioning == Provisioning.RESERVATION:
+            continue
+        preemptible = tier.provisioning in SPOT_MODELS or tier.provisioning == Provisioning.FLEX_START
+        metric = f"PREEMPTIBLE_{base}" if preemptible else base
+        for zone in tier.zones:
+            wanted[(region_of(zone), metric)] = None
+    compute, lines = d.clients("compute"), []
+    for region, metric in wanted:
+        check = f"quota in {region}"
+        got, problem = ask(check, compute.regions().get(project=d.project, region=region).execute)
+        if problem or got is None:
+            lines.append(problem or Line(FAIL, check, f"no region {region}", "fix the job's zones"))
+            continue
+        q = next((q for q in got.get("quotas") or [] if q.get("metric") == metric), None)
+        free = 0 if q is None else int(float(q.get("limit", 0)) - float(q.get("usage", 0)))
+        if free < units:
+            have = "none" if q is None else f"{free:g} of {float(q.get('limit', 0)):g} free"
+            lines.append(
+                Line(
+                    FAIL,
+                    check,
+                    f"{metric}: {have}, one machine needs {units}",
+                    f"request {metric} in {region}: console IAM & Admin > Quotas (docs/deploy.md, "
+                    "Request Spot quota), or drop the region's zones",
+                )
+            )
+        else:
+            lines.append(Line(PASS, check, f"{metric}: {free:g} free, one machine needs {units}"))
+    return lines
+
+
+def slice_firewall(d: Deployment, spec: JobSpec) -> list[Line]:
+    """A multi-host slice's workers reach worker 0's coordinator: an enabled ingress rule on the network allows tcp
+    to COORDINATOR_PORT from the machines (their account or a range holding their subnetworks) to them."""
+    if spec.machine.hosts <= 1:
+        return []
+    check = "slice firewall rule"
+    compute = d.clients("compute")
+    rules, problem = ask(
+        check,
+        lambda: pages(
+            lambda token: compute.firewalls().list(project=d.network_project, pageToken=token).execute(), "items"
+        ),
+    )
+    if problem or rules is None:
+        return [problem or Line(FAIL, check, f"project {d.network_project} not found", "check RESPAWN_NETWORK")]
+    ok = [r["name"] for r in rules if _lets_peers_in(r, d)]
+    if not ok:
+        return [
+            Line(
+                FAIL,
+                check,
+                f"no enabled ingress rule on {d.network_name} lets the machines reach each other "
+                f"(tcp {COORDINATOR_PORT}, the JAX coordinator)",
+                f"slice_firewall = true in terraform.tfvars and {DEPLOY} (network.tf: machine_peers)",
+            )
+        ]
+    return [Line(PASS, check, f"{ok[0]} lets the slice's workers reach tcp {COORDINATOR_PORT}")]
+
+
+def _lets_peers_in(rule: dict[str, Any], d: Deployment) -> bool:
+    if rule.get("disabled") or rule.get("direction", "INGRESS") != "INGRESS":
+        return False
+    if not str(rule.get("network", "")).endswith(f"/networks/{d.network_name}"):
+        return False
+    targets_ok = not rule.get("targetTags") and d.machine in (rule.get("targetServiceAccounts") or [d.machine])
+    sources = d.machine in (rule.get("sourceServiceAccounts") or []) or any(
+        ipaddress.ip_network(r, strict=False).overlaps(private)
+        for r in rule.get("sourceRanges") or []
+        for private in PRIVATE
+    )
+    return targets_ok and sources and any(_allows_port(a) for a in rule.get("allowed") or [])
+
+
+def _allows_port(allowed: dict[str, Any]) -> bool:
+    if allowed.get("IPProtocol") not in ("tcp", "all", "6"):
+        return False
+    for port in allowed.get("ports") or ["0-65535"]:
+        low, _, high = str(port).partition("-")
+        if int(low) <= COORDINATOR_PORT <= int(high or low):
+            return True
+    return False
+
+
+def continent(location: str) -> str:
+    """us-central1 -> us, US -> us, EU -> europe, europe-west4 -> europe, asia -> asia."""
+    first = location.lower().split("-", 1)[0]
+    return "europe" if first == "eu" else first
+
+
+def near(location: str, regions: set[str]) -> bool:
+    """A bucket or repository location (a region, or a multi-region: US, EU, ASIA) is on the continent of every
+    region: its reads and writes stay within the continent's network."""
+    return all(continent(location) == continent(r) for r in regions)
+
+
+def checkpoint_bucket(d: Deployment, spec: JobSpec) -> list[Line]:
+    check = "checkpoint bucket"
+    bucket = spec.checkpoint_uri.removeprefix("gs://").split("/", 1)[0]
+    got, problem = ask(check, lambda: d.clients("storage").buckets().get(bucket=bucket).execute())
+    regions = {region_of(z) for z in zones(spec)}
+    if problem:
+        return [problem]
+    if got is None:
+        return [
+            Line(
+                FAIL,
+                check,
+                f"gs://{bucket} does not exist",
+                f"gcloud storage buckets create gs://{bucket} --location={min(regions)} "
+                "--uniform-bucket-level-access, or use the deployment's (terraform output checkpoint_bucket)",
+            )
+        ]
+    location = str(got.get("location", ""))
+    lines = [
+        Line(PASS, check, f"gs://{bucket} is in {location}, near {', '.join(sorted(regions))}")
+        if near(location, regions)
+        else Line(
+            WARN,
+            check,
+            f"gs://{bucket} is in {location}, the job runs in {', '.join(sorted(regions))}: "
+            "every save and restore crosses regions (slower, and billed as egress)",
+            "a checkpoint bucket in the job's region or its multi-region",
+        )
+    ]
+    grant = next(g for g in needs.GRANTS if g.resource == needs.CHECKPOINT_BUCKET)
+    writable = grant_line(d, grant, bucket, check="machines write the checkpoint bucket")
+    if writable.status == FAIL:
+        writable = Line(
+            FAIL,
+            writable.check,
+            writable.detail,
+            f"gcloud storage buckets add-iam-policy-binding gs://{bucket} --member=serviceAccount:"
+            f"{d.machine} --role=roles/storage.objectAdmin (the deployment's own bucket: {DEPLOY})",
+        )
+    return [*lines, writable]
+
+
+def image(d: Deployment, spec: JobSpec) -> list[Line]:
+    check = "trainer image"
+    m = _AR_IMAGE.match(spec.image)
+    if m is None:
+        return [
+            Line(
+                WARN,
+                check,
+                f"{spec.image} is not in Artifact Registry: not checked",
+                "push it to the deployment's repository (docs/deploy.md, Build the trainer image)",
+            )
+        ]
+    repo = f"projects/{m['project']}/locations/{m['location']}/repositories/{m['repo']}"
+    package = f"{repo}/packages/{quote(m['image'], safe='')}"
+    packages = d.clients("artifactregistry").projects().locations().repositories().packages()
+    if m["digest"]:
+        call = lambda: packages.versions().get(name=f"{package}/versions/{m['digest']}").execute()  # noqa: E731
+    else:
+        call = lambda: packages.tags().get(name=f"{package}/tags/{m['tag'] or 'latest'}").execute()  # noqa: E731
+    got, problem = ask(check, call)
+    if problem:
+        return [problem]
+    if got is None:
+        return [
+            Line(
+                FAIL,
+                check,
+                f"{spec.image} does not exist",
+                f"build and push it: docker build ... && docker push {spec.image} "
+                "(docs/deploy.md, Build the trainer image)",
+            )
+        ]
+    regions = {region_of(z) for z in zones(spec)}
+    where = (
+        Line(PASS, "image location", f"{m['location']} holds the job's regions {', '.join(sorted(regions))}")
+        if near(m["location"], regions)
+        else Line(
+            WARN,
+            "image location",
+            f"{m['location']} is far from {', '.join(sorted(regions))}: every machine "
+            "pulls the image across regions (slower starts, egress)",
+            "image_regions in terraform.tfvars (docs/operations.md, Machines that start fast)",
+        )
+    )
+    grant = next(g for g in needs.GRANTS if g.resource == needs.REPOSITORY)
+    return [
+        Line(PASS, check, f"{spec.image} exists"),
+        where,
+        grant_line(d, grant, repo, check="machines pull the image"),
+    ]
+
+
+def org_policies(d: Deployment, spec: JobSpec | None) -> list[Line]:
+    """The effective organisation policies the machines meet: external IPs (when they have one) and resource
+    locations (the job's zones)."""
+    policies = d.clients("orgpolicy").projects().policies()
+    lines = []
+    wanted = [("compute.vmExternalIpAccess", d.external_ips), ("gcp.resourceLocations", spec is not None)]
+    for constraint, applies in wanted:
+        if not applies:
+            continue
+        check = f"org policy {constraint}"
+        name = f"projects/{d.project}/policies/{constraint}"
+        got, problem = ask(check, policies.getEffectivePolicy(name=name).execute)
+        if problem:
+            lines.append(problem)
+            continue
+        rules = ((got or {}).get("spec") or {}).get("rules") or []
+        lines.append(
+            _external_ip(check, rules)
+            if constraint == "compute.vmExternalIpAccess"
+            else _locations(check, rules, zones(spec) if spec else [])
+        )
+    return lines
+
+
+def _external_ip(check: str, rules: list[dict[str, Any]]) -> Line:
+    if not rules or any(r.get("allowAll") for r in rules):
+        return Line(PASS, check, "machines may have external IPs")
+    return Line(
+        FAIL,
+        check,
+        "the organisation forbids external IPs on new VMs, and the machines get one",
+        "external_ip = false in terraform.tfvars (with Private Google Access or Cloud NAT) and "
+        f"{DEPLOY} (docs/deploy.md, A project without a default network)",
+    )
+
+
+def _locations(check: str, rules: list[dict[str, Any]], job_zones: list[str]) -> Line:
+    if not rules or any(r.get("allowAll") for r in rules):
+        return Line(PASS, check, "every location is allowed")
+    if any(r.get("denyAll") for r in rules):
+        return Line(FAIL, check, "the organisation allows no location", "ask your organisation's policy admins")
+    allowed = [v for r in rules for v in (r.get("values") or {}).get("allowedValues") or []]
+    denied = [v for r in rules for v in (r.get("values") or {}).get("deniedValues") or []]
+
+    def matches(zone: str, value: str) -> bool:
+        value = value.removeprefix("in:").removesuffix("-locations")
+        value = value.removeprefix("zones:").removeprefix("regions:")
+        return zone == value or region_of(zone) == value or zone.startswith(f"{value}-")
+
+    refused = [
+        z
+        for z in job_zones
+        if any(matches(z, v) for v in denied) or (allowed and not any(matches(z, v) for v in allowed))
+    ]
+    if refused:
+        return Line(
+            FAIL,
+            check,
+            f"the organisation does not allow {', '.join(refused)}",
+            "use zones the policy allows (gcloud org-policies describe gcp.resourceLocations --effective)",
+        )
+    return Line(PASS, check, f"{', '.join(job_zones)} allowed")
