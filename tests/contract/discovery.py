@@ -65,8 +65,10 @@ class Api:
         return cls(json.loads((DOCUMENTS / f"{name}.json").read_text()))
 
     def method(self, verb: str, path: str) -> Method | None:
-        """The method serving `verb path` (path without the query string), None when the API has none."""
-        return next((m for m in self.methods if m.verb == verb and m.pattern.fullmatch(path)), None)
+        """The method serving `verb path` (path without the query string), None when the API has none; of several
+        (`v2/{+name}` and `v2/projects/{p}/policies/{q}:getEffectivePolicy`), the one with the longest template."""
+        found = [m for m in self.methods if m.verb == verb and m.pattern.fullmatch(path)]
+        return max(found, key=lambda m: len(m.template), default=None)
 
     def check_query(self, method: Method, query: dict[str, str]) -> list[str]:
         """Problems with a request's query parameters: unknown ones, values of the wrong type or enum."""

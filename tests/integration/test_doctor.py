@@ -136,7 +136,9 @@ def fails(lines: list[Line]) -> list[Line]:
 def test_a_healthy_deployment_passes_every_line(cloud: Cloud, message: dict[str, Any]) -> None:
     cloud.fresh()
     lines = cloud.doctor(job(message))
-    assert [line for line in lines if line.status != PASS] == []
+    others = [(line.check, line.status) for line in lines if line.status != PASS]
+    # a TPU's quota is the Cloud TPU API's, which regions.get does not list: a warning, not a check
+    assert others == ([] if message is GPU_JOB else [("quota", "warn")]), others
     checks = {line.check for line in lines}
     for check in (
         "APIs enabled",
@@ -147,7 +149,6 @@ def test_a_healthy_deployment_passes_every_line(cloud: Cloud, message: dict[str,
         "Pub/Sub topics",
         "Pub/Sub subscriptions",
         "zones offer the machine",
-        "quota in us-central1",
         "checkpoint bucket",
         "machines write the checkpoint bucket",
         "trainer image",
@@ -156,6 +157,7 @@ def test_a_healthy_deployment_passes_every_line(cloud: Cloud, message: dict[str,
     ):
         assert check in checks, check
     assert ("slice firewall rule" in checks) == (message is SLICE_JOB)
+    assert ("quota in us-central1" in checks) == (message is GPU_JOB)
 
 
 def test_without_a_job_the_deployment_alone_is_checked(cloud: Cloud) -> None:

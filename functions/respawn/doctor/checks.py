@@ -115,22 +115,25 @@ def apis_enabled(d: Deployment) -> list[Line]:
     return [Line(PASS, check, f"all {len(needs.APIS)} APIs respawn uses are enabled in {d.project}")]
 
 
-def grant_line(d: Deployment, grant: needs.Grant, where: str, check: str = "") -> Line:
-    """Whether the grant's account holds each of its permissions on `where`, as Google's Policy Troubleshooter
-    evaluates the policies that apply there (inherited, conditional and deny policies included)."""
-    email = d.email(grant.account)
-    check = check or f"{grant.account}'s permissions on the {grant.resource}"
-    full = needs.full_resource_name(grant.resource, d.project, where)
+def grant_line(d: Deployment, grants: tuple[needs.Grant, ...], where: str, check: str = "") -> Line:
+    """Whether the grants' account (one account, one resource) holds each of their permissions on `where`, as
+    Google's Policy Troubleshooter evaluates the policies that apply there (inherited, conditional and deny policies
+    included)."""
+    account, resource = grants[0].account, grants[0].resource
+    email = d.email(account)
+    check = check or f"{account}'s permissions on the {resource}"
+    full = needs.full_resource_name(resource, d.project, where)
     iam = d.clients("policytroubleshooter").iam()
+    wanted = [p for g in grants for p in g.permissions]
 
     def troubleshoot(permission: str) -> tuple[Any, Line | None]:
         body = {"accessTuple": {"principal": email, "fullResourceName": full, "permission": permission}}
         http = d.clients.http("policytroubleshooter")
         return ask(check, lambda: iam.troubleshoot(body=body).execute(http=http))
 
-    answers = d.clients.map(troubleshoot, grant.permissions)  # one call per permission: asked side by side
+    answers = d.clients.map(troubleshoot, wanted)  # one call per permission: asked side by side
     missing, unknown = [], []
-    for permission, (reply, problem) in zip(grant.permissions, answers, strict=True):
+    for permission, (reply, problem) in zip(wanted, answers, strict=True):
         if problem:
             return problem
         access = (reply or {}).get("access")
@@ -140,20 +143,20 @@ def grant_line(d: Deployment, grant: needs.Grant, where: str, check: str = "") -
             unknown.append(f"{permission} ({access})")
     target = full.removeprefix("//")
     if missing:
-        return Line(
-            FAIL,
-            check,
-            f"{email} lacks {', '.join(missing)} on {target}",
-            f"{DEPLOY} (iam.tf: {grant.terraform} grants them)",
-        )
+        granting = ", ".join(g.terraform for g in grants if set(g.permissions) & set(missing))
+        return Line(FAIL, check, f"{email} lacks {', '.join(missing)} on {target}",
+                    f"{DEPLOY} (iam.tf: {granting} grant{'s' if ', ' not in granting else ''} them)")  # fmt: skip
     if unknown:
-        return Line(
-            WARN,
-            check,
-            f"the Policy Troubleshooter cannot tell for {email}: {', '.join(unknown)}",
-            "run doctor with roles/iam.securityReviewer to read every policy",
-        )
-    return Line(PASS, check, f"{email} holds all {len(grant.permissions)} permissions it uses on {target}")
+        return Line(WARN, check, f"the Policy Troubleshooter cannot tell for {email}: {', '.join(unknown)}",
+                    "run doctor with roles/iam.securityReviewer to read every policy")  # fmt: skip
+    n = len(wanted)
+    return Line(PASS, check, f"{email} holds the {n} permission{'s' if n > 1 else ''} it uses on {target}")
+
+
+def grants_on(resource: str) -> list[tuple[needs.Grant, ...]]:
+    """needs.GRANTS on `resource`, one group per account."""
+    accounts = dict.fromkeys(g.account for g in needs.GRANTS if g.resource == resource)
+    return [tuple(g for g in needs.GRANTS if g.resource == resource and g.account == a) for a in accounts]
 
 
 def permissions(d: Deployment, status_topic: str) -> list[Line]:
@@ -164,7 +167,7 @@ def permissions(d: Deployment, status_topic: str) -> list[Line]:
         needs.STATUS_TOPIC: status_topic,
         needs.MACHINE_ACCOUNT: d.machine,
     }
-    return [grant_line(d, g, where[g.resource]) for g in needs.GRANTS if g.resource in where]
+    return [grant_line(d, group, place) for resource, place in where.items() for group in grants_on(resource)]
 
 
 def network(d: Deployment, regions: Iterable[str]) -> list[Line]:

@@ -9,9 +9,9 @@ from typing import Any
 from urllib.parse import quote
 
 from respawn.doctor import needs
-from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, grant_line, pages
+from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, grant_line, grants_on, pages
 from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, Provisioning, TpuMachine
-from respawn.topology import compute_shape, tpu_topology
+from respawn.topology import compute_shape
 
 PRIVATE = tuple(ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))  # subnetworks
 COORDINATOR_PORT = 8482  # respawn_trainer.env.COORDINATOR_PORT: worker 0's JAX coordinator
@@ -26,7 +26,6 @@ GPU_QUOTAS = {
     "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
     "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
 }
-TPU_QUOTAS = {"v5litepod": "TPU_LITE_PODSLICE_V5", "v4": "TPU_PODSLICE_V4"}
 _AR_IMAGE = re.compile(
     r"^(?P<location>[a-z0-9-]+)-docker\.pkg\.dev/(?P<project>[^/]+)/(?P<repo>[^/]+)/(?P<image>[^:@]+)"
     r"(?::(?P<tag>[\w][\w.-]*))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
@@ -90,16 +89,14 @@ def zones_offer(d: Deployment, spec: JobSpec) -> list[Line]:
 
 
 def quota_need(spec: JobSpec) -> tuple[str, int] | None:
-    """(quota metric without the PREEMPTIBLE_ prefix, units one machine takes), None when Compute Engine lists no
-    metric for it."""
+    """(the GPU's quota metric without the PREEMPTIBLE_ prefix, GPUs one machine takes), None for a machine whose
+    quota regions.get does not list: a TPU's is the Cloud TPU API's, per zone (docs/deploy.md, Request Spot quota),
+    and Compute Engine's v5p, v6e and TPU7x quotas have no metric in the v1 API."""
     m = spec.machine
     if isinstance(m, GpuMachine):
         metric = GPU_QUOTAS.get(m.accelerator_type)
         return None if metric is None else (metric, m.accelerator_count)
-    family = m.accelerator_type.rpartition("-")[0]
-    topology = tpu_topology(m.accelerator_type)
-    metric = TPU_QUOTAS.get(family)
-    return None if metric is None else (metric, topology.hosts * topology.chips_per_host)
+    return None
 
 
 def quota(d: Deployment, spec: JobSpec) -> list[Line]:
@@ -111,8 +108,9 @@ def quota(d: Deployment, spec: JobSpec) -> list[Line]:
             Line(
                 WARN,
                 "quota",
-                f"Compute Engine lists no quota metric for {machine_words(spec)}: not checked",
-                "see IAM & Admin > Quotas in the console for its region",
+                f"{machine_words(spec)}'s quota is not listed by Compute Engine's regions.get: not checked",
+                f"gcloud beta quotas info list --service=tpu.googleapis.com --project={d.project} (or IAM & Admin > "
+                "Quotas: docs/deploy.md, Request Spot quota)",
             )
         ]
     base, units = need
@@ -243,8 +241,9 @@ def checkpoint_bucket(d: Deployment, spec: JobSpec) -> list[Line]:
             "a checkpoint bucket in the job's region or its multi-region",
         )
     ]
-    grant = next(g for g in needs.GRANTS if g.resource == needs.CHECKPOINT_BUCKET)
-    writable = grant_line(d, grant, bucket, check="machines write the checkpoint bucket")
+    writable = grant_line(
+        d, grants_on(needs.CHECKPOINT_BUCKET)[0], bucket, check="machines write the checkpoint bucket"
+    )
     if writable.status == FAIL:
         writable = Line(
             FAIL,
@@ -290,7 +289,7 @@ def image(d: Deployment, spec: JobSpec) -> list[Line]:
         ]
     regions = {region_of(z) for z in zones(spec)}
     where = (
-        Line(PASS, "image location", f"{m['location']} holds the job's regions {', '.join(sorted(regions))}")
+        Line(PASS, "image location", f"{m['location']} is near {', '.join(sorted(regions))}")
         if near(m["location"], regions)
         else Line(
             WARN,
@@ -300,11 +299,10 @@ def image(d: Deployment, spec: JobSpec) -> list[Line]:
             "image_regions in terraform.tfvars (docs/operations.md, Machines that start fast)",
         )
     )
-    grant = next(g for g in needs.GRANTS if g.resource == needs.REPOSITORY)
     return [
         Line(PASS, check, f"{spec.image} exists"),
         where,
-        grant_line(d, grant, repo, check="machines pull the image"),
+        grant_line(d, grants_on(needs.REPOSITORY)[0], repo, check="machines pull the image"),
     ]
 
 
