@@ -61,6 +61,7 @@ data "archive_file" "functions" {
     "respawn/joblogs.py",
     "respawn/log_metrics.json",
     "respawn/log_metrics.py",
+    "respawn/orchestrator_role.txt",
     "respawn/plan.py",
     "respawn/sink_filter.txt",
   ]

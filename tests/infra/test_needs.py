@@ -4,8 +4,10 @@ a role holding its permissions."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from tfconfig import Config
+from tfconfig import TF_DIR, Config
 
 from respawn.doctor import needs
 
@@ -15,10 +17,26 @@ def config() -> Config:
     return Config.load()
 
 
-def test_the_custom_role_is_the_orchestrators_permissions(config: Config) -> None:
-    role = config.resource("google_project_iam_custom_role", "orchestrator")["permissions"]
-    assert sorted(role) == sorted(needs.ORCHESTRATOR_ROLE)
+def test_the_custom_role_reads_the_orchestrators_permissions_from_the_file_doctor_reads(config: Config) -> None:
+    assert config.role_permissions("orchestrator") == list(needs.ORCHESTRATOR_ROLE)
     assert len(set(needs.ORCHESTRATOR_ROLE)) == len(needs.ORCHESTRATOR_ROLE) >= 30
+    path = config.locals["orchestrator_permissions"].split('file("', 1)[1].split('"', 1)[0]
+    assert config.file_target('${file("' + path + '")}') == needs.ROLE_FILE
+
+
+def test_the_role_file_is_read_one_permission_a_line(tmp_path: Path) -> None:
+    """Terraform's reading (iam.tf's local) and respawn's (needs.role_permissions) take the same lines."""
+    text = "# a comment\n\ncompute.instances.get\n  tpu.nodes.get  \n# compute.instances.delete\n"
+    (tmp_path / "role.txt").write_text(text)
+    iam = (TF_DIR / "iam.tf").read_text(encoding="utf-8")
+    local = next(line for line in iam.splitlines() if line.strip().startswith("orchestrator_permissions ="))
+    local = local.replace("${path.module}/../../functions/respawn/orchestrator_role.txt", "${path.module}/role.txt")
+    (tmp_path / "role.tf").write_text(
+        f"locals {{\n{local}\n}}\n"
+        'resource "google_project_iam_custom_role" "r" {\n  permissions = local.orchestrator_permissions\n}\n'
+    )
+    assert Config.load(tmp_path).role_permissions("r") == ["compute.instances.get", "tpu.nodes.get"]
+    assert needs.role_permissions(text) == ("compute.instances.get", "tpu.nodes.get")
 
 
 def test_the_apis_are_those_terraform_enables(config: Config) -> None:

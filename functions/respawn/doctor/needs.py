@@ -1,6 +1,7 @@
 """What respawn needs of a project: the APIs it calls and, per service account, the permissions it uses on each
-resource. The one list of them: infra/terraform grants exactly these (tests/infra/test_needs.py compares the custom
-role and apis.tf with this module), and `respawn doctor` asks Google whether each account holds each of them.
+resource; `respawn doctor` asks Google whether each account holds each of them. The orchestrator's custom role is
+respawn/orchestrator_role.txt, which infra/terraform/iam.tf reads itself; the APIs and the other grants are what
+apis.tf and iam.tf hold (tests/infra/test_needs.py).
 
 A leaf: it imports nothing of respawn.
 """
@@ -8,6 +9,7 @@ A leaf: it imports nothing of respawn.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 # apis.tf enables these (the same list, tests/infra/test_needs.py).
 APIS = (
@@ -28,51 +30,19 @@ APIS = (
     "tpu.googleapis.com",
 )
 
-# The orchestrator's custom role (iam.tf, google_project_iam_custom_role.orchestrator, where each one's reason is
-# written): every API method the providers call (respawn/adapters/tpu.py, compute.py, compute_slices.py,
-# compute_operations.py, advice.py).
-ORCHESTRATOR_ROLE = (
-    "tpu.nodes.create",
-    "tpu.nodes.delete",
-    "tpu.nodes.get",
-    "tpu.nodes.list",
-    "tpu.operations.get",
-    "tpu.operations.list",
-    "compute.instances.create",
-    "compute.instances.delete",
-    "compute.instances.get",
-    "compute.instances.list",
-    "compute.instances.setLabels",
-    "compute.instances.setMetadata",
-    "compute.instances.setScheduling",
-    "compute.instances.setServiceAccount",
-    "compute.disks.create",
-    "compute.disks.setLabels",
-    "compute.images.useReadOnly",
-    "compute.subnetworks.use",
-    "compute.subnetworks.useExternalIp",
-    "compute.resourcePolicies.create",
-    "compute.resourcePolicies.delete",
-    "compute.resourcePolicies.get",
-    "compute.resourcePolicies.list",
-    "compute.resourcePolicies.use",
-    "compute.instanceTemplates.create",
-    "compute.instanceTemplates.delete",
-    "compute.instanceTemplates.get",
-    "compute.instanceTemplates.list",
-    "compute.instanceTemplates.useReadOnly",
-    "compute.instanceGroupManagers.create",
-    "compute.instanceGroupManagers.delete",
-    "compute.instanceGroupManagers.get",
-    "compute.instanceGroupManagers.list",
-    "compute.instanceGroups.create",
-    "compute.instanceGroups.delete",
-    "compute.zoneOperations.get",
-    "compute.regionOperations.get",
-    "compute.globalOperations.get",
-    "compute.advice.capacity",
-    "compute.advice.capacityHistory",
-)
+ROLE_FILE = Path(__file__).resolve().parent.parent / "orchestrator_role.txt"
+
+
+def role_permissions(text: str) -> tuple[str, ...]:
+    """The permissions of a role file: one a line, '#' comments and blank lines skipped (what iam.tf's
+    local.orchestrator_permissions makes of it)."""
+    return tuple(line.strip() for line in text.split("\n") if line.strip() and not line.strip().startswith("#"))
+
+
+# The orchestrator's custom role (infra/terraform/iam.tf reads the same file): every API method the providers call
+# (respawn/adapters/tpu.py, compute.py, compute_slices.py, compute_operations.py, advice.py), each one's reason
+# written beside it there.
+ORCHESTRATOR_ROLE = role_permissions(ROLE_FILE.read_text(encoding="utf-8"))
 
 ORCHESTRATOR, MACHINE = "orchestrator", "machine"
 # Where a grant sits: the project, the state bucket, the checkpoint bucket (a job's), the status topic, the machines'
