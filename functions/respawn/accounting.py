@@ -121,9 +121,12 @@ def job_end(job: Job, now: float) -> float:
     return max((a.ended_at for a in job.attempts if a.ended_at is not None), default=job.submitted_at)
 
 
-def _priced(attempts: list[Attempt], used: dict[int, float], rate: float | None) -> tuple[float | None, list[str]]:
+def _priced(
+    attempts: list[Attempt], used: dict[int, float], rate: float | None, listed: str
+) -> tuple[float | None, list[str]]:
     """The cost of the attempts' machine seconds `used`: each at its Advice API price where it was placed with one,
-    else at the table's `rate`; and the sources used. None when some hours have no price."""
+    else at the table's `rate` (from the row `listed` names); and the sources used. None when some hours have no
+    price."""
     total, sources = 0.0, set()
     for a in attempts:
         if a.price is not None:
@@ -133,9 +136,9 @@ def _priced(attempts: list[Attempt], used: dict[int, float], rate: float | None)
             return None, []
         else:
             total += used[a.n] / 3600 * rate
-            sources.add(LIST_SOURCE)
+            sources.add(listed)
     if not sources:  # no attempts in this tier
-        return (None, []) if rate is None else (0.0, [LIST_SOURCE])
+        return (None, []) if rate is None else (0.0, [listed])
     return round(total, 4), sorted(sources)
 
 
@@ -162,7 +165,8 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
     tiers = []
     for i, tier in enumerate(job.spec.all_tiers if job.spec else ()):
         mine = [a for a in job.attempts if a.tier == i]
-        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, price))
+        listed = price.source if price is not None else LIST_SOURCE
+        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, price), listed)
         tiers.append(
             {
                 "tier": i,

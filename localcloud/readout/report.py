@@ -379,6 +379,7 @@ def build(
                 "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
                 "api": machine_api(job),
                 "placement": a.get("placement", ""),
+                "error": a.get("error", ""),  # why its create failed (a zone that does not offer the machine)
             }
             for a in job.get("attempts") or ()
         ],

@@ -33,7 +33,7 @@ def test_sources_of_each_figure() -> None:
     assert by_zone[C].obtainability == 0.9
     listed = machine_price(dict(GPU.__dict__))
     assert listed is not None
-    assert by_zone[A].price == Priced(listed.spot_per_h, LIST_SOURCE) and by_zone[A].obtainability is None
+    assert by_zone[A].price == Priced(listed.spot_per_h, listed.source) and by_zone[A].obtainability is None
     order = [z.zone for z in spot.zones]
     assert order.index(B) < order.index(A)  # five interruptions in ten hours: A has the worst MTBI
     for z in spot.zones:
@@ -41,10 +41,10 @@ def test_sources_of_each_figure() -> None:
         assert z.cost_per_productive_hour is not None and z.price is not None
         assert abs(z.cost_per_productive_hour - z.price.rate_per_h / z.goodput) < 1e-9
     (only,) = standard.zones
-    assert (only.mtbi_source, only.price) == ("prior (no history)", Priced(listed.on_demand_per_h, LIST_SOURCE))
+    assert (only.mtbi_source, only.price) == ("prior (no history)", Priced(listed.on_demand_per_h, listed.source))
     json = plan.to_json(built)
     assert json["tiers"][0]["order"] == [z.zone for z in spot.zones]
-    assert json["tiers"][0]["zones"][0]["price_source"] in (LIST_SOURCE, "Advice API price history (2027-01-15)")
+    assert json["tiers"][0]["zones"][0]["price_source"] in (listed.source, "Advice API price history (2027-01-15)")
 
 
 def test_a_machine_without_a_price_is_ranked_on_goodput_alone() -> None:
