@@ -4,9 +4,8 @@ discovery clients (google-api-python-client) pointed at the local cloud's API se
 * Service Usage v1: services.list (GET /v1/projects/P/services, `filter=state:ENABLED`);
 * Policy Troubleshooter v1: iam.troubleshoot (POST /v1/iam:troubleshoot): GRANTED when the project's grants hold
   the principal's permission on that full resource name, else NOT_GRANTED;
-* Compute Engine v1: regions.get (quotas), networks.get, subnetworks.get, firewalls.list, and per zone
-  machineTypes.get and acceleratorTypes.get;
-* Cloud TPU v2: projects.locations.acceleratorTypes.get;
+* Compute Engine v1: regions.get (quotas), networks.get, subnetworks.get, firewalls.list (what each zone offers:
+  offerings.py);
 * Artifact Registry v1: packages.tags.get and packages.versions.get;
 * Org Policy v2: projects.policies.getEffectivePolicy.
 
@@ -31,9 +30,6 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
         ("network", r"^/compute/v1/projects/([^/]+)/global/networks/([^/]+)$"),
         ("subnetwork", r"^/compute/v1/projects/([^/]+)/regions/([^/]+)/subnetworks/([^/]+)$"),
         ("firewalls", r"^/compute/v1/projects/([^/]+)/global/firewalls$"),
-        ("machineType", r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/machineTypes/([^/]+)$"),
-        ("acceleratorType", r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/acceleratorTypes/([^/]+)$"),
-        ("tpuType", r"^/v2/projects/([^/]+)/locations/([^/]+)/acceleratorTypes/([^/]+)$"),
         (
             "artifact",
             r"^/v1/(projects/[^/]+/locations/[^/]+/repositories/[^/]+)/packages/([^/]+)/(tags|versions)/"
@@ -110,14 +106,12 @@ class ProjectApi:
         if region not in p.quotas:
             raise missing(f"projects/{project}/regions/{region}")
         quotas = [{"metric": m, "limit": lu[0], "usage": lu[1]} for m, lu in sorted(p.quotas[region].items())]
-        zones = [z for z in p.machine_types if z.rpartition("-")[0] == region]
         base = f"https://www.googleapis.com/compute/v1/projects/{project}"
         return {
             "kind": "compute#region",
             "name": region,
             "status": "UP",
             "quotas": quotas,
-            "zones": [f"{base}/zones/{z}" for z in zones],
             "selfLink": f"{base}/regions/{region}",
         }
 
@@ -130,22 +124,6 @@ class ProjectApi:
     def _firewalls(self, p: LocalProject, project: str) -> dict[str, Any]:
         items = [dict(f) for (owner, _), f in sorted(p.firewalls.items()) if owner == project]
         return {"kind": "compute#firewallList", "items": items}
-
-    def _machineType(self, p: LocalProject, project: str, zone: str, name: str) -> dict[str, Any]:
-        if name not in p.machine_types.get(zone, set()):
-            raise missing(f"projects/{project}/zones/{zone}/machineTypes/{name}")
-        return {"kind": "compute#machineType", "name": name, "zone": zone}
-
-    def _acceleratorType(self, p: LocalProject, project: str, zone: str, name: str) -> dict[str, Any]:
-        if name not in p.accelerator_types.get(zone, set()):
-            raise missing(f"projects/{project}/zones/{zone}/acceleratorTypes/{name}")
-        return {"kind": "compute#acceleratorType", "name": name, "zone": zone}
-
-    def _tpuType(self, p: LocalProject, project: str, zone: str, name: str) -> dict[str, Any]:
-        path = f"projects/{project}/locations/{zone}/acceleratorTypes/{name}"
-        if name not in p.tpu_types.get(zone, set()):
-            raise missing(path)
-        return {"name": path, "type": name}
 
     def _artifact(self, p: LocalProject, repository: str, package: str, kind: str, ref: str) -> dict[str, Any]:
         image = unquote(package)

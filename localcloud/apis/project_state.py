@@ -1,5 +1,6 @@
 """A project as the local cloud holds it around a deployment: enabled APIs, IAM grants, the network, firewall
-rules, regional quotas, what each zone offers, the trainer images, organisation policies.
+rules, regional quotas, the trainer images, organisation policies. (What each zone offers is the CloudCore knob
+`unoffered`, offerings.py.)
 
 `healthy(...)` is what `terraform apply` leaves (every grant of respawn.doctor.needs, the APIs of apis.tf, the
 network, a slice's firewall rule) in the zones the local cloud offers; tests break one thing at a time by changing
@@ -13,32 +14,16 @@ from typing import Any
 
 from respawn.doctor import needs
 
-# What every local zone offers (Compute Engine machine and accelerator types, Cloud TPU accelerator types).
-ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-west4-a", "europe-west4-a")
-MACHINE_TYPES = (
-    "g2-standard-8",
-    "g2-standard-16",
-    "a2-highgpu-1g",
-    "ct6e-standard-4t",
-    "ct6e-standard-8t",
-    "ct5p-hightpu-4t",
-    "tpu7x-standard-4t",
-)
-ACCELERATOR_TYPES = ("nvidia-l4", "nvidia-tesla-a100", "nvidia-tesla-t4")
-TPU_TYPES = (
-    "v5litepod-1",
-    "v5litepod-4",
-    "v5litepod-8",
-    "v5litepod-16",
-    "v5litepod-32",
-    "v4-8",
-    "v4-16",
-    "v6e-1",
-    "v6e-4",
-    "v6e-8",
-    "v6e-16",
-    "v5p-8",
-    "v5p-16",
+# The regions of the local cloud's zones: a subnetwork and quotas in each.
+REGIONS = (
+    "asia-southeast1",
+    "europe-west4",
+    "us-central1",
+    "us-east1",
+    "us-east5",
+    "us-south1",
+    "us-west1",
+    "us-west4",
 )
 # Regional quota limits (Compute Engine regions.get), Spot and on-demand.
 QUOTAS = {
@@ -70,9 +55,6 @@ class LocalProject:
     subnetworks: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (project, region, name)
     firewalls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (project, name) -> Firewall
     quotas: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # region -> metric -> [limit, usage]
-    machine_types: dict[str, set[str]] = field(default_factory=dict)  # zone -> names
-    accelerator_types: dict[str, set[str]] = field(default_factory=dict)
-    tpu_types: dict[str, set[str]] = field(default_factory=dict)
     repositories: dict[str, Repository] = field(default_factory=dict)  # projects/P/locations/L/repositories/R
     org_policies: dict[str, dict[str, Any]] = field(default_factory=dict)  # constraint -> PolicySpec
 
@@ -119,8 +101,7 @@ def healthy(
         "selfLink": f"{base}/global/networks/{network}",
         "autoCreateSubnetworks": False,
     }
-    regions = sorted({z.rpartition("-")[0] for z in ZONES})
-    for i, region in enumerate(regions):
+    for i, region in enumerate(REGIONS):
         p.subnetworks[(project, region, subnetwork)] = {
             "kind": "compute#subnetwork",
             "name": subnetwork,
@@ -144,9 +125,5 @@ def healthy(
         "disabled": False,
         "selfLink": f"{base}/global/firewalls/{peers}",
     }
-    for zone in ZONES:
-        p.machine_types[zone] = set(MACHINE_TYPES)
-        p.accelerator_types[zone] = set(ACCELERATOR_TYPES)
-        p.tpu_types[zone] = set(TPU_TYPES)
     p.repositories[repository] = Repository({image: {tag}})
     return p

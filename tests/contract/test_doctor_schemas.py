@@ -1,7 +1,8 @@
 """Every request `respawn doctor` sends to the local cloud's project APIs (localcloud/apis/project_api.py), and every
 reply, held to Google's discovery documents (discovery.py): Service Usage, Policy Troubleshooter, Compute Engine,
 Cloud TPU, Artifact Registry and Org Policy. A healthy and a broken deployment, a GPU job and a TPU slice, so that
-replies and refusals of every method are seen; the methods seen are every method of the project API."""
+replies and refusals of every method are seen; the methods seen are every method doctor calls there (the zone
+offerings through google-cloud-compute and google-cloud-tpu, as `respawn submit` asks them: offerings.py)."""
 
 from __future__ import annotations
 
@@ -106,13 +107,14 @@ def exchanges() -> Iterator[list[Exchange]]:
             broken.networks.clear()
             broken.subnetworks.clear()
             broken.quotas.clear()
-            broken.machine_types.clear()
-            broken.tpu_types.clear()
             broken.org_policies["compute.vmExternalIpAccess"] = {"rules": [{"denyAll": True}]}
             broken.org_policies["gcp.resourceLocations"] = {
                 "rules": [{"values": {"allowedValues": ["in:eu-locations"]}}]
             }
             server.project.project = broken
+            server.unoffered = {
+                zone: frozenset({"g2-standard-8", "v5litepod-16"}) for zone in ("us-central1-a", "us-west4-a")
+            }
             d = report.deployment(replace(settings, subnetwork="ml"), clients=clients)
             for message in (JOB, SLICE):
                 list(report.run(d, "respawn-status", spec(message)))
@@ -155,7 +157,7 @@ def test_every_request_and_reply_conforms(exchanges: list[Exchange]) -> None:
     assert found == [], "\n".join(found)
 
 
-def test_every_method_of_the_project_api_was_seen_answering_and_refusing(exchanges: list[Exchange]) -> None:
+def test_every_method_doctor_calls_was_seen_answering_and_refusing(exchanges: list[Exchange]) -> None:
     seen = {(m.id, e.status < 300) for e in exchanges if (m := api_of(e).method(e.method, e.path)) is not None}
     assert {method for method, _ in seen} == SERVED
     refused = {method for method, ok in seen if not ok}

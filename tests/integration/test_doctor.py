@@ -82,8 +82,18 @@ class Cloud:
     server: CloudApiServer
     env: dict[str, str]
 
+    @property
+    def project(self) -> LocalProject:
+        assert self.server.project.project is not None
+        return self.server.project.project
+
+    def unoffer(self, zone: str, type_name: str) -> None:
+        """`zone` no longer offers the machine or accelerator type (the local APIs' offerings.py)."""
+        self.server.unoffered = {zone: frozenset({type_name})}
+
     def fresh(self) -> LocalProject:
         """The project as `terraform apply` leaves it, served from now on."""
+        self.server.unoffered = {}
         self.server.project.project = healthy(
             PROJECT, state_bucket=STATE, checkpoint_bucket=CHECKPOINTS, repository=REPOSITORY, image="trainer", tag="v1"
         )
@@ -167,14 +177,14 @@ def test_without_a_job_the_deployment_alone_is_checked(cloud: Cloud) -> None:
     assert not any(line.check.startswith(("quota", "zones", "trainer image", "checkpoint")) for line in lines)
 
 
-Break = Callable[[LocalProject], Any]
+Break = Callable[[Cloud], Any]
 SLICE = job(SLICE_JOB)
 GPU = job(GPU_JOB)
 BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     # (case, break the project, job, settings, failing check, words of its detail, words of its fix)
     (
         "missing permission",
-        lambda p: p.revoke(
+        lambda c: c.project.revoke(
             ORCHESTRATOR, f"//cloudresourcemanager.googleapis.com/projects/{PROJECT}", "compute.instanceGroups.create"
         ),
         GPU,
@@ -185,7 +195,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "zone without the machine",
-        lambda p: p.accelerator_types["us-central1-b"].discard("nvidia-l4"),
+        lambda c: c.unoffer("us-central1-b", "nvidia-l4"),
         GPU,
         SETTINGS,
         "zones offer the machine",
@@ -194,16 +204,16 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "tpu zone without the machine",
-        lambda p: p.tpu_types["us-central1-c"].discard("v5litepod-16"),
+        lambda c: c.unoffer("us-central1-c", "v5litepod-16"),
         SLICE,
         SETTINGS,
         "zones offer the machine",
-        "us-central1-c does not offer v5litepod-16",
+        "us-central1-c does not offer TPU type v5litepod-16",
         "remove us-central1-c",
     ),
     (
         "no quota",
-        lambda p: p.quotas["us-west4"].update(PREEMPTIBLE_NVIDIA_L4_GPUS=[8.0, 8.0]),
+        lambda c: c.project.quotas["us-west4"].update(PREEMPTIBLE_NVIDIA_L4_GPUS=[8.0, 8.0]),
         GPU,
         SETTINGS,
         "quota in us-west4",
@@ -212,7 +222,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "missing subnetwork",
-        lambda p: p.subnetworks.pop((PROJECT, "us-west4", "ml")),
+        lambda c: c.project.subnetworks.pop((PROJECT, "us-west4", "ml")),
         GPU,
         SETTINGS,
         "subnetwork in us-west4",
@@ -221,7 +231,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "missing network",
-        lambda p: p.networks.clear(),
+        lambda c: c.project.networks.clear(),
         GPU,
         SETTINGS,
         "network",
@@ -230,7 +240,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "missing firewall rule",
-        lambda p: p.firewalls.clear(),
+        lambda c: c.project.firewalls.clear(),
         SLICE,
         SETTINGS,
         "slice firewall rule",
@@ -239,7 +249,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "unwritable bucket",
-        lambda p: p.revoke(
+        lambda c: c.project.revoke(
             MACHINE, f"//storage.googleapis.com/projects/_/buckets/{CHECKPOINTS}", "storage.objects.create"
         ),
         GPU,
@@ -250,7 +260,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "missing image",
-        lambda p: p.repositories[REPOSITORY].packages["trainer"].clear(),
+        lambda c: c.project.repositories[REPOSITORY].packages["trainer"].clear(),
         GPU,
         SETTINGS,
         "trainer image",
@@ -259,7 +269,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "missing bucket",
-        lambda p: None,
+        lambda c: None,
         replace(GPU, checkpoint_uri="gs://doctor-typo/runs/x"),
         SETTINGS,
         "checkpoint bucket",
@@ -268,7 +278,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "disabled API",
-        lambda p: p.apis.discard("tpu.googleapis.com"),
+        lambda c: c.project.apis.discard("tpu.googleapis.com"),
         GPU,
         SETTINGS,
         "APIs enabled",
@@ -277,7 +287,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "missing topic",
-        lambda p: None,
+        lambda c: None,
         GPU,
         replace(SETTINGS, jobs_topic="respawn-jobz"),
         "Pub/Sub topics",
@@ -286,7 +296,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "external IPs forbidden",
-        lambda p: p.org_policies.update({"compute.vmExternalIpAccess": {"rules": [{"denyAll": True}]}}),
+        lambda c: c.project.org_policies.update({"compute.vmExternalIpAccess": {"rules": [{"denyAll": True}]}}),
         GPU,
         replace(SETTINGS, external_ips=True),
         "org policy compute.vmExternalIpAccess",
@@ -295,7 +305,7 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "location forbidden",
-        lambda p: p.org_policies.update(
+        lambda c: c.project.org_policies.update(
             {"gcp.resourceLocations": {"rules": [{"values": {"allowedValues": ["in:us-locations"]}}]}}
         ),
         replace(GPU, zones=("us-central1-a", "europe-west4-a")),
@@ -313,7 +323,8 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
 def test_a_deployment_broken_one_way_fails_that_line_and_names_the_fix(
     cloud: Cloud, case: str, breaks: Break, spec: JobSpec, settings: Settings, check: str, detail: str, fix: str
 ) -> None:
-    breaks(cloud.fresh())
+    cloud.fresh()
+    breaks(cloud)
     failed = fails(cloud.doctor(spec, settings))
     assert [line.check for line in failed] == [check], [line.text() for line in failed]
     assert detail in failed[0].detail and fix in failed[0].fix, failed[0].text()

@@ -8,10 +8,10 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from respawn.adapters.offering import OfferingLookup, machine_words
 from respawn.doctor import needs
 from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, grant_line, grants_on, pages
-from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, Provisioning, TpuMachine
-from respawn.topology import compute_shape
+from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, Provisioning
 
 PRIVATE = tuple(ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))  # subnetworks
 COORDINATOR_PORT = 8482  # respawn_trainer.env.COORDINATOR_PORT: worker 0's JAX coordinator
@@ -37,55 +37,29 @@ def region_of(zone: str) -> str:
 
 
 def zones(spec: JobSpec) -> list[str]:
-    return list(dict.fromkeys(z for tier in spec.all_tiers for z in tier.zones))
-
-
-def machine_words(spec: JobSpec) -> str:
-    m = spec.machine
-    return m.accelerator_type if isinstance(m, TpuMachine) else f"{m.machine_type} with {m.accelerator_type}"
-
-
-def offer_requests(d: Deployment, machine: TpuMachine | GpuMachine, zone: str) -> list[Any]:
-    """The listings that say whether `zone` offers `machine`: Compute Engine's machineTypes (and acceleratorTypes
-    for a GPU), or the Cloud TPU API's acceleratorTypes for a TPU that API creates."""
-    compute = d.clients("compute")
-    if isinstance(machine, GpuMachine):
-        where = {"project": d.project, "zone": zone}
-        return [
-            compute.machineTypes().get(machineType=machine.machine_type, **where),
-            compute.acceleratorTypes().get(acceleratorType=machine.accelerator_type, **where),
-        ]
-    if machine.api == "compute":
-        shape = compute_shape(machine.accelerator_type)
-        return [compute.machineTypes().get(project=d.project, zone=zone, machineType=shape.machine_type)]
-    name = f"projects/{d.project}/locations/{zone}/acceleratorTypes/{machine.accelerator_type}"
-    return [d.clients("tpu").projects().locations().acceleratorTypes().get(name=name)]
+    return list(spec.every_zone)
 
 
 def zones_offer(d: Deployment, spec: JobSpec) -> list[Line]:
-    """Each zone of each tier offers the machine (offer_requests)."""
-    check, missing = "zones offer the machine", []
-    for zone in zones(spec):
-        for request in offer_requests(d, spec.machine, zone):
-            got, problem = ask(check, request.execute)
-            if problem:
-                return [problem]
-            if got is None:
-                missing.append(zone)
-                break
-    what, listed = machine_words(spec), ", ".join(zones(spec))
+    """Each zone of each tier offers the machine: the APIs' machine and accelerator type listings, asked as
+    `respawn submit` asks them (adapters.offering)."""
+    check = "zones offer the machine"
+    endpoints = d.clients.endpoints
+    lookup = OfferingLookup(d.project, tpu_endpoint=endpoints.get("tpu"), compute_endpoint=endpoints.get("compute"))
+    offerings = lookup.zones(spec)
+    unknown = [o for o in offerings if o.offered is None]
+    missing = [o for o in offerings if o.offered is False]
+    what, listed = machine_words(spec.machine), ", ".join(zones(spec))
     if missing:
-        absent = ", ".join(missing)
+        absent = ", ".join(o.zone for o in missing)
         return [
-            Line(
-                FAIL,
-                check,
-                f"{absent} do{'es' if len(missing) == 1 else ''} not offer {what}",
-                f"remove {absent} from the job's zones (respawn would skip them), or pick zones that offer it: "
-                "gcloud compute accelerator-types list, gcloud compute tpus accelerator-types list",
-            )
-        ]
-    return [Line(PASS, check, f"{listed} offer{'s' if len(zones(spec)) == 1 else ''} {what}")]
+            Line(FAIL, check, "; ".join(o.detail for o in missing),
+                 f"remove {absent} from the job's zones (respawn would skip them), or pick zones that offer {what}: "
+                 "gcloud compute accelerator-types list, gcloud compute tpus accelerator-types list")
+        ]  # fmt: skip
+    if unknown:
+        return [Line(WARN, check, "; ".join(o.detail for o in unknown), "check your credentials and the project id")]
+    return [Line(PASS, check, f"{listed} offer{'s' if len(offerings) == 1 else ''} {what}")]
 
 
 def quota_need(spec: JobSpec) -> tuple[str, int] | None:
@@ -108,7 +82,7 @@ def quota(d: Deployment, spec: JobSpec) -> list[Line]:
             Line(
                 WARN,
                 "quota",
-                f"{machine_words(spec)}'s quota is not listed by Compute Engine's regions.get: not checked",
+                f"{machine_words(spec.machine)}'s quota is not listed by Compute Engine's regions.get: not checked",
                 f"gcloud beta quotas info list --service=tpu.googleapis.com --project={d.project} (or IAM & Admin > "
                 "Quotas: docs/deploy.md, Request Spot quota)",
             )
