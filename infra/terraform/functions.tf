@@ -55,6 +55,7 @@ data "archive_file" "functions" {
     "**/__pycache__/**",
     "**/*.pyc",
     "**/*.egg-info/**",
+    "respawn/adapters/offering.py",
     "respawn/cli.py",
     "respawn/doctor/**",
     "respawn/job_report.py",

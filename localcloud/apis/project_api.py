@@ -18,7 +18,7 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from localcloud.apis.apicore import ApiError, CloudMachine, compute_error_json
+from localcloud.apis.apicore import ApiError, NoMachines, compute_error_json
 from localcloud.apis.project_state import LocalProject
 
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
@@ -45,7 +45,7 @@ def missing(what: str) -> ApiError:
     return ApiError(404, "NOT_FOUND", f"The resource '{what}' was not found", "notFound")
 
 
-class ProjectApi:
+class ProjectApi(NoMachines):
     """The ApiPart serving a LocalProject (`project`, which tests may replace or change while the server runs); it
     holds no machines."""
 
@@ -137,28 +137,6 @@ class ProjectApi:
         name = f"projects/{project}/policies/{constraint}"
         spec = p.org_policies.get(constraint)
         return {"name": name} | ({"spec": spec} if spec is not None else {})
-
-    # ------------------------------------------------------------------ ApiPart: no machines
-    def machines(self) -> list[CloudMachine]:
-        return []
-
-    def machine(self, name: str) -> CloudMachine | None:
-        return None
-
-    def stored(self, name: str) -> CloudMachine | None:
-        return None
-
-    def preempt(self, name: str, worker: int | None) -> CloudMachine | None:
-        return None
-
-    def set_state(self, name: str, state: str, worker: int | None) -> CloudMachine | None:
-        return None
-
-    def live_in(self, zone: str) -> int:
-        return 0
-
-    def leftovers(self) -> list[str]:
-        return []
 
 
 def _held(kept: dict[Any, dict[str, Any]], key: Any, path: str) -> dict[str, Any]:

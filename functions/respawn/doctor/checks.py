@@ -75,6 +75,17 @@ def ask(check: str, call: Callable[[], Any]) -> tuple[Any, Line | None]:
         return None, Line(FAIL, check, f"the call failed ({reason(e)})", "check the project id and your credentials")
 
 
+def exists(check: str, call: Callable[[], Any], absent: str, fix: str) -> tuple[Any, list[Line]]:
+    """(the reply, []) when the thing asked for is there; (None, [the line]) when it is not (a failure saying
+    `absent` and naming `fix`) or the call failed (ask)."""
+    got, problem = ask(check, call)
+    if problem is not None:
+        return None, [problem]
+    if got is None:
+        return None, [Line(FAIL, check, absent, fix)]
+    return got, []
+
+
 def pages(request: Callable[[str | None], Any], key: str) -> list[Any]:
     """Every item of a paged listing."""
     items: list[Any] = []
@@ -174,21 +185,15 @@ def network(d: Deployment, regions: Iterable[str]) -> list[Line]:
     """The network exists, and a subnetwork in each region the job uses (without a job: the network only)."""
     compute = d.clients("compute")
     check = "network"
-    got, problem = ask(
-        check, lambda: compute.networks().get(project=d.network_project, network=d.network_name).execute()
+    got, missing = exists(
+        check,
+        compute.networks().get(project=d.network_project, network=d.network_name).execute,
+        f"{d.network} does not exist",
+        f"set network (and create_network for a new one) in terraform.tfvars, then {DEPLOY} (docs/deploy.md, A "
+        "project without a default network)",
     )
-    if problem:
-        return [problem]
-    if got is None:
-        return [
-            Line(
-                FAIL,
-                check,
-                f"{d.network} does not exist",
-                "set network (and create_network for a new one) in terraform.tfvars, then "
-                f"{DEPLOY} (docs/deploy.md, A project without a default network)",
-            )
-        ]
+    if missing:
+        return missing
     lines = [Line(PASS, check, f"{d.network} exists")]
     for region in sorted(set(regions)):
         lines.append(_subnetwork(d, got, region))
@@ -239,17 +244,13 @@ def _subnetwork(d: Deployment, net: dict[str, Any], region: str) -> Line:
 def state_bucket(d: Deployment) -> list[Line]:
     check = "state bucket"
     storage = d.clients("storage")
-    got, problem = ask(check, lambda: storage.buckets().get(bucket=d.state_bucket).execute())
-    if got is None and problem is None:
-        return [
-            Line(
-                FAIL,
-                check,
-                f"gs://{d.state_bucket} does not exist",
-                f"{DEPLOY} (storage.tf), and export RESPAWN_STATE_BUCKET from its cli_environment output",
-            )
-        ]
-    return [problem or Line(PASS, check, f"gs://{d.state_bucket} exists ({got.get('location')})")]
+    got, missing = exists(
+        check,
+        storage.buckets().get(bucket=d.state_bucket).execute,
+        f"gs://{d.state_bucket} does not exist",
+        f"{DEPLOY} (storage.tf), and export RESPAWN_STATE_BUCKET from its cli_environment output",
+    )
+    return missing or [Line(PASS, check, f"gs://{d.state_bucket} exists ({got.get('location')})")]
 
 
 def pubsub(d: Deployment) -> list[Line]:

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from respawn.adapters.offering import OfferingLookup, machine_words
 from respawn.doctor import needs
-from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, grant_line, grants_on, pages
+from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, exists, grant_line, grants_on, pages
 from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, Provisioning
 
 PRIVATE = tuple(ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))  # subnetworks
@@ -189,20 +189,16 @@ def near(location: str, regions: set[str]) -> bool:
 def checkpoint_bucket(d: Deployment, spec: JobSpec) -> list[Line]:
     check = "checkpoint bucket"
     bucket = spec.checkpoint_uri.removeprefix("gs://").split("/", 1)[0]
-    got, problem = ask(check, lambda: d.clients("storage").buckets().get(bucket=bucket).execute())
     regions = {region_of(z) for z in zones(spec)}
-    if problem:
-        return [problem]
-    if got is None:
-        return [
-            Line(
-                FAIL,
-                check,
-                f"gs://{bucket} does not exist",
-                f"gcloud storage buckets create gs://{bucket} --location={min(regions)} "
-                "--uniform-bucket-level-access, or use the deployment's (terraform output checkpoint_bucket)",
-            )
-        ]
+    got, missing = exists(
+        check,
+        d.clients("storage").buckets().get(bucket=bucket).execute,
+        f"gs://{bucket} does not exist",
+        f"gcloud storage buckets create gs://{bucket} --location={min(regions)} --uniform-bucket-level-access, or "
+        "use the deployment's (terraform output checkpoint_bucket)",
+    )
+    if missing:
+        return missing
     location = str(got.get("location", ""))
     lines = [
         Line(PASS, check, f"gs://{bucket} is in {location}, near {', '.join(sorted(regions))}")
@@ -245,22 +241,17 @@ def image(d: Deployment, spec: JobSpec) -> list[Line]:
     package = f"{repo}/packages/{quote(m['image'], safe='')}"
     packages = d.clients("artifactregistry").projects().locations().repositories().packages()
     if m["digest"]:
-        call = lambda: packages.versions().get(name=f"{package}/versions/{m['digest']}").execute()  # noqa: E731
+        request = packages.versions().get(name=f"{package}/versions/{m['digest']}")
     else:
-        call = lambda: packages.tags().get(name=f"{package}/tags/{m['tag'] or 'latest'}").execute()  # noqa: E731
-    got, problem = ask(check, call)
-    if problem:
-        return [problem]
-    if got is None:
-        return [
-            Line(
-                FAIL,
-                check,
-                f"{spec.image} does not exist",
-                f"build and push it: docker build ... && docker push {spec.image} "
-                "(docs/deploy.md, Build the trainer image)",
-            )
-        ]
+        request = packages.tags().get(name=f"{package}/tags/{m['tag'] or 'latest'}")
+    _, missing = exists(
+        check,
+        request.execute,
+        f"{spec.image} does not exist",
+        f"build and push it: docker build ... && docker push {spec.image} (docs/deploy.md, Build the trainer image)",
+    )
+    if missing:
+        return missing
     regions = {region_of(z) for z in zones(spec)}
     where = (
         Line(PASS, "image location", f"{m['location']} is near {', '.join(sorted(regions))}")
