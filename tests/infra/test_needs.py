@@ -57,3 +57,17 @@ def test_the_accounts_are_the_ones_terraform_creates(config: Config) -> None:
     for account in (needs.ORCHESTRATOR, needs.MACHINE):
         assert config.resource("google_service_account", account)["account_id"] == f"respawn-{account}"
         assert needs.account_email(account, "p") == f"respawn-{account}@p.iam.gserviceaccount.com"
+
+
+def test_doctor_looks_for_the_topics_and_subscriptions_terraform_makes(config: Config) -> None:
+    from respawn.deployment import Settings
+    from respawn.doctor import report
+
+    assert config.resource("google_pubsub_subscription", "push")["name"] == "${each.value.name}-push"
+    push = {f"{f['name']}-push" for f in config.locals["functions"].values()}
+    subscriptions = push | {config.resource("google_pubsub_subscription", "dead_letter")["name"]}
+    # every topic but the optional ones (respawn-alerts, with alert_pubsub)
+    topics = {body["name"] for body in config.of_type("google_pubsub_topic").values() if "count" not in body}
+    assert "respawn-alerts" not in topics and len(topics) == 4
+    d = report.deployment(Settings(project="p", state_bucket="s"))
+    assert (set(d.topics), set(d.subscriptions)) == (topics, subscriptions)
