@@ -357,3 +357,16 @@ def test_the_cli_exits_0_on_a_healthy_deployment_and_1_on_a_broken_one(
     assert [(line["check"], line["status"]) for line in lines if line["status"] != PASS] == [
         ("quota in us-central1", FAIL)
     ]
+
+
+def test_doctor_without_a_project_or_with_a_cancel_message_is_a_user_error(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("RESPAWN_PROJECT", "GOOGLE_CLOUD_PROJECT", "RESPAWN_STATE_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["doctor"]) == 2
+    assert "RESPAWN_PROJECT is not set" in capsys.readouterr().err
+    cancel = tmp_path / "cancel.yaml"
+    cancel.write_text("action: cancel\njob_id: doctor-gpu\n")
+    assert cli.main(["doctor", str(cancel), "--project", PROJECT, "--bucket", STATE]) == 2
+    assert "doctor takes a submit message" in capsys.readouterr().err
