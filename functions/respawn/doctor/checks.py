@@ -254,27 +254,26 @@ def state_bucket(d: Deployment) -> list[Line]:
 
 
 def pubsub(d: Deployment) -> list[Line]:
+    """The topics and subscriptions Terraform makes (asked side by side)."""
     client = d.clients("pubsub").projects()
+    wanted = [("topic", name) for name in d.topics] + [("subscription", name) for name in d.subscriptions]
+
+    def get(item: tuple[str, str]) -> tuple[Any, Line | None]:
+        kind, name = item
+        path = f"projects/{d.project}/{kind}s/{name}"
+        request = client.topics().get(topic=path) if kind == "topic" else client.subscriptions().get(subscription=path)
+        http = d.clients.http("pubsub")
+        return ask(f"Pub/Sub {kind}s", lambda: request.execute(http=http))
+
+    answers = dict(zip(wanted, d.clients.map(get, wanted), strict=True))
     lines = []
     for kind, names in (("topic", d.topics), ("subscription", d.subscriptions)):
         check = f"Pub/Sub {kind}s"
-        missing, problems = [], []
-        for name in names:
-            path = f"projects/{d.project}/{kind}s/{name}"
-            request = (
-                client.topics().get(topic=path) if kind == "topic" else client.subscriptions().get(subscription=path)
-            )
-            got, problem = ask(check, request.execute)
-            if problem:
-                problems.append(problem)
-            elif got is None:
-                missing.append(name)
+        problems = [problem for name in names if (problem := answers[(kind, name)][1]) is not None]
+        missing = [name for name in names if answers[(kind, name)] == (None, None)]
         if missing:
-            lines.append(
-                Line(
-                    FAIL, check, f"missing in {d.project}: {', '.join(missing)}", f"{DEPLOY} (pubsub.tf, functions.tf)"
-                )
-            )
+            lines.append(Line(FAIL, check, f"missing in {d.project}: {', '.join(missing)}",
+                              f"{DEPLOY} (pubsub.tf, functions.tf)"))  # fmt: skip
         lines += problems[:1]
         if not missing and not problems:
             lines.append(Line(PASS, check, ", ".join(names)))

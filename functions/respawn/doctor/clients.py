@@ -10,6 +10,8 @@ anonymous credentials.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -60,16 +62,14 @@ class Clients:
 
     def __call__(self, api: str) -> Any:
         if api not in self._built:
-            from googleapiclient.discovery import build
+            from googleapiclient.discovery import build_from_document
 
             version, service_path = APIS[api]
             endpoint = self.endpoints.get(api)
             options: dict[str, Any] = {}
             if endpoint:
                 options = {"client_options": {"api_endpoint": f"{endpoint.rstrip('/')}/{service_path}"}}
-            self._built[api] = build(
-                api, version, static_discovery=True, cache_discovery=False, credentials=self.credentials(api), **options
-            )
+            self._built[api] = build_from_document(document(api, version), credentials=self.credentials(api), **options)
         return self._built[api]
 
     def credentials(self, api: str) -> Any:
@@ -109,6 +109,18 @@ class Clients:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+@functools.cache
+def document(api: str, version: str) -> dict[str, Any]:
+    """The discovery document google-api-python-client ships for api/version, parsed once (compute's is large)."""
+    from googleapiclient.discovery_cache import get_static_doc
+
+    text = get_static_doc(api, version)
+    if text is None:
+        raise RuntimeError(f"google-api-python-client ships no discovery document for {api} {version}")
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
 
 
 def status_of(e: Exception) -> int | None:
