@@ -64,6 +64,8 @@ class ProjectApi(NoMachines):
         expected = "POST" if name == "troubleshoot" else "GET"
         if method != expected:
             return None
+        if name in p.refused:
+            raise ApiError(403, "PERMISSION_DENIED", f"The caller does not have permission ({name})", "forbidden")
         if name == "troubleshoot":
             return self.troubleshoot(p, body)
         if args[0] != p.project and name not in ("artifact",):

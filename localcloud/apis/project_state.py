@@ -57,6 +57,9 @@ class LocalProject:
     quotas: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # region -> metric -> [limit, usage]
     repositories: dict[str, Repository] = field(default_factory=dict)  # projects/P/locations/L/repositories/R
     org_policies: dict[str, dict[str, Any]] = field(default_factory=dict)  # constraint -> PolicySpec
+    # the methods (project_api.py's route names: services, troubleshoot, region, ...) that answer 403 PERMISSION_DENIED,
+    # as they do for a caller without the permission to ask
+    refused: set[str] = field(default_factory=set)
 
     def grant(self, email: str, resource: str, permissions: tuple[str, ...] | set[str]) -> None:
         self.grants.setdefault((email, resource), set()).update(permissions)

@@ -330,6 +330,25 @@ def test_a_deployment_broken_one_way_fails_that_line_and_names_the_fix(
     assert detail in failed[0].detail and fix in failed[0].fix, failed[0].text()
 
 
+def test_a_check_the_caller_may_not_make_is_a_warning_naming_the_roles_it_needs(cloud: Cloud) -> None:
+    """The Policy Troubleshooter refuses a caller without roles/iam.securityReviewer: the permission lines warn, and
+    nothing fails (the deployment may be fine)."""
+    cloud.fresh().refused.add("troubleshoot")
+    lines = cloud.doctor(GPU)
+    warned = [line for line in lines if line.status != PASS]
+    assert warned and all(line.status == "warn" for line in warned)
+    assert {line.check for line in warned} == {
+        "orchestrator's permissions on the project",
+        "machine's permissions on the project",
+        "orchestrator's permissions on the state bucket",
+        "orchestrator's permissions on the status topic",
+        "orchestrator's permissions on the machines' account",
+        "machines write the checkpoint bucket",
+        "machines pull the image",
+    }
+    assert all("HTTP 403" in line.detail and "roles/iam.securityReviewer" in line.fix for line in warned)
+
+
 def test_the_cli_exits_0_on_a_healthy_deployment_and_1_on_a_broken_one(
     cloud: Cloud, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
