@@ -216,10 +216,10 @@ def job_spec(message: dict[str, Any]) -> JobSpec | CancelRequest:
     """The job message decoded (JobSpec or CancelRequest). A submit without `image` is checked as if it named the
     deployment's trainer image of its machine's kind, which the CLI does not know: it goes out without one, and the
     functions fill in the image RESPAWN_TRAINER_IMAGES names for that kind (or reject the job where it names none)."""
-    from respawn.machine import TRAINER_IMAGES
+    from respawn.machine import DEPLOYMENT_IMAGES
     from respawn.spec import parse_job_message
 
-    return parse_job_message(message, {kind: f"deployment/{name}" for kind, name in TRAINER_IMAGES.items()})
+    return parse_job_message(message, DEPLOYMENT_IMAGES)
 
 
 def validated(message: dict[str, Any], source: str) -> dict[str, Any]:
@@ -509,13 +509,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import os
 
     from respawn.doctor import report
-    from respawn.jobs import JobSpec
-    from respawn.spec import SpecError, load_job_file, parse_job_message
+    from respawn.spec import SpecError, load_job_file
 
     spec: JobSpec | None = None
     if args.file:
         try:
-            parsed = parse_job_message(load_job_file(args.file))
+            parsed = job_spec(load_job_file(args.file))
         except SpecError as e:
             raise UserError(f"{args.file}: {e}") from e
         if not isinstance(parsed, JobSpec):

@@ -17,6 +17,9 @@ from collections.abc import Iterable
 # for TPU machines, its CUDA 12 wheels for GPU machines (docs/gpus.md).
 TRAINER_IMAGES = {"gpu": "trainer-cuda", "tpu": "trainer"}
 IMAGE_VARIANTS = {"gpu": "cuda", "tpu": "tpu"}
+# What the CLI checks a job without `image` with (respawn submit, plan, doctor): the deployment's trainer image of its
+# machine's kind, which only the functions know (RESPAWN_TRAINER_IMAGES); the message goes out without an image.
+DEPLOYMENT_IMAGES = {kind: f"deployment/{name}" for kind, name in TRAINER_IMAGES.items()}
 
 
 def image_mismatch(kind: str, image: str) -> str | None:

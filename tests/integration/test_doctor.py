@@ -18,7 +18,7 @@ from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
 from respawn import cli
 from respawn.deployment import Settings
 from respawn.doctor import needs, report
-from respawn.doctor.checks import FAIL, PASS, Line
+from respawn.doctor.checks import FAIL, PASS, WARN, Line
 from respawn.doctor.clients import Clients, endpoints_from_env
 from respawn.jobs import JobSpec
 from respawn.spec import parse_job_message
@@ -175,6 +175,21 @@ def test_without_a_job_the_deployment_alone_is_checked(cloud: Cloud) -> None:
     lines = cloud.doctor(None)
     assert lines and all(line.status == PASS for line in lines)
     assert not any(line.check.startswith(("quota", "zones", "trainer image", "checkpoint")) for line in lines)
+
+
+def test_a_job_without_image_is_checked_all_but_its_image(cloud: Cloud) -> None:
+    """The CLI does not know the deployment's trainer images (RESPAWN_TRAINER_IMAGES is the functions'): the doctor
+    checks the rest of a job that names none, and says that its image is not checked."""
+    cloud.fresh()
+    spec = cli.job_spec({k: v for k, v in GPU_JOB.items() if k != "image"})
+    assert isinstance(spec, JobSpec)
+    lines = cloud.doctor(spec)
+    (image,) = [line for line in lines if line.check == "trainer image"]
+    assert image.status == WARN and image.detail.startswith("the job names no image: it runs the deployment's"), image
+    assert "terraform -chdir=infra/terraform output trainer_images" in image.fix
+    others = [line for line in lines if line.status != PASS and line is not image]
+    assert others == [], others
+    assert "zones offer the machine" in {line.check for line in lines}
 
 
 Break = Callable[[Cloud], Any]

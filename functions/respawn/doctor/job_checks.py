@@ -12,6 +12,7 @@ from respawn.adapters.offering import OfferingLookup, machine_words
 from respawn.doctor import needs
 from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, exists, grant_line, grants_on, pages
 from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, Provisioning
+from respawn.machine import DEPLOYMENT_IMAGES
 
 PRIVATE = tuple(ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))  # subnetworks
 COORDINATOR_PORT = 8482  # respawn_trainer.env.COORDINATOR_PORT: worker 0's JAX coordinator
@@ -227,6 +228,18 @@ def checkpoint_bucket(d: Deployment, spec: JobSpec) -> list[Line]:
 
 def image(d: Deployment, spec: JobSpec) -> list[Line]:
     check = "trainer image"
+    kind = spec.machine.kind
+    if spec.image == DEPLOYMENT_IMAGES[kind]:  # the job names none (respawn.cli.job_spec)
+        return [
+            Line(
+                WARN,
+                check,
+                f"the job names no image: it runs the deployment's trainer image of a {kind} machine "
+                "(RESPAWN_TRAINER_IMAGES, set by Terraform's trainer_tag), not checked here",
+                "terraform -chdir=infra/terraform output trainer_images, then gcloud artifacts docker tags list "
+                "IMAGE (docs/deploy.md, A job's default image)",
+            )
+        ]
     m = _AR_IMAGE.match(spec.image)
     if m is None:
         return [
