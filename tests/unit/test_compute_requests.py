@@ -171,7 +171,7 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: 
     assert (s.name, s.zone, s.vms, s.topology, s.flex) == ("llm-a1", ZONE, 4, "4x4", False)
     assert body(slices.workload_policy(s)) == {
         "name": "llm-a1",
-        "description": f"respawn-managed: TPU slice in {ZONE}",
+        "description": f"respawn-managed: slice in {ZONE}",
         "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4"},
     }
     assert body(slices.instance_group_manager(s)) == {
@@ -185,7 +185,7 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: 
         "instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"},
     }
     template = body(slices.instance_template(s))
-    assert template["name"] == "llm-a1" and template["description"] == f"respawn-managed: TPU slice in {ZONE}"
+    assert template["name"] == "llm-a1" and template["description"] == f"respawn-managed: slice in {ZONE}"
     properties = template["properties"]
     assert properties["machineType"] == "ct6e-standard-4t"  # a template names types bare
     assert properties["disks"][0]["initializeParams"]["diskType"] == "hyperdisk-balanced"

@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from respawn.events import EXIT_CODE
-from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
+from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec, machine_name
 from respawn.machine import (
     CONTAINER,
     DRAIN_MARKER_METADATA,
@@ -163,8 +163,9 @@ def docker_run_argv(
     argv += logs
     for key, value in trainer_env(spec, attempt, mtbi_s):
         argv += ["-e", f"{key}={value}"]
-    if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
-        argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
+    # this worker of the slice: a TPU slice's from the metadata server, a GPU slice's from its MIG (the script exports
+    # them; a single GPU VM has none, and docker passes a variable that is not set as nothing)
+    argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
     # The notice file, which a trainer that stops on a slice peer's notice leaves too (docs/trainer-protocol.md)
     argv += ["-v", f"{NOTICE_DIR}:{NOTICE_DIR}", "-e", NOTICE_ENV]
     argv += ["-e", TAKEOVER_ENV, "-e", START_AFTER_ENV]  # set on a head start's machine only (startup.sh)
@@ -276,6 +277,7 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
         "startup.sh",
         {
             **_common(spec, attempt),
+            "machine": machine_name(spec.job_id, attempt),
             "machine_kind": "gpu" if isinstance(spec.machine, GpuMachine) else "tpu",
             "slice_hosts": spec.machine.hosts,
             "slice_metadata_tries": SLICE_METADATA_TRIES,
