@@ -57,7 +57,7 @@ from typing import Any
 from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.facts import recoveries as record_recoveries
-from respawn.jobs import Attempt, EndReason, JobSpec, machine_words
+from respawn.jobs import Attempt, EndReason, JobSpec, machine_from_dict, machine_words
 from respawn.outlook import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
@@ -298,8 +298,13 @@ def machine_api(job: dict[str, Any]) -> str:
 
 def attempt_machine(job: dict[str, Any], tier: int) -> str | None:
     """The machine type an attempt of tier `tier` ran on (a tier may name its own), as respawn status says it."""
-    spec = job.get("spec")
-    return machine_words(JobSpec.from_dict(spec).machine_of(tier)) if spec else None
+    spec = job.get("spec") or {}
+    tiers = spec.get("tiers") or ()
+    machine = (tiers[tier].get("machine") if 0 <= tier < len(tiers) else None) or spec.get("machine")
+    try:
+        return machine_words(machine_from_dict(machine)) if machine else None
+    except (KeyError, TypeError):  # a record this build cannot read as a machine: the row names none
+        return None
 
 
 def tier_costs(job: dict[str, Any], used: dict[str, float], price: MachinePrice | None) -> list[dict[str, Any]]:
