@@ -253,8 +253,8 @@ def test_each_attempt_row_names_the_machine_of_its_tier() -> None:
             "accelerator_count": 4}  # fmt: skip
     spec = {"machine": gpu, "tiers": [{"provisioning": "spot", "zones": ["z-a"]},
                                       {"provisioning": "spot", "zones": ["z-b"], "machine": a100}]}  # fmt: skip
-    job = {"job_id": "j", "status": "SUCCEEDED", "spec": spec,
-           "attempts": [record_attempt(1, "z-a", end_reason="capacity"), {**record_attempt(2, "z-b"), "tier": 1}]}  # fmt: skip
+    attempts = [record_attempt(1, "z-a", end_reason="capacity"), {**record_attempt(2, "z-b"), "tier": 1}]
+    job = {"job_id": "j", "status": "SUCCEEDED", "spec": spec, "attempts": attempts}
     r = report.build(events=TIMELINE, job=job, reference_sha=None, machines_left=0, leftover_processes=0,
                      price=None, timed_out=False)  # fmt: skip
     assert [z["machine"] for z in r["zones"]] == [
