@@ -143,7 +143,7 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
     """{wall_s, goodput, seconds: {category: s}, machine_hours, cost, tiers}: the job's goodput, badput and cost.
 
     `cost` prices all machine time at Spot and at on-demand (None when prices.py has no row for the machine);
-    `tiers` prices each tier's machine time at its own rate: an attempt placed with the Advice API's price of its
+    `tiers` prices each tier's machine time at its own rate (of its own machine, where it names one): an attempt placed with the Advice API's price of its
     zone (Attempt.price) at that price, the others at the dated table's; each tier says which sources it used."""
     end = job_end(job, now)
     wall = max(0.0, end - job.submitted_at)
@@ -162,7 +162,8 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
     tiers = []
     for i, tier in enumerate(job.spec.all_tiers if job.spec else ()):
         mine = [a for a in job.attempts if a.tier == i]
-        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, price))
+        own = machine_price(machine_to_dict(tier.machine)) if tier.machine is not None else price  # a tier's machine
+        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, own))
         tiers.append(
             {
                 "tier": i,
