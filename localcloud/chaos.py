@@ -218,6 +218,15 @@ def parse_stockout(text: str, option: str = "--stockout") -> tuple[str, int | No
     return where, int(count) if count else None
 
 
+def parse_unoffered(text: str) -> tuple[str, str]:
+    """`us-east5-b:ct6e-standard-4t` -> the zone does not offer that machine type (or accelerator type: nvidia-l4,
+    or a Cloud TPU accelerator type such as v6e-16): its listings leave it out and creates asking for it fail."""
+    zone, _, type_name = text.partition(":")
+    if not _ZONE.fullmatch(zone) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", type_name):
+        raise ChaosError(f"--unoffered: {text!r} is not ZONE:TYPE (us-east5-b:ct6e-standard-4t)")
+    return zone, type_name
+
+
 class Chaos:
     """Preempts machines on a schedule. `ready()` lists (machine, became_ready_at) of READY machines; `step_of(machine)`
     is the last training step its trainer (worker 0) reported (None before the first). `actions` are worker chaos

@@ -68,6 +68,7 @@ class Options:
     # zone -> N: node/VM creates: the next N fail (None: all); TPU queued requests: each waits N s (None: forever)
     stockouts: dict[str, int | None] = field(default_factory=dict)
     spot_stockouts: dict[str, int | None] = field(default_factory=dict)  # the same, Spot/preemptible requests only
+    unoffered: dict[str, tuple[str, ...]] = field(default_factory=dict)  # zone -> types it does not offer
     duplicate_deliveries: int = 1
     seed: int = 0
     creation_delay_s: float = 1.0  # create call -> READY (a queue's wait for capacity aside)
@@ -432,6 +433,7 @@ def api_server(options: Options) -> CloudApiServer:
         queue_waits=queue_waits(options.stockouts),
         spot_stockouts=dict(options.spot_stockouts),
         spot_queue_waits=queue_waits(options.spot_stockouts),
+        unoffered=dict(options.unoffered),
         advice_seed=options.seed,
         advice_mtbi_s=dict(options.mtbi.zones) if options.mtbi else None,
     )

@@ -28,6 +28,7 @@ from localcloud.chaos import (
     parse_steps,
     parse_stockout,
     parse_times,
+    parse_unoffered,
     parse_worker_steps,
 )
 from localcloud.machines.profiles import Profile, Timings, profile
@@ -130,6 +131,15 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="the same for Spot and preemptible requests only (on-demand and reservations still get capacity)",
+    )
+    r.add_argument(
+        "--unoffered",
+        metavar="ZONE:TYPE",
+        action="append",
+        default=[],
+        help="ZONE does not offer TYPE (a machine type such as ct6e-standard-4t, a GPU such as nvidia-l4, or a Cloud "
+        "TPU accelerator type such as v6e-16): its type listings leave it out and creates that ask for it there are "
+        "refused; repeatable",
     )
     r.add_argument(
         "--duplicate-deliveries",
@@ -322,6 +332,13 @@ def timing_options(ns: argparse.Namespace) -> TimingOptions:
     return TimingOptions(chosen, creation, given)
 
 
+def unoffered_types(texts: list[str]) -> dict[str, tuple[str, ...]]:
+    found: dict[str, tuple[str, ...]] = {}
+    for zone, type_name in (parse_unoffered(text) for text in texts):
+        found[zone] = (*found.get(zone, ()), type_name)
+    return found
+
+
 def options(ns: argparse.Namespace) -> Any:
     from localcloud.cloud import Options
 
@@ -338,6 +355,7 @@ def options(ns: argparse.Namespace) -> Any:
         mtbi=parse_mtbi(ns.mtbi) if ns.mtbi is not None else None,
         stockouts=stockouts,
         spot_stockouts=spot_stockouts,
+        unoffered=unoffered_types(ns.unoffered),
         duplicate_deliveries=ns.duplicate_deliveries,
         seed=ns.seed,
         grace_s=parse_duration(ns.grace, "--grace"),

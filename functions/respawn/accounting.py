@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from respawn.jobs import Attempt, EndReason, Job
+from respawn.jobs import Attempt, EndReason, Job, machine_to_dict
 from respawn.prices import LIST_SOURCE, cost, machine_price, rate_per_h
 
 TRAINER_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "input_s", "wasted_s", "total_s")
@@ -121,9 +121,12 @@ def job_end(job: Job, now: float) -> float:
     return max((a.ended_at for a in job.attempts if a.ended_at is not None), default=job.submitted_at)
 
 
-def _priced(attempts: list[Attempt], used: dict[int, float], rate: float | None) -> tuple[float | None, list[str]]:
+def _priced(
+    attempts: list[Attempt], used: dict[int, float], rate: float | None, listed: str
+) -> tuple[float | None, list[str]]:
     """The cost of the attempts' machine seconds `used`: each at its Advice API price where it was placed with one,
-    else at the table's `rate`; and the sources used. None when some hours have no price."""
+    else at the table's `rate` (from the row `listed` names); and the sources used. None when some hours have no
+    price."""
     total, sources = 0.0, set()
     for a in attempts:
         if a.price is not None:
@@ -133,9 +136,9 @@ def _priced(attempts: list[Attempt], used: dict[int, float], rate: float | None)
             return None, []
         else:
             total += used[a.n] / 3600 * rate
-            sources.add(LIST_SOURCE)
+            sources.add(listed)
     if not sources:  # no attempts in this tier
-        return (None, []) if rate is None else (0.0, [LIST_SOURCE])
+        return (None, []) if rate is None else (0.0, [listed])
     return round(total, 4), sorted(sources)
 
 
@@ -143,8 +146,9 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
     """{wall_s, goodput, seconds: {category: s}, machine_hours, cost, tiers}: the job's goodput, badput and cost.
 
     `cost` prices all machine time at Spot and at on-demand (None when prices.py has no row for the machine);
-    `tiers` prices each tier's machine time at its own rate (of its own machine, where it names one): an attempt placed with the Advice API's price of its
-    zone (Attempt.price) at that price, the others at the dated table's; each tier says which sources it used."""
+    `tiers` prices each tier's machine time at its own rate (of its own machine, where it names one): an attempt
+    placed with the Advice API's price of its zone (Attempt.price) at that price, the others at the dated table's;
+    each tier says which sources it used."""
     end = job_end(job, now)
     wall = max(0.0, end - job.submitted_at)
     seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -163,7 +167,8 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
     for i, tier in enumerate(job.spec.all_tiers if job.spec else ()):
         mine = [a for a in job.attempts if a.tier == i]
         own = machine_price(machine_to_dict(tier.machine)) if tier.machine is not None else price  # a tier's machine
-        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, own))
+        listed = own.source if own is not None else LIST_SOURCE
+        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, own), listed)
         tiers.append(
             {
                 "tier": i,

@@ -36,6 +36,7 @@ from respawn.ports import (
     ProviderError,
     StatusNotifier,
     TransientError,
+    UnofferedError,
 )
 from respawn.providers import Providers
 from respawn.records import Read, Records
@@ -193,7 +194,13 @@ class Acting:
         (decide.RULES[CreateFailed]), it moves the job to the next zone or tier within this delivery, with the same
         outcome as if it had come as an event of its own: no second read, no lease to take over, no wait for a
         redelivery between the zones of a walk."""
-        kind = CreateFailure.CAPACITY if isinstance(error, CapacityError) else CreateFailure.PERMANENT
+        kind = (
+            CreateFailure.UNOFFERED
+            if isinstance(error, UnofferedError)
+            else CreateFailure.CAPACITY
+            if isinstance(error, CapacityError)
+            else CreateFailure.PERMANENT
+        )
         failed = CreateFailed(f"create-failed/{action.machine}", now, job.job_id, action.attempt, kind, str(error))
         decided, more = decide(job, failed, now, self.policy, outlook=self.outlook(now, failed, job.spec))
         assert decided is not None

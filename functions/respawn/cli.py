@@ -21,7 +21,7 @@ from typing import Any
 from respawn.accounting import CATEGORIES, job_accounting
 from respawn.bootstrap import job_store, jobs_publisher, log_reader
 from respawn.deployment import VARIABLES, Settings, SettingsError
-from respawn.jobs import Attempt, Job, TpuMachine, machine_words
+from respawn.jobs import Attempt, EndReason, Job, TpuMachine, machine_words
 
 PROG = "respawn"
 
@@ -106,6 +106,9 @@ def describe(job: Job, now: float | None = None) -> str:
         headers = ("#", "zone", "tier", "machine", "runs on", "requested", "waited", "started", "ended", "end",
                    "restored", "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
+        skipped = [f"  {a.zone}  {a.error}" for a in job.attempts if a.end_reason == EndReason.UNOFFERED]
+        if skipped:  # each zone that does not offer the machine, skipped from its first refusal on
+            lines += ["", "skipped zones (they do not offer the machine)", *skipped]
         placed = [f"  {a.n}  {a.zone_reason}" for a in job.attempts if a.zone_reason]
         if placed:  # why each attempt went where it did (the outlook's figures, the runner-up)
             lines += ["", "placement", *placed]
@@ -211,12 +214,18 @@ def publish(s: Settings, message: dict[str, Any]) -> str:
 
 
 def validated(message: dict[str, Any], source: str) -> dict[str, Any]:
+    """The message, once the job spec decoder took it; a job naming respawn's trainer image of the other machine
+    kind is warned about on stderr (it would fail at its trainer's start)."""
+    from respawn.jobs import JobSpec
+    from respawn.machine import image_mismatch
     from respawn.spec import SpecError, parse_job_message
 
     try:
-        parse_job_message(message)
+        spec = parse_job_message(message)
     except SpecError as e:
         raise UserError(f"{source}: {e}") from e
+    if isinstance(spec, JobSpec) and (wrong := image_mismatch(spec.machine.kind, spec.image)):
+        print(f"respawn: warning: {source}: {wrong}", file=sys.stderr)
     return message
 
 
@@ -239,7 +248,37 @@ def cmd_submit(args: argparse.Namespace) -> int:
         message = load_job_file(args.file)
     except SpecError as e:
         raise UserError(f"{args.file}: {e}") from e
-    return send(args, validated(message, args.file))
+    message = validated(message, args.file)
+    if not args.dry_run:
+        check_zones(args.file, settings(args, "project", "jobs_topic"), message)
+    return send(args, message)
+
+
+def check_zones(source: str, s: Settings, message: dict[str, Any]) -> None:
+    """Each of the job's zones asked whether it offers the job's machine (the APIs' machine and accelerator type
+    listings): a warning for each that does not (respawn skips it) or could not be asked, and UserError when none
+    offers it."""
+    from respawn.adapters.offering import OfferingLookup, machine_words
+    from respawn.jobs import JobSpec
+    from respawn.spec import parse_job_message
+
+    spec = parse_job_message(message)
+    assert isinstance(spec, JobSpec)
+    try:
+        lookup = OfferingLookup(s.project, tpu_endpoint=s.tpu_endpoint, compute_endpoint=s.compute_endpoint)
+    except Exception as e:  # no credentials for the APIs: the job still goes; the functions skip such zones
+        print(f"warning: zones: not checked against the machine type listings ({cloud_error(e)})", file=sys.stderr)
+        return
+    found = lookup.zones(spec)
+    for o in found:
+        if o.offered is not True:
+            print(f"warning: zones: {o.detail}" + ("; respawn skips it" if o.offered is False else ""), file=sys.stderr)
+    if all(o.offered is False for o in found):
+        zones = ", ".join(o.zone for o in found)
+        raise UserError(
+            f"{source}: zones: none of {zones} offers {machine_words(spec.machine)}; allowed: zones whose "
+            "machine and accelerator type listings hold it (gcloud compute machine-types list --filter=NAME)"
+        )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -24,7 +24,6 @@ which tier and in which zone. Ended attempts leave observations for the history 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,29 +63,22 @@ from respawn.machine import notice_s
 from respawn.next_attempt import (
     new_attempt,
     next_tier,
-    no_capacity_streak,
+    offered_zones,
     on_tier_since,
     spot_tier_to_return_to,
     tier_name,
     tier_of,
+    walk_over,
     where,
     zone_index_of,
 )
 from respawn.outlook import Key, Observation, Outlook, machine_kind
-from respawn.policy import Context, Policy
+from respawn.policy import Context, Policy, backoff_s
 
 # What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
 DEAD = frozenset({MachineState.PREEMPTED, MachineState.TERMINATED, MachineState.FAILED})
 
 Decision = tuple[Job, list[Action]]
-
-
-def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:
-    """min(base * 2^round, max), scaled by a jitter that is a pure function of (job_id, round)."""
-    wait = min(policy.backoff_base_s * float(2 ** min(capacity_round, 40)), policy.backoff_max_s)
-    digest = hashlib.sha256(f"{job_id}:{capacity_round}".encode()).digest()
-    unit = int.from_bytes(digest[:8], "big") / 2**64  # [0, 1)
-    return wait * (1 + policy.jitter * (2 * unit - 1))
 
 
 def decide(
@@ -284,6 +276,10 @@ def _trainer_failed(job: Job, live: Attempt, event: TrainerFailed, now: float, c
 def _create_failed(job: Job, live: Attempt, event: CreateFailed, now: float, ctx: Context) -> Decision:
     if live.started_at is not None:  # a started trainer proves the create worked
         return job, []
+    if event.kind == CreateFailure.UNOFFERED:  # a stockout that never ends: the zone is skipped from now on
+        job = job.with_attempt(replace(live, error=event.error))
+        reason = f"{live.zone} does not offer the machine: {event.error}"
+        return _no_capacity(job, now, EndReason.UNOFFERED, reason, ctx, delete=False)
     if event.kind == CreateFailure.CAPACITY:
         reason = f"no capacity in {live.zone}: {event.error}"
         return _no_capacity(job, now, EndReason.CAPACITY, reason, ctx, delete=False)
@@ -578,7 +574,9 @@ def _no_capacity(job: Job, now: float, end_reason: EndReason, reason: str, ctx: 
     job = replace(job, counters=replace(job.counters, capacity_errors=job.counters.capacity_errors + 1))
     actions: list[Action] = [DeleteMachine(job.job_id, live.n, live.machine, live.zone)] if delete else []
     following = (zone_index_of(job, live.zone) + 1) % len(zones)
-    walked = no_capacity_streak(job) % len(zones) == 0
+    if not offered_zones(job) and next_tier(job, now) is None:  # no zone left that offers the machine
+        return replace(job, status=Status.FAILED, reason=f"{reason}; no zone of {tier_name(job)} offers it"), actions
+    walked = walk_over(job)
     if walked and next_tier(job, now) is None and spot_tier_to_return_to(job, now, ctx) is None:
         wait = backoff_s(job.job_id, job.capacity_round, ctx.policy)
         return replace(

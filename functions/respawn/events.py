@@ -154,9 +154,11 @@ class SweepTicked(Stamped):
 
 
 class CreateFailure(enum.StrEnum):
-    """How a create call failed: the zone had no machine (try the next one), or it never will work (fail)."""
+    """How a create call failed: the zone had no machine (try the next one), does not offer it (skip the zone), or it
+    never will work (fail)."""
 
     CAPACITY = "capacity"
+    UNOFFERED = "unoffered"  # the zone does not offer the machine: try the next zone, and never this one again
     PERMANENT = "permanent"
 
 

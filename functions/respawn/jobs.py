@@ -117,6 +117,13 @@ class Provisioning(enum.StrEnum):
     STANDARD = "standard"
     FLEX_START = "flex-start"  # Compute Engine's queue for capacity: a GPU, or a TPU with machine.api compute
     RESERVATION = "reservation"  # a tier's only: standard machines that consume a named reservation
+    # a tier's only, Compute Engine's: machines bound to a named calendar-mode (future) reservation's lifetime
+    # (provisioningModel RESERVATION_BOUND), the way Google sells much v5p, v6e and TPU7x capacity
+    RESERVATION_BOUND = "reservation-bound"
+
+
+# The models that consume a named reservation (a tier's `reservation`).
+RESERVED_MODELS = frozenset({Provisioning.RESERVATION, Provisioning.RESERVATION_BOUND})
 
 
 # The models the cloud may take machines back from: a fallback tier goes back to them (back_to_spot_after), their
@@ -198,7 +205,7 @@ class Tier:
 
     provisioning: Provisioning
     zones: tuple[str, ...]
-    reservation: str | None = None  # provisioning reservation: the reservation's name
+    reservation: str | None = None  # provisioning reservation or reservation-bound: the reservation's name
     # provisioning flex-start: the machine's maximum run duration; None: the time left to the job's TTL (see
     # flex_start_run_s)
     max_run_duration_s: int | None = None
@@ -373,10 +380,13 @@ class EndReason(enum.StrEnum):
     EXPIRED = "expired"  # the job's TTL ran out
     ERROR = "error"  # the create call failed for good (a permanent API error): the job FAILED
     BACK_TO_SPOT = "back-to-spot"  # a fallback tier's machine ended to go back to Spot: not a preemption nor a failure
+    # the zone does not offer the job's machine (the create was refused for it): a stockout that never ends, so the
+    # zone is skipped from then on
+    UNOFFERED = "unoffered"
 
 
 # The zone had no machine for us: these drive the walk to the next zone and count as capacity errors.
-NO_CAPACITY = frozenset({EndReason.CAPACITY, EndReason.QUEUED, EndReason.STUCK})
+NO_CAPACITY = frozenset({EndReason.CAPACITY, EndReason.QUEUED, EndReason.STUCK, EndReason.UNOFFERED})
 # The machine was taken from us: these count against max_preemptions and a tier's after_preemptions.
 COUNTED_AS_PREEMPTION = frozenset({EndReason.PREEMPTED, EndReason.LOST})
 # The trainer itself went wrong: these count against max_failures.
@@ -412,6 +422,7 @@ class Attempt:
     # trainer's last entry comes, a listing comes after this time (epoch s), or the job ends; the next attempt's
     # machine starts its trainer only after it
     drain_until: float | None = None
+    error: str = ""  # why its create failed, in the API's words (an attempt that ended on a create error)
 
     def __post_init__(self) -> None:
         if self.end_reason is not None and not isinstance(self.end_reason, EndReason):  # as read back from JSON

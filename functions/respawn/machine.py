@@ -8,8 +8,30 @@ machine's scripts (adapters/startup.sh, shutdown.sh) with it; the local cloud (l
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Iterable
+
+# respawn's own trainer image of each machine kind, REPOSITORY/NAME:TAG in the deployment's repository (terraform
+# output trainer_images), and the trainer/Dockerfile VARIANT that cloudbuild.yaml builds it with: JAX's TPU wheels
+# for TPU machines, its CUDA 12 wheels for GPU machines (docs/gpus.md).
+TRAINER_IMAGES = {"gpu": "trainer-cuda", "tpu": "trainer"}
+IMAGE_VARIANTS = {"gpu": "cuda", "tpu": "tpu"}
+
+
+def image_mismatch(kind: str, image: str) -> str | None:
+    """What is wrong when a job of machine `kind` names respawn's trainer image of the other kind
+    (REPOSITORY/trainer:TAG on a GPU, REPOSITORY/trainer-cuda:TAG on a TPU), else None: its JAX would not find the
+    machine's accelerator, and the trainer would fail at its start (RESPAWN_ACCELERATOR)."""
+    repository, _, last = image.rpartition("/")
+    name = re.split(r"[:@]", last)[0]
+    tag = last[len(name) :].partition("@")[0]  # ":TAG", or "" for a digest alone
+    other = next((k for k, n in TRAINER_IMAGES.items() if n == name and k != kind), None)
+    if other is None or kind not in TRAINER_IMAGES:
+        return None
+    wanted = f"{repository}/{TRAINER_IMAGES[kind]}{tag}"  # the same tag; a digest names one image only
+    return f"image {image} is respawn's {other.upper()} trainer image; a {kind} machine runs {wanted}"
+
 
 # The trainer's save window after the shutdown signal, inside the notice each kind of machine really gets:
 # a Spot / preemptible GPU VM gets 30 s (ACPI soft off, then hard off); Spot TPU VMs are reported to get about

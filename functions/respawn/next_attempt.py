@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from respawn.jobs import COUNTED_AS_PREEMPTION, NO_CAPACITY, SPOT_MODELS, Attempt, Job, Tier, machine_name
+from respawn.jobs import COUNTED_AS_PREEMPTION, NO_CAPACITY, SPOT_MODELS, Attempt, EndReason, Job, Tier, machine_name
 from respawn.outlook import Placed, machine_kind
 from respawn.policy import Context
 from respawn.prices import advice_source, machine_price, rate_per_h
@@ -37,8 +37,10 @@ def new_attempt(
     tier = tier if tier is not None else next_tier(job, now)
     if tier is not None:
         job, zone_index, same_zone = replace(job, tier_index=tier, capacity_round=0), 0, False
-    zones, outlook = tier_of(job).zones, ctx.outlook
+    zones, outlook, offered = tier_of(job).zones, ctx.outlook, offered_zones(job)
     if len(zones) > 1 and zones[zone_index] == avoid:
+        zone_index = (zone_index + 1) % len(zones)
+    while offered and zones[zone_index] not in offered:  # a zone that does not offer the machine is skipped
         zone_index = (zone_index + 1) % len(zones)
     reason, mtbi, price = "", None, None
     if outlook is not None:
@@ -101,7 +103,8 @@ def _best_untried(job: Job, now: float, ctx: Context, avoid: str | None = None) 
     no other zone to go to: a head start would wait in its queue while the dying zone had capacity a moment ago."""
     assert ctx.outlook is not None
     placed = _ranking(job, now, ctx)
-    tried = _tried_in_walk(job)
+    tried, offered = _tried_in_walk(job), offered_zones(job)
+    placed = tuple(p for p in placed if p.zone in offered) or placed
     untried = [p for p in placed if p.zone not in tried] or list(placed)
     dying = next((p.score for p in untried if p.zone == avoid), None)
     refused = _refused(job)
@@ -129,9 +132,36 @@ def _advice_note(job: Job, ctx: Context) -> str | None:
 
 
 def _tried_in_walk(job: Job) -> set[str]:
-    """The zones of the current tier that found no capacity since the last full walk of its zones."""
-    walk = no_capacity_streak(job) % len(tier_of(job).zones)
-    return {a.zone for a in job.attempts[len(job.attempts) - walk :]} if walk else set()
+    """The zones of the current tier that found no capacity since the last full walk of its offered zones."""
+    walked, offered = _walked(job), offered_zones(job)
+    walk = len(walked) % len(offered) if offered else 0
+    return {a.zone for a in walked[len(walked) - walk :]} if walk else set()
+
+
+def unoffered(job: Job) -> dict[str, str]:
+    """The zones known not to offer the job's machine (a create there was refused for it): zone -> the API's words.
+    Like a stockout that never ends, each is skipped from then on."""
+    return {a.zone: a.error for a in job.attempts if a.end_reason == EndReason.UNOFFERED}
+
+
+def offered_zones(job: Job) -> tuple[str, ...]:
+    """The current tier's zones but those known not to offer the machine."""
+    skipped = unoffered(job)
+    return tuple(z for z in tier_of(job).zones if z not in skipped)
+
+
+def _walked(job: Job) -> tuple[Attempt, ...]:
+    """The newest run of attempts without capacity in the current tier, in its offered zones only."""
+    offered = offered_zones(job)
+    streak = no_capacity_streak(job)
+    return tuple(a for a in job.attempts[len(job.attempts) - streak :] if streak and a.zone in offered)
+
+
+def walk_over(job: Job) -> bool:
+    """Every offered zone of the tier had no capacity in the current walk (the newest attempt among them): time to
+    back off, or to move on. Zones that do not offer the machine are not walked."""
+    walked, offered = _walked(job), offered_zones(job)
+    return not offered or (bool(walked) and len(walked) % len(offered) == 0)
 
 
 def spot_tier_to_return_to(job: Job, now: float, ctx: Context) -> int | None:
@@ -218,7 +248,12 @@ def _deadline_near(job: Job, tier: Tier, index: int, now: float) -> bool:
     return tier.deadline_within_s is not None and job.deadline - now <= tier.deadline_within_s
 
 
-MOVE_ON_RULES: tuple[MoveOnRule, ...] = (_preempted_enough, _stocked_out_long_enough, _deadline_near)
+def _offered_nowhere(job: Job, tier: Tier, index: int, now: float) -> bool:
+    """None of the tier's zones offers the machine (each refused a create for it)."""
+    return set(tier.zones) <= unoffered(job).keys()
+
+
+MOVE_ON_RULES: tuple[MoveOnRule, ...] = (_preempted_enough, _stocked_out_long_enough, _deadline_near, _offered_nowhere)
 
 
 def zone_index_of(job: Job, zone: str) -> int:

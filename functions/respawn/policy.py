@@ -5,6 +5,7 @@ A leaf of the core: it imports only the outlook's type.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from respawn.outlook import Outlook
@@ -37,3 +38,11 @@ class Context:
 
     policy: Policy
     outlook: Outlook | None = None
+
+
+def backoff_s(job_id: str, capacity_round: int, policy: Policy) -> float:
+    """min(base * 2^round, max), scaled by a jitter that is a pure function of (job_id, round)."""
+    wait = min(policy.backoff_base_s * float(2 ** min(capacity_round, 40)), policy.backoff_max_s)
+    digest = hashlib.sha256(f"{job_id}:{capacity_round}".encode()).digest()
+    unit = int.from_bytes(digest[:8], "big") / 2**64  # [0, 1)
+    return wait * (1 + policy.jitter * (2 * unit - 1))

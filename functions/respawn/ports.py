@@ -23,6 +23,11 @@ class QuotaError(CapacityError):
     """Quota exceeded in the region: treated like capacity (walk the zones, back off)."""
 
 
+class UnofferedError(CapacityError):
+    """The zone does not offer the machine (its machine or accelerator type is not listed there): a stockout that
+    never ends, so the zone is skipped from then on."""
+
+
 class PermanentError(ProviderError):
     """400 / 403 / 404 on the project: retrying will not help; the job ends with this reason."""
 

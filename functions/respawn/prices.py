@@ -3,17 +3,21 @@
 Used by `respawn status` (a job's machine time from its record) and the local cloud's report (a run's machine
 time from its timeline).
 
-List prices in USD for us-central1, read from the public pricing pages
-(https://cloud.google.com/tpu/pricing, https://cloud.google.com/compute/gpus-pricing and
-https://cloud.google.com/spot-vms/pricing) in 2025-06. TPU prices are per chip-hour and are
-multiplied by the chips of the slice; GPU prices are per GPU-hour and cover the accelerator
-only (the host machine type is billed on top and is left out here). Spot prices are dynamic
-(Google may change them up to once every 30 days, always 60-91% below on-demand), so treat
-the figures as indicative: the report prints which row it used.
+List prices in USD for us-central1, each row dated by when it was read (`Price.as_of`). The 2025-06 rows were read
+from the public pricing pages (https://cloud.google.com/tpu/pricing, https://cloud.google.com/compute/gpus-pricing
+and https://cloud.google.com/spot-vms/pricing). The 2026-11-27 rows (the GPUs of respawn.gpus' newer shapes) were
+read on 2026-11-27 from the GPU rows of https://github.com/skypilot-org/skypilot-catalog/blob/006059e0f18acb1341e22a27751e9f80df6ba92f/catalogs/v8/gcp/vms.csv
+(Compute Engine's per-GPU SKU prices as SkyPilot's catalog collects them from the Cloud Billing Catalog API; an
+8-GPU row divided by 8); where that catalog's us-central1 figures contradict themselves (an on-demand price below
+the Spot one), the 2025-06 row stays. TPU prices are per chip-hour and are multiplied by the chips of the slice; GPU
+prices are per GPU-hour and cover the accelerator only (the host machine type is billed on top and is left out
+here). Spot prices are dynamic (Google may change them up to once a day, always 60-91% below on-demand), so treat
+the figures as indicative: the report prints which row it used and its date.
 
 Where Google's Advice API answers (respawn/adapters/advice.py: the newest Spot list price of the machine type's
 price history), that price is used instead; `Priced` carries a rate with its source, so that every cost printed
-says which it came from: "Advice API price history (DATE)" or "list price table 2025-06". The Advice API's price is
+says which it came from: "Advice API price history (DATE)" or "list price table 2025-06" (the row's date). The
+Advice API's price is
 for the whole machine type (an accelerator-optimized type's GPUs included); the table's GPU rows are the GPUs alone.
 """
 
@@ -26,8 +30,16 @@ from typing import Any
 from respawn.jobs import SPOT_MODELS
 from respawn.topology import UnknownTpuType, tpu_topology
 
-PRICES_AS_OF = "2025-06 (us-central1 list prices)"
-LIST_SOURCE = "list price table 2025-06"
+TABLE_AS_OF = "2025-06"  # the date of the rows that name none
+GPU_SKUS_AS_OF = "2026-11-27"  # the rows read from the per-GPU SKU prices (see above)
+
+
+def list_source(as_of: str = TABLE_AS_OF) -> str:
+    """The source of a price from this table's row read on `as_of`."""
+    return f"list price table {as_of}"
+
+
+LIST_SOURCE = list_source()
 
 
 def advice_source(fetched_at: float) -> str:
@@ -51,6 +63,7 @@ class Price:
     on_demand: float  # USD per unit-hour
     spot: float  # USD per unit-hour (Spot, or preemptible where Spot is not offered)
     unit: str  # "chip" | "gpu" | "device"
+    as_of: str = TABLE_AS_OF  # when the row was read
 
 
 # TPU generation (accelerator_type prefix) -> price per chip-hour.
@@ -63,14 +76,25 @@ TPU_PRICES: dict[str, Price] = {
     "v6e": Price(on_demand=2.70, spot=1.08, unit="chip"),  # Trillium
 }
 
-# GPU accelerator type -> price per GPU-hour (the accelerator alone).
+# GPU accelerator type (as the Compute Engine API names it) -> price per GPU-hour (the accelerator alone); every
+# accelerator type of respawn.gpus.GPU_SHAPES has a row (a test holds it to that).
 GPU_PRICES: dict[str, Price] = {
-    "nvidia-tesla-t4": Price(on_demand=0.35, spot=0.11, unit="gpu"),
+    "nvidia-tesla-t4": Price(on_demand=0.35, spot=0.11, unit="gpu"),  # N1 only
+    "nvidia-tesla-v100": Price(on_demand=2.48, spot=0.74, unit="gpu"),  # N1 only
+    # G2. 2025-06's, which the catalog repeats (0.56004 / 0.2231 per GPU in us-central1)
     "nvidia-l4": Price(on_demand=0.56, spot=0.22, unit="gpu"),
-    "nvidia-tesla-v100": Price(on_demand=2.48, spot=0.74, unit="gpu"),
-    "nvidia-tesla-a100": Price(on_demand=2.93, spot=1.15, unit="gpu"),
+    # A2 Standard. The catalog: 23.47126 / 11.4728 for 8 GPUs in us-central1
+    "nvidia-tesla-a100": Price(on_demand=2.93, spot=1.43, unit="gpu", as_of=GPU_SKUS_AS_OF),
+    # A2 Ultra. The catalog's us-central1 row (1.8462 on-demand, 1.964 Spot per GPU) contradicts itself: 2025-06's
     "nvidia-a100-80gb": Price(on_demand=3.67, spot=1.57, unit="gpu"),
+    # A3 High. The catalog's us-central1 on-demand (4.20076 per GPU) is under half of every other region's: 2025-06's
     "nvidia-h100-80gb": Price(on_demand=11.06, spot=2.25, unit="gpu"),
+    # A3 Mega. The catalog: 82.75421 / 25.2808 for 8 GPUs in us-central1
+    "nvidia-h100-mega-80gb": Price(on_demand=10.34, spot=3.16, unit="gpu", as_of=GPU_SKUS_AS_OF),
+    # A3 Ultra. The catalog: 74.49392 / 37.2472 for 8 GPUs in us-central1-b
+    "nvidia-h200-141gb": Price(on_demand=9.31, spot=4.66, unit="gpu", as_of=GPU_SKUS_AS_OF),
+    # A4. The catalog: 90.216 / 32.6064 for 8 GPUs in us-central1-b
+    "nvidia-b200": Price(on_demand=11.28, spot=4.08, unit="gpu", as_of=GPU_SKUS_AS_OF),
 }
 
 
@@ -79,6 +103,11 @@ class MachinePrice:
     label: str  # what the row priced, e.g. "v5litepod-8: 8 chips x $1.20/chip-h on-demand"
     on_demand_per_h: float
     spot_per_h: float
+    as_of: str = TABLE_AS_OF  # when the row was read
+
+    @property
+    def source(self) -> str:
+        return list_source(self.as_of)
 
 
 def tpu_units(accelerator_type: str) -> tuple[str, int] | None:
@@ -101,15 +130,17 @@ def machine_price(machine: dict[str, object]) -> MachinePrice | None:
         generation, n = units
         p = TPU_PRICES[generation]
         label = f"{accelerator}: {n} {p.unit}(s) x ${p.on_demand:.2f} on-demand / ${p.spot:.2f} Spot per {p.unit}-hour"
-        return MachinePrice(label, n * p.on_demand, n * p.spot)
+        return MachinePrice(label, n * p.on_demand, n * p.spot, p.as_of)
     accelerator = str(machine.get("accelerator_type", ""))
-    count = int(str(machine.get("accelerator_count", 1)))
+    vms = int(str(machine.get("vms", 1)))  # a GPU machine of several VMs (machine.vms) costs each one's GPUs
+    count = int(str(machine.get("accelerator_count", 1))) * vms
     gpu = GPU_PRICES.get(accelerator)
     if gpu is None:
         return None
     label = f"{count} x {accelerator}: ${gpu.on_demand:.2f} on-demand / ${gpu.spot:.2f} Spot per GPU-hour"
+    label += f" ({vms} VMs)" if vms > 1 else ""
     label += " (host VM not included)"
-    return MachinePrice(label, count * gpu.on_demand, count * gpu.spot)
+    return MachinePrice(label, count * gpu.on_demand, count * gpu.spot, gpu.as_of)
 
 
 def rate_per_h(provisioning: str, price: MachinePrice | None) -> float | None:
@@ -127,7 +158,7 @@ def priced(
     if advice_per_h is not None and advice_per_h > 0:
         return Priced(advice_per_h, advice_source(advice_at))
     rate = rate_per_h(provisioning, price)
-    return None if rate is None else Priced(rate, LIST_SOURCE)
+    return None if rate is None or price is None else Priced(rate, price.source)
 
 
 def cost(hours: float, price: MachinePrice | None) -> dict[str, Any] | None:
@@ -140,6 +171,6 @@ def cost(hours: float, price: MachinePrice | None) -> dict[str, Any] | None:
         "spot_per_h": price.spot_per_h,
         "on_demand_per_h": price.on_demand_per_h,
         "priced_as": price.label,
-        "prices_as_of": PRICES_AS_OF,
-        "price_source": LIST_SOURCE,
+        "prices_as_of": f"{price.as_of} (us-central1 list prices)",
+        "price_source": price.source,
     }

@@ -14,8 +14,18 @@ output "checkpoint_bucket" {
 }
 
 output "trainer_image_repository" {
-  description = "Push the trainer image here; name it in job messages as REPOSITORY/trainer:TAG."
+  description = "Push the trainer image here; name it in job messages as REPOSITORY/trainer:TAG (TPU machines) or REPOSITORY/trainer-cuda:TAG (GPU machines)."
   value       = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}"
+}
+
+# respawn's trainer image per machine kind, as cloudbuild.yaml builds it (respawn.machine.TRAINER_IMAGES): a job
+# names IMAGE:TAG for its machine's kind.
+output "trainer_images" {
+  description = "The trainer image of each machine kind, without its tag: name IMAGE:TAG in a job of that kind (TAG: the commit cloudbuild.yaml built)."
+  value = {
+    gpu = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}/trainer-cuda"
+    tpu = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.trainer.repository_id}/trainer"
+  }
 }
 
 output "trainer_image_regional_repositories" {

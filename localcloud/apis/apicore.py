@@ -225,6 +225,7 @@ class CoreKnobs(TypedDict, total=False):
     queue_waits: dict[str, float | None]
     spot_stockouts: dict[str, int | None]
     spot_queue_waits: dict[str, float | None]
+    unoffered: dict[str, tuple[str, ...]]
     on_ready: Hook | None
     on_deleted: Hook | None
 
@@ -237,7 +238,9 @@ class CloudCore:
     next K creates there fail with capacity),
     `spot_stockouts` (the same for Spot/preemptible requests only, None = all), `queue_waits` /
     `spot_queue_waits` (zone -> seconds a queued request waits for capacity there, None = until deleted),
-    `create_delay_s` (CREATING -> READY).
+    `create_delay_s` (CREATING -> READY), `unoffered` (zone -> the machine and accelerator types it does not offer:
+    Compute Engine machine types such as ct6e-standard-4t, GPU types such as nvidia-l4, Cloud TPU accelerator types
+    such as v6e-16; see offerings.py).
 
     `lock` (reentrant) guards all of it, and everything the APIs keep: each API's request handlers and timers take
     it, and so may a test that changes what an API holds."""
@@ -249,6 +252,9 @@ class CloudCore:
         self.queue_waits: dict[str, float | None] = dict(knobs.get("queue_waits") or {})
         self.spot_stockouts: dict[str, int | None] = dict(knobs.get("spot_stockouts") or {})
         self.spot_queue_waits: dict[str, float | None] = dict(knobs.get("spot_queue_waits") or {})
+        self.unoffered: dict[str, frozenset[str]] = {
+            zone: frozenset(types) for zone, types in (knobs.get("unoffered") or {}).items()
+        }
         self.on_ready = knobs.get("on_ready")
         self.on_deleted = knobs.get("on_deleted")
         self.lock = threading.RLock()

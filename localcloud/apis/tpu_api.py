@@ -7,6 +7,7 @@
   GET    /v2/projects/P/locations/Z/queuedResources[/N]
   DELETE /v2/projects/P/locations/Z/queuedResources/N[?force=true] -> Operation
   GET    /v2/projects/P/locations/Z/operations/OP
+  GET    /v2/projects/P/locations/Z/acceleratorTypes/T   (what the zone offers: offerings.py)
 
 A node goes CREATING -> READY after `create_delay_s` (its create operation is done then, like the real one). A
 queued resource is ACCEPTED and provisioned at once, or waits WAITING_FOR_RESOURCES for its zone's `queue_waits`
@@ -25,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from localcloud.apis import offerings
 from localcloud.apis.apicore import (
     GRPC_CODES,
     TPU,
@@ -121,6 +123,9 @@ class TpuApi:
 
     # ----------------------------------------------------------------- routes
     def route(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
+        offered = offerings.tpu_route(self.core, method, path)
+        if offered is not None:
+            return offered
         m = _PATH.match(path)
         if m is None:
             return None
@@ -170,6 +175,8 @@ class TpuApi:
         with core.lock:
             key = (project, zone, name)
             fault = self._admitted(key, "nodes", self.nodes, _node_path(*key))
+            accelerator = str(body.get("acceleratorType") or "")
+            offerings.check_offered(core, zone, accelerator, "node.acceleratorType", accelerator, "Accelerator type")
             op = self._new_op(project, zone, name, "create")
             if fault:
                 return self._finish(op, ApiError.of(fault))
@@ -249,6 +256,10 @@ class TpuApi:
             specs = (body.get("tpu") or {}).get("nodeSpec") or []
             if len(specs) != 1 or not specs[0].get("nodeId") or not isinstance(specs[0].get("node"), dict):
                 raise ApiError(400, "INVALID_ARGUMENT", "tpu.nodeSpec must hold one node with a nodeId")
+            accelerator = str(specs[0]["node"].get("acceleratorType") or "")
+            offerings.check_offered(
+                core, zone, accelerator, "tpu.nodeSpec[0].node.acceleratorType", accelerator, "Accelerator type"
+            )
             qr = QueuedResource(name, zone, project, copy.deepcopy(body), "ACCEPTED", time.time())
             self.queued[key] = qr
             waits, wait = core.queue_wait(zone, "spot" in body)

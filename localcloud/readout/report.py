@@ -392,6 +392,7 @@ def build(
                 "api": machine_api(job),
                 "machine": attempt_machine(job, a.get("tier", 0)),
                 "placement": a.get("placement", ""),
+                "error": a.get("error", ""),  # why its create failed (a zone that does not offer the machine)
             }
             for a in job.get("attempts") or ()
         ],

@@ -24,12 +24,14 @@ from localcloud.apis.cloudapi import CloudApiServer, Exchange
 from respawn.actions import CreateMachine
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.compute_operations import Scope
+from respawn.adapters.offering import OfferingLookup
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 
 ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"
+OTHER = "us-central1-b"  # a zone that does not offer the scenarios' machines (run_offerings)
 ADAPTERS = Path(__file__).parents[2] / "functions" / "respawn" / "adapters"
 TPU_API, COMPUTE_API = Api.load("tpu.v2"), Api.load("compute.v1")
 SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
@@ -47,6 +49,9 @@ CLIENTS = {
     ("compute_operations.py", "zones"): "compute.zoneOperations",
     ("compute_operations.py", "regions"): "compute.regionOperations",
     ("compute_operations.py", "globals"): "compute.globalOperations",
+    ("offering.py", "tpu"): "tpu.projects.locations",
+    ("offering.py", "machine_types"): "compute.machineTypes",
+    ("offering.py", "accelerators"): "compute.acceleratorTypes",
 }
 # Called by the client library, not by name in respawn: the TPU create operation's polling (op.result()).
 IMPLICIT = {"tpu.projects.locations.operations.get"}
@@ -168,6 +173,8 @@ def run_compute(server: CloudApiServer) -> None:
     lifecycle(server, gce, compute_spec("tpu-vm", TPU_VM))
     lifecycle(server, gce, compute_spec("slice", SLICE))
     lifecycle(server, gce, compute_spec("slice-flex", SLICE, "flex-start"))
+    bound = (*TIERS, Tier("reservation-bound", (ZONE,), "v6e-calendar"))
+    lifecycle(server, gce, compute_spec("slice-bound", SLICE, tiers=bound), tier=1)
     # A region's or the global scope's operation still RUNNING is waited for; the local APIs finish those at once,
     # so the adapter's wait is driven here on the operations its inserts returned.
     for scope, collection in ((Scope(region=REGION), "resourcePolicies"), (Scope(), "instanceTemplates")):
@@ -189,6 +196,16 @@ def run_networked(server: CloudApiServer) -> None:
     lifecycle(server, gce, compute_spec("net-slice", SLICE))
 
 
+def run_offerings(server: CloudApiServer) -> None:
+    """Which zones offer a TPU (both APIs) and a GPU: the type listings, found and not."""
+    lookup = OfferingLookup(PROJECT, tpu_endpoint=server.url, compute_endpoint=server.url)
+    for machine in (SLICE, GPU, TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")):
+        assert [o.offered for o in lookup.zones(replace(compute_spec("offered", machine), zones=(ZONE, OTHER)))] == [
+            True,
+            False,
+        ]
+
+
 @pytest.fixture(scope="module")
 def exchanges() -> Iterator[list[Exchange]]:
     """Every request and reply of every scenario."""
@@ -198,6 +215,7 @@ def exchanges() -> Iterator[list[Exchange]]:
         (run_queue_wait, {"queue_waits": {ZONE: 30.0}}),
         (run_compute, {}),
         (run_networked, {}),
+        (run_offerings, {"unoffered": {OTHER: ("ct6e-standard-4t", "g2-standard-8", "v5litepod-8")}}),
     ):
         with CloudApiServer(create_delay_s=0.02, record=True, **knobs) as server:  # type: ignore[arg-type]
             run(server)

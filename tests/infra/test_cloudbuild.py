@@ -1,4 +1,4 @@
-"""cloudbuild.yaml, checked offline: test, build and push the trainer image, plan and apply."""
+"""cloudbuild.yaml, checked offline: test, build and push the trainer image (both variants), plan and apply."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tfconfig import REPO
+from tfconfig import REPO, Config
 
-IMAGE = "${_REGION}-docker.pkg.dev/${_PROJECT}/${_REPO}/trainer:${_TAG}"
+from respawn.machine import IMAGE_VARIANTS, TRAINER_IMAGES
 
 
 @pytest.fixture(scope="module")
@@ -55,20 +55,54 @@ def test_every_substitution_used_is_declared_and_every_declared_one_is_used(buil
 def test_the_suite_runs_before_anything_is_built_or_deployed(build: dict[str, Any]) -> None:
     test = steps(build)["test"]
     assert (test["entrypoint"], test["args"]) == ("make", ["test"])
-    for later in ("build-trainer", "terraform-init", "terraform-plan", "terraform-apply", "push-trainer"):
+    for later in (
+        "build-trainer",
+        "build-trainer-cuda",
+        "terraform-init",
+        "terraform-plan",
+        "terraform-apply",
+        "push-trainer",
+        "push-trainer-cuda",
+    ):
         assert runs_after(build, later, "test"), later
 
 
-def test_the_tpu_trainer_image_is_built_tagged_and_pushed_after_the_repository_exists(build: dict[str, Any]) -> None:
-    by_id = steps(build)
-    docker_build = by_id["build-trainer"]["args"]
-    assert docker_build[0] == "build" and docker_build[-1] == "trainer"
-    assert docker_build[docker_build.index("--build-arg") + 1] == "VARIANT=tpu"
-    assert docker_build[docker_build.index("--tag") + 1] == IMAGE
-    assert by_id["push-trainer"]["args"] == ["push", IMAGE]
-    assert runs_after(build, "push-trainer", "terraform-apply")
-    assert build["images"] == [IMAGE]
+def image(name: str) -> str:
+    return f"${{_REGION}}-docker.pkg.dev/${{_PROJECT}}/${{_REPO}}/{name}:${{_TAG}}"
+
+
+@pytest.mark.parametrize("kind", sorted(TRAINER_IMAGES))
+def test_each_kinds_trainer_image_is_built_tagged_and_pushed_after_the_repository_exists(
+    build: dict[str, Any], kind: str
+) -> None:
+    """Both variants of trainer/Dockerfile: VARIANT=tpu as `trainer`, VARIANT=cuda as `trainer-cuda`, the names a
+    job of each machine kind names (respawn.machine.TRAINER_IMAGES, terraform output trainer_images)."""
+    tag = image(TRAINER_IMAGES[kind])
+    (built,) = [
+        s for s in build["steps"] if s["args"][0] == "build" and tag in s["args"] and s["args"][-1] == "trainer"
+    ]
+    args = built["args"]
+    assert args[args.index("--build-arg") + 1] == f"VARIANT={IMAGE_VARIANTS[kind]}"
+    assert args[args.index("--tag") + 1] == tag
+    (pushed,) = [s for s in build["steps"] if s["args"] == ["push", tag]]
+    assert runs_after(build, pushed["id"], built["id"]) and runs_after(build, pushed["id"], "terraform-apply")
+    assert runs_after(build, built["id"], "test")
+    assert tag in build["images"]
+
+
+def test_exactly_the_two_variants_are_built_and_listed(build: dict[str, Any]) -> None:
+    built = [s["args"] for s in build["steps"] if s["args"][0] == "build"]
+    assert sorted(a[a.index("--build-arg") + 1] for a in built) == ["VARIANT=cuda", "VARIANT=tpu"]
+    assert sorted(build["images"]) == sorted(image(name) for name in TRAINER_IMAGES.values())
     assert build["substitutions"]["_TAG"] == "${SHORT_SHA}"
+
+
+def test_terraform_names_the_same_image_for_each_kind() -> None:
+    """outputs.tf's trainer_images: REPOSITORY/NAME per machine kind, NAME the one Cloud Build pushes."""
+    value = Config.load().outputs["trainer_images"]["value"]
+    assert set(value) == set(TRAINER_IMAGES)
+    for kind, name in TRAINER_IMAGES.items():
+        assert value[kind].endswith(f"/{name}") and "trainer.repository_id" in value[kind], value[kind]
 
 
 def test_terraform_applies_exactly_the_saved_plan(build: dict[str, Any]) -> None:

@@ -4,9 +4,12 @@ itself installs and tests with."""
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from importlib import metadata
+from pathlib import Path
 
+import pytest
 from tfconfig import REPO
 
 # JAX's changelog, 0.10.0 (April 16, 2026): "Fixed a bug where calling `jax.distributed.initialize()` on a GCE TPU
@@ -70,3 +73,42 @@ def test_the_local_cloud_runs_respawns_image_as_the_user_its_dockerfile_makes() 
     (uid,) = re.findall(r"useradd [^\n]*--uid (\d+)[^\n]* trainer\b", text)
     assert re.search(r"^USER trainer$", text, re.M)
     assert f"{uid}:{uid}" == TRAINER_USER
+
+
+def dockerfile_install(variant: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """trainer/Dockerfile's install step run by bash as `docker build --build-arg VARIANT=variant` runs it, with
+    `pip` and `useradd` stood in for by scripts that print their arguments: the shell as written, not a copy."""
+    text = (REPO / "trainer" / "Dockerfile").read_text(encoding="utf-8")
+    (run,) = [r for r in re.findall(r"^RUN ((?:.*\\\n)*.*)$", text, re.M) if "pip install --requirement" in r]
+    for tool in ("pip", "useradd"):
+        stub = tmp_path / tool
+        stub.write_text(f'#!/bin/sh\necho {tool} "$@"\n')
+        stub.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "VARIANT": variant, "JAX_VERSION": dockerfile_arg("JAX_VERSION")}
+    return subprocess.run(["/bin/sh", "-c", run], env=env, capture_output=True, text=True, timeout=30)
+
+
+def dockerfile_arg(name: str) -> str:
+    found = re.search(rf"^ARG {name}=(\S+)$", (REPO / "trainer" / "Dockerfile").read_text(encoding="utf-8"), re.M)
+    assert found, name
+    return found[1]
+
+
+@pytest.mark.parametrize(("variant", "extra"), [("cuda", "cuda12"), ("tpu", "tpu"), ("cpu", "cpu")])
+def test_each_variant_installs_a_jax_extra_the_tested_jax_has(variant: str, extra: str, tmp_path: Path) -> None:
+    """`docker build --build-arg VARIANT=cuda trainer/` is valid as written: its install step installs
+    jax[cuda12] (JAX's CUDA 12 wheels from PyPI, as JAX's installation guide says) at the JAX the tests run, and
+    that JAX release declares the extra."""
+    done = dockerfile_install(variant, tmp_path)
+    assert done.returncode == 0, done.stderr
+    pip = next(line for line in done.stdout.splitlines() if line.startswith("pip install"))
+    assert f"jax[{extra}]=={metadata.version('jax')}" in pip.split()
+    assert "--requirement" in pip.split() and "/app/requirements.txt" in pip.split()
+    assert extra in (metadata.metadata("jax").get_all("Provides-Extra") or [])
+
+
+def test_an_unknown_variant_fails_the_build_and_says_which_are_allowed(tmp_path: Path) -> None:
+    done = dockerfile_install("rocm", tmp_path)
+    assert done.returncode == 1 and "pip install" not in done.stdout
+    assert "VARIANT must be cpu, tpu or cuda, got 'rocm'" in done.stderr
+    assert dockerfile_arg("VARIANT") == "cpu"  # a plain `docker build trainer/` is the CPU image

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import pull, topic_with_subscription
 from google.cloud import pubsub_v1
 
+from localcloud.apis.cloudapi import CloudApiServer
 from localcloud.services.emulators import PubSubEmulator
 from respawn.adapters.gcs_store import GcsJobStore
 from respawn.cli import main
@@ -33,6 +35,15 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def local_apis(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The TPU and Compute APIs `respawn submit` asks which zones offer the machine: the local ones."""
+    with CloudApiServer() as server:
+        monkeypatch.setenv("RESPAWN_TPU_ENDPOINT", server.url)
+        monkeypatch.setenv("RESPAWN_COMPUTE_ENDPOINT", server.url)
+        yield
 
 
 @pytest.fixture

@@ -485,3 +485,45 @@ def test_a_machine_whose_accelerator_jax_cannot_see_fails_at_once_unless_cpus_st
         with pytest.raises(WrongDevices, match=f"has a {kind.upper()} but JAX found only .* CPU device") as e:
             check_devices(load_env({"RESPAWN_ACCELERATOR": kind}))
         assert fix in str(e.value)
+
+
+CONFIGURED_FLAGS = """
+import os, jax, jax.numpy as jnp
+from respawn_trainer import runtime
+from respawn_trainer.env import load_env
+runtime.configure(load_env(dict(os.environ)))
+print(float(jax.jit(lambda x: (x * 2).sum())(jnp.ones(4))))  # XLA accepted the flags
+print(os.environ["XLA_FLAGS"])
+"""
+
+
+def configured_flags(accelerator: str, xla_flags: str) -> list[str]:
+    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags,
+           "RESPAWN_ACCELERATOR": accelerator, "RESPAWN_DEVICES_STAND_IN": "cpu"}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CONFIGURED_FLAGS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result, flags = proc.stdout.splitlines()
+    assert result == "8.0"
+    return flags.split()
+
+
+@pytest.mark.parametrize("accelerator", ["gpu", "tpu"])
+def test_a_gpu_machines_trainer_runs_xla_deterministically(accelerator: str) -> None:
+    """On a GPU machine the trainer adds XLA's deterministic GPU ops (no autotuning either), so a restored run
+    computes bit for bit what the lost one would have; a TPU's does not. Here a CPU stands in for the GPU, as in the
+    local cloud: XLA knows the flag on every backend."""
+    from respawn_trainer.runtime import CPU_DETERMINISM_FLAGS, GPU_DETERMINISM_FLAGS
+
+    flags = configured_flags(accelerator, "--xla_force_host_platform_device_count=2")
+    assert flags[:2] == ["--xla_force_host_platform_device_count=2", CPU_DETERMINISM_FLAGS]
+    assert (GPU_DETERMINISM_FLAGS in flags) == (accelerator == "gpu")
+
+
+def test_a_jobs_own_setting_of_the_gpu_flag_stands() -> None:
+    """A model XLA has no deterministic implementation for (max pooling's gradient) turns it off in its `env`."""
+    assert configured_flags("gpu", "--xla_gpu_deterministic_ops=false") == [
+        "--xla_gpu_deterministic_ops=false",
+        "--xla_cpu_multi_thread_eigen=false",
+    ]

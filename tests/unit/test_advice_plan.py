@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from respawn import plan
 from respawn.jobs import GpuMachine, JobSpec, Tier, TpuMachine
 from respawn.outlook import HOUR, Advice, History, Key, Outlook, ZoneAdvice
@@ -33,7 +35,7 @@ def test_sources_of_each_figure() -> None:
     assert by_zone[C].obtainability == 0.9
     listed = machine_price(dict(GPU.__dict__))
     assert listed is not None
-    assert by_zone[A].price == Priced(listed.spot_per_h, LIST_SOURCE) and by_zone[A].obtainability is None
+    assert by_zone[A].price == Priced(listed.spot_per_h, listed.source) and by_zone[A].obtainability is None
     order = [z.zone for z in spot.zones]
     assert order.index(B) < order.index(A)  # five interruptions in ten hours: A has the worst MTBI
     for z in spot.zones:
@@ -41,10 +43,10 @@ def test_sources_of_each_figure() -> None:
         assert z.cost_per_productive_hour is not None and z.price is not None
         assert abs(z.cost_per_productive_hour - z.price.rate_per_h / z.goodput) < 1e-9
     (only,) = standard.zones
-    assert (only.mtbi_source, only.price) == ("prior (no history)", Priced(listed.on_demand_per_h, LIST_SOURCE))
+    assert (only.mtbi_source, only.price) == ("prior (no history)", Priced(listed.on_demand_per_h, listed.source))
     json = plan.to_json(built)
     assert json["tiers"][0]["order"] == [z.zone for z in spot.zones]
-    assert json["tiers"][0]["zones"][0]["price_source"] in (LIST_SOURCE, "Advice API price history (2027-01-15)")
+    assert json["tiers"][0]["zones"][0]["price_source"] in (listed.source, "Advice API price history (2027-01-15)")
 
 
 def test_a_machine_without_a_price_is_ranked_on_goodput_alone() -> None:
@@ -63,6 +65,13 @@ def test_priced_prefers_the_advice_price() -> None:
     assert priced("spot", table, 0.0, NOW) == Priced(0.44, LIST_SOURCE)
     assert priced("spot", None) is None
     assert Priced(0.61, LIST_SOURCE).text() == "$0.61/h (list price table 2025-06)"
+
+
+def test_a_gpu_machine_of_several_vms_costs_every_vms_gpus() -> None:
+    one = machine_price({"kind": "gpu", "accelerator_type": "nvidia-h100-80gb", "accelerator_count": 8})
+    two = machine_price({"kind": "gpu", "accelerator_type": "nvidia-h100-80gb", "accelerator_count": 8, "vms": 2})
+    assert one is not None and two is not None and "(2 VMs)" in two.label
+    assert (two.spot_per_h, two.on_demand_per_h) == pytest.approx((2 * one.spot_per_h, 2 * one.on_demand_per_h))
 
 
 def test_placement_ordered_keeps_the_list() -> None:

@@ -378,3 +378,21 @@ def test_logs_with_a_state_bucket_read_cloud_logging(
     monkeypatch.delenv("RESPAWN_PROJECT")
     code, _, err = run(capsys, "logs", "llm-small-001")
     assert code == 2 and "RESPAWN_PROJECT is not set" in err and "--project" in err
+
+
+def test_status_says_why_a_zone_was_skipped() -> None:
+    from respawn.cli import describe
+    from respawn.decide import decide
+    from respawn.events import CreateFailed, CreateFailure, JobSubmitted
+    from respawn.policy import Policy
+    from respawn.spec import load_job_file, parse_job_message
+
+    spec = parse_job_message(load_job_file(DATA / "job_tpu.yaml"))
+    first, second = spec.zones  # type: ignore[union-attr]
+    refused = f"Accelerator type with name 'v5litepod-8' does not exist in zone '{first}'."
+    job, _ = decide(None, JobSubmitted("m1", 1.0, spec), 1.0, Policy())  # type: ignore[arg-type]
+    job, _ = decide(job, CreateFailed("m2", 2.0, spec.job_id, 1, CreateFailure.UNOFFERED, refused), 2.0, Policy())
+    assert job is not None
+    text = describe(job)
+    assert f"skipped zones (they do not offer the machine)\n  {first}  {refused}" in text
+    assert f"{first} does not offer the machine: {refused}; trying {second}" in text

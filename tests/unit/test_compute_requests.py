@@ -19,6 +19,7 @@ from respawn.adapters.errors import classify
 from respawn.adapters.settings import ProviderSettings
 from respawn.bootstrap import machine_providers
 from respawn.deployment import Settings
+from respawn.gpus import GPU_SHAPES, GpuShape
 from respawn.jobs import GpuMachine, JobSpec, MachineSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
@@ -356,6 +357,8 @@ STOCKOUT = (("ZONE_RESOURCE_POOL_EXHAUSTED", "The zone does not have enough reso
         ),
         ("one vm suspended", mig(topology="INCOMPLETE"), vms("SUSPENDED", *RUN[:3]), MachineState.PREEMPTED),
         ("topology deactivating", mig(topology="DEACTIVATING"), vms(*RUN), MachineState.PREEMPTED),
+        # "active but operating in degraded mode": not still creating, a slice that no longer runs whole
+        ("topology degraded", mig(topology="ACTIVE_DEGRADED"), vms(*RUN), MachineState.PREEMPTED),
         ("one vm missing", mig(topology="INCOMPLETE"), vms(*RUN[:3]), MachineState.PREEMPTED),
         (
             "one vm deleted, still listed without an instance",
@@ -461,20 +464,25 @@ def test_a_slice_vm_is_not_listed_as_a_machine(name: str, labels: dict[str, str]
     assert _machine_instance(compute_v1.Instance(name=name, labels=labels)) is machine
 
 
-@pytest.mark.parametrize(
-    ("machine_type", "accelerator", "disk"),
-    [
-        ("g2-standard-8", "nvidia-l4", "pd-balanced"),
-        ("a3-highgpu-8g", "nvidia-h100-80gb", "pd-balanced"),
-        ("a3-ultragpu-8g", "nvidia-h200-141gb", "hyperdisk-balanced"),
-        ("a4-highgpu-8g", "nvidia-b200", "hyperdisk-balanced"),
-    ],
-)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: s.machine_type)
 def test_a_gpu_vm_boots_from_the_disk_type_its_machine_series_supports(
-    gce: GcpComputeProvider, machine_type: str, accelerator: str, disk: str
+    gce: GcpComputeProvider, shape: GpuShape
 ) -> None:
-    r = body(gce.instance(create(), job(GpuMachine(machine_type, accelerator, 8))))
-    assert r["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{disk}"
+    """Every row of respawn.gpus: its machine type, its GPUs and the boot disk its series supports."""
+    r = body(gce.instance(create(), job(GpuMachine(shape.machine_type, shape.accelerator_type, shape.gpus))))
+    assert r["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/{shape.boot_disk}"
+    assert r["machineType"] == f"zones/{ZONE}/machineTypes/{shape.machine_type}"
+    (gpus,) = r["guestAccelerators"]
+    assert gpus == {"acceleratorType": f"zones/{ZONE}/acceleratorTypes/{shape.accelerator_type}",
+                    "acceleratorCount": shape.gpus}  # fmt: skip
+    assert {s.boot_disk for s in GPU_SHAPES if s.series in ("A4", "A3 Ultra")} == {"hyperdisk-balanced"}
+
+
+def test_a_gpu_machine_type_outside_the_table_boots_from_balanced_persistent_disk(gce: GcpComputeProvider) -> None:
+    r = body(gce.instance(create(), job(GpuMachine("n1-standard-8", "nvidia-tesla-t4", 1))))
+    assert r["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/pd-balanced"
+    r = body(gce.instance(create(), job(GpuMachine("a3-ultragpu-8g-nolssd", "nvidia-h200-141gb", 8))))
+    assert r["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/hyperdisk-balanced"
 
 
 def test_the_zones_mtbi_goes_to_the_machine_and_the_trainer_of_an_instance_and_of_a_slice(

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from respawn.actions import Action, CreateMachine, DeleteMachine
-from respawn.decide import backoff_s, decide
+from respawn.decide import decide
 from respawn.events import (
     EXIT_CODE,
     CancelRequested,
@@ -45,7 +45,7 @@ from respawn.jobs import (
     TpuMachine,
     flex_start_run_s,
 )
-from respawn.policy import Policy
+from respawn.policy import Policy, backoff_s
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
 T0 = 1_000_000.0

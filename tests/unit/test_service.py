@@ -21,7 +21,6 @@ from fakes import (
 )
 
 from respawn.actions import CreateMachine, DeleteMachine
-from respawn.decide import backoff_s
 from respawn.events import (
     EXIT_CODE,
     CheckpointSaved,
@@ -38,7 +37,7 @@ from respawn.events import (
     ZoneWokeUp,
 )
 from respawn.jobs import GpuMachine, JobSpec, MachineState, Status, TpuMachine
-from respawn.policy import Policy
+from respawn.policy import Policy, backoff_s
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Result, Retryable, Service, ServiceSettings
 

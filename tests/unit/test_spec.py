@@ -737,7 +737,11 @@ def test_without_tiers_a_job_has_one_tier_of_its_zones() -> None:
         (lambda m: m.update(provisioning="spot"), "provisioning", "not allowed with tiers"),
         (lambda m: m.update(tiers=[]), "tiers", "0 tiers"),
         (lambda m: m["tiers"][1].pop("reservation"), "tiers[1].reservation", "missing"),
-        (lambda m: m["tiers"][0].update(reservation="r"), "tiers[0].reservation", "only a reservation tier"),
+        (
+            lambda m: m["tiers"][0].update(reservation="r"),
+            "tiers[0].reservation",
+            "only a reservation or reservation-bound tier",
+        ),
         (lambda m: m["tiers"][2].update(move_on={"after_preemptions": 1}), "tiers[2].move_on", "the last tier"),
         (lambda m: m["tiers"][0].pop("move_on"), "tiers[0].move_on", "would never move on"),
         (
@@ -919,7 +923,18 @@ def test_flex_start_tiers_carry_their_own_run_duration() -> None:
         (
             flex_start({"queue_timeout": "3h"}),
             "machine.queue_timeout",
-            "longer than Compute Engine waits for flex-start capacity; allowed: at most 2h",
+            "longer than Compute Engine waits for flex-start capacity; allowed: from 90s to 2h",
+        ),
+        (
+            flex_start({"queue_timeout": "60s"}),
+            "machine.queue_timeout",
+            '"60s" is shorter than Compute Engine lets a request wait for flex-start capacity; allowed: from 90s to 2h',
+        ),
+        (
+            compute_message("v5p-8192"),
+            "machine.accelerator_type",
+            "v5p-8192 is 1024 VMs on Compute Engine, more than a zonal managed instance group holds; allowed: a "
+            'slice of at most 1000 VMs, or machine.api "tpu"',
         ),
         (
             {**compute_message(), "provisioning": "preemptible"},
@@ -939,6 +954,42 @@ def test_flex_start_and_its_fields_only_where_they_apply(msg: dict[str, Any], fi
     assert err.field == field and error in str(err), str(err)
 
 
+def reservation_bound(machine: dict[str, Any], **tier: Any) -> dict[str, Any]:
+    msg = compute_message(**machine)
+    del msg["zones"], msg["provisioning"]
+    msg["tiers"] = [{"provisioning": "reservation-bound", "zones": ["us-east5-b"], **tier}]
+    return msg
+
+
+def test_a_reservation_bound_tier_names_its_calendar_mode_reservation() -> None:
+    spec = parse_job_message(reservation_bound({"accelerator_type": "v6e-16"}, reservation="v6e-calendar-1"))
+    assert isinstance(spec, JobSpec)
+    assert [(t.provisioning, t.reservation) for t in spec.all_tiers] == [("reservation-bound", "v6e-calendar-1")]
+    round_trips(spec)
+
+
+@pytest.mark.parametrize(
+    ("msg", "field", "error"),
+    [
+        (reservation_bound({}), "tiers[0].reservation", "missing; allowed: the name of a reservation"),
+        (
+            reservation_bound({"api": "tpu", "runtime_version": "v2-alpha-tpuv6e"}, reservation="r1"),
+            "tiers[0].provisioning",
+            '"reservation-bound" is Compute Engine\'s (calendar-mode reservations); the Cloud TPU API has no such '
+            'provisioning model; allowed: machine.api "compute" (v5p, v6e, tpu7x), or provisioning "reservation"',
+        ),
+        (
+            {**compute_message(), "provisioning": "reservation-bound"},
+            "provisioning",
+            "not a provisioning model",
+        ),
+    ],
+)
+def test_reservation_bound_only_where_it_applies(msg: dict[str, Any], field: str, error: str) -> None:
+    err = error_of(msg)
+    assert err.field == field and error in str(err), str(err)
+
+
 def test_a_gpu_may_still_be_preemptible_and_a_tpu_api_tpu_may_still_queue() -> None:
     assert isinstance(
         parse_job_message({**with_change("machine", gpu_machine()), "provisioning": "preemptible"}), JobSpec
@@ -954,6 +1005,14 @@ def test_each_example_job_parses_through_the_api_its_generation_uses(name: str) 
     compute = name == "compute-slice.yaml"  # v6e: Compute Engine; the v5e examples stay on the Cloud TPU API
     assert spec.machine.api == ("compute" if compute else "tpu")
     assert (spec.machine.runtime_version is None) == compute
+
+
+def test_every_example_job_parses() -> None:
+    """Every job file under examples/ (the GPU one, the bring-your-own one among them) is a valid submit message."""
+    files = sorted((DATA.parent.parent / "examples").glob("**/*.yaml"))
+    assert {"gpu.yaml", "quickstart.yaml", "job.yaml"} <= {f.name for f in files}
+    for path in files:
+        assert isinstance(parse_job_message(load_job_file(path)), JobSpec), path
 
 
 # ---------------------------------------------------------------------------- placement and back to Spot

@@ -22,6 +22,18 @@ log = logging.getLogger("trainer")
 
 # Single-threaded Eigen on the CPU backend: the same reductions in the same order on every machine size.
 CPU_DETERMINISM_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+# On a GPU machine: XLA's deterministic implementations of scatter, GEMMs, convolutions and attention, and no
+# autotuning (which may pick other kernels at each compile), so that a restored run computes what the lost one would
+# have (https://openxla.org/xla/determinism; docs/gpus.md, Exact resumption on GPUs). Every XLA build knows the flag,
+# so the local cloud's CPU stand-ins for a GPU run with it too.
+GPU_DETERMINISM_FLAGS = "--xla_gpu_deterministic_ops=true"
+
+
+def determinism_flags(run: RunEnv) -> list[str]:
+    """The XLA flags a trainer on this machine adds to XLA_FLAGS (unless already there)."""
+    return [CPU_DETERMINISM_FLAGS] + ([GPU_DETERMINISM_FLAGS] if run.accelerator == "gpu" else [])
+
+
 # Part of every stored program's key: programs stored in an older format are never read.
 STORED_PROGRAM_FORMAT = "kept-2"
 CACHE_PROBE_TIMEOUT_S = 10.0  # an unreachable gs:// cache costs this long once, then the run compiles without it
@@ -63,8 +75,9 @@ def jax_config() -> JaxConfig:
 
 def configure(run: RunEnv, distributed: str = "auto") -> None:
     """Call before the first JAX computation: flags, multi-host init, then the compilation cache."""
-    if CPU_DETERMINISM_FLAGS not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_DETERMINISM_FLAGS}".strip()
+    for flag in determinism_flags(run):
+        if flag.partition("=")[0] + "=" not in os.environ.get("XLA_FLAGS", ""):  # the job's own setting stands
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     import jax
 
     if wants_distributed(run, distributed):

@@ -36,6 +36,7 @@ from respawn.adapters.compute_slices import ComputeSlices, Slice
 from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
+from respawn.gpus import GPU_SHAPES, PD_BALANCED
 from respawn.jobs import (
     API_COMPUTE,
     LABEL_ATTEMPT,
@@ -45,6 +46,7 @@ from respawn.jobs import (
     JobSpec,
     MachineState,
     Provisioning,
+    Tier,
     flex_start_run_s,
     machine_name,
 )
@@ -59,22 +61,21 @@ MIN_RUN_S = 30  # Compute Engine's smallest maxRunDuration
 # A TPU VM "includes a 100 GiB boot disk".
 TPU_BOOT_DISK_GB = 100
 # The boot disk type per machine series, by machine type prefix (first match); anything else takes Balanced
-# Persistent Disk. v6e takes Hyperdisk only, v5p Balanced Persistent Disk (tpu/docs/setup-persistent-disk); A4X, A4
-# and A3 Ultra support Hyperdisk only (compute/docs/accelerator-optimized-machines, each series' "Supported disk
-# types"; Vertex AI's DiskSpec defaults A3 Ultra to hyperdisk-balanced). TPU7x is in neither table: Hyperdisk
-# Balanced, as for v6e, is unverified.
+# Persistent Disk. v6e takes Hyperdisk only, v5p Balanced Persistent Disk (tpu/docs/setup-persistent-disk); A4X
+# supports Hyperdisk only (compute/docs/accelerator-optimized-machines, "Supported disk types"), as do the GPU series
+# respawn.gpus lists with hyperdisk-balanced (A4, A3 Ultra), each by its machine types' family (a4-highgpu-).
+# TPU7x is in neither table: Hyperdisk Balanced, as for v6e, is unverified.
 BOOT_DISK_TYPES = (
     ("ct6e-", "hyperdisk-balanced"),
     ("tpu7x-", "hyperdisk-balanced"),
     ("a4x-", "hyperdisk-balanced"),
-    ("a4-", "hyperdisk-balanced"),
-    ("a3-ultragpu-", "hyperdisk-balanced"),
+    *sorted({(s.machine_type.rpartition("-")[0] + "-", s.boot_disk) for s in GPU_SHAPES if s.boot_disk != PD_BALANCED}),
 )
 
 
 def boot_disk_type(machine_type: str) -> str:
     """The boot disk type a VM of this machine type can boot from."""
-    return next((disk for prefix, disk in BOOT_DISK_TYPES if machine_type.startswith(prefix)), "pd-balanced")
+    return next((disk for prefix, disk in BOOT_DISK_TYPES if machine_type.startswith(prefix)), PD_BALANCED)
 
 
 # The GPU series whose MIGs take a workload policy (HIGH_THROUGHPUT: the VMs placed close together), by machine type
@@ -123,23 +124,50 @@ def scheduling(
     provisioning: str, run_s: int, on_preemption: str = "DELETE", notice_s: int | None = None
 ) -> compute_v1.Scheduling:
     """GPUs and TPUs cannot live-migrate, so host maintenance terminates; respawn, not GCE, restarts the work.
-    A reservation tier runs standard VMs that consume the reservation (`reservation_affinity`). `on_preemption` is
-    the instanceTerminationAction of a Spot or standard VM; a flex-start VM is always deleted at its end. A Spot VM
-    asks for `notice_s` of metadata notice before its soft off (the job's preemption_notice; preview)."""
+    A reservation tier runs standard VMs that consume the reservation, a reservation-bound tier RESERVATION_BOUND
+    VMs that consume it and end with it (no maxRunDuration: the calendar-mode reservation's end bounds them); both
+    name it in `reservation_affinity`. `on_preemption` is the instanceTerminationAction of a Spot, standard or
+    reservation-bound VM; a flex-start VM is always deleted at its end. A Spot VM asks for `notice_s` of metadata
+    notice before its soft off (the job's preemption_notice; preview)."""
     if provisioning == Provisioning.PREEMPTIBLE:  # legacy preemptible VMs: at most 24 h, no maxRunDuration
         return compute_v1.Scheduling(preemptible=True, automatic_restart=False, on_host_maintenance="TERMINATE")
     flex = provisioning == Provisioning.FLEX_START
     fields: dict[str, compute_v1.Duration] = {}
     if provisioning == Provisioning.SPOT and notice_s is not None:
         fields["preemption_notice_duration"] = compute_v1.Duration(seconds=notice_s)
+    if provisioning != Provisioning.RESERVATION_BOUND:
+        fields["max_run_duration"] = compute_v1.Duration(seconds=run_s)
     return compute_v1.Scheduling(
-        provisioning_model="FLEX_START" if flex else "SPOT" if provisioning == Provisioning.SPOT else "STANDARD",
+        provisioning_model=_MODELS.get(provisioning, "STANDARD"),
         instance_termination_action="DELETE" if flex else on_preemption,
-        max_run_duration=compute_v1.Duration(seconds=run_s),
         automatic_restart=False,
         on_host_maintenance="TERMINATE",
         **fields,
     )
+
+
+# Compute Engine's provisioningModel of each tier's provisioning (standard and reservation: STANDARD).
+_MODELS: dict[str, str] = {
+    Provisioning.SPOT: "SPOT",
+    Provisioning.FLEX_START: "FLEX_START",
+    Provisioning.RESERVATION_BOUND: "RESERVATION_BOUND",
+}
+
+
+def reservation_affinity(tier: Tier) -> compute_v1.ReservationAffinity | None:
+    """A reservation or reservation-bound tier consumes its named reservation (SPECIFIC_RESERVATION). A flex-start
+    VM consumes none (NO_RESERVATION): left out, the field means ANY_RESERVATION (its discovery description), and
+    flex-start capacity comes from Dynamic Workload Scheduler, not from a reservation; gcloud's
+    `--reservation-affinity=none`, as GKE's flex-start node pools and xpk ask for it. Others: the API's default."""
+    if tier.reservation:
+        return compute_v1.ReservationAffinity(
+            consume_reservation_type="SPECIFIC_RESERVATION",
+            key="compute.googleapis.com/reservation-name",
+            values=[tier.reservation],
+        )
+    if tier.provisioning == Provisioning.FLEX_START:
+        return compute_v1.ReservationAffinity(consume_reservation_type="NO_RESERVATION")
+    return None
 
 
 class GcpComputeProvider:
@@ -243,12 +271,8 @@ class GcpComputeProvider:
             fields["guest_accelerators"] = [
                 compute_v1.AcceleratorConfig(accelerator_type=accelerator_type, accelerator_count=count)
             ]
-        if tier.reservation:
-            fields["reservation_affinity"] = compute_v1.ReservationAffinity(
-                consume_reservation_type="SPECIFIC_RESERVATION",
-                key="compute.googleapis.com/reservation-name",
-                values=[tier.reservation],
-            )
+        if (affinity := reservation_affinity(tier)) is not None:
+            fields["reservation_affinity"] = affinity
         if self.settings.service_account:
             account = compute_v1.ServiceAccount(email=self.settings.service_account, scopes=[CLOUD_PLATFORM])
             fields["service_accounts"] = [account]

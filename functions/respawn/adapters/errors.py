@@ -1,5 +1,8 @@
 """Cloud API errors -> respawn's provider errors (capacity, quota, permanent, transient).
 
+A create refused because the zone does not offer the machine or accelerator type is an UnofferedError (a
+capacity error that never ends: decide skips the zone from then on), not a permanent one.
+
 The HTTP status alone does not tell them apart: 429 RESOURCE_EXHAUSTED is a
 rate limit on a request but "no capacity" inside a TPU create operation; a
 Compute stockout is an operation error with HTTP 503; a Compute quota error is
@@ -17,7 +20,7 @@ import requests
 from google.api_core import exceptions as gexc
 from google.api_core import retry as gretry
 
-from respawn.ports import CapacityError, PermanentError, ProviderError, QuotaError, TransientError
+from respawn.ports import CapacityError, PermanentError, ProviderError, QuotaError, TransientError, UnofferedError
 
 _RATE_LIMIT = re.compile(r"per minute|per second|rate ?limit|rate_limit|too many requests|requests per", re.I)
 _CAPACITY = re.compile(
@@ -26,6 +29,14 @@ _CAPACITY = re.compile(
     re.I,
 )
 _QUOTA = re.compile(r"quota", re.I)
+# The zone does not offer the machine or accelerator type asked for: Compute Engine's "Machine type with name 'T'
+# does not exist in zone 'Z'", the same of an accelerator type, or a type's zonal URL "was not found"; the Cloud TPU
+# API's accelerator type "not available / not supported / not found in zone".
+_UNOFFERED = re.compile(
+    r"(machine|accelerator) type\b[^.]*\b(does not exist|(is )?not (available|supported|offered|found))\b[^.]*"
+    r"\bzone\b|/(machineTypes|acceleratorTypes)/[^'\s]+'? was not found",
+    re.I,
+)
 # Also a template or workload policy still used by a MIG whose deletion is under way: deleting it again later works.
 _NOT_READY = re.compile(
     r"not ready|resourcenotready|being (created|deleted)|operation in progress|being used by|resourceinusebyanother",
@@ -74,6 +85,8 @@ def classify(exc: BaseException, what: str, in_operation: bool = False) -> Provi
         return TransientError(detail)
     if _CAPACITY.search(text):
         return CapacityError(detail)
+    if _UNOFFERED.search(text) and isinstance(exc, (gexc.BadRequest, gexc.NotFound)):
+        return UnofferedError(detail)
     if _QUOTA.search(text):
         return QuotaError(detail)
     if in_operation and isinstance(exc, gexc.TooManyRequests):  # code 8 with no telling message

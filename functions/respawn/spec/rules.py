@@ -12,6 +12,7 @@ from typing import Any
 from respawn.jobs import (
     API_COMPUTE,
     API_TPU,
+    RESERVED_MODELS,
     SPOT_MODELS,
     GpuMachine,
     JobSpec,
@@ -27,12 +28,14 @@ from respawn.spec.values import (
     APIS,
     BOOT_DISK_GB,
     FLEX_START_QUEUE_MAX_S,
+    FLEX_START_QUEUE_MIN_S,
     MAX_FAILURES,
     MAX_GPU_VMS,
     MAX_TIERS,
     PLACEMENTS,
     PROVISIONING,
     TIER_PROVISIONING,
+    ZONAL_MIG_MAX_VMS,
     boolean,
     expect_type,
     fail,
@@ -261,12 +264,11 @@ def _tier(value: Any, path: str, *, last: bool) -> Tier:
     fields = Reading(TIER, value, path)
     provisioning = fields["provisioning"]
     named = value.get("reservation") is not None
-    if provisioning == Provisioning.RESERVATION and not named:
+    if provisioning in RESERVED_MODELS and not named:
         fail(join_path(path, "reservation"), "missing", "the name of a reservation in the tier's zones")
-    if provisioning != Provisioning.RESERVATION and named:
-        fail(
-            join_path(path, "reservation"), "only a reservation tier names a reservation", 'provisioning "reservation"'
-        )
+    if provisioning not in RESERVED_MODELS and named:
+        problem = "only a reservation or reservation-bound tier names a reservation"
+        fail(join_path(path, "reservation"), problem, 'provisioning "reservation" or "reservation-bound"')
     fields.check("reservation")
     _run_duration_only_with_flex_start(fields, provisioning)
     if provisioning in SPOT_MODELS and "back_to_spot_after" in value:
@@ -439,6 +441,13 @@ def _provisioning_fits_the_api(spec: JobSpec) -> None:
             and api == API_COMPUTE
         ):
             fail(path, '"preemptible" is not offered for TPUs on Compute Engine', 'spot, or machine.api "tpu"')
+        if tier.provisioning == Provisioning.RESERVATION_BOUND and api != API_COMPUTE:
+            problem = (
+                '"reservation-bound" is Compute Engine\'s (calendar-mode reservations); the Cloud TPU API has no '
+                "such provisioning model"
+            )
+            fail(path, problem, f'machine.api "compute" ({COMPUTE_OFFERS}), or provisioning "reservation"')
+    _fits_a_zonal_mig(spec)
     if spec.preemption_notice_s is not None and api != API_COMPUTE:
         problem = "the Cloud TPU API has no preemption notice to ask for (a Compute Engine Spot VM's)"
         fail("preemption_notice", problem, f'off, or machine.api "compute" ({COMPUTE_OFFERS})')
@@ -455,9 +464,25 @@ def _queue_timeout_fits(spec: JobSpec, machine: dict[str, Any]) -> None:
     if "queue_timeout" in machine and not flex_start:
         allowed = f'a tier with provisioning "{Provisioning.FLEX_START}"'
         fail("machine.queue_timeout", "only a flex-start request waits for capacity on Compute Engine", allowed)
-    if flex_start and spec.machine.queue_timeout_s > FLEX_START_QUEUE_MAX_S:
-        problem = f"{show(machine['queue_timeout'])} is longer than Compute Engine waits for flex-start capacity"
-        fail("machine.queue_timeout", problem, f"at most {format_ttl(FLEX_START_QUEUE_MAX_S)}")
+    low, high = FLEX_START_QUEUE_MIN_S, FLEX_START_QUEUE_MAX_S
+    if flex_start and not low <= spec.machine.queue_timeout_s <= high:
+        longer = spec.machine.queue_timeout_s > high
+        problem = (
+            f"{show(machine['queue_timeout'])} is {'longer' if longer else 'shorter'} than Compute Engine "
+            f"{'waits' if longer else 'lets a request wait'} for flex-start capacity"
+        )
+        fail("machine.queue_timeout", problem, f"from {format_ttl(low)} to {format_ttl(high)}")
+
+
+def _fits_a_zonal_mig(spec: JobSpec) -> None:
+    """A Compute Engine slice is one zonal MIG, which holds at most 1,000 VMs."""
+    machine = spec.machine
+    if isinstance(machine, TpuMachine) and machine.api == API_COMPUTE and machine.hosts > ZONAL_MIG_MAX_VMS:
+        problem = (
+            f"{machine.accelerator_type} is {machine.hosts} VMs on Compute Engine, more than a zonal managed "
+            f"instance group holds"
+        )
+        fail("machine.accelerator_type", problem, f'a slice of at most {ZONAL_MIG_MAX_VMS} VMs, or machine.api "tpu"')
 
 
 def spec_to_message(spec: JobSpec) -> dict[str, Any]:

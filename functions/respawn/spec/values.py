@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from respawn.jobs import API_COMPUTE, API_TPU, FLEX_START_MAX_RUN_S, Provisioning
+from respawn.jobs import API_COMPUTE, API_TPU, FLEX_START_MAX_RUN_S, RESERVED_MODELS, Provisioning
 from respawn.topology import UnknownTpuType, tpu_topology
 
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -41,7 +41,7 @@ _DIGEST = r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{
 IMAGE_RE = re.compile(rf"^{_HOST}?{_PATH}{_TAG}?{_DIGEST}?$")
 
 TIER_PROVISIONING = tuple(p.value for p in Provisioning)
-PROVISIONING = tuple(p for p in TIER_PROVISIONING if p != Provisioning.RESERVATION)  # a job without tiers
+PROVISIONING = tuple(p for p in TIER_PROVISIONING if p not in RESERVED_MODELS)  # a job without tiers (no reservation)
 # ranked: each attempt's zone by the outlook (history, advice, price); ordered: the list's order, the same zone again
 PLACEMENTS = ("ranked", "ordered")
 REQUESTS = ("queued", "node")
@@ -50,6 +50,10 @@ APIS = (API_COMPUTE, API_TPU)
 # 2 hours: "must be at least 90 and less or equal to 7200 seconds" is the API's own error as users report it; no
 # Google page states the range, so a flex-start job's queue_timeout stays inside it.
 FLEX_START_QUEUE_MAX_S = 2 * 3600
+FLEX_START_QUEUE_MIN_S = 90  # the same error's lower bound, and the instance lifecycle page's "90 seconds or longer"
+# A zonal managed instance group holds at most 1,000 VMs (compute/docs/instance-groups: "up to 1,000 VMs" per zonal
+# MIG), so a Compute Engine slice of more VMs cannot be made.
+ZONAL_MIG_MAX_VMS = 1000
 # A slice's MIG names its VMs JOB-aN-w-x7k2: a job id ending in -aN-w could name an instance the same way.
 SLICE_VM_LIKE_RE = re.compile(r"-a[1-9][0-9]*-w$")
 # A boot image or image family: projects/PROJECT/global/images/(family/)NAME, optionally as a full API URL.

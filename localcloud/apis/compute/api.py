@@ -9,6 +9,7 @@ instance groups (MIG slices) and their resize requests, as google-cloud-compute 
   zones/Z/instanceGroupManagers/M/resize?size=N           POST                                     zone op
   zones/Z/instanceGroupManagers/M/resizeRequests[/RR]     insert, get, list, delete                zone op
   zones/Z|regions/R|global /operations/OP[/wait]          get, wait
+  zones/Z/machineTypes/T, zones/Z/acceleratorTypes/T       get (what the zone offers: offerings.py)
 
 What Google documents is enforced, and a request the local API does not understand is refused with a 400 in
 Compute's error JSON rather than accepted: a field google.cloud.compute_v1 does not know ("Unknown name"), a field
@@ -26,6 +27,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from localcloud.apis import offerings
 from localcloud.apis.apicore import ApiError, CloudCore, CloudMachine, compute_error_json, snapshot
 from localcloud.apis.compute import mig_views
 from localcloud.apis.compute.common import NAME, Request, instance_path, key
@@ -84,6 +86,9 @@ class ComputeApi:
         return path.startswith("/compute/")
 
     def route(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
+        offered = offerings.compute_route(self.core, method, path)
+        if offered is not None:
+            return offered
         for pattern, handler in self._routes:
             if m := pattern.match(path):
                 return handler(Request(method, query, body), *m.groups())

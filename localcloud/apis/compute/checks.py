@@ -164,8 +164,12 @@ def check_name(body: dict[str, Any], field_name: str) -> None:
         )
 
 
+def known_machine_type(machine_type: str) -> bool:
+    return machine_type in TPU_MACHINE_TYPES or bool(_OTHER_MACHINE_TYPE.fullmatch(machine_type))
+
+
 def check_machine_type(machine_type: str, field_name: str, value: str, zone: str | None) -> None:
-    if machine_type in TPU_MACHINE_TYPES or _OTHER_MACHINE_TYPE.fullmatch(machine_type):
+    if known_machine_type(machine_type):
         return
     where = f" in zone '{zone}'" if zone else ""
     raise invalid(
@@ -209,6 +213,14 @@ def check_properties(props: dict[str, Any], where: str, machine_type: str) -> No
                 f"Invalid value for field '{where}.scheduling.preemptionNoticeDuration': a positive duration, "
                 "for Spot VMs only (provisioningModel SPOT)."
             )
+    affinity = props.get("reservationAffinity") or {}
+    if model == "RESERVATION_BOUND" and (
+        affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION" or not affinity.get("values")
+    ):  # calendar-mode reservations: "you must specify the reservation" (compute/docs/instances/reservations-consume)
+        raise invalid(
+            f"Invalid value for field '{where}.reservationAffinity': a RESERVATION_BOUND instance consumes a "
+            "specific reservation: consumeReservationType SPECIFIC_RESERVATION with the reservation's name."
+        )
     if model == "FLEX_START" and (run is None or run > FLEX_START_MAX_RUN_S):
         raise invalid(
             f"Invalid value for field '{where}.scheduling.maxRunDuration': a FLEX_START instance needs a "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.cloud import compute_v1
 
+from localcloud.apis import offerings
 from localcloud.apis.apicore import TPU, ApiError, CloudMachine, MachineCall, invalid, rfc3339, snapshot
 from localcloud.apis.compute.checks import (
     FLEX_START_WAIT_S,
@@ -144,6 +145,11 @@ class Instances:
                 f"A machine type URL in zone '{zone}' is required: zones/{zone}/machineTypes/TYPE."
             )
         check_machine_type(found[3], "resource.machineType", value, zone)
+        offerings.check_offered(self.core, zone, found[3], "resource.machineType", value, "Machine type")
+        for i, accelerator in enumerate(body.get("guestAccelerators") or []):
+            url = str(accelerator.get("acceleratorType") or "")
+            field_name = f"resource.guestAccelerators[{i}].acceleratorType"
+            offerings.check_offered(self.core, zone, url.rpartition("/")[2], field_name, url, "Accelerator type")
         check_properties(body, "resource", found[3])
         scheduling = body.get("scheduling") or {}
         if "requestValidForDuration" in (body.get("params") or {}):

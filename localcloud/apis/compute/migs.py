@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.cloud import compute_v1
 
+from localcloud.apis import offerings
 from localcloud.apis.apicore import ApiError, invalid
 from localcloud.apis.compute import mig_views
 from localcloud.apis.compute.checks import MIG_FIELDS, TPU_MACHINE_TYPES, check_body, check_name
@@ -164,6 +165,7 @@ class Migs:
                 raise not_found(url.removeprefix(f"{COMPUTE}/"))
             policy = kept.referenced_policy(project, zone, body)
             check_mig(body, template, policy, self.bulk_models)
+            offerings.check_offered(core, zone, template.machine_type, "resource.instanceTemplate", url, "Machine type")
             target = body.get("targetSize", 0)
             if not isinstance(target, int) or target < 0:
                 raise invalid(f"Invalid value for field 'resource.targetSize': '{target}'. Must be 0 or more.")
@@ -342,20 +344,29 @@ class Migs:
 def check_mig(
     body: dict[str, Any], template: Template, policy: ResourcePolicy | None, bulk_models: frozenset[str] | None
 ) -> None:
+    """`bulk_models` None: every MIG is BULK (a user's bring-up of a v6e slice MIG: "MIGs with TPU accelerator
+    topology require BULK mode"). Otherwise BULK takes only those models (the bulk-mode page) and a MIG of any other
+    model is INDIVIDUAL (the default mode, unset or named), as the TPU Spot page's Spot slice MIGs must then be; the
+    local API creates an INDIVIDUAL MIG's VMs as it does a BULK one's."""
     mode = (body.get("targetSizePolicy") or {}).get("mode")
-    if policy is not None and policy.topology and mode != "BULK":
+    model = (template.body["properties"].get("scheduling") or {}).get("provisioningModel") or "STANDARD"
+    if bulk_models is None and policy is not None and policy.topology and mode != "BULK":
         raise invalid("MIGs with TPU accelerator topology require BULK mode in target size policy")
-    if mode != "BULK":
+    if bulk_models is None and mode != "BULK":
         raise invalid(
             f"Invalid value for field 'resource.targetSizePolicy.mode': '{mode}'. The local Compute API "
             "serves BULK MIGs only (all VMs created at once)."
         )
-    model = (template.body["properties"].get("scheduling") or {}).get("provisioningModel") or "STANDARD"
-    if bulk_models is not None and model not in bulk_models:
+    if bulk_models is not None and mode == "BULK" and model not in bulk_models:
         allowed = ", ".join(sorted(bulk_models))
         raise invalid(
             f"Invalid value for field 'resource.targetSizePolicy.mode': 'BULK'. Bulk mode supports instance "
             f"templates with provisioning model {allowed}; '{template.path}' has {model}."
+        )
+    if bulk_models is not None and mode != "BULK" and model in bulk_models:
+        raise invalid(
+            f"Invalid value for field 'resource.targetSizePolicy.mode': '{mode or 'INDIVIDUAL'}'. Instance "
+            f"templates with provisioning model {model} need BULK mode."
         )
     action = (body.get("instanceLifecyclePolicy") or {}).get("defaultActionOnFailure")
     if action != "DO_NOTHING":

@@ -1,0 +1,51 @@
+"""`respawn local run` of a calendar-mode reservation's slice whose first zone does not offer its machine.
+
+The real command in a subprocess, as in test_local_compute_run.py. A v6e-16 job (a Compute Engine MIG slice of 4
+ct6e-standard-4t VMs) on one reservation-bound tier; its first zone does not offer ct6e-standard-4t
+(`--unoffered`): the MIG's insert there is refused, the zone is skipped like a stockout that never ends, and the
+slice comes up in the second zone as a BULK MIG (the local Compute API makes a slice only in BULK mode) of
+RESERVATION_BOUND VMs, ending SUCCEEDED with the parameters of an uninterrupted 4-process run. The record says why
+the first zone was skipped, in the API's words (what `respawn status` prints under "skipped zones").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import need
+from test_local_compute_run import FAST, IN_PROCESS, MIG, calls, detail, timeline
+from test_local_run import ROOT, run_local
+
+from localcloud.services.emulators import FakeGcs
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+
+EXAMPLE = ROOT / "examples" / "compute-slice.yaml"
+STEPS = 10
+
+
+def test_a_reservation_bound_slice_skips_a_zone_without_its_machine_and_runs_in_the_next(tmp_path: Path) -> None:
+    need(FakeGcs.missing())
+    job = yaml.safe_load(EXAMPLE.read_text())
+    first, second = zones = job.pop("zones")
+    del job["provisioning"]
+    job.update(
+        job_id="bound-it",
+        args=["--model=nano", f"--steps={STEPS}", "--batch-size=16", "--checkpoint-every=5", "--log-every=1"],
+        tiers=[{"provisioning": "reservation-bound", "zones": zones, "reservation": "v6e-calendar-1"}],
+    )
+    path = tmp_path / "bound-it.yaml"
+    path.write_text(yaml.safe_dump(job))
+    chaos = ["--unoffered", f"{first}:ct6e-standard-4t", *FAST]
+    report, stderr = run_local(path, tmp_path, env=IN_PROCESS, chaos=chaos, timeout=900)
+    why = detail(report, stderr)
+    assert report["status"] == "SUCCEEDED" and report["exact"] is True, why
+    assert report["hosts"] == 4 and report["final_step"] == STEPS, why
+    rows = [(z["zone"], z["end"], z["api"]) for z in report["zones"]]
+    assert rows == [(first, "unoffered", "compute"), (second, "completed", "compute")], why
+    refused = f"Machine type with name 'ct6e-standard-4t' does not exist in zone '{first}'"
+    assert refused in report["zones"][0]["error"], why
+    assert calls(timeline(report), "create", MIG) == ["bound-it-a1", "bound-it-a2"], why
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, why

@@ -1,0 +1,226 @@
+"""Calendar-mode reservations, flex-start's reservation affinity, BULK for Spot slices under both readings, and zones
+that do not offer the job's machine: the real client libraries against the local TPU / Compute APIs.
+
+* A reservation-bound tier's slice: a RESERVATION_BOUND template that names its reservation (SPECIFIC_RESERVATION),
+  in a BULK MIG, even where BULK takes only reservation-bound and flex-start templates.
+* Flex-start consumes no reservation (NO_RESERVATION), and the local API takes it.
+* A Spot slice comes up whether BULK takes Spot or refuses it; only a 400 about the target size policy (or bulk mode
+  and the provisioning model) is read as that refusal.
+* A zone that does not offer the type: the APIs' type listings say so (OfferingLookup, `respawn submit`), and a create
+  there is an UnofferedError (decide skips the zone), never a PermanentError, with nothing left behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as gexc
+
+from localcloud.apis.cloudapi import CloudApiServer
+from respawn import cli
+from respawn.actions import CreateMachine
+from respawn.adapters.compute import GcpComputeProvider
+from respawn.adapters.offering import OfferingLookup
+from respawn.adapters.settings import ProviderSettings
+from respawn.adapters.tpu import GcpTpuProvider
+from respawn.deployment import Settings
+from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
+from respawn.ports import Machine, PermanentError, UnofferedError
+from respawn.spec import spec_to_message
+
+A, B = "us-east5-a", "us-east5-b"
+P = "proj"
+STRICT = frozenset({"FLEX_START", "RESERVATION_BOUND"})  # BULK as Google's bulk-mode page describes it
+SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
+
+
+def spec(machine: Any = None, tiers: tuple[Tier, ...] = (), zones: tuple[str, ...] = (A,)) -> JobSpec:
+    tiers = tiers or (Tier("spot", zones),)
+    return JobSpec(
+        "llm",
+        machine or TpuMachine("v6e-16", api="compute"),
+        tiers[0].zones,
+        "us-docker.pkg.dev/proj/repo/trainer:1",
+        "gs://ckpt/llm",
+        provisioning=tiers[0].provisioning,
+        ttl_s=7200,
+        tiers=tiers if len(tiers) > 1 or tiers[0].reservation else (),
+    )
+
+
+def create(zone: str = A, attempt: int = 1) -> CreateMachine:
+    return CreateMachine("llm", attempt, f"llm-a{attempt}", zone, None)
+
+
+def gce(server: CloudApiServer) -> GcpComputeProvider:
+    return GcpComputeProvider(P, endpoint=server.url, settings=SETTINGS, clock=time.time)
+
+
+def wait_ready(read: Callable[[], Machine | None], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while (m := read()) is None or m.state is not MachineState.READY:
+        assert time.monotonic() < deadline, m
+        time.sleep(0.02)
+
+
+def sent(server: CloudApiServer, collection: str) -> list[dict[str, Any]]:
+    """The bodies of the create requests on `collection`, as sent."""
+    return [e.body for e in server.exchanges if e.method == "POST" and e.path.endswith(f"/{collection}")]
+
+
+# ------------------------------------------------------------------------------------ reservations, flex-start
+
+
+def test_a_reservation_bound_tier_runs_on_a_bulk_slice_that_names_its_reservation() -> None:
+    with CloudApiServer(create_delay_s=0.05, bulk_models=STRICT, record=True) as server:
+        s = spec(tiers=(Tier("reservation-bound", (A,), reservation="v6e-calendar-1"),))
+        gce(server).create(create(), s)
+        wait_ready(lambda: gce(server).get("llm-a1", A, s))
+        (template,) = sent(server, "instanceTemplates")
+        properties = template["properties"]
+        assert properties["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
+        assert "maxRunDuration" not in properties["scheduling"]  # the reservation's end bounds it
+        assert properties["reservationAffinity"] == {
+            "consumeReservationType": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": ["v6e-calendar-1"],
+        }
+        (mig,) = sent(server, "instanceGroupManagers")
+        assert mig["targetSizePolicy"] == {"mode": "BULK"}
+
+
+def test_the_local_api_refuses_a_reservation_bound_vm_that_names_no_reservation() -> None:
+    with CloudApiServer(create_delay_s=0.05) as server:
+        s = spec(TpuMachine("v6e-8", api="compute"), tiers=(Tier("reservation-bound", (A,), reservation="r1"),))
+        instance = gce(server).instance(create(), s)
+        instance.reservation_affinity = None
+        with pytest.raises(gexc.BadRequest, match="RESERVATION_BOUND instance consumes a specific reservation"):
+            gce(server).client.insert_unary(project=P, zone=A, instance_resource=instance)
+
+
+@pytest.mark.parametrize("accelerator_type", ["v6e-8", "v6e-16"])
+def test_flex_start_consumes_no_reservation_and_the_local_api_takes_it(accelerator_type: str) -> None:
+    with CloudApiServer(create_delay_s=0.05, bulk_models=STRICT, record=True) as server:
+        s = spec(
+            TpuMachine(accelerator_type, api="compute"), tiers=(Tier("flex-start", (A,), max_run_duration_s=3600),)
+        )
+        gce(server).create(create(), s)
+        wait_ready(lambda: gce(server).get("llm-a1", A, s))
+        (body,) = sent(server, "instances") or [t["properties"] for t in sent(server, "instanceTemplates")]
+        assert body["scheduling"]["provisioningModel"] == "FLEX_START"
+        assert body["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+
+
+# --------------------------------------------------------------------------------------------- BULK and Spot
+
+
+@pytest.mark.parametrize("bulk_models", [None, STRICT], ids=["bulk-takes-spot", "bulk-refuses-spot"])
+def test_a_spot_slice_comes_up_whether_bulk_takes_spot_or_not(bulk_models: frozenset[str] | None) -> None:
+    with CloudApiServer(create_delay_s=0.05, bulk_models=bulk_models, record=True) as server:
+        s = spec()
+        gce(server).create(create(), s)
+        wait_ready(lambda: gce(server).get("llm-a1", A, s))
+        modes = [body.get("targetSizePolicy") for body in sent(server, "instanceGroupManagers")]
+        assert modes == ([{"mode": "BULK"}] if bulk_models is None else [{"mode": "BULK"}, None])
+        (refusal, *_) = [e.response for e in server.exchanges if e.status == 400] or [None]
+        assert (refusal is None) == (bulk_models is None)
+
+
+@pytest.mark.parametrize(
+    ("message", "retried"),
+    [
+        ("Invalid value for field 'resource.targetSizePolicy.mode': 'BULK'. Not supported for SPOT.", True),
+        ("Provisioning model SPOT is not supported in bulk mode.", True),
+        ("Invalid value for field 'resource.baseInstanceName': 'x'.", False),
+    ],
+)
+def test_only_a_refusal_about_the_target_size_policy_asks_again_in_the_default_mode(
+    message: str, retried: bool
+) -> None:
+    with CloudApiServer(create_delay_s=0.05, bulk_models=STRICT, record=True) as server:
+        server.fail_next(
+            "create", code=400, status="INVALID_ARGUMENT", message=message, collection="instanceGroupManagers"
+        )
+        s = spec()
+        if retried:
+            gce(server).create(create(), s)
+            wait_ready(lambda: gce(server).get("llm-a1", A, s))
+        else:
+            with pytest.raises(PermanentError, match="baseInstanceName"):
+                gce(server).create(create(), s)
+        assert len(sent(server, "instanceGroupManagers")) == (2 if retried else 1)
+
+
+def test_a_flex_start_slice_refused_in_bulk_mode_is_not_asked_for_individually() -> None:
+    with CloudApiServer(create_delay_s=0.05, record=True) as server:
+        message = "Invalid value for field 'resource.targetSizePolicy.mode': 'BULK'."
+        server.fail_next(
+            "create", code=400, status="INVALID_ARGUMENT", message=message, collection="instanceGroupManagers"
+        )
+        s = spec(tiers=(Tier("flex-start", (A,), max_run_duration_s=3600),))
+        with pytest.raises(PermanentError, match="targetSizePolicy"):
+            gce(server).create(create(), s)
+        assert len(sent(server, "instanceGroupManagers")) == 1
+
+
+# --------------------------------------------------------------------------------------- zones and their types
+
+
+def test_a_slice_in_a_zone_that_does_not_offer_its_machine_type_is_unoffered_and_leaves_nothing() -> None:
+    with CloudApiServer(create_delay_s=0.05, unoffered={A: ("ct6e-standard-4t",)}) as server:
+        s = spec(zones=(A, B))
+        with pytest.raises(UnofferedError, match="Machine type with name 'ct6e-standard-4t' does not exist in zone"):
+            gce(server).create(create(A), s)
+        assert server.leftovers() == []
+        gce(server).create(create(B, 2), s)
+        wait_ready(lambda: gce(server).get("llm-a2", B, s))
+
+
+def test_a_gpu_or_cloud_tpu_create_in_a_zone_without_its_type_is_unoffered() -> None:
+    with CloudApiServer(create_delay_s=0.05, unoffered={A: ("nvidia-l4", "v5litepod-8")}) as server:
+        gpu = spec(GpuMachine("g2-standard-8", "nvidia-l4", 1))
+        with pytest.raises(UnofferedError, match="Accelerator type with name 'nvidia-l4' does not exist in zone"):
+            gce(server).create(create(), gpu)
+        tpu = GcpTpuProvider(P, endpoint=server.url, settings=SETTINGS)
+        for request in ("node", "queued"):
+            s = spec(TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request=request))
+            with pytest.raises(UnofferedError, match="'v5litepod-8' does not exist in zone"):
+                tpu.create(create(), s)
+        assert server.leftovers() == []
+
+
+@pytest.mark.parametrize(
+    ("machine", "unoffered", "missing"),
+    [
+        (TpuMachine("v6e-16", api="compute"), "ct6e-standard-4t", "machine type ct6e-standard-4t"),
+        (TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"), "v5litepod-8", "TPU type v5litepod-8"),
+        (GpuMachine("g2-standard-8", "nvidia-l4", 1), "nvidia-l4", "accelerator type nvidia-l4"),
+    ],
+)
+def test_the_type_listings_say_which_zones_offer_the_machine(machine: Any, unoffered: str, missing: str) -> None:
+    with CloudApiServer(unoffered={A: (unoffered,)}) as server:
+        lookup = OfferingLookup(P, tpu_endpoint=server.url, compute_endpoint=server.url)
+        found = lookup.zones(spec(machine, zones=(A, B)))
+        assert [(o.zone, o.offered, o.detail) for o in found] == [
+            (A, False, f"{A} does not offer {missing}"),
+            (B, True, ""),
+        ]
+
+
+def test_submit_warns_about_a_zone_without_the_machine_and_refuses_a_job_none_of_whose_zones_offers_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with CloudApiServer(unoffered={A: ("ct6e-standard-4t",), B: ("ct6e-standard-4t",)}) as server:
+        settings = Settings(project=P, tpu_endpoint=server.url, compute_endpoint=server.url)
+        cli.check_zones("job.yaml", settings, spec_to_message(spec(zones=(A, "europe-west4-a"))))
+        assert capsys.readouterr().err == (
+            f"warning: zones: {A} does not offer machine type ct6e-standard-4t; respawn skips it\n"
+        )
+        with pytest.raises(cli.UserError) as e:
+            cli.check_zones("job.yaml", settings, spec_to_message(spec(zones=(A, B))))
+        assert str(e.value).startswith(
+            f"job.yaml: zones: none of {A}, {B} offers v6e-16 (ct6e-standard-4t VMs); allowed: zones whose machine "
+        )
