@@ -36,6 +36,18 @@ def test_durations_and_schedules() -> None:
     assert parse_steps("550, 250") == [250, 550]
     assert parse_stockout("us-central1-a:2") == ("us-central1-a", 2)
     assert parse_stockout("us-central1-a") == ("us-central1-a", None)
+    assert parse_stockout("us-central1-a@a3-highgpu-8g:3") == ("us-central1-a@a3-highgpu-8g", 3)
+
+
+def test_a_stockout_of_one_machine_type_leaves_the_zone_to_the_others() -> None:
+    from localcloud.apis.apicore import CloudCore
+
+    core = CloudCore(spot_stockouts={"us-central1-a@a3-highgpu-8g": None}, stockouts={"us-east5-a@a2-highgpu-4g": 1})
+    assert core.stocked_out("us-central1-a", spot=True, machine_type="a3-highgpu-8g")
+    assert not core.stocked_out("us-central1-a", spot=True, machine_type="a2-highgpu-4g")
+    assert not core.stocked_out("us-central1-a", spot=False, machine_type="a3-highgpu-8g")  # on-demand has capacity
+    assert core.stocked_out("us-east5-a", machine_type="a2-highgpu-4g")  # once
+    assert not core.stocked_out("us-east5-a", machine_type="a2-highgpu-4g")
 
 
 @pytest.mark.parametrize(
@@ -48,6 +60,7 @@ def test_durations_and_schedules() -> None:
         (lambda: parse_steps(""), "--preempt-at-step: no step given"),
         (lambda: parse_stockout("nowhere:1"), "--stockout"),
         (lambda: parse_stockout("us-central1-a:x"), "--stockout"),
+        (lambda: parse_stockout("us-central1-a@A3:1"), "--stockout: 'A3' is not a machine type"),
     ],
 )
 def test_bad_chaos_options_name_the_option(call, names) -> None:  # type: ignore[no-untyped-def]

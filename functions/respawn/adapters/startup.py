@@ -16,7 +16,9 @@ the script, the metadata or a command line.
 Before the trainer, the script readies the machine: it installs Docker where the
 boot image has none (Compute Engine's TPU images: docs/compute-engine.md, The
 machine), and on a multi-host TPU slice waits until the metadata server names this
-VM's worker number and all its peers, which the trainer needs to find the others.
+VM's worker number and all its peers, which the trainer needs to find the others
+(on a GPU machine of several VMs, until the Compute Engine API lists all of its
+MIG's VMs: their order by name gives each its worker number).
 What cannot be readied is the attempt's `failed` entry (the trainer never starts).
 Lifecycle entries, secrets and the registry login go through the REST APIs with
 the machine's token from the metadata server, never through gcloud: no source
