@@ -200,7 +200,7 @@ ready_gpu_workers() {
   fi
   until names=$(curl -sf -m 30 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Length: 0' \
         "${compute_api}projects/$project/zones/${zone##*/}/instanceGroupManagers/$machine/listManagedInstances" \
-        | grep -o '"instance" *: *"[^"]*"' | sed 's#.*/##; s#"$##' | sort) \
+        | grep -o '"instance" *: *"[^"]*"' | sed 's#.*/##; s#"$##' | LC_ALL=C sort) \
       && [ "$(printf '%s\n' "$names" | grep -c .)" -eq "$slice_hosts" ]; do
     tries=$((tries + 1))
     [ "$tries" -lt "$slice_metadata_tries" ] || fail "the MIG $machine never listed its $slice_hosts VMs"
