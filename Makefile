@@ -61,8 +61,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# One pytest worker per core (pytest-xdist), each test file whole on one worker, so that a module's fixtures (a
+# reference run, a compilation cache) are made once; the slowest tests are listed at the end.
+TEST_WORKERS ?= auto
 test: setup lint
-	RESPAWN_CHECKOV=$(CURDIR)/$(CHECKOV) RESPAWN_TFSCHEMA=$(CURDIR)/.venv-tfschema/node_modules $(BIN)/pytest $(PYTEST_ARGS)
+	RESPAWN_CHECKOV=$(CURDIR)/$(CHECKOV) RESPAWN_TFSCHEMA=$(CURDIR)/.venv-tfschema/node_modules \
+	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

@@ -1,4 +1,5 @@
-"""The `respawn` command: submit, status, list, cancel, logs, parse-event, plan, and `local` (the local cloud).
+"""The `respawn` command: submit, status, list, cancel, logs, parse-event, plan, doctor, and `local` (the local
+cloud).
 
 Readable tables by default, `--json` everywhere. Project, topic and bucket come
 from flags or the environment (RESPAWN_PROJECT, RESPAWN_JOBS_TOPIC,
@@ -498,6 +499,43 @@ def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
     return {(machine_kind(spec), tier.provisioning): Advice({}, now, note) for tier in spec.all_tiers}
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check the deployment (and a job file) against its project before anything is spent (respawn/doctor/): one
+    line per check, pass, warn or fail, every failure naming its fix. Exit 0 only when nothing fails."""
+    import os
+
+    from respawn.doctor import report
+    from respawn.jobs import JobSpec
+    from respawn.spec import SpecError, load_job_file, parse_job_message
+
+    spec: JobSpec | None = None
+    if args.file:
+        try:
+            parsed = parse_job_message(load_job_file(args.file))
+        except SpecError as e:
+            raise UserError(f"{args.file}: {e}") from e
+        if not isinstance(parsed, JobSpec):
+            raise UserError(f"{args.file}: a cancel message needs no machine; doctor takes a submit message")
+        spec = parsed
+    s = settings(args, "project", "state_bucket")
+    orchestrator = os.environ.get("RESPAWN_ORCHESTRATOR_SERVICE_ACCOUNT", "").strip() or None
+    d = report.deployment(s, orchestrator)
+    lines = []
+    try:
+        for line in report.run(d, s.status_topic or "respawn-status", spec):
+            lines.append(line)
+            if not args.json:
+                print(line.text(), flush=True)
+    finally:
+        d.clients.close()
+    if args.json:
+        print(json.dumps([line.to_json() for line in lines], indent=2))
+    else:
+        counts = {k: sum(line.status == k for line in lines) for k in ("pass", "warn", "fail")}
+        print(f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed")
+    return 1 if report.failed(lines) else 0
+
+
 def run_local(argv: list[str]) -> int:
     try:
         local_cli = importlib.import_module("localcloud.command")
@@ -575,6 +613,15 @@ def parser() -> argparse.ArgumentParser:
         project,
         bucket,
     ).add_argument("file", help="job file")
+    add(
+        "doctor",
+        cmd_doctor,
+        "check the deployment, and a job file, against the project before anything is spent: APIs, the accounts' "
+        "permissions, network and firewall, buckets, image, topics, organisation policies, zones and quota; "
+        "exit 0 only when nothing fails",
+        project,
+        bucket,
+    ).add_argument("file", nargs="?", help="job file (optional)")
     sub.add_parser("local", help="run jobs on the local cloud (respawn local --help)", add_help=False)
     return p
 

@@ -31,88 +31,19 @@ resource "google_service_account" "build" {
 # under "IAM Permissions" for a method respawn calls (compute/docs/reference/rest/v1/RESOURCE/METHOD,
 # tpu/docs/reference/rest/v2/...); the names are those of the Compute Engine roles reference
 # (iam/docs/roles-permissions/compute). docs/compute-engine.md lists which call needs which.
+locals {
+  orchestrator_permissions = [for line in split("\n", file("${path.module}/../../functions/respawn/orchestrator_role.txt")) : trimspace(line) if trimspace(line) != "" && !startswith(trimspace(line), "#")]
+}
+
 resource "google_project_iam_custom_role" "orchestrator" {
   role_id     = "respawnOrchestrator"
   title       = "respawn orchestrator"
   description = "Create, get, list and delete Cloud TPU nodes and queued resources, and Compute Engine TPU and GPU VMs, slice MIGs, their templates and workload policies; read the Advice API."
-  permissions = [
-    # --- Cloud TPU API (machine.api: tpu) ---
-    "tpu.nodes.create",
-    "tpu.nodes.delete",
-    "tpu.nodes.get",
-    "tpu.nodes.list",
-    # machine.request "queued" (the default) needs no permission of its own: Google's list of permissions (IAM
-    # queryTestablePermissions, tests/data/iam_custom_role_support.json) has no tpu.queuedResources.* at all, and the
-    # TPU Admin role that manages queued resources holds only tpu.nodes.* and tpu.operations.*. A custom role that
-    # names a permission Google does not have is refused when it is created. Consuming a reservation (a reservation
-    # tier) needs no permission beyond creating the machine (Compute Engine "Consume reservations").
-    "tpu.operations.get",
-    "tpu.operations.list",
-    # --- Compute Engine: one instance (GPU VMs, single-host TPU VMs) ---
-    # instances.insert checks compute.instances.create plus one permission per field set in the body: metadata
-    # (setMetadata), labels (setLabels), scheduling/Spot/flex-start (setScheduling), the machines' service account
-    # (setServiceAccount, with actAs below), the boot disk (disks.create, disks.setLabels), its image
-    # (images.useReadOnly), the NIC (subnetworks.use, subnetworks.useExternalIp)
-    # (compute/docs/reference/rest/v1/instances/insert).
-    "compute.instances.create",
-    "compute.instances.delete",
-    "compute.instances.get",
-    "compute.instances.list",
-    "compute.instances.setLabels",
-    "compute.instances.setMetadata",
-    "compute.instances.setScheduling",
-    "compute.instances.setServiceAccount",
-    "compute.disks.create",
-    "compute.disks.setLabels",
-    "compute.images.useReadOnly",
-    "compute.subnetworks.use",
-    "compute.subnetworks.useExternalIp",
-    # --- Compute Engine: a multi-host TPU slice = workload policy + instance template + MIG ---
-    # (compute/docs/tpus/create-tpu-mig-multi-host-slice, tpu/docs/tpus-and-migs)
-    # The regional workload policy: resourcePolicies.insert / get / delete; the MIG that names it in
-    # resourcePolicies.workloadPolicy needs `use` on it (compute/docs/reference/rest/v1/resourcePolicies).
-    # `list`: the provider's listing of a region finds a policy whose MIG is gone (a crash between creates) and
-    # reports it for deletion, so nothing an attempt made outlives it.
-    "compute.resourcePolicies.create",
-    "compute.resourcePolicies.delete",
-    "compute.resourcePolicies.get",
-    "compute.resourcePolicies.list",
-    "compute.resourcePolicies.use",
-    # The global instance template: instanceTemplates.insert / get / delete / list (list: as for policies); a
-    # MIG built from it needs useReadOnly on it (compute/docs/reference/rest/v1/instanceTemplates,
-    # compute/docs/access/iam "Managed instance groups and IAM"). The MIG then creates its VMs as the project's
-    # Google APIs service agent, not as the functions, so no instances.* beyond the above is needed for a slice.
-    "compute.instanceTemplates.create",
-    "compute.instanceTemplates.delete",
-    "compute.instanceTemplates.get",
-    "compute.instanceTemplates.list",
-    "compute.instanceTemplates.useReadOnly",
-    # The zonal MIG: instanceGroupManagers.insert / get / delete (deleting it deletes its VMs), list (the sweep's
-    # listing per zone) and listManagedInstances (its VMs and their states; gcloud's `managed list-instances`
-    # names compute.instanceGroupManagers.list, the REST reference the get permission: both are granted).
-    # Every slice, flex-start included, is created at its full size and never resized: no update permission.
-    # A MIG is also an instance group of its name, created and deleted with it: instanceGroups.create / delete, as
-    # in Compute Engine's Instance Admin role (roles/compute.instanceAdmin.v1 holds both).
-    "compute.instanceGroupManagers.create",
-    "compute.instanceGroupManagers.delete",
-    "compute.instanceGroupManagers.get",
-    "compute.instanceGroupManagers.list",
-    "compute.instanceGroups.create",
-    "compute.instanceGroups.delete",
-    # Waiting on each create/delete (operations `wait`, authorized by `get`): instances and MIGs return
-    # zone operations, workload policies region operations, instance templates global operations.
-    "compute.zoneOperations.get",
-    "compute.regionOperations.get",
-    "compute.globalOperations.get",
-    # --- Compute Engine Advice API (preview): placement advice for GPU machine types, read-only ---
-    # advice.capacity (obtainability, estimated uptime) and advice.capacityHistory (Spot price history), as
-    # respawn/adapters/advice.py calls them. The permission names are those of Google's roles reference (e.g.
-    # iam/docs/roles-permissions/notebooks lists both); that each method checks the one of its own name is how
-    # the public projects using them describe it. Without them respawn places by its history alone and says so.
-    # Both are SUPPORTED in custom roles (tests/data/iam_custom_role_support.json), so they stay in this role.
-    "compute.advice.capacity",
-    "compute.advice.capacityHistory",
-  ]
+
+  # One permission a line of functions/respawn/orchestrator_role.txt, where each one's reason is written beside it;
+  # `respawn doctor` reads the same file (respawn/doctor/needs.py).
+  permissions = local.orchestrator_permissions
+
   depends_on = [google_project_service.apis]
 }
 

@@ -1,11 +1,9 @@
 output "cli_environment" {
-  description = "Environment for the respawn CLI (export these, then `respawn submit JOB.yaml`)."
-  value = {
-    RESPAWN_PROJECT      = var.project
-    RESPAWN_STATE_BUCKET = google_storage_bucket.state.name
-    RESPAWN_JOBS_TOPIC   = google_pubsub_topic.jobs.name
-    RESPAWN_EVENTS_TOPIC = google_pubsub_topic.events.name
-  }
+  description = "Environment for the respawn CLI (export these, then `respawn doctor JOB.yaml` and `respawn submit JOB.yaml`)."
+  # The functions' own settings (functions.tf) and the orchestrator's account: what `respawn doctor` checks.
+  value = merge(local.function_environment, {
+    RESPAWN_ORCHESTRATOR_SERVICE_ACCOUNT = google_service_account.orchestrator.email
+  })
 }
 
 output "checkpoint_bucket" {

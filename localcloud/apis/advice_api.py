@@ -23,7 +23,7 @@ import re
 import time
 from typing import Any
 
-from localcloud.apis.apicore import ApiError, CloudCore, CloudMachine, compute_error_json, invalid, rfc3339
+from localcloud.apis.apicore import ApiError, CloudCore, NoMachines, compute_error_json, invalid, rfc3339
 
 ADVICE_PATH = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)/advice/(capacity|capacityHistory)$")
 MODELS = ("FLEX_START", "RESERVATION_BOUND", "SPOT", "STANDARD")
@@ -34,8 +34,8 @@ DAY = 24 * HOUR
 _REASONS = {400: "invalid", 403: "forbidden", 404: "notFound", 429: "rateLimitExceeded", 503: "backendError"}
 
 
-class AdviceApi:
-    """The local Advice API: no machines of its own, only answers (the ApiPart protocol's machine hooks are empty).
+class AdviceApi(NoMachines):
+    """The local Advice API: no machines of its own, only answers (NoMachines: the ApiPart's machine hooks empty).
 
     `seed` and `mtbi_s` (zone -> seconds) may be changed while the server runs; each answer reads them."""
 
@@ -78,27 +78,6 @@ class AdviceApi:
 
     def error_json(self, e: ApiError) -> dict[str, Any]:
         return compute_error_json(e, _REASONS)
-
-    def machines(self) -> list[CloudMachine]:
-        return []
-
-    def machine(self, name: str) -> CloudMachine | None:
-        return None
-
-    def stored(self, name: str) -> CloudMachine | None:
-        return None
-
-    def preempt(self, name: str, worker: int | None) -> CloudMachine | None:
-        return None
-
-    def set_state(self, name: str, state: str, worker: int | None) -> CloudMachine | None:
-        return None
-
-    def live_in(self, zone: str) -> int:
-        return 0
-
-    def leftovers(self) -> list[str]:
-        return []
 
     # ------------------------------------------------------------------ the methods
     def capacity(self, project: str, region: str, body: dict[str, Any]) -> dict[str, Any]:

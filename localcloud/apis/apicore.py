@@ -216,6 +216,31 @@ class ApiPart(Protocol):
     def leftovers(self) -> list[str]: ...
 
 
+class NoMachines:
+    """The ApiPart hooks of an API that holds no machines (the Advice API, a project's APIs): all empty."""
+
+    def machines(self) -> list[CloudMachine]:
+        return []
+
+    def machine(self, name: str) -> CloudMachine | None:
+        return None
+
+    def stored(self, name: str) -> CloudMachine | None:
+        return None
+
+    def preempt(self, name: str, worker: int | None) -> CloudMachine | None:
+        return None
+
+    def set_state(self, name: str, state: str, worker: int | None) -> CloudMachine | None:
+        return None
+
+    def live_in(self, zone: str) -> int:
+        return 0
+
+    def leftovers(self) -> list[str]:
+        return []
+
+
 class CoreKnobs(TypedDict, total=False):
     """CloudCore's knobs, each optional (CloudCore's docstring says what each does)."""
 

@@ -36,6 +36,7 @@ from localcloud.apis.apicore import (
     MachineCall,
 )
 from localcloud.apis.compute.api import ComputeApi
+from localcloud.apis.project_api import ProjectApi
 from localcloud.apis.tpu_api import QueuedResource, TpuApi
 
 if TYPE_CHECKING:
@@ -96,7 +97,10 @@ class CloudApiServer(CloudCore):
             self, bulk_models=bulk_models, bulk_stockout=bulk_stockout, resize_requests=resize_requests
         )
         self.advice = AdviceApi(self, seed=advice_seed, mtbi_s=advice_mtbi_s)
-        self.apis: list[ApiPart] = [self.tpu, self.advice, self.compute]  # advice before compute: both own /compute/
+        # The project around a deployment (`respawn doctor`'s APIs: project_api.py), none until one is set.
+        self.project = ProjectApi()
+        # project and advice first: they serve paths under /v2/ and /compute/ that tpu and compute would take
+        self.apis: list[ApiPart] = [self.project, self.tpu, self.advice, self.compute]
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_class(self))
         self._httpd.daemon_threads = True
         self._threads: list[threading.Thread] = []

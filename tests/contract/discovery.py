@@ -65,8 +65,25 @@ class Api:
         return cls(json.loads((DOCUMENTS / f"{name}.json").read_text()))
 
     def method(self, verb: str, path: str) -> Method | None:
-        """The method serving `verb path` (path without the query string), None when the API has none."""
-        return next((m for m in self.methods if m.verb == verb and m.pattern.fullmatch(path)), None)
+        """The method serving `verb path` (path without the query string), None when the API has none; of several
+        (`v2/{+name}` and `v2/projects/{p}/policies/{q}:getEffectivePolicy`), the one with the longest template."""
+        found = [m for m in self.methods if m.verb == verb and m.pattern.fullmatch(path)]
+        return max(found, key=lambda m: len(m.template), default=None)
+
+    def exchange_problems(self, exchange: Any) -> list[str]:
+        """What in one request and its reply (an Exchange: method, path, query, body, status, response) the
+        definition of its method refuses, each problem prefixed with the method's id."""
+        method = self.method(exchange.method, exchange.path)
+        if method is None:
+            return [f"{exchange.method} {exchange.path}: no such method in {self.name}"]
+        found = self.check_query(method, exchange.query)
+        if method.request is not None:
+            found += self.check(method.request, exchange.body, f"request {method.request}")
+        elif exchange.body != {}:
+            found.append(f"{method.id} takes no request body, got {exchange.body}")
+        if exchange.status < 300 and method.response is not None:  # errors: Google's error format, not the method's
+            found += self.check(method.response, exchange.response, f"response {method.response}")
+        return [f"{method.id}: {p}" for p in found]
 
     def check_query(self, method: Method, query: dict[str, str]) -> list[str]:
         """Problems with a request's query parameters: unknown ones, values of the wrong type or enum."""

@@ -45,15 +45,8 @@ def exchanges() -> Iterator[list[Exchange]]:
 
 
 def problems(exchange: Exchange) -> list[str]:
-    method = COMPUTE_API.method(exchange.method, exchange.path)
-    if method is None:
-        return [f"{exchange.method} {exchange.path}: no such method in compute.v1"]
-    found = COMPUTE_API.check_query(method, exchange.query)
-    if method.request is not None:
-        found += COMPUTE_API.check(method.request, exchange.body, f"request {method.request}")
-    if exchange.status < 300 and method.response is not None:
-        found += COMPUTE_API.check(method.response, exchange.response, f"response {method.response}")
-    return [f"{method.id}: {p}" for p in found]
+    """What in this request or its reply Google's definition of the method refuses."""
+    return COMPUTE_API.exchange_problems(exchange)
 
 
 def test_every_request_and_reply_conforms(exchanges: list[Exchange]) -> None:

@@ -229,18 +229,7 @@ def api_of(exchange: Exchange) -> Api:
 
 def problems(exchange: Exchange) -> list[str]:
     """What in this request or its reply Google's definition of the method refuses."""
-    api = api_of(exchange)
-    method = api.method(exchange.method, exchange.path)
-    if method is None:
-        return [f"{exchange.method} {exchange.path}: no such method in {api.name}"]
-    found = api.check_query(method, exchange.query)
-    if method.request is not None:
-        found += api.check(method.request, exchange.body, f"request {method.request}")
-    elif exchange.body != {}:
-        found.append(f"{method.id} takes no request body, got {exchange.body}")
-    if exchange.status < 300 and method.response is not None:  # errors: Google's error format, not the method's
-        found += api.check(method.response, exchange.response, f"response {method.response}")
-    return [f"{method.id}: {p}" for p in found]
+    return api_of(exchange).exchange_problems(exchange)
 
 
 # ------------------------------------------------------------------------------------------------ tests

@@ -157,8 +157,7 @@ MACHINE = "${google_service_account.machine.member}"
 
 
 def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) -> None:
-    role = config.resource("google_project_iam_custom_role", "orchestrator")
-    permissions = set(role["permissions"])
+    permissions = set(config.role_permissions("orchestrator"))
     # Cloud TPU has no tpu.queuedResources.* permissions: tpu.nodes.* covers queued resources (test_iam_support.py)
     needed = {f"tpu.nodes.{verb}" for verb in ("create", "delete", "get", "list")} | {
         f"compute.instances.{verb}" for verb in ("create", "delete", "get", "list", "setMetadata", "setLabels")
@@ -168,7 +167,7 @@ def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) ->
     assert not any(p.endswith(("setIamPolicy", ".start", ".stop", ".reset")) for p in permissions)
     # no update of any object: a flex-start slice is a BULK MIG created at its full size, never resized
     assert not [p for p in permissions if p.endswith(".update")]
-    assert len(role["permissions"]) == len(permissions)  # no permission listed twice
+    assert len(config.role_permissions("orchestrator")) == len(permissions)  # no permission listed twice
     grant = config.resource("google_project_iam_member", "orchestrator_machines")
     assert grant == {
         "project": "${var.project}",
@@ -208,8 +207,7 @@ def compute_verbs(permissions: list[str]) -> dict[str, set[str]]:
 def test_the_compute_engine_permissions_are_exactly_what_the_tpu_path_calls(config: Config) -> None:
     """Slices (policy, template, MIG) and single-host TPU VMs, and nothing broader: no wildcard,
     no IAM policy changes, no instance updates, restarts or resizes, no other kind of object."""
-    role = config.resource("google_project_iam_custom_role", "orchestrator")
-    assert compute_verbs(role["permissions"]) == COMPUTE_TPU_PATH
+    assert compute_verbs(config.role_permissions("orchestrator")) == COMPUTE_TPU_PATH
 
 
 def test_the_compute_permission_check_can_fail() -> None:
@@ -517,6 +515,6 @@ def test_the_needed_apis_are_enabled(config: Config) -> None:
 def test_the_compute_engine_guide_names_every_kind_of_object_the_role_reaches(config: Config) -> None:
     guide = (REPO / "docs" / "compute-engine.md").read_text(encoding="utf-8")
     iam = guide.split("\n## IAM\n", 1)[1].split("\n## ", 1)[0]
-    kinds = set(compute_verbs(config.resource("google_project_iam_custom_role", "orchestrator")["permissions"]))
+    kinds = set(compute_verbs(config.role_permissions("orchestrator")))
     assert kinds == set(COMPUTE_TPU_PATH)
     assert [kind for kind in sorted(kinds) if f"`compute.{kind}." not in iam] == []

@@ -15,6 +15,11 @@ TF_DIR = REPO / "infra" / "terraform"
 
 _OPTIONS = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
 _FILE_CALL = re.compile(r'^\$\{file\("(?P<path>[^"]+)"\)\}$')
+_LOCAL = re.compile(r"\$\{local\.(?P<name>\w+)\}")
+_ROLE_LINES = re.compile(
+    r'\$\{\[for line in split\("\\n", file\("(?P<path>[^"]+)"\)\) : trimspace\(line\) '
+    r'if trimspace\(line\) != "" && !startswith\(trimspace\(line\), "#"\)\]\}'
+)
 
 
 def parse(path: Path) -> dict[str, Any]:
@@ -60,6 +65,21 @@ class Config:
 
     def of_type(self, type_: str) -> dict[str, dict[str, Any]]:
         return {name: body for (t, name), body in self.resources.items() if t == type_}
+
+    def role_permissions(self, name: str) -> list[str]:
+        """The permissions of custom role `name`: its list, or the lines of the file a local reads them from
+        (iam.tf's orchestrator_permissions: every line of the file, trimmed, but blank ones and '#' comments)."""
+        value = self.resource("google_project_iam_custom_role", name)["permissions"]
+        if isinstance(value, list):
+            return [str(p) for p in value]
+        local = _LOCAL.fullmatch(value)
+        assert local, f"role {name}: permissions is neither a list nor a local: {value}"
+        expression = self.locals[local["name"]]
+        m = _ROLE_LINES.fullmatch(expression)
+        assert m, f"local.{local['name']} is not the one-permission-a-line file reading: {expression}"
+        path = self.file_target(f'${{file("{m["path"]}")}}')
+        lines = (line.strip() for line in path.read_text(encoding="utf-8").split("\n"))
+        return [line for line in lines if line and not line.startswith("#")]
 
     def file_target(self, expression: str) -> Path:
         """The file a `file("${path.module}/...")` expression reads, resolved like Terraform does."""

@@ -17,6 +17,7 @@ from localcloud.apis.cloudapi import CloudApiServer
 from respawn.adapters.gcs_store import GcsHistoryStore
 from respawn.cli import main
 from respawn.outlook import HOUR, History, Key
+from respawn.prices import GPU_SKUS_AS_OF, LIST_SOURCE, list_source
 
 A, B, C = "us-central1-a", "us-central1-b", "us-west1-b"
 GPU_JOB = {
@@ -87,7 +88,7 @@ def test_a_gpu_job_shows_the_advice_figures(
     (zone,) = standard["zones"]
     assert (zone["mtbi_source"], zone["price_source"], zone["obtainability"]) == (
         "prior (no history)",
-        "list price table 2025-06",
+        list_source(GPU_SKUS_AS_OF),
         None,
     )
     asked = [r for r in server.requests if "/advice/" in r]
@@ -106,7 +107,7 @@ def test_a_gpu_plan_as_text_names_every_source(
     assert code == 0
     assert "tier 0: spot, zones ranked by expected useful hours per dollar: " in out
     assert out.count("Advice API price history (") == 3
-    assert "list price table 2025-06" in out
+    assert list_source(GPU_SKUS_AS_OF) in out
     assert "note: Advice API advises Spot VMs only; standard: history only" in out
 
 
@@ -147,7 +148,7 @@ def test_a_tpu_job_is_planned_on_history_only(
     assert tier["order"] == [A, B]  # nothing tells the zones apart: the list's order
     for zone in tier["zones"]:
         assert (zone["mtbi_source"], zone["obtainability"]) == ("prior (no history)", None)
-        assert zone["price_source"] == "list price table 2025-06"
+        assert zone["price_source"] == LIST_SOURCE  # the TPU rows name no date of their own
     assert not [r for r in server.requests if "/advice/" in r]
     code, text = plan(tmp_path, capsys, TPU_JOB)
     assert "note: Advice API does not cover TPUs; history only" in text
@@ -162,7 +163,7 @@ def test_a_refused_advice_is_a_note_and_the_plan_goes_on(
     (tier,) = json.loads(out)["tiers"]
     assert tier["note"].startswith("Advice API unavailable: permission denied (denied")
     assert {z["mtbi_source"] for z in tier["zones"]} == {"prior (no history)"}
-    assert {z["price_source"] for z in tier["zones"]} == {"list price table 2025-06"}
+    assert {z["price_source"] for z in tier["zones"]} == {list_source(GPU_SKUS_AS_OF)}
 
 
 def test_without_a_project_the_advice_api_is_not_asked(
