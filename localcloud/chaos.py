@@ -198,15 +198,24 @@ def _order(action: StepAction) -> tuple[int, int, int]:
     return action.step, STEP_ACTIONS.index(action.action), action.worker or 0
 
 
+_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
+
+
 def parse_stockout(text: str, option: str = "--stockout") -> tuple[str, int | None]:
     """`us-central1-a:2` -> node creates: the first 2 there fail; queued requests: each waits 2 s in the queue.
-    `us-central1-a` -> every create there fails; every queued request there waits until deleted."""
-    zone, _, count = text.partition(":")
+    `us-central1-a` -> every create there fails; every queued request there waits until deleted.
+    `us-central1-a@a3-highgpu-8g` -> the same for creates of that machine type only (a Compute Engine machine type,
+    or a TPU accelerator type): the key is `ZONE@TYPE`."""
+    where, _, count = text.partition(":")
+    zone, at, machine_type = where.partition("@")
+    usage = "use ZONE[@MACHINE_TYPE][:N] (us-central1-a:1, us-central1-a@a3-highgpu-8g)"
     if not _ZONE.fullmatch(zone):
-        raise ChaosError(f"{option}: {zone!r} is not a zone; use ZONE[:N] (us-central1-a:1)")
+        raise ChaosError(f"{option}: {zone!r} is not a zone; {usage}")
+    if at and not _MACHINE_TYPE.fullmatch(machine_type):
+        raise ChaosError(f"{option}: {machine_type!r} is not a machine type; {usage}")
     if count and not count.isdigit():
-        raise ChaosError(f"{option}: {count!r} is not a whole number; use ZONE[:N] (us-central1-a:1)")
-    return zone, int(count) if count else None
+        raise ChaosError(f"{option}: {count!r} is not a whole number; {usage}")
+    return where, int(count) if count else None
 
 
 def parse_unoffered(text: str) -> tuple[str, str]:

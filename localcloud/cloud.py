@@ -260,6 +260,7 @@ class LocalCloud:
             secrets=self.options.secrets,
             timings=self.options.machine_timings,
             time_scale=self.options.time_scale,
+            compute_api=f"{server.url}/compute/v1/",
         )
         self._stack.callback(nodes.stop)  # teardown kills the trainers first (after chaos, started later)
 

@@ -118,15 +118,16 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--stockout",
-        metavar="ZONE[:N]",
+        metavar="ZONE[@MACHINE_TYPE][:N]",
         action="append",
         default=[],
         help="no capacity in ZONE: a TPU queued request waits N seconds there WAITING_FOR_RESOURCES, a node or "
-        "VM create fails the next N times (without N: forever, every time); repeatable",
+        "VM create fails the next N times (without N: forever, every time); @MACHINE_TYPE: only creates of that "
+        "machine type (a3-highgpu-8g) or TPU type; repeatable",
     )
     r.add_argument(
         "--spot-stockout",
-        metavar="ZONE[:N]",
+        metavar="ZONE[@MACHINE_TYPE][:N]",
         action="append",
         default=[],
         help="the same for Spot and preemptible requests only (on-demand and reservations still get capacity)",
@@ -267,8 +268,10 @@ def worker_steps(text: str | None, option: str) -> list[tuple[int, int]]:
 
 
 def job_slice(machine: dict[str, Any]) -> LocalSlice:
-    """The processes a job's validated `machine` runs as: a TPU slice's from its accelerator type."""
-    return LocalSlice.of(str(machine.get("kind")), machine.get("accelerator_type"))
+    """The processes a job's validated `machine` runs as: a TPU slice's from its accelerator type, a GPU machine's
+    from its vms and GPUs."""
+    gpus = machine.get("accelerator_count", 1)
+    return LocalSlice.of(str(machine.get("kind")), machine.get("accelerator_type"), machine.get("vms", 1), gpus)
 
 
 def machine_words(machine: dict[str, Any]) -> str:

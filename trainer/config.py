@@ -53,6 +53,7 @@ class Config:
     distributed: str  # auto | on | off
     data: str  # "" = the generated corpus; else ArrayRecord shards (trainer/dataset.py)
     data_cache: str  # where shards on gs:// are copied
+    max_device_batch: int = 0  # rows per device per forward/backward pass; 0 = the whole per-device batch at once
 
     @property
     def size(self) -> ModelSize | None:
@@ -95,6 +96,12 @@ FLAGS: dict[str, tuple[Callable[[str], Any], Any, str, str]] = {
     "distributed": (_choice("auto", "on", "off"), "auto", "auto | on | off", "jax.distributed.initialize()"),
     "data": (_data, "", "gs://BUCKET/PREFIX or a directory", "ArrayRecord shards to train on (default: generated)"),
     "data-cache": (_data, "~/.cache/respawn/data", "a directory", "where shards on gs:// are copied first"),
+    "max-device-batch": (
+        parse_int(0, 65536),
+        0,
+        "an integer 0..65536 (0: no limit)",
+        "most rows per device in one pass: more, and the step accumulates gradients over micro-batches",
+    ),
 }
 
 
@@ -142,6 +149,7 @@ def load_config(argv: Sequence[str]) -> Config:
         distributed=flags["distributed"],
         data=flags["data"],
         data_cache=flags["data-cache"],
+        max_device_batch=flags["max-device-batch"],
     )
 
 

@@ -9,6 +9,7 @@ the state is not donated: an async save may still be reading the previous step's
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from trainer import data, model, sharding
 from trainer import step as train
 from trainer.config import Config, ConfigError
 
+log = logging.getLogger("trainer")
+
 
 class LanguageModel:
     def __init__(self, cfg: Config) -> None:
@@ -34,6 +37,17 @@ class LanguageModel:
             raise ConfigError(
                 "--batch-size", f"{cfg.batch_size} does not split over {mesh.size} devices", "a multiple of it"
             )
+        # The global batch is the job's whatever the devices: each takes batch / devices rows, in micro-batches of at
+        # most --max-device-batch (gradient accumulation), so an attempt on other hardware continues the same run
+        per_device = cfg.batch_size // mesh.size
+        self.micro = train.micro_batches(per_device, cfg.max_device_batch)
+        log.info(
+            "global batch %d: %d rows on each of %d devices, in %d micro-batch(es)",
+            cfg.batch_size,
+            per_device,
+            mesh.size,
+            self.micro,
+        )
         self.sharded = NamedSharding(mesh, P("data"))
         optimizer = train.make_optimizer(cfg)
         shapes = train.state_shapes(cfg, size, optimizer)
@@ -50,7 +64,7 @@ class LanguageModel:
         tokens = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len + 1), jnp.int32, sharding=self.sharded)
         donate = (0,) if jax.default_backend() != "cpu" else ()
         step_fn = jax.jit(
-            train.make_train_step(cfg, size, optimizer),
+            train.make_train_step(cfg, size, optimizer, self.micro),
             in_shardings=(shardings, self.sharded),
             out_shardings=shardings,
             donate_argnums=donate,
@@ -79,5 +93,6 @@ def program_key(cfg: Config) -> str:
     digest = hashlib.sha256(optax.__version__.encode())
     for name in ("engine.py", "model.py", "step.py", "sharding.py"):
         digest.update(Path(__file__).with_name(name).read_bytes())
-    flags = (cfg.model, cfg.seed, cfg.batch_size, cfg.seq_len, cfg.learning_rate, cfg.steps)  # not --data: same program
+    # not --data: the same program
+    flags = (cfg.model, cfg.seed, cfg.batch_size, cfg.seq_len, cfg.learning_rate, cfg.steps, cfg.max_device_batch)
     return f"train_step:{flags}:{digest.hexdigest()}"

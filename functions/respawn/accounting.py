@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from respawn.jobs import Attempt, EndReason, Job
+from respawn.jobs import Attempt, EndReason, Job, machine_to_dict
 from respawn.prices import LIST_SOURCE, cost, machine_price, rate_per_h
 
 TRAINER_KEYS = ("startup_s", "restore_s", "productive_s", "checkpoint_s", "input_s", "wasted_s", "total_s")
@@ -146,8 +146,9 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
     """{wall_s, goodput, seconds: {category: s}, machine_hours, cost, tiers}: the job's goodput, badput and cost.
 
     `cost` prices all machine time at Spot and at on-demand (None when prices.py has no row for the machine);
-    `tiers` prices each tier's machine time at its own rate: an attempt placed with the Advice API's price of its
-    zone (Attempt.price) at that price, the others at the dated table's; each tier says which sources it used."""
+    `tiers` prices each tier's machine time at its own rate (of its own machine, where it names one): an attempt
+    placed with the Advice API's price of its zone (Attempt.price) at that price, the others at the dated table's;
+    each tier says which sources it used."""
     end = job_end(job, now)
     wall = max(0.0, end - job.submitted_at)
     seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -165,8 +166,9 @@ def job_accounting(job: Job, now: float) -> dict[str, Any]:
     tiers = []
     for i, tier in enumerate(job.spec.all_tiers if job.spec else ()):
         mine = [a for a in job.attempts if a.tier == i]
-        listed = price.source if price is not None else LIST_SOURCE
-        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, price), listed)
+        own = machine_price(machine_to_dict(tier.machine)) if tier.machine is not None else price  # a tier's machine
+        listed = own.source if own is not None else LIST_SOURCE
+        cost_usd, sources = _priced(mine, used, rate_per_h(tier.provisioning, own), listed)
         tiers.append(
             {
                 "tier": i,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from respawn.accounting import CATEGORIES, job_accounting
 from respawn.bootstrap import job_store, jobs_publisher, log_reader
 from respawn.deployment import VARIABLES, Settings, SettingsError
-from respawn.jobs import Attempt, EndReason, Job, JobSpec, TpuMachine
+from respawn.jobs import Attempt, EndReason, Job, JobSpec, TpuMachine, machine_words
 
 if TYPE_CHECKING:
     from respawn.spec import CancelRequest
@@ -71,12 +71,8 @@ def describe(job: Job, now: float | None = None) -> str:
     ]
     if spec is not None:
         machine = spec.machine
-        model = (
-            machine.accelerator_type
-            if isinstance(machine, TpuMachine)
-            else f"{machine.machine_type} {machine.accelerator_count}x{machine.accelerator_type}"
-        )
-        hosts = f", {machine.hosts} hosts per slice" if machine.hosts > 1 else ""
+        model = machine_words(machine)
+        hosts = f", {machine.hosts} hosts per slice" if isinstance(machine, TpuMachine) and machine.hosts > 1 else ""
         hang = "off" if spec.hang_timeout_s is None else f"{spec.hang_timeout_s}s without progress"
         lines += [
             f"machine      {machine.kind} {model} ({spec.provisioning}{hosts})",
@@ -84,7 +80,11 @@ def describe(job: Job, now: float | None = None) -> str:
             f"zones        {', '.join(spec.zones)}"
             if not spec.tiers
             else "tiers        "
-            + "; ".join(f"{i}: {t.provisioning} in {', '.join(t.zones)}" for i, t in enumerate(spec.all_tiers)),
+            + "; ".join(
+                f"{i}: {t.provisioning} in {', '.join(t.zones)}"
+                + (f" on {machine_words(t.machine)}" if t.machine else "")
+                for i, t in enumerate(spec.all_tiers)
+            ),
             f"placement    {spec.placement}",
             f"checkpoints  {spec.checkpoint_uri}",
         ]
@@ -103,12 +103,12 @@ def describe(job: Job, now: float | None = None) -> str:
         lines.append(f"in flight    {actions} (lease until {when(job.pending_lease_until)})")
     if job.attempts:
         rows = [
-            (a.n, a.zone, a.tier, a.machine, when(a.requested_at), _waited(a), when(a.started_at), when(a.ended_at),
-             a.end_reason, a.restored_step, a.last_step)
+            (a.n, a.zone, a.tier, a.machine, _runs_on(job, a), when(a.requested_at), _waited(a), when(a.started_at),
+             when(a.ended_at), a.end_reason, a.restored_step, a.last_step)
             for a in job.attempts
         ]  # fmt: skip
-        headers = ("#", "zone", "tier", "machine", "requested", "waited", "started", "ended", "end", "restored",
-                   "last step")  # fmt: skip
+        headers = ("#", "zone", "tier", "machine", "runs on", "requested", "waited", "started", "ended", "end",
+                   "restored", "last step")  # fmt: skip
         lines += ["", "attempts", table(headers, rows)]
         skipped = [f"  {a.zone}  {a.error}" for a in job.attempts if a.end_reason == EndReason.UNOFFERED]
         if skipped:  # each zone that does not offer the machine, skipped from its first refusal on
@@ -129,6 +129,11 @@ def describe(job: Job, now: float | None = None) -> str:
     if job.result.get("final_weights"):
         lines += ["", f"final weights  {job.result['final_weights']} (kept past the checkpoint bucket's retention)"]
     return "\n".join(lines)
+
+
+def _runs_on(job: Job, a: Attempt) -> str:
+    """The machine type attempt `a` ran on: its tier's machine (a tier may name its own), as machine_words says it."""
+    return machine_words(job.spec.machine_of(a.tier)) if job.spec is not None else ""
 
 
 def _waited(a: Attempt) -> str:

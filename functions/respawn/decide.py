@@ -653,7 +653,7 @@ def _observation(job: Job, ended: Attempt) -> Observation | None:
     interrupted = ended.end_reason in COUNTED_AS_PREEMPTION
     if job.spec is None or ended.ended_at is None or (ended.started_at is None and not interrupted):
         return None
-    key = Key(ended.zone, machine_kind(job.spec), job.spec.all_tiers[ended.tier].provisioning)
+    key = Key(ended.zone, machine_kind(job.spec.on_tier(ended.tier)), job.spec.all_tiers[ended.tier].provisioning)
     seconds = max(0.0, ended.ended_at - ended.started_at) if ended.started_at is not None else 0.0
     return Observation(f"{job.job_id}/{ended.n}", key, seconds, int(interrupted), ended.ended_at)
 

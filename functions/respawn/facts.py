@@ -93,9 +93,9 @@ def write(lines: Iterable[dict[str, Any]]) -> None:
 def _fact(kind: str, job: Job, attempt: Attempt | None = None, **fields: Any) -> dict[str, Any]:
     line: dict[str, Any] = {"fact": kind, "job_id": job.job_id}
     if job.spec is not None:
-        line["machine"] = machine_kind(job.spec)
         tiers = job.spec.all_tiers
         tier = attempt.tier if attempt is not None and attempt.tier < len(tiers) else 0
+        line["machine"] = machine_kind(job.spec.on_tier(tier))
         line["provisioning"] = tiers[tier].provisioning
     if attempt is not None:
         line.update(attempt=attempt.n, zone=attempt.zone)

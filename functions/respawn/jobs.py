@@ -165,14 +165,36 @@ class GpuMachine:
     kind: str = "gpu"
     boot_disk_gb: int = 200
     queue_timeout_s: int = 30 * 60  # a flex-start tier: how long one zone may keep the request waiting
+    # VMs of machine_type created together and recovered whole, as a TPU slice's: 1 is one instance, more a MIG
+    # slice (respawn.adapters.compute_slices) whose trainers join by jax.distributed (process id = VM index)
+    vms: int = 1
     api: ClassVar[str] = API_COMPUTE  # GPUs are Compute Engine instances, always
 
     @property
     def hosts(self) -> int:
-        return 1
+        """VMs of the machine: every one runs the trainer; losing any one loses them all."""
+        return self.vms
 
 
 MachineSpec = TpuMachine | GpuMachine
+
+
+def machine_to_dict(machine: MachineSpec) -> dict[str, Any]:
+    return dict(machine.__dict__)
+
+
+def machine_from_dict(m: dict[str, Any]) -> MachineSpec:
+    # a record written before queued resources asked for a node: keep what its machines are
+    return TpuMachine(**{"request": "node", **m}) if m["kind"] == "tpu" else GpuMachine(**m)
+
+
+def machine_words(machine: MachineSpec) -> str:
+    """What a machine is, as one word of a status table: `v5litepod-8`, `a3-highgpu-8g(8xnvidia-h100-80gb)`, and a
+    GPU machine of several VMs `2xa3-highgpu-8g(8xnvidia-h100-80gb)`."""
+    if isinstance(machine, TpuMachine):
+        return machine.accelerator_type
+    vms = f"{machine.vms}x" if machine.vms > 1 else ""
+    return f"{vms}{machine.machine_type}({machine.accelerator_count}x{machine.accelerator_type})"
 
 
 @dataclass(frozen=True)
@@ -193,17 +215,21 @@ class Tier:
     # A later tier that is not Spot: how long the job stays on it before it may go back to the first Spot tier
     # (decide's back-to-Spot rule, when the outlook expects Spot to last); None: it never goes back.
     back_to_spot_after_s: int | None = 2 * 3600
+    # The tier's own machine (another GPU type or count, of the job's machine kind and API); None: the job's
+    machine: MachineSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.provisioning, Provisioning):  # as read back from JSON
             object.__setattr__(self, "provisioning", Provisioning(self.provisioning))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "zones": list(self.zones)}
+        machine = machine_to_dict(self.machine) if self.machine is not None else None
+        return {**self.__dict__, "zones": list(self.zones), "machine": machine}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Tier:
-        return Tier(**{**d, "zones": tuple(d["zones"])})
+        machine = machine_from_dict(d["machine"]) if d.get("machine") else None  # a record before tier machines: None
+        return Tier(**{**d, "zones": tuple(d["zones"]), "machine": machine})
 
 
 @dataclass(frozen=True)
@@ -243,6 +269,17 @@ class JobSpec:
     def all_tiers(self) -> tuple[Tier, ...]:
         return self.tiers or (Tier(self.provisioning, self.zones, max_run_duration_s=self.max_run_duration_s),)
 
+    def machine_of(self, tier: int) -> MachineSpec:
+        """The machine tier `tier`'s attempts run on: the tier's own, else the job's."""
+        tiers = self.all_tiers
+        own = tiers[tier].machine if 0 <= tier < len(tiers) else None
+        return own if own is not None else self.machine
+
+    def on_tier(self, tier: int) -> JobSpec:
+        """The spec as tier `tier`'s machines are made from it: the job's, with the tier's machine."""
+        machine = self.machine_of(tier)
+        return self if machine is self.machine else replace(self, machine=machine)
+
     @property
     def every_zone(self) -> tuple[str, ...]:
         """Every zone any tier may use, in order (the zones a sweep lists)."""
@@ -250,7 +287,7 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)  # shallow: every field is a str, a number, None or a tuple (fixed below)
-        d["machine"] = dict(self.machine.__dict__)
+        d["machine"] = machine_to_dict(self.machine)
         d["zones"] = list(self.zones)
         d["args"] = list(self.args)
         d["env"] = dict(self.env)
@@ -261,12 +298,9 @@ class JobSpec:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> JobSpec:
-        m = d["machine"]
-        # a record written before queued resources asked for a node: keep what its machines are
-        machine: MachineSpec = TpuMachine(**{"request": "node", **m}) if m["kind"] == "tpu" else GpuMachine(**m)
         return JobSpec(
             job_id=d["job_id"],
-            machine=machine,
+            machine=machine_from_dict(d["machine"]),
             zones=tuple(d["zones"]),
             image=d["image"],
             checkpoint_uri=d["checkpoint_uri"],
@@ -456,6 +490,13 @@ class Job:
     @property
     def deadline(self) -> float:
         return self.submitted_at + (self.spec.ttl_s if self.spec else 0)
+
+    def spec_of(self, machine: str) -> JobSpec:
+        """The spec that machine `machine` was made from: its attempt's tier's (JobSpec.on_tier); the job's for a
+        machine of no attempt of the record."""
+        assert self.spec is not None
+        tier = next((a.tier for a in self.attempts if a.machine == machine), 0)
+        return self.spec.on_tier(tier)
 
     def with_attempt(self, attempt: Attempt) -> Job:
         """Replace the attempt with the same n (or append it)."""

@@ -50,8 +50,9 @@ def new_attempt(
         else:
             why = "the same zone: a crash says nothing of the zone" if same_zone else "list order (placement ordered)"
             reason = f"{zones[zone_index]}: {why}"
-        mtbi = outlook.mtbi_s(zones[zone_index], machine_kind(spec), tier_of(job).provisioning, now)
-        advised = outlook.advised_price(zones[zone_index], machine_kind(spec), tier_of(job).provisioning)
+        kind = machine_kind(spec.on_tier(job.tier_index))
+        mtbi = outlook.mtbi_s(zones[zone_index], kind, tier_of(job).provisioning, now)
+        advised = outlook.advised_price(zones[zone_index], kind, tier_of(job).provisioning)
         price = None if advised is None else {"per_h": advised[0], "source": advice_source(advised[1])}
     n = job.current.n + 1 if job.current else 1
     attempt = Attempt(
@@ -74,8 +75,8 @@ def _ranked(job: Job) -> bool:
 def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
     """The current tier's zones, best first by the outlook; a zone that just interrupted the job is penalised (the
     newest end of a preempted or lost attempt of the job there), and one that just had no capacity for it more."""
-    spec, tier, outlook = job.spec, tier_of(job), ctx.outlook
-    assert spec is not None and outlook is not None
+    assert job.spec is not None and ctx.outlook is not None
+    spec, tier, outlook = job.spec.on_tier(job.tier_index), tier_of(job), ctx.outlook
     interrupted = {a.zone: a.ended_at for a in job.attempts if a.end_reason in COUNTED_AS_PREEMPTION and a.ended_at}
     ranking = outlook.rank(
         tier.zones,
@@ -126,7 +127,7 @@ def _best_untried(job: Job, now: float, ctx: Context, avoid: str | None = None) 
 
 def _advice_note(job: Job, ctx: Context) -> str | None:
     assert job.spec is not None and ctx.outlook is not None
-    advice = ctx.outlook.advice.get((machine_kind(job.spec), tier_of(job).provisioning))
+    advice = ctx.outlook.advice.get((machine_kind(job.spec.on_tier(job.tier_index)), tier_of(job).provisioning))
     return advice.note if advice is not None else None
 
 

@@ -121,7 +121,7 @@ class OneJob:
         if job is None or job.spec is None or current is None or current.n != event.attempt or current.ended:
             return event
         try:
-            machine = self.machines.of_spec(job.spec).get(current.machine, current.zone, job.spec)
+            machine = self.machines.of_spec(job.spec).get(current.machine, current.zone, job.spec_of(current.machine))
         except TransientError as e:
             raise Retryable(f"reading {current.machine}: {e}") from e
         except ProviderError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from respawn.jobs import JobSpec, TpuMachine
+from respawn.jobs import JobSpec, TpuMachine, machine_to_dict
 from respawn.outlook import HOUR, Key, Outlook, machine_kind
 from respawn.prices import Priced, machine_price, priced, rate_per_h
 
@@ -42,6 +42,7 @@ class TierPlan:
     placement: str  # ranked | ordered
     zones: tuple[ZonePlan, ...]  # in the order respawn would try them
     note: str | None  # what the tier's figures lacked (advice unavailable, not asked, ...)
+    machine: str | None = None  # the tier's own machine (describe_machine), None: the job's
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,17 @@ def describe_machine(spec: JobSpec) -> str:
     machine = spec.machine
     if isinstance(machine, TpuMachine):
         return f"tpu {machine.accelerator_type} (api {machine.api})"
-    return f"gpu {machine.machine_type} ({machine.accelerator_count} x {machine.accelerator_type})"
+    vms = f", {machine.vms} VMs" if machine.vms > 1 else ""
+    return f"gpu {machine.machine_type} ({machine.accelerator_count} x {machine.accelerator_type}{vms})"
 
 
 def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_cost_s: float) -> Plan:
     """The plan of `spec` on `outlook`, its figures as of `now`; `history` says where the outlook's history came
     from. The restart cost is decide's (Policy.restart_cost_s), so the order is the one decide would use."""
-    kind = machine_kind(spec)
-    table_price = machine_price(dict(spec.machine.__dict__))
     tiers = []
     for index, tier in enumerate(spec.all_tiers):
+        on_tier = spec.on_tier(index)  # a tier may name its own machine: its history, advice and price are that one's
+        kind, table_price = machine_kind(on_tier), machine_price(machine_to_dict(on_tier.machine))
         ranking = outlook.rank(
             tier.zones,
             now,
@@ -93,8 +95,9 @@ def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_
             obtainability = said.obtainability if said is not None else None
             zones.append(ZonePlan(zone, p.mtbi_s, source, p.useful, price, obtainability, p.reason))
         note = advice.note if advice is not None else None
-        tiers.append(TierPlan(index, tier.provisioning, spec.placement, tuple(zones), note))
-    return Plan(spec.job_id, describe_machine(spec), kind, history, tuple(tiers))
+        own = describe_machine(on_tier) if tier.machine is not None else None
+        tiers.append(TierPlan(index, tier.provisioning, spec.placement, tuple(zones), note, own))
+    return Plan(spec.job_id, describe_machine(spec), machine_kind(spec), history, tuple(tiers))
 
 
 def _mtbi_source(outlook: Outlook, key: Key, now: float, advised: bool) -> str:
@@ -120,6 +123,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
                 "tier": t.tier,
                 "provisioning": t.provisioning,
                 "placement": t.placement,
+                "machine": t.machine,
                 "order": [z.zone for z in t.zones],
                 "note": t.note,
                 "zones": [
@@ -151,7 +155,8 @@ def text(plan: Plan, table: Any) -> str:
     lines = [f"job      {plan.job_id}: {plan.machine}", f"history  {plan.history}"]
     for t in plan.tiers:
         how = "ranked by expected useful hours per dollar" if t.placement == "ranked" else "in list order (ordered)"
-        lines += ["", f"tier {t.tier}: {t.provisioning}, zones {how}: {', '.join(z.zone for z in t.zones)}"]
+        on = f" on {t.machine}" if t.machine else ""
+        lines += ["", f"tier {t.tier}: {t.provisioning}{on}, zones {how}: {', '.join(z.zone for z in t.zones)}"]
         if t.note:
             lines.append(f"  note: {t.note}")
         rows = [

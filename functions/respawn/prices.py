@@ -132,11 +132,13 @@ def machine_price(machine: dict[str, object]) -> MachinePrice | None:
         label = f"{accelerator}: {n} {p.unit}(s) x ${p.on_demand:.2f} on-demand / ${p.spot:.2f} Spot per {p.unit}-hour"
         return MachinePrice(label, n * p.on_demand, n * p.spot, p.as_of)
     accelerator = str(machine.get("accelerator_type", ""))
-    count = int(str(machine.get("accelerator_count", 1)))
+    vms = int(str(machine.get("vms", 1)))  # a GPU machine of several VMs (machine.vms) costs each one's GPUs
+    count = int(str(machine.get("accelerator_count", 1))) * vms
     gpu = GPU_PRICES.get(accelerator)
     if gpu is None:
         return None
     label = f"{count} x {accelerator}: ${gpu.on_demand:.2f} on-demand / ${gpu.spot:.2f} Spot per GPU-hour"
+    label += f" ({vms} VMs)" if vms > 1 else ""
     label += " (host VM not included)"
     return MachinePrice(label, count * gpu.on_demand, count * gpu.spot, gpu.as_of)
 

@@ -35,11 +35,11 @@ class Providers:
 
     def execute(self, job: Job, action: Action) -> None:
         assert job.spec is not None
-        provider = self.of_spec(job.spec)
+        provider = self.of_spec(job.spec)  # a tier's machine goes through the job's API (respawn.spec)
         if isinstance(action, CreateMachine):
-            provider.create(action, job.spec)
+            provider.create(action, job.spec.on_tier(action.tier))
         else:
-            provider.delete(action.machine, action.zone, job.spec)
+            provider.delete(action.machine, action.zone, job.spec_of(action.machine))
 
     def by_job(self, api_zones: Iterable[tuple[str, str]]) -> dict[str, list[Machine]]:
         """respawn's machines in these (api, zone)s, grouped by job id (from the deterministic name)."""

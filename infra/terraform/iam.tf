@@ -97,6 +97,23 @@ resource "google_project_iam_member" "machine_logs" {
   member  = google_service_account.machine.member
 }
 
+# A GPU machine of several VMs (machine.vms) finds its peers by listing its MIG's VMs as the machines' account
+# (startup.sh, ready_gpu_workers: instanceGroupManagers.listManagedInstances, which the REST reference authorizes by
+# compute.instanceGroupManagers.get). That one permission, read-only; nothing else of Compute Engine.
+resource "google_project_iam_custom_role" "machine_peers" {
+  role_id     = "respawnMachinePeers"
+  title       = "respawn machine peers"
+  description = "Read a managed instance group and list its VMs: a multi-VM GPU machine's VMs find each other."
+  permissions = ["compute.instanceGroupManagers.get"]
+  depends_on  = [google_project_service.apis]
+}
+
+resource "google_project_iam_member" "machine_peers" {
+  project = var.project
+  role    = google_project_iam_custom_role.machine_peers.id
+  member  = google_service_account.machine.member
+}
+
 # Jobs' `secrets`: the startup script reads them as the machines' account. Only the secrets listed, one grant each;
 # nothing project-wide, so a job cannot name a secret nobody listed.
 resource "google_secret_manager_secret_iam_member" "machine_reads_secret" {

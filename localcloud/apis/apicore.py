@@ -88,8 +88,12 @@ def _default_shape(m: CloudMachine) -> tuple[tuple[str, ...], int]:
         except UnknownTpuType:
             hosts, chips = 1, 1
         return tuple(tpu_worker_name(m.name, i) for i in range(hosts)), chips
-    gpus = sum(int(a.get("acceleratorCount") or 0) for a in m.resource.get("guestAccelerators") or [])
-    return (m.name,), gpus or 1
+    return (m.name,), gpus(m.resource) or 1
+
+
+def gpus(properties: dict[str, Any]) -> int:
+    """The GPUs of each VM of an instance's body or a template's properties (guestAccelerators)."""
+    return sum(int(a.get("acceleratorCount") or 0) for a in properties.get("guestAccelerators") or [])
 
 
 def snapshot(m: CloudMachine) -> CloudMachine:
@@ -255,7 +259,8 @@ class CloudCore:
     """The state both APIs share, behind one lock.
 
     Knobs: `capacity` (zone -> max machines in the zone, None = unlimited; a machine holds capacity until deleted,
-    like quota; a MIG slice is one machine), `stockouts` (zone -> the next K creates there fail with capacity),
+    like quota; a MIG slice is one machine), `stockouts` (zone, or ZONE@MACHINE_TYPE for one machine type there -> the
+    next K creates there fail with capacity),
     `spot_stockouts` (the same for Spot/preemptible requests only, None = all), `queue_waits` /
     `spot_queue_waits` (zone -> seconds a queued request waits for capacity there, None = until deleted),
     `create_delay_s` (CREATING -> READY), `unoffered` (zone -> the machine and accelerator types it does not offer:
@@ -342,18 +347,23 @@ class CloudCore:
         timer.daemon = True
         timer.start()
 
-    def stocked_out(self, zone: str, spot: bool = False) -> bool:
-        """Whether a create in `zone` meets a stockout now (and uses it up) or the zone's capacity is full."""
-        if self.stockouts.get(zone, 0) > 0:
-            self.stockouts[zone] -= 1
-            return True
-        if spot and zone in self.spot_stockouts:
-            left = self.spot_stockouts[zone]
-            if left is None:
+    def stocked_out(self, zone: str, spot: bool = False, machine_type: str = "") -> bool:
+        """Whether a create in `zone` meets a stockout now (and uses it up) or the zone's capacity is full. A stockout
+        is the zone's (key ZONE), or only of one machine type there (key ZONE@MACHINE_TYPE: a GPU or TPU type that is
+        scarce while others are not)."""
+        keys = (zone, f"{zone}@{machine_type}") if machine_type else (zone,)
+        for key in keys:
+            if self.stockouts.get(key, 0) > 0:
+                self.stockouts[key] -= 1
                 return True
-            if left > 0:
-                self.spot_stockouts[zone] = left - 1
-                return True
+        for key in keys if spot else ():
+            if key in self.spot_stockouts:
+                left = self.spot_stockouts[key]
+                if left is None:
+                    return True
+                if left > 0:
+                    self.spot_stockouts[key] = left - 1
+                    return True
         cap = self.capacity.get(zone)
         return cap is not None and sum(api.live_in(zone) for api in self.apis) >= cap
 

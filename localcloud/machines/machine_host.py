@@ -120,9 +120,10 @@ class MetadataServer(_Server):
     """One VM's metadata server (https://cloud.google.com/compute/docs/metadata/querying-metadata): answers only
     requests with `Metadata-Flavor: Google` (403 otherwise), 404 for a key it does not have."""
 
-    def __init__(self, project: str, attributes: Mapping[str, str]) -> None:
+    def __init__(self, project: str, attributes: Mapping[str, str], instance: str = "", zone: str = "") -> None:
         self.project = project
         self.attributes = dict(attributes)
+        self.instance, self.zone = instance, zone  # `instance/name`, and `instance/zone` (projects/P/zones/Z)
         self.preempted = False  # `instance/preempted`: TRUE from the notice on
         super().__init__(self._get)
 
@@ -138,6 +139,8 @@ class MetadataServer(_Server):
                 {"access_token": "local", "expires_in": 3600, "token_type": "Bearer"}
             ),
             "project/project-id": self.project,
+            "instance/name": self.instance,
+            "instance/zone": f"projects/{self.project}/zones/{self.zone}",
         }
         return (200, answers[key].encode()) if key in answers else (404, b"not found")
 

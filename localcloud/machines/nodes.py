@@ -72,13 +72,15 @@ class Nodes:
         secrets: Mapping[str, str] | None = None,
         timings: MachineTimings | None = None,
         time_scale: float = 1.0,
+        compute_api: str = "",
     ) -> None:
         """`mark_preempted(name, worker)` and `set_state(name, state, worker)` change the machine in the cloud API
         (CloudHooks). `grace_s` is the notice window: a preempted VM is off this long after the notice (its trainer
         has its machine kind's grace period, respawn/machine.py, from its shutdown script's `docker stop -t`).
         `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}, what the local Secret Manager has;
         `timings`: how long each machine takes from READY to its trainer's first step; `time_scale`: local seconds
-        per real second, for a Spot VM's metadata notice before its soft off (scheduling.preemptionNoticeDuration)."""
+        per real second, for a Spot VM's metadata notice before its soft off (scheduling.preemptionNoticeDuration);
+        `compute_api`: the Compute API's root, which a GPU slice's VMs list their MIG from."""
         # A noticed trainer's handover trains on for part of its grace: within this cloud's notice window, which
         # may be shorter (`grace_s`), and in a replay of real timings at time_scale shrunk alike, as the machine's
         # steps are
@@ -113,6 +115,7 @@ class Nodes:
             bin_dir=self.bin_dir,
             spawn=self._spawn,
             closed=lambda: self._closed,
+            compute_api=compute_api,
         )
 
     # ---- hooks of the cloud API -------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """A machine of the local cloud as the trainer processes it runs: a slice of hosts, a single host a slice of one.
 
-A TPU node whose accelerator type has several hosts (v5litepod-16: 4 hosts x 4 chips) runs as that many processes
-on loopback, each with the environment a TPU VM worker has, as JAX's multi-controller runtime expects; a GPU VM or a
-one-host TPU is one process with the trainer's environment alone. Every place that starts, names, tags or describes
+A TPU node whose accelerator type has several hosts (v5litepod-16: 4 hosts x 4 chips), or a GPU machine of several
+VMs (machine.vms: 2 x a3-highgpu-8g is 2 hosts x 8 GPUs, each GPU a CPU device), runs as that many processes on
+loopback, each with the environment a slice's worker has, as JAX's multi-controller runtime expects; a single GPU VM
+or a one-host TPU is one process with the trainer's environment alone. Every place that starts, names, tags or describes
 a machine's processes asks this value, so the difference between one host and many is decided here only.
 """
 
@@ -65,13 +66,15 @@ class LocalSlice:
     chips_per_host: int = 1
 
     @classmethod
-    def of(cls, kind: str, accelerator_type: object) -> LocalSlice:
+    def of(cls, kind: str, accelerator_type: object, vms: object = 1, gpus: object = 1) -> LocalSlice:
         """The slice a machine of `kind` ("tpu" or "gpu") runs as: a TPU node's shape from its accelerator type
-        (respawn.topology); a GPU VM, or a TPU type the table does not know, is a single host."""
+        (respawn.topology); a GPU machine of several `vms`, that many hosts of its `gpus` each; a single GPU VM, or a
+        TPU type the table does not know, is a single host."""
         from respawn.topology import UnknownTpuType, tpu_topology
 
         if kind != "tpu":
-            return cls()
+            hosts = vms if isinstance(vms, int) and vms > 1 else 1
+            return cls(hosts, gpus if hosts > 1 and isinstance(gpus, int) and gpus > 0 else 1)
         try:
             topology = tpu_topology(str(accelerator_type or ""))
         except UnknownTpuType:

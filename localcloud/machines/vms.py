@@ -191,6 +191,7 @@ class WorkerVms:
         bin_dir: Path,
         spawn: Callable[..., threading.Thread],
         closed: Callable[[], bool],
+        compute_api: str = "",
     ) -> None:
         self.project = project
         self.log_dir = log_dir
@@ -202,6 +203,7 @@ class WorkerVms:
         self.bin_dir = bin_dir
         self.spawn = spawn
         self.closed = closed
+        self.compute_api = compute_api  # the local Compute API's root (.../compute/v1/), where a VM lists its MIG
 
     def start(self, node: Node) -> None:
         """Every worker VM's startup script, in its process group (the lock held)."""
@@ -219,7 +221,7 @@ class WorkerVms:
             home.mkdir(exist_ok=True)
             if self.timings.image_on_boot_disk and meta.get("respawn-image"):  # baked into the boot image
                 machine_host.add_image(home / "docker", meta["respawn-image"])
-            server = MetadataServer(self.project, self._attributes(node, index))
+            server = MetadataServer(self.project, self._attributes(node, index), node.instance(index), machine.zone)
             cloud_logging = CloudLogging(functools.partial(self._script_entry, node, index))
             env = self._vm_env(node, index, port, home, server, cloud_logging)
             proc = start_group(
@@ -257,8 +259,8 @@ class WorkerVms:
     ) -> dict[str, str]:
         """A worker VM's environment: its tools first on PATH, its metadata server, Cloud Storage (fake-gcs-server,
         where the script writes and polls a head start's drain marker, as the trainers' checkpoints go there), Cloud
-        Logging and Secret Manager (the local ones, where gcloud's endpoint overrides name them), its notice file, and
-        for its `docker` the image (a slice's worker: with what its host gives the trainer)."""
+        Logging, Secret Manager and Compute Engine (the local ones, where gcloud's endpoint overrides name them), its
+        notice file, and for its `docker` the image (a slice's worker: with what its host gives the trainer)."""
         image_env = node.machine_slice.host_env(self.image.env, worker, port)
         t = self.timings
         if t.docker_install_s:  # a boot image without Docker: only the image's tools until apt-get installs it
@@ -281,6 +283,7 @@ class WorkerVms:
             machine_host.IMAGE_WORKDIR: self.image.workdir,
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": cloud_logging.endpoint,
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_SECRETMANAGER": self.secret_manager.endpoint,
+            **({"CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": self.compute_api} if self.compute_api else {}),
             machine_host.BIN_DIR: str(self.bin_dir),
             machine_host.VM_BIN: str(home / "bin"),
             machine_host.INSTALL_S: f"{t.docker_install_s:g}",

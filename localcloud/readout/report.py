@@ -20,7 +20,8 @@ Definitions:
   hosts           worker VMs of the job's machine (a TPU slice's hosts; 1 for a GPU VM): trainer processes per attempt
   zones           one row per attempt: its zone, tier, end, restored step, time queued, and `api`, the API that
                   provisioned its machine: "tpu" (Cloud TPU nodes and queued resources) or "compute" (Compute
-                  Engine instances, and managed instance groups for slices)
+                  Engine instances, and managed instance groups for slices); `machine`, the machine type it ran on
+                  (its tier's machine where the tier names one: a3-highgpu-8g(8xnvidia-h100-80gb))
   hangs_detected  attempts the control plane ended as hung (no progress for the job's hang_timeout)
   failures        the job record's failure counter (trainer failures, at most one per attempt)
   by_zone         one row per zone the job used (its listed zones first): `attempts` there, `machine_s` (READY
@@ -56,7 +57,7 @@ from typing import Any
 from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.facts import recoveries as record_recoveries
-from respawn.jobs import Attempt, EndReason, JobSpec
+from respawn.jobs import Attempt, EndReason, JobSpec, machine_from_dict, machine_words
 from respawn.outlook import History, Key, Outlook, machine_kind
 from respawn.prices import MachinePrice, cost, rate_per_h
 
@@ -295,6 +296,17 @@ def machine_api(job: dict[str, Any]) -> str:
     return str(machine.get("api") or ("tpu" if machine.get("kind", "tpu") == "tpu" else "compute"))
 
 
+def attempt_machine(job: dict[str, Any], tier: int) -> str | None:
+    """The machine type an attempt of tier `tier` ran on (a tier may name its own), as respawn status says it."""
+    spec = job.get("spec") or {}
+    tiers = spec.get("tiers") or ()
+    machine = (tiers[tier].get("machine") if 0 <= tier < len(tiers) else None) or spec.get("machine")
+    try:
+        return machine_words(machine_from_dict(machine)) if machine else None
+    except (KeyError, TypeError):  # a record this build cannot read as a machine: the row names none
+        return None
+
+
 def tier_costs(job: dict[str, Any], used: dict[str, float], price: MachinePrice | None) -> list[dict[str, Any]]:
     """Each tier of the job: its provisioning model, how long its machines ran and what that cost at its rate."""
     spec = job.get("spec") or {}
@@ -379,6 +391,7 @@ def build(
                 "restored_step": a.get("restored_step"),
                 "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
                 "api": machine_api(job),
+                "machine": attempt_machine(job, a.get("tier", 0)),
                 "placement": a.get("placement", ""),
                 "error": a.get("error", ""),  # why its create failed (a zone that does not offer the machine)
             }
@@ -460,6 +473,7 @@ def render(r: dict[str, Any]) -> str:
         + " -> ".join(
             f"a{z['attempt']} {z['zone']} {z['api']}"
             + (f" tier {z['tier']}" if len(r["tiers"]) > 1 else "")
+            + (f" on {z['machine']}" if z.get("machine") else "")
             + (f" queued {z['queue_s']:.0f}s" if (z["queue_s"] or 0) >= 0.5 else "")
             + f" ({z['end'] or 'live'})"
             for z in r["zones"]

@@ -248,6 +248,7 @@ def test_project_level_grants_are_exactly_these(config: Config) -> None:
     )
     build = "${google_service_account.build.member}"
     assert project_roles == [
+        ("${google_project_iam_custom_role.machine_peers.id}", MACHINE),  # a multi-VM GPU machine lists its MIG
         ("${google_project_iam_custom_role.orchestrator.id}", ORCHESTRATOR),
         ("roles/logging.logWriter", build),
         ("roles/logging.logWriter", MACHINE),

@@ -111,6 +111,33 @@ def test_a_gpu_plan_as_text_names_every_source(
     assert "note: Advice API advises Spot VMs only; standard: history only" in out
 
 
+def test_a_tier_on_its_own_gpu_is_advised_on_that_gpu(
+    server: CloudApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    h100 = {
+        "kind": "gpu",
+        "machine_type": "a3-highgpu-8g",
+        "accelerator_type": "nvidia-h100-80gb",
+        "accelerator_count": 8,
+    }
+    job = {
+        **GPU_JOB,
+        "machine": h100,
+        "tiers": [
+            {"provisioning": "spot", "zones": [A, B], "move_on": {"after_stockout": "15m"}},
+            {"provisioning": "spot", "zones": [A, B], "machine": GPU_JOB["machine"]},
+        ],
+    }
+    code, out = plan(tmp_path, capsys, job, "--json")
+    assert code == 0
+    first, second = json.loads(out)["tiers"]
+    assert first["machine"] is None and second["machine"] == "gpu a2-highgpu-1g (1 x nvidia-tesla-a100)"
+    for tier, machine_type in ((first, "a3-highgpu-8g"), (second, "a2-highgpu-1g")):
+        for zone in tier["zones"]:
+            assert zone["obtainability"] == server.advice.obtainability(zone["zone"], machine_type), tier
+            assert zone["price_per_hour"] == server.advice.price_per_hour("us-central1", machine_type), tier
+
+
 def test_a_tpu_job_is_planned_on_history_only(
     server: CloudApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from respawn import plan
 from respawn.jobs import GpuMachine, JobSpec, Tier, TpuMachine
 from respawn.outlook import HOUR, Advice, History, Key, Outlook, ZoneAdvice
@@ -63,6 +65,28 @@ def test_priced_prefers_the_advice_price() -> None:
     assert priced("spot", table, 0.0, NOW) == Priced(0.44, LIST_SOURCE)
     assert priced("spot", None) is None
     assert Priced(0.61, LIST_SOURCE).text() == "$0.61/h (list price table 2025-06)"
+
+
+def test_a_gpu_machine_of_several_vms_costs_every_vms_gpus() -> None:
+    one = machine_price({"kind": "gpu", "accelerator_type": "nvidia-h100-80gb", "accelerator_count": 8})
+    two = machine_price({"kind": "gpu", "accelerator_type": "nvidia-h100-80gb", "accelerator_count": 8, "vms": 2})
+    assert one is not None and two is not None and "(2 VMs)" in two.label
+    assert (two.spot_per_h, two.on_demand_per_h) == pytest.approx((2 * one.spot_per_h, 2 * one.on_demand_per_h))
+
+
+def test_a_tier_on_its_own_machine_is_planned_with_that_machines_history_and_price() -> None:
+    h100 = GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8)
+    tiers = (Tier("spot", (A, B), after_stockout_s=900), Tier("spot", (A, B), machine=GPU))
+    job = JobSpec("j", h100, (A, B), "img", "gs://bucket/j", tiers=tiers)
+    history = History().observe(Key(A, "a2-highgpu-1g", "spot"), NOW, seconds=10 * HOUR, interruptions=5)
+    built = plan.build(job, Outlook(history, {}), NOW, history="test", restart_cost_s=300)
+    first, second = built.tiers
+    assert first.machine is None and second.machine == plan.describe_machine(replace(job, machine=GPU))
+    assert {z.mtbi_source for z in first.zones} == {"prior (no history)"}  # no H100 history
+    assert {z.zone: z.mtbi_source for z in second.zones}[A] == "history"  # the A100's own
+    h100_price, a100_price = (machine_price(dict(m.__dict__)) for m in (h100, GPU))
+    assert first.zones[0].price == priced("spot", h100_price) and second.zones[0].price == priced("spot", a100_price)
+    assert "tier 1: spot on gpu a2-highgpu-1g" in plan.text(built, lambda headers, rows: "")
 
 
 def test_placement_ordered_keeps_the_list() -> None:

@@ -214,11 +214,32 @@ def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
     text = describe(job, now=T + 3750 + 1800)
     assert "tiers        0: spot in us-central1-a, us-west4-a; 1: standard in us-central1-a" in text
     rows = {line.split()[0]: line.split() for line in text.split("attempts")[1].splitlines()[2:4]}
-    assert (rows["1"][2], rows["1"][6], rows["1"][-3]) == ("0", "90s", "preempted")  # tier, waited, end
-    assert (rows["2"][2], rows["2"][6]) == ("1", "60s")
+    assert (rows["1"][2], rows["1"][7], rows["1"][-3]) == ("0", "90s", "preempted")  # tier, waited, end
+    assert (rows["2"][2], rows["2"][7]) == ("1", "60s")
+    assert rows["1"][4] == rows["2"][4] == "v5litepod-8"  # runs on: the job's machine (no tier names its own)
     costs = text.split("machine time by tier")[1]
     assert "spot" in costs and "1.00" in costs and "$3.84" in costs  # 1 h of v5litepod-8 at 8 x $0.48 Spot
     assert "standard" in costs and "0.50" in costs and "$4.80" in costs  # 0.5 h at 8 x $1.20 on-demand
+
+
+def test_status_names_the_machine_each_attempt_ran_on_where_a_tier_names_its_own() -> None:
+    from respawn.cli import describe
+    from respawn.jobs import Attempt, Job, JobSpec, Status
+    from respawn.spec import load_job_file, parse_job_message
+
+    spec = parse_job_message(load_job_file(DATA.parent.parent / "examples" / "gpu-tiers.yaml"))
+    assert isinstance(spec, JobSpec)
+    attempts = tuple(
+        Attempt(n, zone, f"gpu-tiers-a{n}", 1_700_000_000.0 + n, tier=tier)
+        for n, zone, tier in ((1, "us-central1-a", 0), (2, "us-east5-a", 0), (3, "us-central1-a", 1))
+    )
+    job = Job("gpu-tiers", spec, Status.RUNNING, 1_700_000_000.0, 1_700_000_010.0, attempts=attempts, tier_index=1)
+    text = describe(job, now=1_700_000_100.0)
+    assert "1: spot in us-central1-a, us-east5-a on a2-highgpu-4g(4xnvidia-tesla-a100)" in text
+    rows = [line.split() for line in text.split("attempts")[1].splitlines()[2:5]]
+    assert [row[4] for row in rows] == ["a3-highgpu-8g(8xnvidia-h100-80gb)"] * 2 + [
+        "a2-highgpu-4g(4xnvidia-tesla-a100)"
+    ]
 
 
 def test_status_shows_the_placement_and_why_each_attempt_went_where_it_did() -> None:

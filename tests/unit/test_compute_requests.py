@@ -172,7 +172,7 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: 
     assert (s.name, s.zone, s.vms, s.topology, s.flex) == ("llm-a1", ZONE, 4, "4x4", False)
     assert body(slices.workload_policy(s)) == {
         "name": "llm-a1",
-        "description": f"respawn-managed: TPU slice in {ZONE}",
+        "description": f"respawn-managed: slice in {ZONE}",
         "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4"},
     }
     assert body(slices.instance_group_manager(s)) == {
@@ -186,7 +186,7 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: 
         "instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"},
     }
     template = body(slices.instance_template(s))
-    assert template["name"] == "llm-a1" and template["description"] == f"respawn-managed: TPU slice in {ZONE}"
+    assert template["name"] == "llm-a1" and template["description"] == f"respawn-managed: slice in {ZONE}"
     properties = template["properties"]
     assert properties["machineType"] == "ct6e-standard-4t"  # a template names types bare
     assert properties["disks"][0]["initializeParams"]["diskType"] == "hyperdisk-balanced"
@@ -255,6 +255,29 @@ def test_a_flex_start_slice_is_a_bulk_mig_of_flex_start_vms(gce: GcpComputeProvi
         "automaticRestart": False,
         "onHostMaintenance": "TERMINATE",
     }
+
+
+def test_a_gpu_machine_of_several_vms_is_a_mig_slice_of_gpu_vms(gce: GcpComputeProvider) -> None:
+    """machine.vms 2 of a3-highgpu-8g: the slice path, with a workload policy of no topology (Google's placement of
+    A3 High VMs in a MIG); an A2 series, which takes no workload policy in a MIG, has none."""
+    a3 = GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8, vms=2)
+    s = gce.slice(create(), job(a3))
+    assert (s.name, s.vms, s.topology, s.placement) == ("llm-a1", 2, None, True)
+    assert body(slices.workload_policy(s))["workloadPolicy"] == {"type": "HIGH_THROUGHPUT"}
+    group = body(slices.instance_group_manager(s))
+    assert group["targetSize"] == 2 and group["resourcePolicies"]["workloadPolicy"].endswith("/llm-a1")
+    properties = body(slices.instance_template(s))["properties"]
+    assert properties["machineType"] == "a3-highgpu-8g"
+    assert properties["guestAccelerators"] == [{"acceleratorType": "nvidia-h100-80gb", "acceleratorCount": 8}]
+    assert properties["scheduling"]["instanceTerminationAction"] == "STOP"  # a lost VM stays in its MIG
+    metadata = {i["key"]: i["value"] for i in properties["metadata"]["items"]}
+    assert "ready_gpu_workers" in metadata["startup-script"] and "readonly slice_hosts=2" in metadata["startup-script"]
+    a2 = gce.slice(create(), job(GpuMachine("a2-highgpu-8g", "nvidia-tesla-a100", 8, vms=3)))
+    assert (a2.vms, a2.placement) == (3, False) and "resourcePolicies" not in body(slices.instance_group_manager(a2))
+    with pytest.raises(PermanentError, match="one instance, not a multi-host slice"):
+        gce.slice(create(), job(replace(a3, vms=1)))
+    with pytest.raises(PermanentError, match="multi-host slice, not one instance"):
+        gce.instance(create(), job(a3))
 
 
 def test_a_single_host_machine_is_not_a_slice(gce: GcpComputeProvider) -> None:
@@ -373,6 +396,15 @@ def test_slice_state(
     state: MachineState,
 ) -> None:
     assert slice_state(group, instances).state is state, name
+
+
+def test_a_gpu_slice_has_no_topology_to_wait_for() -> None:
+    """GPU VMs have no accelerator topology: all VMs running is READY; a TPU slice waits for its topology."""
+    group = mig(target=2, topology=None)
+    assert slice_state(group, vms("RUNNING", "RUNNING"), topology=False).state is MachineState.READY
+    assert slice_state(group, vms("RUNNING", "RUNNING")).state is MachineState.CREATING
+    assert slice_state(group, vms("RUNNING", "TERMINATED"), topology=False).state is MachineState.PREEMPTED
+    assert slice_state(group, vms("RUNNING", "STAGING"), topology=False).state is MachineState.CREATING
 
 
 def test_a_flex_start_slice_waits_queued_where_a_spot_one_failed() -> None:

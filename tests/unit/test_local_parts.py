@@ -36,6 +36,18 @@ def test_durations_and_schedules() -> None:
     assert parse_steps("550, 250") == [250, 550]
     assert parse_stockout("us-central1-a:2") == ("us-central1-a", 2)
     assert parse_stockout("us-central1-a") == ("us-central1-a", None)
+    assert parse_stockout("us-central1-a@a3-highgpu-8g:3") == ("us-central1-a@a3-highgpu-8g", 3)
+
+
+def test_a_stockout_of_one_machine_type_leaves_the_zone_to_the_others() -> None:
+    from localcloud.apis.apicore import CloudCore
+
+    core = CloudCore(spot_stockouts={"us-central1-a@a3-highgpu-8g": None}, stockouts={"us-east5-a@a2-highgpu-4g": 1})
+    assert core.stocked_out("us-central1-a", spot=True, machine_type="a3-highgpu-8g")
+    assert not core.stocked_out("us-central1-a", spot=True, machine_type="a2-highgpu-4g")
+    assert not core.stocked_out("us-central1-a", spot=False, machine_type="a3-highgpu-8g")  # on-demand has capacity
+    assert core.stocked_out("us-east5-a", machine_type="a2-highgpu-4g")  # once
+    assert not core.stocked_out("us-east5-a", machine_type="a2-highgpu-4g")
 
 
 @pytest.mark.parametrize(
@@ -48,6 +60,7 @@ def test_durations_and_schedules() -> None:
         (lambda: parse_steps(""), "--preempt-at-step: no step given"),
         (lambda: parse_stockout("nowhere:1"), "--stockout"),
         (lambda: parse_stockout("us-central1-a:x"), "--stockout"),
+        (lambda: parse_stockout("us-central1-a@A3:1"), "--stockout: 'A3' is not a machine type"),
     ],
 )
 def test_bad_chaos_options_name_the_option(call, names) -> None:  # type: ignore[no-untyped-def]
@@ -229,20 +242,39 @@ def test_report_from_a_timeline() -> None:
 
 
 @pytest.mark.parametrize(
-    ("machine", "api"),
+    ("machine", "api", "words"),
     [
-        ({"kind": "tpu", "accelerator_type": "v6e-16", "api": "compute"}, "compute"),
-        ({"kind": "tpu", "accelerator_type": "v5litepod-8", "api": "tpu"}, "tpu"),
-        ({"kind": "gpu", "machine_type": "g2-standard-8"}, "compute"),
+        ({"kind": "tpu", "accelerator_type": "v6e-16", "api": "compute"}, "compute", " on v6e-16"),
+        ({"kind": "tpu", "accelerator_type": "v5litepod-8", "api": "tpu"}, "tpu", " on v5litepod-8"),
+        ({"kind": "gpu", "machine_type": "g2-standard-8"}, "compute", ""),  # too little of a machine to name it
     ],
 )
-def test_each_attempt_row_says_which_api_provisioned_it(machine: dict[str, str], api: str) -> None:
+def test_each_attempt_row_says_which_api_provisioned_it(machine: dict[str, str], api: str, words: str) -> None:
     job = {"job_id": "j", "status": "SUCCEEDED", "spec": {"machine": machine},
            "attempts": [record_attempt(1, "z-a", end_reason="preempted"), record_attempt(2, "z-b")]}  # fmt: skip
     r = report.build(events=TIMELINE, job=job, reference_sha=None, machines_left=0, leftover_processes=0,
                      price=None, timed_out=False)  # fmt: skip
     assert [z["api"] for z in r["zones"]] == [api, api]
-    assert f"  zones    a1 z-a {api} (preempted) -> a2 z-b {api} (live)" in report.render(r).splitlines()
+    line = f"  zones    a1 z-a {api}{words} (preempted) -> a2 z-b {api}{words} (live)"
+    assert line in report.render(r).splitlines()
+
+
+def test_each_attempt_row_names_the_machine_of_its_tier() -> None:
+    gpu = {"kind": "gpu", "machine_type": "a3-highgpu-8g", "accelerator_type": "nvidia-h100-80gb",
+           "accelerator_count": 8, "vms": 2}  # fmt: skip
+    a100 = {"kind": "gpu", "machine_type": "a2-highgpu-4g", "accelerator_type": "nvidia-tesla-a100",
+            "accelerator_count": 4}  # fmt: skip
+    spec = {"machine": gpu, "tiers": [{"provisioning": "spot", "zones": ["z-a"]},
+                                      {"provisioning": "spot", "zones": ["z-b"], "machine": a100}]}  # fmt: skip
+    attempts = [record_attempt(1, "z-a", end_reason="capacity"), {**record_attempt(2, "z-b"), "tier": 1}]
+    job = {"job_id": "j", "status": "SUCCEEDED", "spec": spec, "attempts": attempts}
+    r = report.build(events=TIMELINE, job=job, reference_sha=None, machines_left=0, leftover_processes=0,
+                     price=None, timed_out=False)  # fmt: skip
+    assert [z["machine"] for z in r["zones"]] == [
+        "2xa3-highgpu-8g(8xnvidia-h100-80gb)",
+        "a2-highgpu-4g(4xnvidia-tesla-a100)",
+    ]
+    assert "a2 z-b compute tier 1 on a2-highgpu-4g(4xnvidia-tesla-a100) (live)" in report.render(r)
 
 
 def test_without_a_reference_hash_exact_is_unknown_and_the_report_says_why() -> None:

@@ -109,6 +109,66 @@ def test_gpu_message() -> None:
     assert isinstance(big, JobSpec) and big.machine == GpuMachine("g2-standard-8", "nvidia-l4", 8, boot_disk_gb=500)
 
 
+def test_a_gpu_machine_of_several_vms_reads_and_writes_back() -> None:
+    spec = parse_job_message(with_change("machine", {**gpu_machine(), "vms": 4}))
+    assert isinstance(spec, JobSpec) and spec.machine == GpuMachine("g2-standard-8", "nvidia-l4", 1, vms=4)
+    assert spec.machine.hosts == 4 and spec_to_message(spec)["machine"]["vms"] == 4
+    one = parse_job_message(with_change("machine", gpu_machine()))
+    assert isinstance(one, JobSpec) and "vms" not in spec_to_message(one)["machine"]  # the default is not written
+    old = one.to_dict()
+    del old["machine"]["vms"]  # a record written before GPU machines had VMs
+    assert JobSpec.from_dict(old) == one and JobSpec.from_dict(old).machine.hosts == 1
+
+
+def gpu_tiers(second: dict[str, Any]) -> dict[str, Any]:
+    message = with_change("machine", gpu_machine())
+    zones = message.pop("zones")
+    del message["provisioning"]
+    message["tiers"] = [
+        {"provisioning": "spot", "zones": zones, "move_on": {"after_stockout": "10m"}},
+        {"provisioning": "spot", "zones": zones, "machine": second},
+    ]
+    return message
+
+
+def test_a_tier_may_name_its_own_machine_of_the_jobs_kind() -> None:
+    a100 = {
+        "kind": "gpu",
+        "machine_type": "a2-highgpu-4g",
+        "accelerator_type": "nvidia-tesla-a100",
+        "accelerator_count": 4,
+    }
+    spec = parse_job_message(gpu_tiers(a100))
+    assert isinstance(spec, JobSpec)
+    assert spec.machine_of(0) == spec.machine and spec.machine_of(1) == GpuMachine(
+        "a2-highgpu-4g", "nvidia-tesla-a100", 4
+    )
+    assert spec.on_tier(1).machine == spec.machine_of(1) and spec.on_tier(0) is spec
+    assert parse_job_message(spec_to_message(spec)) == spec and JobSpec.from_dict(spec.to_dict()) == spec
+    old = spec.to_dict()
+    for tier in old["tiers"]:
+        del tier["machine"]  # a record written before tiers had machines
+    assert JobSpec.from_dict(old).machine_of(1) == spec.machine
+
+
+@pytest.mark.parametrize(
+    ("machine", "field", "text"),
+    [
+        ({"kind": "tpu", "accelerator_type": "v6e-8"}, "tiers[1].machine.kind", 'is not the job\'s machine kind "gpu"'),
+        ({"kind": "gpu", "machine_type": "a2-highgpu-4g"}, "tiers[1].machine.accelerator_type", "missing"),
+        (
+            {**{"kind": "gpu", "machine_type": "a2", "accelerator_type": "nvidia-l4"}, "accelerator_count": 3},
+            "tiers[1].machine.accelerator_count",
+            "3 is not a GPU count",
+        ),
+        ("a2-highgpu-4g", "tiers[1].machine", "expected an object"),
+    ],
+)
+def test_a_tiers_machine_is_checked_as_the_jobs_is(machine: Any, field: str, text: str) -> None:
+    err = error_of(gpu_tiers(machine))
+    assert err.field == field and text in str(err), str(err)
+
+
 @pytest.mark.parametrize("data_type", [bytes, str, dict])
 def test_bytes_str_and_dict_inputs_agree(data_type: type) -> None:
     text = json.dumps(tpu_message())
@@ -450,6 +510,10 @@ GPU_CASES: list[tuple[str, Any, str, str]] = [
     ("machine.accelerator_count", DELETE, "machine.accelerator_count", "missing"),
     ("machine.boot_disk_gb", 5, "machine.boot_disk_gb", "out of range"),
     ("machine.runtime_version", "v2", "machine.runtime_version", "unknown field"),
+    ("machine.vms", 0, "machine.vms", "0 is out of range; allowed: an integer from 1 to 64"),
+    ("machine.vms", 65, "machine.vms", "65 is out of range"),
+    ("machine.vms", "2", "machine.vms", "expected an integer, got a string"),
+    ("machine.vms", 1.5, "machine.vms", "expected an integer"),
 ]
 
 

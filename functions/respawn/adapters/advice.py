@@ -115,16 +115,24 @@ def advise_regions(
 
 
 def advice_for(advisor: GcpAdvisor, project: str, spec: JobSpec) -> dict[tuple[str, str], Advice]:
-    """What the Advice API says of a job's machines: one Advice per (machine type, provisioning model) of its tiers,
-    over all their zones, as the outlook keys it. A TPU: the note, no call."""
-    kind, now = machine_kind(spec), time.time()
-    zones: dict[str, list[str]] = {}
-    for tier in spec.all_tiers:
-        zones.setdefault(tier.provisioning, []).extend(z for z in tier.zones if z not in zones[tier.provisioning])
-    if is_tpu(kind):
-        return {(kind, p): Advice({}, now, TPU_NOTE) for p in zones}
-    gpus = accelerators(spec.machine)
-    return {(kind, p): advise_regions(advisor, project, kind, p, zs, accelerators=gpus) for p, zs in zones.items()}
+    """What the Advice API says of a job's machines: one Advice per (machine type, provisioning model) of its tiers
+    (each tier's own machine where it names one), over all their zones, as the outlook keys it. A TPU: the note, no
+    call."""
+    now = time.time()
+    zones: dict[tuple[str, str], list[str]] = {}
+    machines: dict[str, JobSpec] = {}
+    for index, tier in enumerate(spec.all_tiers):
+        on_tier = spec.on_tier(index)
+        kind = machine_kind(on_tier)
+        machines.setdefault(kind, on_tier)
+        listed = zones.setdefault((kind, tier.provisioning), [])
+        listed.extend(z for z in tier.zones if z not in listed)
+    return {
+        (kind, p): Advice({}, now, TPU_NOTE)
+        if is_tpu(kind)
+        else advise_regions(advisor, project, kind, p, zs, accelerators=accelerators(machines[kind].machine))
+        for (kind, p), zs in zones.items()
+    }
 
 
 class GcpAdvisor:

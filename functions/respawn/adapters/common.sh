@@ -16,9 +16,11 @@ metadata="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/
 md() {
   curl -sf -m 2 -H 'Metadata-Flavor: Google' "$metadata/instance/$1"
 }
-this_worker() {  # every worker VM of a slice runs the scripts; the metadata server says which one this is (else 0)
+# Every worker VM of a slice runs the scripts; which one this is: a TPU slice's metadata server says so, a GPU slice's
+# startup script noted it beside the notice file (startup.sh, ready_gpu_workers); else 0.
+this_worker() {
   local number
-  number=$(md attributes/agent-worker-number || echo 0)
+  number=$(md attributes/agent-worker-number || cat "${notice:+${notice%/*}/worker}" 2>/dev/null || echo 0)
   case "$number" in ''|*[!0-9]*) number=0 ;; esac
   echo "$number"
 }

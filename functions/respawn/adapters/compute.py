@@ -6,7 +6,8 @@ Every machine is made of instances of one shape (`VmShape`), whose properties on
   `--gpus all`;
 * a TPU VM is an instance with a TPU machine type and no guestAccelerators (compute/docs/tpus/tpu-machines), booting
   the job's `machine.image` or the generation's image family;
-* a multi-host TPU slice is a MIG of 4-chip TPU VMs under a workload policy (respawn.adapters.compute_slices).
+* a multi-host TPU slice is a MIG of 4-chip TPU VMs under a workload policy, and a GPU machine of several VMs
+  (machine.vms) a MIG of GPU VMs (respawn.adapters.compute_slices).
 Spot VMs are deleted on preemption (instanceTerminationAction=DELETE) and carry maxRunDuration = the time left until
 the job's TTL (`CreateMachine.deadline`; the whole TTL when it is not set), so a VM never outlives its job even if
 nothing deletes it. A slice's VMs stop instead, as Google's TPU Spot page makes a slice's template
@@ -46,7 +47,6 @@ from respawn.jobs import (
     MachineState,
     Provisioning,
     Tier,
-    TpuMachine,
     flex_start_run_s,
     machine_name,
 )
@@ -76,6 +76,19 @@ BOOT_DISK_TYPES = (
 def boot_disk_type(machine_type: str) -> str:
     """The boot disk type a VM of this machine type can boot from."""
     return next((disk for prefix, disk in BOOT_DISK_TYPES if machine_type.startswith(prefix)), PD_BALANCED)
+
+
+# The GPU series whose MIGs take a workload policy (HIGH_THROUGHPUT: the VMs placed close together), by machine type
+# prefix: "for Spot or reservations: A4X, A4, A3 Ultra, A3 Mega, A3 High (8 GPUs)", "for Flex-start: A4 and A3
+# Ultra" (https://cloud.google.com/ai-hypercomputer/docs/placement-policy-and-workload-policy, the comparison of
+# compact placement policies and workload policies). Any other GPU slice's MIG has no placement policy.
+GPU_WORKLOAD_POLICY = ("a4x-", "a4-", "a3-ultragpu-", "a3-megagpu-", "a3-highgpu-8g")
+GPU_WORKLOAD_POLICY_FLEX = ("a4-", "a3-ultragpu-")
+
+
+def gpu_placement(machine_type: str, flex: bool) -> bool:
+    """Whether a MIG of GPU VMs of this machine type is made under a workload policy (GPU_WORKLOAD_POLICY)."""
+    return machine_type.startswith(GPU_WORKLOAD_POLICY_FLEX if flex else GPU_WORKLOAD_POLICY)
 
 
 STATES: dict[str, MachineState] = {
@@ -195,7 +208,7 @@ class GcpComputeProvider:
                 gpus=(m.accelerator_type, m.accelerator_count),
                 metadata=(("install-nvidia-driver", "True"),),
             )
-            return vm, None
+            return vm, ComputeShape(m.machine_type, m.vms, "", self.image)
         if m.api != API_COMPUTE:
             raise PermanentError(f"machine.api: {m.api!r} is not Compute Engine's; allowed here: {API_COMPUTE}")
         try:
@@ -280,7 +293,7 @@ class GcpComputeProvider:
         return instance
 
     def slice(self, action: CreateMachine, spec: JobSpec) -> Slice:
-        """The multi-host TPU slice of the attempt."""
+        """The attempt's slice: a multi-host TPU slice, or a GPU machine's VMs (machine.vms > 1)."""
         vm, shape = self.shape(spec)
         if shape is None or not shape.multi_host:
             raise PermanentError(
@@ -288,7 +301,9 @@ class GcpComputeProvider:
             )
         flex = spec.all_tiers[action.tier].provisioning == Provisioning.FLEX_START
         properties = self.vm_properties(action, spec, vm, template=True)
-        return Slice(self.project, action.machine, action.zone, shape.vms, shape.topology, properties, flex)
+        placement = gpu_placement(vm.machine_type, flex) if vm.gpus else True
+        topology = shape.topology or None
+        return Slice(self.project, action.machine, action.zone, shape.vms, topology, properties, flex, placement)
 
     # ------------------------------------------------------------------------------------------------ provider
 
@@ -364,9 +379,12 @@ class GcpComputeProvider:
 
 
 def _multi_host(spec: JobSpec) -> bool:
-    """Whether the job's machines are MIG slices (a TPU that Compute Engine makes of more than one VM)."""
+    """Whether the job's machines are MIG slices: a TPU that Compute Engine makes of more than one VM, or a GPU
+    machine of several VMs."""
     m = spec.machine
-    if not isinstance(m, TpuMachine) or m.api != API_COMPUTE:
+    if isinstance(m, GpuMachine):
+        return m.vms > 1
+    if m.api != API_COMPUTE:
         return False
     try:
         return compute_shape(m.accelerator_type).multi_host

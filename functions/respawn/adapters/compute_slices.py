@@ -1,4 +1,8 @@
-"""Multi-host TPU slices on Compute Engine: a workload policy, an instance template and a managed instance group.
+"""Slices on Compute Engine, multi-host TPU slices and multi-VM GPU machines: a workload policy, an instance template
+and a managed instance group.
+
+A GPU machine of `vms` VMs (machine.vms) is the same three objects: its workload policy has no acceleratorTopology
+(only HIGH_THROUGHPUT placement), and a GPU series that takes no workload policy in a MIG gets none (two objects).
 
 A slice of `vms` 4-chip VMs is three objects, all named after the attempt's machine NAME and created in this order
 (compute/docs/tpus/create-tpu-mig-multi-host-slice, tpu/docs/tpus-and-migs):
@@ -44,7 +48,7 @@ from respawn.jobs import MachineState, parse_machine_name, slice_vm_base
 from respawn.ports import CapacityError, Machine, PermanentError, ProviderError, TransientError
 
 MANAGED = "respawn-managed"  # the MIG's description (a MIG has no labels)
-_DESCRIPTION = re.compile(rf"^{MANAGED}: TPU slice in ([a-z0-9-]+)$")
+_DESCRIPTION = re.compile(rf"^{MANAGED}: (?:TPU )?slice in ([a-z0-9-]+)$")  # "TPU slice": written before GPU slices
 # A 400 refusing the MIG's BULK mode for its template's provisioning model: whatever its words, an invalid-argument
 # error about the field itself (`targetSizePolicy`, Compute's "Invalid value for field
 # 'resource.targetSizePolicy.mode'") or one that speaks of bulk mode and the provisioning model together.
@@ -65,7 +69,7 @@ LOST_VM = frozenset({"STOPPING", "STOPPED", "TERMINATED", "PENDING_STOP", "SUSPE
 
 def description(zone: str) -> str:
     """The template's and policy's description: theirs, and the zone of their MIG (neither object is zonal)."""
-    return f"{MANAGED}: TPU slice in {zone}"
+    return f"{MANAGED}: slice in {zone}"
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,10 @@ class Slice:
     name: str
     zone: str
     vms: int
-    topology: str  # the workload policy's acceleratorTopology, e.g. "4x4"
+    topology: str | None  # the workload policy's acceleratorTopology, e.g. "4x4"; None for GPU VMs (no topology)
     properties: compute_v1.InstanceProperties  # every VM's, as a single-host instance's
     flex: bool = False  # flex-start: the MIG waits in the queue for capacity, and a wait is not a failure
+    placement: bool = True  # under a workload policy; False: no policy (a GPU series that takes none)
 
     @property
     def region(self) -> str:
@@ -98,7 +103,7 @@ def workload_policy(s: Slice) -> compute_v1.ResourcePolicy:
         name=s.name,
         description=description(s.zone),
         workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
-            type_="HIGH_THROUGHPUT", accelerator_topology=s.topology
+            type_="HIGH_THROUGHPUT", **({"accelerator_topology": s.topology} if s.topology else {})
         ),
     )
 
@@ -115,11 +120,12 @@ def instance_group_manager(s: Slice, bulk: bool = True) -> compute_v1.InstanceGr
         base_instance_name=slice_vm_base(s.name),
         instance_template=s.template_url,
         target_size=s.vms,
-        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=s.policy_url),
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
             default_action_on_failure="DO_NOTHING"
         ),
     )
+    if s.placement:
+        mig.resource_policies = compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=s.policy_url)
     if bulk:
         mig.target_size_policy = compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK")
     return mig
@@ -136,10 +142,14 @@ class Observed:
 
 
 def slice_state(
-    mig: compute_v1.InstanceGroupManager, vms: Sequence[compute_v1.ManagedInstance], flex: bool = False
+    mig: compute_v1.InstanceGroupManager,
+    vms: Sequence[compute_v1.ManagedInstance],
+    flex: bool = False,
+    topology: bool = True,
 ) -> Observed:
-    """The slice's state from its MIG and the MIG's managed instances; `flex`: its template is FLEX_START. By the
-    first rule that holds:
+    """The slice's state from its MIG and the MIG's managed instances; `flex`: its template is FLEX_START;
+    `topology`: its VMs are TPU VMs, whose applied topology must be ACTIVE (GPU VMs have none). By the first rule
+    that holds:
     * FAILED: a Spot/standard creation reported errors while VMs are missing (a BULK creation that found no
       capacity: `status.bulkInstanceOperation.lastProgressCheck.error`; a VM's `lastAttempt.errors`, as an
       INDIVIDUAL MIG reports it), or the topology FAILED before any VM ran; `detail` is the API's reason.
@@ -176,7 +186,7 @@ def slice_state(
         return Observed(MachineState.PREEMPTED, started=started)
     if flex and mig.status.bulk_instance_operation.in_progress and not started:
         return Observed(MachineState.QUEUED, started=started)
-    active = bool(topologies) and all(t == "ACTIVE" for t in topologies)
+    active = all(t == "ACTIVE" for t in topologies) and (bool(topologies) or not topology)
     if mig.target_size > 0 and running == len(vms) == mig.target_size and active:
         return Observed(MachineState.READY, started=started)
     return Observed(MachineState.CREATING, started=started)
@@ -230,14 +240,17 @@ class ComputeSlices:
         nothing behind; the VMs' progress after that is the sweep's."""
         deadline = time.monotonic() + self.settings.create_wait_s
         p, zone = self.project, s.zone
-        steps: list[tuple[str, Callable[[], compute_v1.Operation], Scope]] = [
+        policy: list[tuple[str, Callable[[], compute_v1.Operation], Scope]] = [
             (
                 "workload policy",
                 lambda: self.policies.insert_unary(
                     project=p, region=s.region, resource_policy_resource=workload_policy(s), timeout=self.timeout
                 ),
                 Scope(region=s.region),
-            ),
+            )
+        ]
+        steps: list[tuple[str, Callable[[], compute_v1.Operation], Scope]] = [
+            *(policy if s.placement else []),
             (
                 "instance template",
                 lambda: self.templates.insert_unary(
@@ -249,7 +262,7 @@ class ComputeSlices:
         ]
         try:
             for kind, insert, scope in steps:
-                what = f"create {kind} {s.name} for the TPU slice in {zone}"
+                what = f"create {kind} {s.name} for the slice in {zone}"
                 if not self._insert(insert, scope, deadline, what):
                     raise TransientError(f"{what}: still being created; the next try goes on from there")
             if not s.flex:
@@ -315,7 +328,7 @@ class ComputeSlices:
             if observed is None or observed.started:
                 return
             if observed.errors:
-                error = classify(api_error(list(observed.errors)), f"create TPU slice {s.name} in {s.zone}", True)
+                error = classify(api_error(list(observed.errors)), f"create slice {s.name} in {s.zone}", True)
                 if isinstance(error, (CapacityError, PermanentError)):
                     raise error
                 return
@@ -330,7 +343,7 @@ class ComputeSlices:
         """MIG -> template -> policy, NotFound as done. The template and policy are in use until the MIG's deletion
         is DONE: when it is not within `create_wait_s`, they are left to the sweep, which lists them (leftovers)."""
         region = region_of(zone)
-        what = f"delete TPU slice {name} in {zone}"
+        what = f"delete slice {name} in {zone}"
         op = deleting(
             lambda: self.migs.delete_unary(
                 project=self.project, zone=zone, instance_group_manager=name, timeout=self.timeout
@@ -372,7 +385,7 @@ class ComputeSlices:
 
     def list(self, zone: str, job_id: str | None) -> list[Machine]:
         """respawn's slices in the zone, one Machine per MIG, and the leftovers of slices whose MIG is gone."""
-        what = f"list TPU slices in {zone}"
+        what = f"list slices in {zone}"
         try:
             migs = list(self.migs.list(project=self.project, zone=zone, retry=self.retry, timeout=self.timeout))
             templates = list(self.templates.list(project=self.project, retry=self.retry, timeout=self.timeout))
@@ -400,7 +413,7 @@ class ComputeSlices:
         except gexc.NotFound:
             return None
         except Exception as e:
-            raise classify(e, f"get TPU slice {name} in {zone}") from e
+            raise classify(e, f"get slice {name} in {zone}") from e
         return self._state(mig, zone, template)
 
     def _state(
@@ -408,7 +421,8 @@ class ComputeSlices:
     ) -> Observed:
         """The MIG's state from its VMs; its template says whether it is flex-start."""
         flex = template is not None and template.properties.scheduling.provisioning_model == "FLEX_START"
-        what = f"get TPU slice {mig.name} in {zone}"
+        gpus = template is not None and bool(template.properties.guest_accelerators)
+        what = f"get slice {mig.name} in {zone}"
         try:
             vms = list(
                 self.migs.list_managed_instances(
@@ -423,7 +437,7 @@ class ComputeSlices:
             vms = []  # deleted since it was listed
         except Exception as e:
             raise classify(e, what) from e
-        return slice_state(mig, vms, flex)
+        return slice_state(mig, vms, flex, topology=not gpus)
 
     def _template(self, name: str) -> compute_v1.InstanceTemplate | None:
         try:

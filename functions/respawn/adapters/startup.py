@@ -16,7 +16,9 @@ the script, the metadata or a command line.
 Before the trainer, the script readies the machine: it installs Docker where the
 boot image has none (Compute Engine's TPU images: docs/compute-engine.md, The
 machine), and on a multi-host TPU slice waits until the metadata server names this
-VM's worker number and all its peers, which the trainer needs to find the others.
+VM's worker number and all its peers, which the trainer needs to find the others
+(on a GPU machine of several VMs, until the Compute Engine API lists all of its
+MIG's VMs: their order by name gives each its worker number).
 What cannot be readied is the attempt's `failed` entry (the trainer never starts).
 Lifecycle entries, secrets and the registry login go through the REST APIs with
 the machine's token from the metadata server, never through gcloud: no source
@@ -60,7 +62,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from respawn.events import EXIT_CODE
-from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec
+from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, GpuMachine, JobSpec, machine_name
 from respawn.machine import (
     CONTAINER,
     DRAIN_MARKER_METADATA,
@@ -163,8 +165,9 @@ def docker_run_argv(
     argv += logs
     for key, value in trainer_env(spec, attempt, mtbi_s):
         argv += ["-e", f"{key}={value}"]
-    if not gpu:  # this worker of the slice, from the metadata server (the script exports them)
-        argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
+    # this worker of the slice: a TPU slice's from the metadata server, a GPU slice's from its MIG (the script exports
+    # them; a single GPU VM has none, and docker passes a variable that is not set as nothing)
+    argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
     # The notice file, which a trainer that stops on a slice peer's notice leaves too (docs/trainer-protocol.md)
     argv += ["-v", f"{NOTICE_DIR}:{NOTICE_DIR}", "-e", NOTICE_ENV]
     argv += ["-e", TAKEOVER_ENV, "-e", START_AFTER_ENV]  # set on a head start's machine only (startup.sh)
@@ -276,6 +279,7 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
         "startup.sh",
         {
             **_common(spec, attempt),
+            "machine": machine_name(spec.job_id, attempt),
             "machine_kind": "gpu" if isinstance(spec.machine, GpuMachine) else "tpu",
             "slice_hosts": spec.machine.hosts,
             "slice_metadata_tries": SLICE_METADATA_TRIES,

@@ -8,8 +8,8 @@
 # a boot image's usual tools (curl, sed, awk, grep, tr, paste; apt-get to install docker and the NVIDIA container
 # toolkit where the image lacks them).
 #
-# The values: job_id, attempt; machine_kind (gpu or tpu), slice_hosts (a TPU slice's worker VMs) and
-# slice_metadata_tries; registry (the Artifact Registry host to log docker in to, or empty); secrets (NAME REF
+# The values: job_id, attempt, machine (the attempt's machine name: a slice's MIG); machine_kind (gpu or tpu),
+# slice_hosts (a slice's worker VMs: a TPU slice's hosts, a GPU machine's vms) and slice_metadata_tries; registry (the Artifact Registry host to log docker in to, or empty); secrets (NAME REF
 # pairs); image, image_mark_file and image_mark_env; container and grace_s; notice_file and notice_env;
 # start_after_key, drain_marker_key, takeover_label, takeover_env and start_after_env; drain_marker (this attempt's);
 # trainer_log and startup_log; notice_lead_s (empty without a preemption notice); run and run_local (the trainer's
@@ -184,6 +184,36 @@ ready_tpu_workers() {
   export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
 }
 
+# A GPU machine of several VMs (machine.vms) is a MIG named after the attempt's machine. Google's metadata server names
+# no peers of a GPU VM, as it does a TPU slice's: the MIG's VMs are listed through the Compute Engine API with the
+# machine's token (listManagedInstances) until all slice_hosts are there; sorted by name they are the processes of
+# jax.distributed, this VM's place among them its process id, and the first one serves the coordinator (Compute
+# Engine's internal DNS resolves a VM's name in its network). The trainer reads them as a TPU slice's worker does:
+# TPU_WORKER_ID and TPU_WORKER_HOSTNAMES.
+ready_gpu_workers() {
+  [ "$slice_hosts" -gt 1 ] || return 0
+  local me zone project names tries=0
+  local compute_api=${CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE:-https://compute.googleapis.com/compute/v1/}
+  if ! { me=$(md name) && zone=$(md zone) \
+      && project=$(curl -sf -m 2 -H 'Metadata-Flavor: Google' "$metadata/project/project-id"); }; then
+    fail "the metadata server did not name this VM, its zone and its project"
+  fi
+  until names=$(curl -sf -m 30 -X POST -H "Authorization: Bearer $(token)" -H 'Content-Length: 0' \
+        "${compute_api}projects/$project/zones/${zone##*/}/instanceGroupManagers/$machine/listManagedInstances" \
+        | grep -o '"instance" *: *"[^"]*"' | sed 's#.*/##; s#"$##' | LC_ALL=C sort) \
+      && [ "$(printf '%s\n' "$names" | grep -c .)" -eq "$slice_hosts" ]; do
+    tries=$((tries + 1))
+    [ "$tries" -lt "$slice_metadata_tries" ] || fail "the MIG $machine never listed its $slice_hosts VMs"
+    log "waiting for the MIG's $slice_hosts VMs (listManagedInstances)"; sleep 5
+  done
+  worker=$(printf '%s\n' "$names" | grep -nxF "$me" | cut -d: -f1)
+  [ -n "$worker" ] || fail "this VM is not one of its MIG's VMs"
+  worker=$((worker - 1))
+  TPU_WORKER_ID=$worker
+  TPU_WORKER_HOSTNAMES=$(printf '%s\n' "$names" | paste -sd, -)
+  export TPU_WORKER_ID TPU_WORKER_HOSTNAMES
+}
+
 # Docker's credentials for Artifact Registry: the machine's token as the password of user oauth2accesstoken
 # (https://cloud.google.com/artifact-registry/docs/docker/authentication#token).
 registry_login() {
@@ -247,13 +277,14 @@ watch_notice() {
 }
 
 ready_docker
-if [ "$machine_kind" = gpu ]; then ready_gpu; else ready_tpu_workers; fi
+if [ "$machine_kind" = gpu ]; then ready_gpu; ready_gpu_workers; else ready_tpu_workers; fi
 [ -z "$registry" ] || registry_login
 for ((i = 0; i < ${#secrets[@]}; i += 2)); do secret "${secrets[i]}" "${secrets[i + 1]}"; done
 pull_image
 
 notice=${!notice_env:-$notice_file}  # the file the variable named notice_env names, where the machine names another
 make_notice_dir && rm -f "$notice"
+echo "$worker" > "${notice%/*}/worker" || log "could not note this VM's worker number"  # for the shutdown script
 export "$notice_env=$notice"  # the trainer leaves it when it stops on a peer's notice (docker_run_argv)
 stopping=
 # shellcheck disable=SC2317  # run by the trap

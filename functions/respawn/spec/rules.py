@@ -30,6 +30,7 @@ from respawn.spec.values import (
     FLEX_START_QUEUE_MAX_S,
     FLEX_START_QUEUE_MIN_S,
     MAX_FAILURES,
+    MAX_GPU_VMS,
     MAX_TIERS,
     PLACEMENTS,
     PROVISIONING,
@@ -178,6 +179,8 @@ GPU_MACHINE = Shape(
         Field("boot_disk_gb", within(*BOOT_DISK_GB)),
         # a flex-start tier: how long one zone may keep the request waiting (checked against the tiers in _submit)
         Field("queue_timeout", parse_ttl, format_ttl, attribute="queue_timeout_s", shown_if=_queue_timeout_shown),
+        # VMs created together, each running the trainer, recovered whole (a slice of GPU VMs)
+        Field("vms", within(1, MAX_GPU_VMS), omitted_when_default=True),
     ),
     "required for kind gpu",
     tag=("kind", GpuMachine.kind),
@@ -244,6 +247,13 @@ TIER = Shape(
             format_optional_ttl,
             "back_to_spot_after_s",
             shown_if=lambda tier: tier.provisioning not in SPOT_MODELS,
+            omitted_when_default=True,
+        ),
+        # the tier's own machine (another GPU type or count): of the job's machine kind and API; absent, the job's
+        Field(
+            "machine",
+            optional(_machine),
+            lambda m: None if m is None else _machine_message(m),
             omitted_when_default=True,
         ),
         Field("move_on", lambda value, path: value),  # read and written as MOVE_ON, whose fields are the tier's
@@ -404,9 +414,26 @@ def _submit(message: dict[str, Any], default_images: Mapping[str, str]) -> JobSp
     for name in sorted(dict(values["secrets"]).keys() & dict(values["env"]).keys()):
         fail(f"secrets.{name}", "the variable is also set in env", "each variable in env or in secrets, not both")
     spec = JobSpec(**values)
+    _tier_machines_fit(spec)
     _provisioning_fits_the_api(spec)
     _queue_timeout_fits(spec, message["machine"])
     return spec
+
+
+def _tier_machines_fit(spec: JobSpec) -> None:
+    """A tier's own machine is of the job's machine kind, through the job's API: the same trainer image runs on it,
+    and the same provider makes and lists it."""
+    job = spec.machine
+    for i, tier in enumerate(spec.tiers):
+        m = tier.machine
+        if m is None:
+            continue
+        if m.kind != job.kind:
+            problem = f"{show(m.kind)} is not the job's machine kind {show(job.kind)}"
+            fail(f"tiers[{i}].machine.kind", problem, f"{show(job.kind)}: a tier's machine is of the job's kind")
+        if m.api != job.api:
+            problem = f"{show(m.api)} is not the API of the job's machine ({show(job.api)})"
+            fail(f"tiers[{i}].machine.api", problem, f"{show(job.api)}: a tier's machine goes through the job's API")
 
 
 def _tier_paths(spec: JobSpec) -> list[tuple[str, Tier]]:

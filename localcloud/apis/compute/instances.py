@@ -92,7 +92,7 @@ class Instances:
             scheduling = body.get("scheduling") or {}
             if scheduling.get("provisioningModel") == "FLEX_START":
                 return self._insert_flex(op, project, zone, name, body)
-            if core.stocked_out(zone, spot(scheduling)):
+            if core.stocked_out(zone, spot(scheduling), str(body.get("machineType") or "").rpartition("/")[2]):
                 return operations.finish(op, capacity_error(project, zone))
             m = self.make(project, zone, name, body)
             self.start(m)

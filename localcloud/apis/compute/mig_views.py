@@ -8,7 +8,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from localcloud.apis.apicore import CloudMachine, rfc3339
+from localcloud.apis.apicore import CloudMachine, gpus, rfc3339
 from localcloud.apis.compute.checks import TPU_MACHINE_TYPES
 from localcloud.apis.compute.common import COMPUTE, CREATING, instance_path, kind_of, url, vm_id
 
@@ -68,7 +68,7 @@ def slice_of(mig: Mig) -> CloudMachine:
         mig.deleted_at,
         api="compute",
         workers=tuple(mig.vms),
-        chips_per_host=tpu.chips if tpu else 1,
+        chips_per_host=tpu.chips if tpu else gpus(properties) or 1,
     )
 
 

@@ -174,7 +174,7 @@ class Migs:
             if fault:
                 return operations.finish(op, ApiError.of(fault))
             stockout_fails = self.bulk_stockout == "fail" and not _flex(template)
-            if target and stockout_fails and core.stocked_out(zone, _spot(template)):
+            if target and stockout_fails and core.stocked_out(zone, _spot(template), template.machine_type):
                 return operations.finish(op, capacity_error(project, zone))
             mig = Mig(project, zone, name, copy.deepcopy(body), core.next_id(), time.time(), template, policy)
             mig.topology_at = mig.created_at
@@ -201,7 +201,7 @@ class Migs:
         spot = _spot(mig.template)
         if _flex(mig.template):
             waits, wait = self.core.queue_wait(mig.zone, spot=False)
-        elif not stocked_checked and self.core.stocked_out(mig.zone, spot):
+        elif not stocked_checked and self.core.stocked_out(mig.zone, spot, mig.template.machine_type):
             queued, wait = self.core.queue_wait(mig.zone, spot)
             waits, wait = True, wait if queued else None  # no queue wait set: until deleted
         else:
@@ -317,7 +317,11 @@ class Migs:
                 mig.serial = core.next_id()
                 self.refresh(mig)
                 return operations.finish(op, None)
-            if self.bulk_stockout == "fail" and not _flex(mig.template) and core.stocked_out(zone, _spot(mig.template)):
+            if (
+                self.bulk_stockout == "fail"
+                and not _flex(mig.template)
+                and core.stocked_out(zone, _spot(mig.template), mig.template.machine_type)
+            ):
                 return operations.finish(op, capacity_error(project, zone))
             self.grow(mig, new, stocked_checked=self.bulk_stockout == "fail")
             return operations.finish(op, None)
