@@ -285,9 +285,10 @@ def check_zones(source: str, s: Settings, message: dict[str, Any]) -> None:
         if o.offered is not True:
             print(f"warning: zones: {o.detail}" + ("; respawn skips it" if o.offered is False else ""), file=sys.stderr)
     if all(o.offered is False for o in found):
-        zones = ", ".join(o.zone for o in found)
+        zones = ", ".join(dict.fromkeys(o.zone for o in found))
+        machines = " or ".join(dict.fromkeys(machine_words(spec.machine_of(n)) for n in range(len(spec.all_tiers))))
         raise UserError(
-            f"{source}: zones: none of {zones} offers {machine_words(spec.machine)}; allowed: zones whose "
+            f"{source}: zones: none of {zones} offers {machines}; allowed: zones whose "
             "machine and accelerator type listings hold it (gcloud compute machine-types list --filter=NAME)"
         )
 

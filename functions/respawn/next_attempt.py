@@ -138,14 +138,21 @@ def _tried_in_walk(job: Job) -> set[str]:
     return {a.zone for a in walked[len(walked) - walk :]} if walk else set()
 
 
-def unoffered(job: Job) -> dict[str, str]:
-    """The zones known not to offer the job's machine (a create there was refused for it): zone -> the API's words.
-    Like a stockout that never ends, each is skipped from then on."""
-    return {a.zone: a.error for a in job.attempts if a.end_reason == EndReason.UNOFFERED}
+def unoffered(job: Job, tier: int | None = None) -> dict[str, str]:
+    """The zones known not to offer tier `tier`'s machine (default: the current tier's; a create there was refused
+    for it): zone -> the API's words. Like a stockout that never ends, each is skipped from then on, by every tier
+    that runs that machine; a tier of another machine may still find it there."""
+    assert job.spec is not None
+    machine = job.spec.machine_of(job.tier_index if tier is None else tier)
+    return {
+        a.zone: a.error
+        for a in job.attempts
+        if a.end_reason == EndReason.UNOFFERED and job.spec.machine_of(a.tier) == machine
+    }
 
 
 def offered_zones(job: Job) -> tuple[str, ...]:
-    """The current tier's zones but those known not to offer the machine."""
+    """The current tier's zones but those known not to offer its machine."""
     skipped = unoffered(job)
     return tuple(z for z in tier_of(job).zones if z not in skipped)
 
@@ -249,8 +256,8 @@ def _deadline_near(job: Job, tier: Tier, index: int, now: float) -> bool:
 
 
 def _offered_nowhere(job: Job, tier: Tier, index: int, now: float) -> bool:
-    """None of the tier's zones offers the machine (each refused a create for it)."""
-    return set(tier.zones) <= unoffered(job).keys()
+    """None of the tier's zones offers its machine (each refused a create for it)."""
+    return set(tier.zones) <= unoffered(job, index).keys()
 
 
 MOVE_ON_RULES: tuple[MoveOnRule, ...] = (_preempted_enough, _stocked_out_long_enough, _deadline_near, _offered_nowhere)

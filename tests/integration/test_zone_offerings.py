@@ -224,3 +224,21 @@ def test_submit_warns_about_a_zone_without_the_machine_and_refuses_a_job_none_of
         assert str(e.value).startswith(
             f"job.yaml: zones: none of {A}, {B} offers v6e-16 (ct6e-standard-4t VMs); allowed: zones whose machine "
         )
+
+
+def test_each_tier_is_asked_about_its_own_machine_and_a_job_goes_when_one_tiers_machine_is_offered(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """H100 Spot, then A100 Spot: a zone without H100 that has A100 is a warning for the first tier only."""
+    h100, a100 = GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8), GpuMachine("a2-highgpu-1g", "nvidia-tesla-a100", 1)
+    tiers = (Tier("spot", (A,), after_stockout_s=600), Tier("spot", (A,), machine=a100))
+    with CloudApiServer(unoffered={A: ("a3-highgpu-8g",)}) as server:
+        lookup = OfferingLookup(P, tpu_endpoint=server.url, compute_endpoint=server.url)
+        found = lookup.zones(spec(h100, tiers=tiers))
+        assert [(o.zone, o.offered) for o in found] == [(A, False), (A, True)]
+        settings = Settings(project=P, tpu_endpoint=server.url, compute_endpoint=server.url)
+        cli.check_zones("job.yaml", settings, spec_to_message(spec(h100, tiers=tiers)))  # not refused
+        assert (
+            capsys.readouterr().err
+            == f"warning: zones: {A} does not offer machine type a3-highgpu-8g; respawn skips it\n"
+        )

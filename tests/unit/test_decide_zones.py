@@ -106,3 +106,13 @@ def test_ranked_placement_never_ranks_a_zone_that_does_not_offer_the_machine() -
     later = T0 + 10 * 3600  # every penalty has decayed
     job, actions = step(job, MachinesObserved(eid(), later, "llm", (), ()), later, outlook=even)
     assert [a.zone for a in actions if isinstance(a, CreateMachine)] == [B]
+
+
+def test_a_zone_without_one_tiers_machine_is_still_tried_for_a_tier_of_another_machine() -> None:
+    """A refusal is of one machine type: the next tier's own machine is asked for in that zone all the same."""
+    other = TpuMachine("v6e-8", api="compute")
+    tiers = (Tier("spot", (A,)), Tier("spot", (A, B), machine=other))
+    job = run(None, submitted(spec(tiers=tiers, zones=(A,))))
+    job, actions = step(job, unoffered(1), T0)
+    assert job is not None and job.status is Status.PROVISIONING and job.tier_index == 1
+    assert actions == [CreateMachine("llm", 2, "llm-a2", A, deadline=DEADLINE, tier=1)]

@@ -54,7 +54,9 @@ class OfferingLookup:
         self.accelerators = compute_v1.AcceleratorTypesClient(**client_options(compute_endpoint))
 
     def zones(self, spec: JobSpec) -> list[Offering]:
-        return [self.zone(spec.machine, zone) for zone in spec.every_zone]
+        """Each zone of each tier asked about that tier's machine (a tier may name its own), each pair once."""
+        pairs = {(zone, spec.machine_of(n)): None for n, tier in enumerate(spec.all_tiers) for zone in tier.zones}
+        return [self.zone(machine, zone) for zone, machine in pairs]
 
     def zone(self, machine: MachineSpec, zone: str) -> Offering:
         """Every type the machine needs, asked for in `zone`: the first one missing says the zone does not offer

@@ -11,7 +11,7 @@ from urllib.parse import quote
 from respawn.adapters.offering import OfferingLookup, machine_words
 from respawn.doctor import needs
 from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, exists, grant_line, grants_on, pages
-from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, Provisioning
+from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, MachineSpec, Provisioning
 from respawn.machine import DEPLOYMENT_IMAGES
 
 PRIVATE = tuple(ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))  # subnetworks
@@ -63,42 +63,47 @@ def zones_offer(d: Deployment, spec: JobSpec) -> list[Line]:
     return [Line(PASS, check, f"{listed} offer{'s' if len(offerings) == 1 else ''} {what}")]
 
 
-def quota_need(spec: JobSpec) -> tuple[str, int] | None:
-    """(the GPU's quota metric without the PREEMPTIBLE_ prefix, GPUs one machine takes), None for a machine whose
-    quota regions.get does not list: a TPU's is the Cloud TPU API's, per zone (docs/deploy.md, Request Spot quota),
-    and Compute Engine's v5p, v6e and TPU7x quotas have no metric in the v1 API."""
-    m = spec.machine
-    if isinstance(m, GpuMachine):
-        metric = GPU_QUOTAS.get(m.accelerator_type)
-        return None if metric is None else (metric, m.accelerator_count)
+def quota_need(machine: MachineSpec) -> tuple[str, int] | None:
+    """(the GPU's quota metric without the PREEMPTIBLE_ prefix, GPUs one machine takes: every VM's), None for a
+    machine whose quota regions.get does not list: a TPU's is the Cloud TPU API's, per zone (docs/deploy.md, Request
+    Spot quota), and Compute Engine's v5p, v6e and TPU7x quotas have no metric in the v1 API."""
+    if isinstance(machine, GpuMachine):
+        metric = GPU_QUOTAS.get(machine.accelerator_type)
+        return None if metric is None else (metric, machine.accelerator_count * machine.vms)
     return None
 
 
 def quota(d: Deployment, spec: JobSpec) -> list[Line]:
-    """Each region of each tier has the quota one machine needs: Spot and preemptible (and flex-start) machines
-    count against PREEMPTIBLE_ metrics, standard ones against the plain metric; a reservation's are reserved."""
-    need = quota_need(spec)
-    if need is None:
-        return [
-            Line(
-                WARN,
-                "quota",
-                f"{machine_words(spec.machine)}'s quota is not listed by Compute Engine's regions.get: not checked",
-                f"gcloud beta quotas info list --service=tpu.googleapis.com --project={d.project} (or IAM & Admin > "
-                "Quotas: docs/deploy.md, Request Spot quota)",
-            )
-        ]
-    base, units = need
-    wanted: dict[tuple[str, str], None] = {}
-    for tier in spec.all_tiers:
+    """Each region of each tier has the quota one machine of that tier needs: Spot and preemptible (and flex-start)
+    machines count against PREEMPTIBLE_ metrics, standard ones against the plain metric; a reservation's are
+    reserved."""
+    wanted: dict[tuple[str, str], int] = {}  # (region, metric) -> the most one machine there needs
+    unlisted: dict[str, None] = {}
+    for n, tier in enumerate(spec.all_tiers):
         if tier.provisioning == Provisioning.RESERVATION:
             continue
+        machine = spec.machine_of(n)
+        need = quota_need(machine)
+        if need is None:
+            unlisted[machine_words(machine)] = None
+            continue
+        base, units = need
         preemptible = tier.provisioning in SPOT_MODELS or tier.provisioning == Provisioning.FLEX_START
         metric = f"PREEMPTIBLE_{base}" if preemptible else base
         for zone in tier.zones:
-            wanted[(region_of(zone), metric)] = None
-    compute, lines = d.clients("compute"), []
-    for region, metric in wanted:
+            wanted[(region_of(zone), metric)] = max(units, wanted.get((region_of(zone), metric), 0))
+    lines = [
+        Line(
+            WARN,
+            "quota",
+            f"{words}'s quota is not listed by Compute Engine's regions.get: not checked",
+            f"gcloud beta quotas info list --service=tpu.googleapis.com --project={d.project} (or IAM & Admin > "
+            "Quotas: docs/deploy.md, Request Spot quota)",
+        )
+        for words in unlisted
+    ]
+    compute = d.clients("compute")
+    for (region, metric), units in wanted.items():
         check = f"quota in {region}"
         got, problem = ask(check, compute.regions().get(project=d.project, region=region).execute)
         if problem or got is None:
@@ -125,7 +130,7 @@ def quota(d: Deployment, spec: JobSpec) -> list[Line]:
 def slice_firewall(d: Deployment, spec: JobSpec) -> list[Line]:
     """A multi-host slice's workers reach worker 0's coordinator: an enabled ingress rule on the network allows tcp
     to COORDINATOR_PORT from the machines (their account or a range holding their subnetworks) to them."""
-    if spec.machine.hosts <= 1:
+    if all(spec.machine_of(n).hosts <= 1 for n in range(len(spec.all_tiers))):
         return []
     check = "slice firewall rule"
     compute = d.clients("compute")
