@@ -52,8 +52,10 @@ def test_ranked_placement_trains_mostly_in_the_long_lived_zone(tmp_path: Path) -
     assert sum(steps.values()) == 1600 and steps[C] > 1600 / 2, why
     assert all(z["placement"].startswith(z["zone"]) for z in report["zones"]), why  # decide's reason for each
     learned = {row["zone"]: row for row in report["history"]}
-    # one interruption each in A (decayed by the minutes since: 0.999 a while later), none in C
-    assert learned[A]["interruptions"] == pytest.approx(1, abs=0.01), why
+    # each preempted attempt in A is one interruption there (decayed by the minutes since: 0.999 a while later; a
+    # loaded machine trains slower, C's machine may then end too, and ranked placement may come back to A)
+    lost_in_a = sum(1 for z in report["zones"] if z["zone"] == A and z["end"] in ("preempted", "lost"))
+    assert lost_in_a >= 1 and learned[A]["interruptions"] == pytest.approx(lost_in_a, abs=0.01 * lost_in_a), why
     assert learned[C]["mtbi_s"] > learned[A]["mtbi_s"], why
     assert report["machines_left"] == 0 and report["processes_left"] == 0, why
 

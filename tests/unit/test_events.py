@@ -44,7 +44,7 @@ LEGACY_END_REASONS = {
     "preempted", "lost", "terminated", "failed", "hung", "capacity", "queued", "stuck", "completed", "cancelled",
     "expired", "error",
 }  # fmt: skip
-NEW_END_REASONS = {"back-to-spot"}  # added since: records before never hold them
+NEW_END_REASONS = {"back-to-spot", "unoffered"}  # added since: records before never hold them
 
 
 def test_end_reasons_are_the_strings_records_hold() -> None:
@@ -53,7 +53,7 @@ def test_end_reasons_are_the_strings_records_hold() -> None:
 
 
 def test_the_groups_of_end_reasons_do_not_overlap() -> None:
-    assert {"capacity", "queued", "stuck"} == NO_CAPACITY
+    assert {"capacity", "queued", "stuck", "unoffered"} == NO_CAPACITY
     assert {"preempted", "lost"} == COUNTED_AS_PREEMPTION
     assert {"failed", "hung"} == COUNTED_AS_FAILURE
     assert not (NO_CAPACITY & COUNTED_AS_PREEMPTION or NO_CAPACITY & COUNTED_AS_FAILURE)
