@@ -227,6 +227,20 @@ def job_spec(message: dict[str, Any]) -> JobSpec | CancelRequest:
     return parse_job_message(message, DEPLOYMENT_IMAGES)
 
 
+def submit_spec(path: str, for_a_cancel: str) -> JobSpec:
+    """The job file at `path` decoded as a submit message; UserError naming the file, or saying `for_a_cancel` when
+    it holds a cancel."""
+    from respawn.spec import SpecError, load_job_file
+
+    try:
+        spec = job_spec(load_job_file(path))
+    except SpecError as e:
+        raise UserError(f"{path}: {e}") from e
+    if not isinstance(spec, JobSpec):
+        raise UserError(f"{path}: {for_a_cancel}")
+    return spec
+
+
 def validated(message: dict[str, Any], source: str) -> dict[str, Any]:
     """The message, once the job spec decoder took it; a job naming respawn's trainer image of the other machine
     kind is warned about on stderr (it would fail at its trainer's start)."""
@@ -453,14 +467,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from respawn import plan
     from respawn.outlook import Outlook
     from respawn.policy import Policy
-    from respawn.spec import SpecError, load_job_file
 
-    try:
-        spec = job_spec(load_job_file(args.file))
-    except SpecError as e:
-        raise UserError(f"{args.file}: {e}") from e
-    if not isinstance(spec, JobSpec):
-        raise UserError(f"{args.file}: a cancel message has no placement; plan takes a submit message")
+    spec = submit_spec(args.file, "a cancel message has no placement; plan takes a submit message")
     s = Settings.from_env()
     s = replace(s, **{k: getattr(args, k) for k in ("project", "state_bucket") if getattr(args, k, None)})
     now = time.time()
@@ -515,17 +523,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import os
 
     from respawn.doctor import report
-    from respawn.spec import SpecError, load_job_file
 
-    spec: JobSpec | None = None
-    if args.file:
-        try:
-            parsed = job_spec(load_job_file(args.file))
-        except SpecError as e:
-            raise UserError(f"{args.file}: {e}") from e
-        if not isinstance(parsed, JobSpec):
-            raise UserError(f"{args.file}: a cancel message needs no machine; doctor takes a submit message")
-        spec = parsed
+    spec = (
+        submit_spec(args.file, "a cancel message needs no machine; doctor takes a submit message")
+        if args.file
+        else None
+    )
     s = settings(args, "project", "state_bucket")
     orchestrator = os.environ.get("RESPAWN_ORCHESTRATOR_SERVICE_ACCOUNT", "").strip() or None
     d = report.deployment(s, orchestrator)
