@@ -62,7 +62,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # One pytest worker per core (pytest-xdist), each test file whole on one worker, so that a module's fixtures (a
-# reference run, a compilation cache) are made once; the slowest tests are listed at the end.
+# compilation cache) are made once; the files with the most slow tests go first (tests/conftest.py), and every local
+# run shares one reference cache. The slowest tests are listed at the end.
 TEST_WORKERS ?= auto
 test: setup lint
 	RESPAWN_CHECKOV=$(CURDIR)/$(CHECKOV) RESPAWN_TFSCHEMA=$(CURDIR)/.venv-tfschema/node_modules \

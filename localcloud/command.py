@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import os
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
@@ -217,6 +218,13 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
     r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
+    r.add_argument(
+        "--reference-cache",
+        metavar="DIR",
+        default=os.environ.get("RESPAWN_REFERENCE_CACHE"),
+        help="keep the reference runs' results in DIR, which several workdirs may share "
+        "(default $RESPAWN_REFERENCE_CACHE, else WORKDIR/reference)",
+    )
     r.add_argument(
         "--no-stand-in",
         action="store_true",
@@ -462,7 +470,7 @@ def run(ns: argparse.Namespace) -> int:
                     ref = reference_run(
                         message.get("args") or [],
                         message.get("env") or {},
-                        cache_dir=opts.workdir / "reference" / data_key,
+                        cache_dir=Path(ns.reference_cache or opts.workdir / "reference") / data_key,
                         base_env={**local_trainer_env(opts.workdir), **storage_env},
                         log_path=opts.workdir / "reference.log",
                         machine_slice=machine_slice,

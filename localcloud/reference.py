@@ -6,9 +6,10 @@ temporary local directory. It starts as the job's machine does (slices.py): for 
 multi-host TPU slice as many processes as the slice has hosts, each with the worker
 environment the local cloud gives a slice's workers, so the shape of the
 computation (processes x devices) is the job's. Its final `params_sha256` is
-cached under `.respawn/reference/<key>.json`, keyed by the args, the env, the
-slice shape and the trainer's source (with an entrypoint: the command and the
-files it names), so it is computed once per change.
+cached under `.respawn/reference/<key>.json` (or `--reference-cache DIR`, which
+several workdirs may share), keyed by the args, the env, the slice shape and the
+trainer's source (with an entrypoint: the command and the files it names), so it
+is computed once per change.
 
 A program that never sends `params_sha256` (one that does not use the
 respawn_trainer library) completes by its exit code alone: its reference has no
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -144,5 +146,9 @@ def reference_run(
         "hosts": machine_slice.hosts,
         "chips_per_host": machine_slice.chips_per_host,
     }
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    # several runs (the test session's workers) may share the cache and compute one key at once: each replaces the
+    # file whole, so a reader sees one complete result or none
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(partial, path)
     return {**result, "cached": False}

@@ -2,12 +2,19 @@
 
 Tests that need one skip with a reason when it is missing, and fail instead
 when RESPAWN_REQUIRE_EMULATORS=1 (CI).
+
+Every local run of the session (all pytest-xdist workers) keeps its reference runs in one
+directory (RESPAWN_REFERENCE_CACHE), so the uninterrupted run of the same args, env, slice
+shape and trainer source is computed once, not once per test's fresh workdir. The files
+with the most slow tests (whole local-cloud jobs) are handed out first, so that a parallel
+run ends on short tests rather than on a long job started last.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +43,25 @@ def need(problem: str | None) -> None:
         if REQUIRE:
             pytest.fail(f"RESPAWN_REQUIRE_EMULATORS=1 but {problem}")
         pytest.skip(problem)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files by their number of slow tests, most first (a stable sort: otherwise in collection order); with
+    `--dist loadfile --no-loadscope-reorder` (pyproject.toml) the workers take the files in this order."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One reference cache for the whole session: under the directory the xdist workers' temporary directories
+    share (the session's own without xdist); keyed by what the reference computes from, written whole."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = root / "reference-cache"
+    cache.mkdir(exist_ok=True)
+    with patched_env({"RESPAWN_REFERENCE_CACHE": str(cache)}):
+        yield cache
 
 
 @pytest.fixture(scope="session")
