@@ -15,6 +15,7 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
+from respawn.adapters import gcs_store
 from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore, StoreError
 from respawn.jobs import Attempt, Job, JobSpec, Status, TpuMachine
 from respawn.outlook import History, Key, Observation
@@ -172,17 +173,52 @@ class Scripted(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def scripted() -> Iterator[tuple[Any, GcsJobStore]]:
-    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+class KeptAlive(Scripted):
+    """HTTP/1.1: a connection stays open between requests, unless the server's `drop` says to close each one after
+    its answer without a word (as a server's idle timeout does to a kept connection)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        server: Any = self.server
+        server.ports.append(self.client_address[1])  # before the answer, which lets the client go on
+        super()._answer()
+        self.close_connection = server.drop
+
+    do_GET = do_POST = _answer
+
+
+def serve(handler: type[Scripted]) -> tuple[Any, GcsJobStore]:
+    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.requests, server.script, server.last = [], [], (503, b"backend error", {})
+    server.ports, server.drop = [], False
     threading.Thread(target=server.serve_forever, daemon=True).start()
     client = storage.Client(
         project="p",
         credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
         client_options={"api_endpoint": f"http://127.0.0.1:{server.server_port}"},
     )
-    yield server, GcsJobStore("state", client)
+    return server, GcsJobStore("state", client)
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[Any, GcsJobStore]]:
+    server, store = serve(Scripted)
+    yield server, store
+    server.shutdown()
+
+
+def test_one_connection_is_kept_and_one_the_server_closed_is_opened_again_at_once(monkeypatch: Any) -> None:
+    server, store = serve(KeptAlive)
+    monkeypatch.setattr(gcs_store.time, "sleep", lambda s: pytest.fail(f"paused {s} s as after a failure"))
+    server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
+    for _ in range(3):
+        assert store.load("llm-1") == (make_job(), 7)
+    assert len(server.requests) == 3 and len(set(server.ports)) == 1  # one connection for the three
+    server.drop = True
+    for _ in range(3):
+        assert store.load("llm-1") == (make_job(), 7)
+    assert len(server.requests) == 6 and len(set(server.ports)) == 3  # the 5th and 6th each on a fresh one
     server.shutdown()
 
 
