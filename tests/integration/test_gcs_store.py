@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import re
 import socket
+import socketserver
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -219,6 +221,56 @@ def test_one_connection_is_kept_and_one_the_server_closed_is_opened_again_at_onc
     for _ in range(3):
         assert store.load("llm-1") == (make_job(), 7)
     assert len(server.requests) == 6 and len(set(server.ports)) == 3  # the 5th and 6th each on a fresh one
+    server.shutdown()
+
+
+class Tunnel(socketserver.ThreadingTCPServer):
+    """A proxy that answers CONNECT and pipes the bytes both ways; it counts the tunnels it opened."""
+
+    daemon_threads = True
+    tunnels: list[str]
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += request.recv(1)
+        target = head.split()[1].decode()
+        self.tunnels.append(target)
+        host, port = target.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pipe(src: socket.socket, dst: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=pipe, args=(upstream, request), daemon=True).start()
+        pipe(request, upstream)
+
+
+def test_a_client_that_honours_the_environment_goes_through_its_proxy(monkeypatch: Any) -> None:
+    server, _ = serve(KeptAlive)
+    proxy = Tunnel(("127.0.0.1", 0), socketserver.BaseRequestHandler)
+    proxy.tunnels = []
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    options = {"api_endpoint": endpoint}
+    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
+    for _ in range(2):
+        assert GcsJobStore("state", storage.Client("p", anonymous, client_options=options)).load("llm-1")[1] == 7
+    assert proxy.tunnels == [f"127.0.0.1:{server.server_port}"] * 2  # one kept tunnel per store
+    functions_client = storage.Client("p", anonymous, client_options=options)
+    functions_client._http.trust_env = False  # as gcs_store.function_client makes it
+    assert GcsJobStore("state", functions_client).load("llm-1")[1] == 7
+    assert len(proxy.tunnels) == 2 and len(server.requests) == 3  # the functions' store went straight
+    proxy.shutdown()
     server.shutdown()
 
 

@@ -84,7 +84,7 @@ def function_client(project: str | None = None) -> storage.Client:
 
     requests looks the proxy variables up on every call (a walk over os.environ);
     the functions reach GCS directly. The CLI keeps the default client, which
-    honours HTTPS_PROXY (and so does the store's own transport, see _pool).
+    honours HTTPS_PROXY (and so does the store's own transport, see _Connections).
     """
     client = storage.Client(project=project)
     client._http.trust_env = False
