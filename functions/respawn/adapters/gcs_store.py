@@ -179,7 +179,7 @@ class _JsonObjects:
     def _write(self, name: str, value: Any, generation: int, conflict: str) -> int:
         """Write iff the object is still at `generation` (0: create); ConflictError saying `conflict` otherwise."""
         what = f"writing gs://{self.bucket_name}/{name}"
-        data = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+        data = json.dumps(value, separators=(",", ":")).encode()  # in the record's own field order
         url = f"{self._uploads}?uploadType=multipart&ifGenerationMatch={generation:d}"
         response = self._call(what, "POST", url, *_multipart(name, data))
         if response.status == 412:
