@@ -70,7 +70,7 @@ test: setup lint
 	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/run_all.py $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 load: $(STAMP)
 	$(BIN)/python bench/load_test.py

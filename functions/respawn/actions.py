@@ -8,7 +8,7 @@ They round-trip through dicts because they are persisted as intent
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -48,7 +48,7 @@ _OMITTED_WHEN_NONE = frozenset({"mtbi_s", "start_after"})
 
 def action_to_dict(action: Action) -> dict[str, Any]:
     kind = "create" if isinstance(action, CreateMachine) else "delete"
-    fields = {k: v for k, v in asdict(action).items() if not (k in _OMITTED_WHEN_NONE and v is None)}
+    fields = {k: v for k, v in vars(action).items() if not (k in _OMITTED_WHEN_NONE and v is None)}
     return {"kind": kind, **fields}
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import re
 import socket
+import socketserver
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,6 +17,7 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
+from respawn.adapters import gcs_store
 from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore, StoreError
 from respawn.jobs import Attempt, Job, JobSpec, Status, TpuMachine
 from respawn.outlook import History, Key, Observation
@@ -172,17 +175,102 @@ class Scripted(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def scripted() -> Iterator[tuple[Any, GcsJobStore]]:
-    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+class KeptAlive(Scripted):
+    """HTTP/1.1: a connection stays open between requests, unless the server's `drop` says to close each one after
+    its answer without a word (as a server's idle timeout does to a kept connection)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        server: Any = self.server
+        server.ports.append(self.client_address[1])  # before the answer, which lets the client go on
+        super()._answer()
+        self.close_connection = server.drop
+
+    do_GET = do_POST = _answer
+
+
+def serve(handler: type[Scripted]) -> tuple[Any, GcsJobStore]:
+    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.requests, server.script, server.last = [], [], (503, b"backend error", {})
+    server.ports, server.drop = [], False
     threading.Thread(target=server.serve_forever, daemon=True).start()
     client = storage.Client(
         project="p",
         credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
         client_options={"api_endpoint": f"http://127.0.0.1:{server.server_port}"},
     )
-    yield server, GcsJobStore("state", client)
+    return server, GcsJobStore("state", client)
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[Any, GcsJobStore]]:
+    server, store = serve(Scripted)
+    yield server, store
+    server.shutdown()
+
+
+def test_one_connection_is_kept_and_one_the_server_closed_is_opened_again_at_once(monkeypatch: Any) -> None:
+    server, store = serve(KeptAlive)
+    monkeypatch.setattr(gcs_store.time, "sleep", lambda s: pytest.fail(f"paused {s} s as after a failure"))
+    server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
+    for _ in range(3):
+        assert store.load("llm-1") == (make_job(), 7)
+    assert len(server.requests) == 3 and len(set(server.ports)) == 1  # one connection for the three
+    server.drop = True
+    for _ in range(3):
+        assert store.load("llm-1") == (make_job(), 7)
+    assert len(server.requests) == 6 and len(set(server.ports)) == 3  # the 5th and 6th each on a fresh one
+    server.shutdown()
+
+
+class Tunnel(socketserver.ThreadingTCPServer):
+    """A proxy that answers CONNECT and pipes the bytes both ways; it counts the tunnels it opened."""
+
+    daemon_threads = True
+    tunnels: list[str]
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += request.recv(1)
+        target = head.split()[1].decode()
+        self.tunnels.append(target)
+        host, port = target.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pipe(src: socket.socket, dst: socket.socket) -> None:
+            with contextlib.suppress(OSError):
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=pipe, args=(upstream, request), daemon=True).start()
+        pipe(request, upstream)
+
+
+def test_a_client_that_honours_the_environment_goes_through_its_proxy(monkeypatch: Any) -> None:
+    server, _ = serve(KeptAlive)
+    proxy = Tunnel(("127.0.0.1", 0), socketserver.BaseRequestHandler)
+    proxy.tunnels = []
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    options = {"api_endpoint": endpoint}
+    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
+    for _ in range(2):
+        assert GcsJobStore("state", storage.Client("p", anonymous, client_options=options)).load("llm-1")[1] == 7
+    assert proxy.tunnels == [f"127.0.0.1:{server.server_port}"] * 2  # one kept tunnel per store
+    functions_client = storage.Client("p", anonymous, client_options=options)
+    functions_client._http.trust_env = False  # as gcs_store.function_client makes it
+    assert GcsJobStore("state", functions_client).load("llm-1")[1] == 7
+    assert len(proxy.tunnels) == 2 and len(server.requests) == 3  # the functions' store went straight
+    proxy.shutdown()
     server.shutdown()
 
 

@@ -30,7 +30,7 @@ def mix(jobs: int = 3) -> list[list[tuple[str, str, dict[str, object]]]]:
 def test_the_mix_applies_every_event_it_names() -> None:
     provider = bench_handler.InstantProvider()
     latencies, by_label, _ = bench_handler.run(
-        Service(InMemoryJobStore(), {"compute": provider}, SystemClock()), mix(), 1
+        [Service(InMemoryJobStore(), {"compute": provider}, SystemClock())], mix(), 1
     )
     assert len(latencies) == sum(len(v) for v in by_label.values()) > 0
     assert {"submit", "started", "checkpoint", "preempted", "completed"} <= set(by_label)
@@ -40,4 +40,4 @@ def test_the_mix_applies_every_event_it_names() -> None:
 def test_a_mix_whose_machines_cannot_be_created_stops_the_benchmark() -> None:
     service = Service(InMemoryJobStore(), {"gpu": bench_handler.InstantProvider()}, SystemClock())  # no such API
     with pytest.raises(SystemExit, match="did not do what it measures"):
-        bench_handler.run(service, mix(), 1)
+        bench_handler.run([service], mix(), 1)

@@ -6,11 +6,12 @@ that loaded the same generation cannot both win: the loser gets ConflictError,
 reloads and re-decides.
 
 The two calls of every event (read a record, write it) go straight to the GCS
-JSON API over google-auth's urllib3 transport, with the storage client's
-credentials and endpoint: the requests stack under `Blob.upload_from_string`
-costs about 1 ms of CPU per call, 2.5 times this path (bench/bench_handler.py),
-and those calls are nearly all of a handler's time. Listing, which only the
-sweep and the CLI do, stays with the storage client.
+JSON API on a keep-alive connection per thread (`_Connections`: http.client,
+signed with the storage client's credentials, to its endpoint). The requests
+stack under `Blob.upload_from_string` costs about 1 ms of CPU per call and
+urllib3's pool manager 0.7 ms; this path 0.35 ms (bench/bench_handler.py), and
+these calls are most of a handler's time. Listing, which only the sweep and the
+CLI do, stays with the storage client.
 
 Transient failures (429, 5xx, a dropped connection) are tried again twice after
 a short pause, then raised as TransientError so that Pub/Sub redelivers. A
@@ -20,16 +21,19 @@ handler reloads a record that already holds its decision.
 
 from __future__ import annotations
 
+import http.client
 import json
 import secrets
+import threading
 import time
 import urllib.request
-from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from typing import Any, NamedTuple
+from urllib.parse import quote, urlsplit
 
 import urllib3
 from google.api_core import exceptions
-from google.auth.transport.urllib3 import AuthorizedHttp
+from google.auth.credentials import Credentials
+from google.auth.transport.urllib3 import Request
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
@@ -39,7 +43,7 @@ from respawn.ports import ConflictError, TransientError
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _PAUSES_S = (0.1, 0.5)  # between the tries of one call
-_TIMEOUT = urllib3.Timeout(connect=10.0, read=30.0)
+_TIMEOUT_S = 30.0  # to connect, and for each read
 _TRANSIENT = (
     exceptions.TooManyRequests,
     exceptions.InternalServerError,
@@ -54,8 +58,14 @@ class StoreError(RuntimeError):
     """A store call that retrying will not fix (403, a missing bucket); the message names the object."""
 
 
-def _text(response: urllib3.BaseHTTPResponse) -> str:
-    return response.data[:200].decode(errors="replace").strip()
+class _Reply(NamedTuple):
+    status: int
+    headers: http.client.HTTPMessage  # looked up case-insensitively
+    data: bytes
+
+
+def _text(reply: _Reply) -> str:
+    return reply.data[:200].decode(errors="replace").strip()
 
 
 def _multipart(name: str, record: bytes) -> tuple[bytes, str]:
@@ -74,20 +84,55 @@ def function_client(project: str | None = None) -> storage.Client:
 
     requests looks the proxy variables up on every call (a walk over os.environ);
     the functions reach GCS directly. The CLI keeps the default client, which
-    honours HTTPS_PROXY (and so does the store's own transport, see _pool).
+    honours HTTPS_PROXY (and so does the store's own transport, see _Connections).
     """
     client = storage.Client(project=project)
     client._http.trust_env = False
     return client
 
 
-def _pool(endpoint: str, trust_env: bool) -> urllib3.PoolManager:
-    """A connection pool to the endpoint, through the environment's proxy when the client honours it."""
-    host = urlsplit(endpoint).hostname or ""
-    proxy = urllib.request.getproxies().get(urlsplit(endpoint).scheme) if trust_env else None
-    if proxy and not urllib.request.proxy_bypass(host):
-        return urllib3.ProxyManager(proxy, maxsize=16, retries=False, timeout=_TIMEOUT)
-    return urllib3.PoolManager(maxsize=16, retries=False, timeout=_TIMEOUT)
+class _Connections:
+    """Keep-alive connections to one endpoint, one per thread, each request signed by the credentials (which
+    google-auth refreshes when they expire). Through the environment's proxy (a CONNECT tunnel) when `trust_env`
+    and the endpoint is not exempt from it."""
+
+    def __init__(self, endpoint: str, credentials: Credentials, trust_env: bool) -> None:
+        url = urlsplit(endpoint)
+        self._https = url.scheme == "https"
+        self._host, self._port = url.hostname or "", url.port or (443 if self._https else 80)
+        self._origin = f"{url.scheme}://{url.netloc}"
+        proxy = urllib.request.getproxies().get(url.scheme) if trust_env else None
+        self._proxy = urlsplit(proxy) if proxy and not urllib.request.proxy_bypass(self._host) else None
+        self._credentials = credentials
+        self._refresh = Request(urllib3.PoolManager(retries=False))  # type: ignore[no-untyped-call]  # a token refresh
+        self._local = threading.local()
+
+    def _open(self) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        if self._proxy is None:
+            return kind(self._host, self._port, timeout=_TIMEOUT_S)
+        connection = kind(self._proxy.hostname or "", self._proxy.port or 80, timeout=_TIMEOUT_S)
+        connection.set_tunnel(self._host, self._port)
+        return connection
+
+    def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> _Reply:
+        """One request on this thread's connection. When the server has closed a kept connection meanwhile, the
+        request goes once more at once on a fresh one; any other failure raises (OSError, HTTPException)."""
+        self._credentials.before_request(self._refresh, method, self._origin + path, headers)  # type: ignore[no-untyped-call]
+        for last_try in (False, True):
+            connection = getattr(self._local, "connection", None)
+            kept = connection is not None
+            connection = self._local.connection = connection or self._open()
+            try:
+                connection.request(method, path, body=body, headers=headers)
+                response = connection.getresponse()
+                return _Reply(response.status, response.headers, response.read())
+            except (OSError, http.client.HTTPException) as e:
+                connection.close()
+                self._local.connection = None
+                if last_try or not kept or not isinstance(e, ConnectionError):
+                    raise
+        raise AssertionError("unreachable: the last try returns or raises")
 
 
 class _JsonObjects:
@@ -98,20 +143,19 @@ class _JsonObjects:
         self._bucket = self._client.bucket(bucket)
         self.bucket_name = bucket
         endpoint = self._client.api_endpoint.rstrip("/")
-        self._objects = f"{endpoint}/storage/v1/b/{quote(bucket, safe='')}/o/"
-        self._uploads = f"{endpoint}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
+        prefix = urlsplit(endpoint).path.rstrip("/")
+        self._objects = f"{prefix}/storage/v1/b/{quote(bucket, safe='')}/o/"
+        self._uploads = f"{prefix}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
         trust_env = bool(getattr(self._client._http, "trust_env", True))
-        self._http = AuthorizedHttp(self._client._credentials, http=_pool(endpoint, trust_env))  # type: ignore[no-untyped-call]
+        self._http = _Connections(endpoint, self._client._credentials, trust_env)
 
-    def _call(
-        self, what: str, method: str, url: str, body: bytes | None = None, content_type: str = ""
-    ) -> urllib3.BaseHTTPResponse:
+    def _call(self, what: str, method: str, path: str, body: bytes | None = None, content_type: str = "") -> _Reply:
         """One JSON API call, tried up to three times while the failure is transient."""
-        headers = {"Content-Type": content_type} if content_type else {}
         for pause in (*_PAUSES_S, None):
+            headers = {"Content-Type": content_type} if content_type else {}
             try:
-                response = self._http.request(method, url, body=body, headers=headers)
-            except urllib3.exceptions.HTTPError as e:  # connection refused, reset, timed out
+                response = self._http.request(method, path, body, headers)
+            except (OSError, http.client.HTTPException) as e:  # connection refused, reset, timed out
                 problem = f"{type(e).__name__}: {e}"
             else:
                 if response.status not in _TRANSIENT_STATUS:
@@ -135,9 +179,9 @@ class _JsonObjects:
     def _write(self, name: str, value: Any, generation: int, conflict: str) -> int:
         """Write iff the object is still at `generation` (0: create); ConflictError saying `conflict` otherwise."""
         what = f"writing gs://{self.bucket_name}/{name}"
-        data = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
-        query = urlencode({"uploadType": "multipart", "ifGenerationMatch": str(generation)})
-        response = self._call(what, "POST", f"{self._uploads}?{query}", *_multipart(name, data))
+        data = json.dumps(value, separators=(",", ":")).encode()  # in the record's own field order
+        url = f"{self._uploads}?uploadType=multipart&ifGenerationMatch={generation:d}"
+        response = self._call(what, "POST", url, *_multipart(name, data))
         if response.status == 412:
             raise ConflictError(f"{conflict} is no longer at generation {generation}")
         if response.status != 200:
