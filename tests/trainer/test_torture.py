@@ -29,7 +29,8 @@ from trainer_harness import ARGS, Reference, Run, entries, kill_hard, last, run_
 from localcloud.services.emulators import FakeGcs
 
 JOBS = 2  # concurrent jobs on their own prefixes: a trainer's startup mostly keeps one core busy
-KILLS = int(os.environ.get("RESPAWN_TORTURE_KILLS", "20"))  # each job is killed KILLS // JOBS times
+KILLS_TEXT = os.environ.get("RESPAWN_TORTURE_KILLS", "20")
+KILLS = int(KILLS_TEXT) if KILLS_TEXT.isdigit() else 0  # each job is killed KILLS // JOBS times
 SAVE_DELAY_S = 0.4  # each save sleeps this long after writing its data, before its commit
 KILL_WINDOW_S = 0.3  # the kill comes at most this long after the save was seen in flight
 COMMIT = "commit_success.txt"
@@ -143,7 +144,7 @@ def test_sigkill_at_random_moments_of_gcs_saves_many_times(
     fake_gcs: FakeGcs, bucket: str, tmp_path: Path, compile_cache: Path, reference: Reference
 ) -> None:
     assert KILLS >= 2 * JOBS and KILLS % JOBS == 0, (
-        f"RESPAWN_TORTURE_KILLS={KILLS}: a multiple of {JOBS}, at least {2 * JOBS}"
+        f"RESPAWN_TORTURE_KILLS={KILLS_TEXT!r}: expected a whole number, a multiple of {JOBS}, at least {2 * JOBS}"
     )
     stop = threading.Event()
     with ThreadPoolExecutor(JOBS) as pool:
