@@ -26,6 +26,7 @@ from conftest import need
 from test_local_run import marked
 
 from localcloud.services.emulators import FakeGcs
+from respawn.machine import grace_s
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -33,10 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RESPAWN = [sys.executable, "-m", "respawn.cli"]
 STEPS = 200
 SAVE_STEPS = (60, 140)  # multiples of --checkpoint-every: the notice comes as a periodic save begins
+WINDOW_S = 10  # the local cloud's notice window (--grace)
 CHAOS = [
     *("--preempt-at-step", ",".join(map(str, SAVE_STEPS))),
     *("--duplicate-deliveries", "3"),
-    *("--creation-delay", "0.5s", "--sweep-every", "2s", "--grace", "10s"),
+    *("--creation-delay", "0.5s", "--sweep-every", "2s", "--grace", f"{WINDOW_S}s"),
 ]
 
 
@@ -69,6 +71,11 @@ def entries(events: list[dict[str, Any]], event: str) -> dict[int, dict[str, Any
         if e["attempt"] not in found or found[e["attempt"]].get("source") == "exit-code":
             found[e["attempt"]] = {**e["payload"], "t": e["t"]}
     return found
+
+
+def payloads(events: list[dict[str, Any]], attempt: int) -> list[dict[str, Any]]:
+    """The attempt's lifecycle entries, in the order they arrived."""
+    return [e["payload"] for e in events if e["kind"] == "entry" and e["attempt"] == attempt]
 
 
 def test_each_notice_starts_the_next_machine_while_the_noticed_one_saves(tmp_path: Path) -> None:
@@ -118,9 +125,14 @@ def test_each_notice_starts_the_next_machine_while_the_noticed_one_saves(tmp_pat
         # the handover: the new trainer set itself up at once and waited (respawn's trainer image takes over itself),
         # and the noticed one trained on until it was ready, past the step of its notice
         assert started[noticed + 1]["takeover_wait_s"] > 0, (noticed, detail)
-        assert stopped[noticed]["step"] > SAVE_STEPS[noticed - 1], (noticed, detail)
+        # it may train on half the shorter of its grace and the window, less two of its longest saves
+        # (handover.train_on_s): on a loaded machine slow saves can leave it no time, and then it saves at once
+        saves = [p["total_s"] for p in payloads(events, noticed) if p.get("event") == "checkpoint"]
+        train_on_s = min(grace_s("tpu"), WINDOW_S) / 2 - 2 * max(saves, default=0.0)
+        if train_on_s >= 1.0:
+            assert stopped[noticed]["step"] > SAVE_STEPS[noticed - 1], (noticed, train_on_s, detail)
         print(
             f"attempt {noticed + 1}: notice -> old final save {stopped[noticed]['t'] - notices[noticed]['t']:.2f}s, "
             f"final save -> new trainer started {started[noticed + 1]['t'] - stopped[noticed]['t']:.2f}s, "
-            f"start-after was notice + {hold['until'] - notices[noticed]['t']:.2f}s"
+            f"start-after was notice + {hold['until'] - notices[noticed]['t']:.2f}s, train on {train_on_s:.2f}s"
         )
