@@ -10,15 +10,19 @@ piece is built, so the CLI starts without them.
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from respawn.deployment import Settings
 
 if TYPE_CHECKING:
     from respawn.acting import AdviceSource
+    from respawn.actions import CreateMachine
     from respawn.adapters.cloud_logging import CloudLoggingReader
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
-    from respawn.ports import MachineProvider, StatusNotifier
+    from respawn.jobs import JobSpec
+    from respawn.ports import Machine, MachineProvider, StatusNotifier
     from respawn.service import Service
 
 
@@ -85,12 +89,41 @@ def history_store(settings: Settings, *, in_functions: bool = False) -> GcsHisto
     return GcsHistoryStore(settings.state_bucket, storage.Client(project=settings.project or None))
 
 
+class FirstUse:
+    """A MachineProvider built by `build` at its first call. google.cloud.compute_v1 alone takes about 1.4 s of CPU
+    to import, which a function instance would otherwise pay at its cold start whatever API its jobs use."""
+
+    def __init__(self, build: Callable[[], MachineProvider]) -> None:
+        self._build = build
+        self._built: MachineProvider | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def provider(self) -> MachineProvider:
+        if self._built is None:
+            with self._lock:
+                if self._built is None:
+                    self._built = self._build()
+        return self._built
+
+    def create(self, action: CreateMachine, spec: JobSpec) -> None:
+        self.provider.create(action, spec)
+
+    def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
+        self.provider.delete(name, zone, spec)
+
+    def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
+        return self.provider.get(name, zone, spec)
+
+    def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
+        return self.provider.list(zone, job_id)
+
+
 def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
     """A provider per API (`spec.machine.api`), at the local cloud's endpoints when they are set: the Cloud TPU
-    API's nodes and queued resources, and Compute Engine's instances (GPUs, TPU VMs, and MIGs of TPU slices)."""
-    from respawn.adapters.compute import GcpComputeProvider
+    API's nodes and queued resources, and Compute Engine's instances (GPUs, TPU VMs, and MIGs of TPU slices). Each
+    is built at its first call (FirstUse), so an instance whose events need one API never imports the other's client."""
     from respawn.adapters.settings import ProviderSettings
-    from respawn.adapters.tpu import GcpTpuProvider
 
     machines = ProviderSettings(
         service_account=settings.machine_service_account,
@@ -98,10 +131,18 @@ def machine_providers(settings: Settings) -> dict[str, MachineProvider]:
         subnetwork=settings.subnetwork,
         external_ips=settings.external_ips,
     )
-    return {
-        "tpu": GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, settings=machines),
-        "compute": GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, settings=machines),
-    }
+
+    def tpu() -> MachineProvider:
+        from respawn.adapters.tpu import GcpTpuProvider
+
+        return GcpTpuProvider(settings.project, endpoint=settings.tpu_endpoint, settings=machines)
+
+    def compute() -> MachineProvider:
+        from respawn.adapters.compute import GcpComputeProvider
+
+        return GcpComputeProvider(settings.project, endpoint=settings.compute_endpoint, settings=machines)
+
+    return {"tpu": FirstUse(tpu), "compute": FirstUse(compute)}
 
 
 def status_notifier(settings: Settings) -> StatusNotifier | None:

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
+import http.client
 import http.server
+import io
 import json
 import re
 import socket
 import socketserver
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
@@ -177,28 +186,48 @@ class Scripted(http.server.BaseHTTPRequestHandler):
 
 class KeptAlive(Scripted):
     """HTTP/1.1: a connection stays open between requests, unless the server's `drop` says to close each one after
-    its answer without a word (as a server's idle timeout does to a kept connection)."""
+    its answer without a word (as a server's idle timeout does to a kept connection). With `chunked`, each body goes
+    in two chunks and a trailer."""
 
     protocol_version = "HTTP/1.1"
 
     def _answer(self) -> None:
         server: Any = self.server
         server.ports.append(self.client_address[1])  # before the answer, which lets the client go on
-        super()._answer()
+        if server.chunked:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            status, body, headers = server.last
+            self.send_response(status)
+            for k, v in {"Transfer-Encoding": "chunked", **headers}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            half = len(body) // 2
+            self.wfile.write(
+                b"%x;ext=1\r\n%s\r\n%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n"
+                % (half, body[:half], len(body) - half, body[half:])
+            )
+        else:
+            super()._answer()
         self.close_connection = server.drop
 
     do_GET = do_POST = _answer
 
 
-def serve(handler: type[Scripted]) -> tuple[Any, GcsJobStore]:
+def serve(handler: type[Scripted], tls: ssl.SSLContext | None = None) -> tuple[Any, GcsJobStore]:
     server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.requests, server.script, server.last = [], [], (503, b"backend error", {})
-    server.ports, server.drop = [], False
+    server.ports, server.drop, server.chunked = [], False, False
     threading.Thread(target=server.serve_forever, daemon=True).start()
     client = storage.Client(
         project="p",
         credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-        client_options={"api_endpoint": f"http://127.0.0.1:{server.server_port}"},
+        client_options={
+            "api_endpoint": f"https://localhost:{server.server_port}"
+            if tls
+            else f"http://127.0.0.1:{server.server_port}"
+        },
     )
     return server, GcsJobStore("state", client)
 
@@ -272,6 +301,100 @@ def test_a_client_that_honours_the_environment_goes_through_its_proxy(monkeypatc
     assert len(proxy.tunnels) == 2 and len(server.requests) == 3  # the functions' store went straight
     proxy.shutdown()
     server.shutdown()
+
+
+def self_signed(folder: Path, host: str) -> tuple[Path, Path]:
+    """A certificate for `host` signed by its own key: (the certificate, the key), PEM files in `folder`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_file, key_file
+
+
+def test_over_tls_a_chunked_reply_is_read_whole_on_one_kept_connection_and_through_a_proxy_tunnel(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path, "localhost")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    monkeypatch.setattr(gcs_store.time, "sleep", lambda s: None)
+    server, untrusting = serve(KeptAlive, tls)  # made before the certificate is trusted
+    with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED"):
+        untrusting.load("llm-1")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted as a CA of the system is
+    store = GcsJobStore("state", untrusting._client)  # a store made now trusts it
+    server.chunked = True
+    server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
+    server.ports.clear()
+    for _ in range(3):
+        assert store.load("llm-1") == (make_job(), 7)
+    assert len(server.ports) == 3 and len(set(server.ports)) == 1
+
+    proxy = Tunnel(("127.0.0.1", 0), socketserver.BaseRequestHandler)
+    proxy.tunnels = []
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{proxy.server_address[1]}")
+    for variable in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    options = {"api_endpoint": f"https://localhost:{server.server_port}"}
+    assert GcsJobStore("state", storage.Client("p", anonymous, client_options=options)).load("llm-1")[1] == 7
+    assert proxy.tunnels == [f"localhost:{server.server_port}"]
+    proxy.shutdown()
+    server.shutdown()
+
+
+def reply(raw: bytes, method: str = "GET") -> tuple[Any, bool]:
+    return gcs_store._reply(io.BufferedReader(io.BytesIO(raw)), method)  # type: ignore[arg-type]
+
+
+def test_replies_are_read_by_their_framing() -> None:
+    ok, keep = reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-Goog-Generation: 9\r\n\r\nabcNEXT")
+    assert (ok.status, ok.headers["x-goog-generation"], ok.data, keep) == (200, "9", b"abc", True)
+    chunked, keep = reply(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;x=y\r\nc\r\n0\r\nT: 1\r\n\r\n"
+    )
+    assert (chunked.data, keep) == (b"abc", True)
+    interim, _ = reply(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n")
+    assert (interim.status, interim.data) == (412, b"")
+    closing, keep = reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+    assert (closing.data, keep) == (b"ok", False)
+    to_end, keep = reply(b"HTTP/1.0 200 OK\r\n\r\nall of it")
+    assert (to_end.data, keep) == (b"all of it", False)
+    assert reply(b"HTTP/1.1 204 No Content\r\n\r\n")[0].data == b""
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"", ConnectionError),  # the server closed a kept connection: tried again at once on a fresh one
+        (b"SSH-2.0-OpenSSH\r\n\r\n", http.client.BadStatusLine),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", http.client.IncompleteRead),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", http.client.HTTPException),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", http.client.HTTPException),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n", http.client.LineTooLong),
+    ],
+)
+def test_a_malformed_or_cut_reply_is_an_error(raw: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        reply(raw)
 
 
 def test_a_passing_failure_is_tried_again(scripted: tuple[Any, GcsJobStore]) -> None:

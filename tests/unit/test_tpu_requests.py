@@ -12,7 +12,7 @@ from google.protobuf import json_format
 
 from respawn.actions import CreateMachine
 from respawn.adapters.tpu import GcpTpuProvider, any_reservation
-from respawn.bootstrap import machine_providers
+from respawn.bootstrap import FirstUse, machine_providers
 from respawn.deployment import Settings
 from respawn.jobs import JobSpec, Tier, TpuMachine
 
@@ -82,7 +82,9 @@ def test_a_node_and_a_queued_resource_name_the_deployments_network_without_exter
         "RESPAWN_TPU_ENDPOINT": "http://127.0.0.1:9",  # never called
         "RESPAWN_COMPUTE_ENDPOINT": "http://127.0.0.1:9",
     }
-    provider = machine_providers(Settings.from_env(env))["tpu"]
+    deferred = machine_providers(Settings.from_env(env))["tpu"]
+    assert isinstance(deferred, FirstUse)  # built at its first call
+    provider = deferred.provider
     assert isinstance(provider, GcpTpuProvider)
     action = CreateMachine("llm", 1, "llm-a1", ZONE, None)
     expected = {
