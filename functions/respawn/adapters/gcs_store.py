@@ -126,10 +126,15 @@ class _Connections:
             sock = socket.create_connection((self._host, self._port), timeout=_TIMEOUT_S)
         else:
             sock = socket.create_connection((self._proxy.hostname or "", self._proxy.port or 80), _TIMEOUT_S)
-            _tunnel(sock, f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._tls is not None:
-            sock = self._tls.wrap_socket(sock, server_hostname=self._host)
+        try:
+            if self._proxy is not None:
+                _tunnel(sock, f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}")
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._host)
+        except OSError:  # a refused tunnel, a failed handshake
+            sock.close()
+            raise
         return sock, sock.makefile("rb")
 
     def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> _Reply:
