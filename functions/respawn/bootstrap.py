@@ -90,7 +90,7 @@ def history_store(settings: Settings, *, in_functions: bool = False) -> GcsHisto
 
 
 class FirstUse:
-    """A MachineProvider built by `build` at its first call. google.cloud.compute_v1 alone takes about 1.4 s of CPU
+    """A MachineProvider built by `build` at its first call. google.cloud.compute_v1 alone takes about 1.1 s of CPU
     to import, which a function instance would otherwise pay at its cold start whatever API its jobs use."""
 
     def __init__(self, build: Callable[[], MachineProvider]) -> None:

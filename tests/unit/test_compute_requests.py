@@ -551,7 +551,7 @@ def test_unset_the_network_is_the_projects_default_with_an_external_ip(gce: GcpC
 
 
 def test_a_provider_is_built_and_its_client_imported_at_its_first_call_only() -> None:
-    """A function instance whose jobs use the Cloud TPU API never imports Compute Engine's client (about 1.4 s of CPU
+    """A function instance whose jobs use the Cloud TPU API never imports Compute Engine's client (about 1.1 s of CPU
     at a cold start), and the other way round; in a fresh interpreter, as a cold start is."""
     program = f"""
 import sys
