@@ -46,6 +46,7 @@ from localcloud.timeline import Timeline
 from localcloud.watch import Run, follow, watch_calls
 from respawn import bootstrap
 from respawn.deployment import IMAGES, TIME_SCALE, Settings
+from respawn.events import EXIT_CODE
 from respawn.machine import TRAINER_IMAGES as TRAINER_IMAGE_NAMES
 
 if TYPE_CHECKING:
@@ -179,6 +180,7 @@ class LocalCloud:
             run = Run(self.timeline, self.say, self.options.timeout_s, self.options.progress_every_s)
             job, timed_out = follow(run, self.store, job_id, t0, total_steps)
             machines_left = self.machines_left() if timed_out else self.settle()
+            job = job if timed_out or job is None else self.filled_in(job)
             notifications = None
             recorder = self.started.recorder
             if recorder is not None:
@@ -407,6 +409,23 @@ class LocalCloud:
         logs, timeline, compile and reference caches) and every object of fake-gcs-server (records, checkpoints)."""
         roots = [self.options.workdir, Path(self.started.gcs.root)]
         return secrets_report(self.timeline, self.options.secrets, roots)
+
+    def filled_in(self, job: dict[str, Any], wait_s: float = 10.0) -> dict[str, Any]:
+        """The final record once the trainer's own last entry, where the timeline holds one, has filled in what its
+        startup script's exit code said first (entries arrive in any order: respawn.decide._filled_in)."""
+        attempt = job["attempts"][-1]["n"] if job.get("attempts") else None
+        own = [
+            e
+            for e in self.timeline.events()
+            if e["kind"] == "entry" and e.get("attempt") == attempt and "source" not in e["payload"]
+            if e["payload"].get("event") in ("completed", "failed")
+        ]
+        deadline = time.monotonic() + wait_s
+        while own and job.get("result", {}).get("source") == EXIT_CODE and time.monotonic() < deadline:
+            time.sleep(0.1)
+            loaded, _ = self.store.load(job["job_id"])
+            job = loaded.to_dict() if loaded is not None else job
+        return job
 
     def settle(self, wait_s: float = 20.0) -> int:
         """Give the control plane a moment to delete the last machines; returns how many are left."""

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from respawn_trainer import Run
+from respawn_trainer import PERMANENT_RC, Run, WrongDevices
 from respawn_trainer.env import load_env
 from respawn_trainer.goodput import Goodput
 from respawn_trainer.lifecycle import Lifecycle, open_sink
@@ -138,14 +138,20 @@ def main(argv: Sequence[str], started: float | None = None) -> int:
     except ConfigError as e:  # the environment: no sink can be trusted to report it
         log.error("%s", e)
         return 2
-    except Exception:
-        return 1  # Run sent the `failed` entry
+    except Exception as e:
+        return exit_code(e)  # Run sent the `failed` entry
     try:
         with run:
             train(cfg, run)
     except Exception as e:  # Run logged it and sent the `failed` entry
-        return 2 if isinstance(e, ConfigError) else 1
+        return exit_code(e)
     return 0
+
+
+def exit_code(error: Exception) -> int:
+    """The exit code of a failure (trainer/README.md): 2 for the configuration, PERMANENT_RC where no machine of the
+    job would do better (wrong devices), else 1."""
+    return 2 if isinstance(error, ConfigError) else PERMANENT_RC if isinstance(error, WrongDevices) else 1
 
 
 def _sleeper_checkpoints() -> Any:

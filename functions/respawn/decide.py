@@ -7,9 +7,9 @@ Order of the checks on every event: an already-seen event id changes nothing;
 then the TTL (a live job past its deadline is EXPIRED and its machine deleted);
 then events naming an older attempt are stale and change nothing; then the
 event itself, by the rule for its type (RULES; what a listing says of the live machine by LIVE_MACHINE_RULES).
-On a SUCCEEDED job only the trainer's own `completed` entry does anything: it fills in the result
-of one its startup script sent on exit code 0. Then a draining machine whose drain is over is deleted
-(_drain_over). Last, a trainer's goodput split is kept on the attempt its entry names, stale or not (the only
+On a SUCCEEDED (FAILED) job only the trainer's own `completed` (`failed`) entry does anything: it fills in the
+result (the error) of the one its startup script sent on the exit code. Then a draining machine whose drain is over
+is deleted (_drain_over). Last, a trainer's goodput split is kept on the attempt its entry names, stale or not (the only
 things a stale event may change: that older attempt's split, and the deletion of its draining machine). A decision
 that changes nothing returns the same record and no actions, and the event id is not recorded.
 
@@ -49,7 +49,6 @@ from respawn.events import (
     TrainerStarted,
 )
 from respawn.jobs import (
-    COUNTED_AS_PREEMPTION,
     Attempt,
     EndReason,
     Job,
@@ -72,7 +71,7 @@ from respawn.next_attempt import (
     where,
     zone_index_of,
 )
-from respawn.outlook import Key, Observation, Outlook, machine_kind
+from respawn.outlook import Outlook, with_observations
 from respawn.policy import Context, Policy, backoff_s
 
 # What the API says of a machine that no longer runs anything: its attempt was lost, not failed.
@@ -99,20 +98,11 @@ def decide(
     actions = [*drained, *actions]  # a machine's delete before any create, as everywhere
     new = _with_goodput(new, event)
     if outlook is not None:  # a service that reads a history keeps it: what the ended attempts showed goes to it
-        new = _with_observations(job, new)
+        new = with_observations(job, new)
     if new == job and not actions:
         return job, []
     seen = (*new.seen_events, event.event_id)[-policy.seen_events_max :]
     return replace(new, updated_at=now, seen_events=seen), actions
-
-
-def _with_observations(old: Job, new: Job) -> Job:
-    """`new` with the evidence of each attempt this decision ended, for the preemption history (Job.observations:
-    intent, carried out under the lease like the machine actions)."""
-    before = {a.n: a.ended for a in old.attempts}
-    ended = [a for a in new.attempts if a.ended and not before.get(a.n, False)]
-    observations = [o.to_dict() for o in (_observation(new, a) for a in ended) if o is not None]
-    return replace(new, observations=(*new.observations, *observations)) if observations else new
 
 
 def is_stale(job: Job, event: JobEvent) -> bool:
@@ -249,12 +239,14 @@ def _started(job: Job, live: Attempt, event: TrainerStarted, now: float, ctx: Co
     return replace(job.with_attempt(started), status=Status.RUNNING, reason=reason, capacity_round=0), []
 
 
-def _completed(job: Job, event: TrainerCompleted, now: float, ctx: Context) -> Decision:
-    """The live attempt's trainer completed: the job SUCCEEDED. On a job that already SUCCEEDED, the trainer's own
-    entry may still fill in the result (_filled_in)."""
-    if job.status is Status.SUCCEEDED:
-        return _filled_in(job, event), []
-    return _on_live_attempt(_succeeded)(job, event, now, ctx)
+def _or_filled_in(over: Status, rule: LiveRule) -> Rule:
+    """The rule, for the live attempt's trainer; on a job this kind of entry already ended (`over`: the startup
+    script's came first), the trainer's own entry may still fill in what the exit code could not say (_filled_in)."""
+
+    def ruled(job: Job, event: Any, now: float, ctx: Context) -> Decision:
+        return (_filled_in(job, event), []) if job.status is over else _on_live_attempt(rule)(job, event, now, ctx)
+
+    return ruled
 
 
 def _succeeded(job: Job, live: Attempt, event: TrainerCompleted, now: float, ctx: Context) -> Decision:
@@ -268,9 +260,13 @@ def _trainer_failed(job: Job, live: Attempt, event: TrainerFailed, now: float, c
     on = f"{live.machine}" + ("" if event.worker is None else f" worker {event.worker}")
     error = f"trainer failed on {on}" + (f": {event.error}" if event.error else "")
     if event.permanent:  # the trainer says no machine of this job would do better (its devices): not retried
-        failed, actions = _finish(job, now, Status.FAILED, EndReason.FAILED, f"{error} (permanent: not retried)")
-        return replace(failed, counters=replace(failed.counters, failures=failed.counters.failures + 1)), actions
-    return _crashed(job, now, EndReason.FAILED, error, ctx)
+        job, actions = _finish(job, now, Status.FAILED, EndReason.FAILED, f"{error} (permanent: not retried)")
+        job = replace(job, counters=replace(job.counters, failures=job.counters.failures + 1))
+    else:
+        job, actions = _crashed(job, now, EndReason.FAILED, error, ctx)
+    if job.status is Status.FAILED and event.source == ResultSource.EXIT_CODE and event.error:  # see _filled_in
+        job = replace(job, result={"source": ResultSource.EXIT_CODE, "error": event.error})
+    return job, actions
 
 
 def _create_failed(job: Job, live: Attempt, event: CreateFailed, now: float, ctx: Context) -> Decision:
@@ -301,14 +297,18 @@ def _with_result(job: Job, event: TrainerCompleted) -> Job:
     return replace(job, result=final, reason="the trainer completed")
 
 
-def _filled_in(job: Job, event: TrainerCompleted) -> Job:
-    """A trainer's own `completed` entry arriving after its startup script's made the job SUCCEEDED (entries arrive
-    in any order): its result, final step and reason replace the exit code's, as if it had come first. Anything
-    else about a SUCCEEDED job changes nothing, so a trainer's result is never replaced."""
+def _filled_in(job: Job, event: TrainerCompleted | TrainerFailed) -> Job:
+    """A trainer's own `completed` (`failed`) entry arriving after its startup script's made the job SUCCEEDED
+    (FAILED): entries arrive in any order. Its result, final step and reason (its error, in the reason) replace the
+    exit code's, as if it had come first. Anything else about a job that is over changes nothing, so a trainer's own
+    word is never replaced."""
     current = job.current
     by_exit_code = job.result.get("source") == ResultSource.EXIT_CODE
     if event.source == ResultSource.EXIT_CODE or not by_exit_code or current is None or current.n != event.attempt:
         return job
+    if isinstance(event, TrainerFailed):
+        said = job.result.get("error")
+        return replace(job, reason=job.reason.replace(said, event.error), result={}) if said and event.error else job
     return _with_result(job, event)
 
 
@@ -366,14 +366,14 @@ def _backoff_over(job: Job, now: float, ctx: Context) -> Decision:
 # The rule for each type of event; the guard around a rule says when its events count at all.
 RULES: dict[type, Rule] = {
     MachinesObserved: _observed,
-    TrainerCompleted: _completed,
+    TrainerCompleted: _or_filled_in(Status.SUCCEEDED, _succeeded),
     CancelRequested: _while_open(_cancelled),
     CheckpointSaved: _while_open(_trained),
     TrainerProgressed: _while_open(_trained),
     MachinePreempted: _on_live_attempt(_preempted),
     MachineNoticed: _on_live_attempt(_head_start),
     TrainerStarted: _on_live_attempt(_started),
-    TrainerFailed: _on_live_attempt(_trainer_failed),
+    TrainerFailed: _or_filled_in(Status.FAILED, _trainer_failed),
     CreateFailed: _on_live_attempt(_create_failed),
 }
 
@@ -645,17 +645,6 @@ def _last_word(event: JobEvent, n: int) -> bool:
     """A trainer's last entry of attempt n: it saved on the notice (`stopped`), completed or failed."""
     last = isinstance(event, (TrainerCompleted, TrainerFailed)) or (isinstance(event, CheckpointSaved) and event.final)
     return last and isinstance(event, AboutAttempt) and event.attempt == n
-
-
-def _observation(job: Job, ended: Attempt) -> Observation | None:
-    """The evidence of an ended attempt: its trainer's running time and whether the cloud took the machine. An
-    attempt that never ran and was not taken (a stockout, a create error) says nothing of how long machines last."""
-    interrupted = ended.end_reason in COUNTED_AS_PREEMPTION
-    if job.spec is None or ended.ended_at is None or (ended.started_at is None and not interrupted):
-        return None
-    key = Key(ended.zone, machine_kind(job.spec.on_tier(ended.tier)), job.spec.all_tiers[ended.tier].provisioning)
-    seconds = max(0.0, ended.ended_at - ended.started_at) if ended.started_at is not None else 0.0
-    return Observation(f"{job.job_id}/{ended.n}", key, seconds, int(interrupted), ended.ended_at)
 
 
 def _mark_deleted(job: Job, n: int) -> Job:

@@ -111,7 +111,8 @@ class TrainerProgressed(AboutAttempt):
 
 
 class ResultSource(enum.StrEnum):
-    """Who sent a `completed` entry: the trainer itself, or its startup script, which knows only the exit code."""
+    """Who sent a `completed` or `failed` entry: the trainer itself, or its startup script, which knows only the exit
+    code."""
 
     TRAINER = "trainer"
     EXIT_CODE = "exit-code"
@@ -145,6 +146,7 @@ class TrainerFailed(AboutAttempt):
     machine_state: MachineState | None = None
     goodput: dict[str, float] | None = None  # the trainer's own entry has its split; its startup script's has none
     permanent: bool = False  # the trainer says another machine would fail the same way (wrong devices): no retry
+    source: ResultSource = ResultSource.TRAINER
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,10 @@ NOTICE_S = {"gpu": 30, "tpu": 10}
 # 128 + SIGTERM: the exit code of a trainer stopped by `docker stop` (the notice, or the machine deleted), and the
 # startup script's own when its machine shuts down before the trainer starts; the local cloud reads it as no failure
 SHUT_DOWN_RC = 128 + signal.SIGTERM
+# EX_CONFIG (sysexits.h): a trainer that exits with it says no machine of the job would do better (respawn_trainer's
+# WrongDevices); the startup script's `failed` entry then says `permanent` too, so the job fails at once whichever of
+# that entry and the trainer's own arrives first (docs/trainer-protocol.md, What its exit code means)
+PERMANENT_RC = 78
 CONTAINER = "respawn-trainer"  # the trainer's container, which `docker stop -t GRACE` stops
 NOTICE_FILE = "/run/respawn/notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`,
 # and by a trainer that stops on a peer's notice (its directory is mounted into the container)

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from respawn.jobs import GpuMachine, JobSpec
+from respawn.jobs import COUNTED_AS_PREEMPTION, Attempt, GpuMachine, Job, JobSpec
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -372,3 +372,23 @@ def rank(
         restart_cost_s=restart_cost_s,
         just_interrupted=just_interrupted,
     )
+
+
+def observation(job: Job, ended: Attempt) -> Observation | None:
+    """The evidence of an ended attempt: its trainer's running time and whether the cloud took the machine. An
+    attempt that never ran and was not taken (a stockout, a create error) says nothing of how long machines last."""
+    interrupted = ended.end_reason in COUNTED_AS_PREEMPTION
+    if job.spec is None or ended.ended_at is None or (ended.started_at is None and not interrupted):
+        return None
+    key = Key(ended.zone, machine_kind(job.spec.on_tier(ended.tier)), job.spec.all_tiers[ended.tier].provisioning)
+    seconds = max(0.0, ended.ended_at - ended.started_at) if ended.started_at is not None else 0.0
+    return Observation(f"{job.job_id}/{ended.n}", key, seconds, int(interrupted), ended.ended_at)
+
+
+def with_observations(old: Job, new: Job) -> Job:
+    """`new` with the evidence of each attempt this decision ended, for the preemption history (Job.observations:
+    intent, carried out under the lease like the machine actions)."""
+    before = {a.n: a.ended for a in old.attempts}
+    ended = [a for a in new.attempts if a.ended and not before.get(a.n, False)]
+    observations = [o.to_dict() for o in (observation(new, a) for a in ended) if o is not None]
+    return replace(new, observations=(*new.observations, *observations)) if observations else new

@@ -342,7 +342,10 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
     error = payload.get("error")
     text = error if isinstance(error, str) else show(error, 500)
     permanent = payload.get("permanent") is True
-    return TrainerFailed(event_id, when, job_id, attempt, text, worker, goodput=split, permanent=permanent)
+    source = ResultSource.EXIT_CODE if payload.get("source") == ResultSource.EXIT_CODE else ResultSource.TRAINER
+    return TrainerFailed(
+        event_id, when, job_id, attempt, text, worker, goodput=split, permanent=permanent, source=source
+    )
 
 
 def _as_int(value: Any) -> int | None:

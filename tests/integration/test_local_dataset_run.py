@@ -32,6 +32,10 @@ def dataset_job(tmp_path: Path, example: str, steps: int, batch: int) -> tuple[P
     prepare(data.corpus()[:200_000].tobytes(), str(shards), seq_len=32, shards=3)
     job = yaml.safe_load((ROOT / "examples" / example).read_text())
     job["job_id"] = "data-it"
+    # Without the head start each notice stops the trainer at its next step: with it, the noticed nano trainer trains
+    # on until its successor is ready, and on a loaded machine it may finish the job before the second preemption
+    # (test_local_head_start_run.py covers the handover)
+    job["head_start"] = False
     job["args"] = [
         "--model=nano",
         f"--steps={steps}",

@@ -476,8 +476,11 @@ def test_the_garbage_collector_is_paused_from_run_to_the_end_of_restore(tmp_path
 
 
 def test_a_machine_whose_accelerator_jax_cannot_see_fails_at_once_unless_cpus_stand_in_for_it() -> None:
+    from respawn import machine
+    from respawn_trainer import PERMANENT_RC, ConfigError
     from respawn_trainer.env import load_env
     from respawn_trainer.runtime import WrongDevices, check_devices
+    from trainer.main import exit_code
 
     check_devices(load_env({}))  # no accelerator asked for: whatever JAX finds
     check_devices(load_env({"RESPAWN_ACCELERATOR": "tpu", "RESPAWN_DEVICES_STAND_IN": "cpu"}))  # the local cloud
@@ -485,6 +488,8 @@ def test_a_machine_whose_accelerator_jax_cannot_see_fails_at_once_unless_cpus_st
         with pytest.raises(WrongDevices, match=f"has a {kind.upper()} but JAX found only .* CPU device") as e:
             check_devices(load_env({"RESPAWN_ACCELERATOR": kind}))
         assert fix in str(e.value)
+        assert exit_code(e.value) == PERMANENT_RC == machine.PERMANENT_RC  # the startup script's entry: permanent too
+    assert (exit_code(ConfigError("--steps", "-1", "a positive integer")), exit_code(RuntimeError("x"))) == (2, 1)
 
 
 CONFIGURED_FLAGS = """

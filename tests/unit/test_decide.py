@@ -449,6 +449,38 @@ def test_a_permanent_failure_fails_the_job_at_once_whatever_max_failures_allows(
     assert step(job, replace(wrong, permanent=True)) == (job, [])  # delivered again: nothing more
 
 
+def test_a_permanent_failure_fails_the_job_once_in_either_order_of_the_trainers_entry_and_the_exit_codes() -> None:
+    """The trainer exits with PERMANENT_RC after its own `failed` entry, so its startup script's entry says permanent
+    too; whichever comes first fails the job without a retry, and the trainer's own puts its error in the reason."""
+    running = run(None, submitted(spec(max_failures=3)), started(1))
+    own = TrainerFailed(eid(), T0, "llm", 1, "the machine has a TPU but JAX found only 1 CPU device(s)", permanent=True)
+    by_exit = TrainerFailed(eid(), T0, "llm", 1, "the trainer exited with code 78", 0, permanent=True, source=EXIT_CODE)
+    exit_first, actions = step(running, by_exit)
+    assert exit_first is not None and exit_first.status is Status.FAILED and "code 78" in exit_first.reason
+    assert exit_first.result == {"source": EXIT_CODE, "error": "the trainer exited with code 78"}
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]
+    filled, actions = step(exit_first, own, NOW + 5)
+    own_first = run(running, own, by_exit)
+    for job in (filled, own_first):
+        assert job is not None and job.status is Status.FAILED and job.result == {}
+        assert job.reason.startswith("trainer failed on llm-a1") and "code 78" not in job.reason
+        assert job.reason.endswith(
+            ": the machine has a TPU but JAX found only 1 CPU device(s) (permanent: not retried)"
+        )
+        assert (len(job.attempts), job.counters.failures) == (1, 1)
+    assert actions == []  # the late entry only fills in
+    for again in (own, replace(own, event_id=eid(), error="another"), replace(by_exit, event_id=eid())):
+        assert decide(filled, again, NOW + 9, POLICY) == (filled, [])  # filled in once
+
+
+def test_the_trainers_failed_entry_fills_in_the_exit_codes_once_it_failed_the_job_after_max_failures() -> None:
+    job = run(None, submitted(spec(max_failures=1)), started(1))
+    job = run(job, TrainerFailed(eid(), T0, "llm", 1, "the trainer exited with code 1", 0, source=EXIT_CODE))
+    assert job.status is Status.FAILED and job.reason.endswith("code 1 (failure 1 of 1)")
+    job = run(job, TrainerFailed(eid(), T0, "llm", 1, "OOM in step 7", 0))
+    assert job.reason == "trainer failed on llm-a1 worker 0: OOM in step 7 (failure 1 of 1)" and job.result == {}
+
+
 def test_preemptions_never_count_as_failures() -> None:
     job = run(None, submitted(spec(max_failures=1)))
     for n in range(1, 11):

@@ -101,6 +101,7 @@ FIELDS = {
         "machine_state",
         "goodput",
         "permanent",
+        "source",
     ],
     SweepTicked: ["event_id", "time"],
     CreateFailed: ["event_id", "time", "job_id", "attempt", "kind", "error"],

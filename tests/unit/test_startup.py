@@ -24,7 +24,7 @@ from respawn.adapters import startup
 from respawn.adapters.startup import grace_s, machine_labels, machine_metadata, startup_script
 from respawn.events import EXIT_CODE, Event, MachineNoticed, TrainerCompleted, TrainerFailed
 from respawn.jobs import GpuMachine, JobSpec, TpuMachine
-from respawn.machine import GRACE_S, drain_marker, exit_code_entry
+from respawn.machine import GRACE_S, PERMANENT_RC, drain_marker, exit_code_entry
 from respawn.parsing import log_entry_event
 from respawn.topology import compute_shape
 
@@ -551,6 +551,7 @@ EXITS = [
     (0, "2", None, None, None),  # worker 0 speaks for a slice
     (3, "2", None, "failed", "ERROR"),  # any worker's failure recreates the slice
     (137, None, None, "failed", "ERROR"),  # killed without a word (OOM)
+    (78, "1", None, "failed", "ERROR"),  # PERMANENT_RC: no machine of the job would do better (wrong devices)
     (0, None, "TRUE", "stopped", "WARNING"),  # the trainer acted on the metadata flag before any signal
     (0, "1", "TRUE", None, None),
     (137, None, "TRUE", None, None),  # killed after the notice: the preemption's system event speaks for it
@@ -578,12 +579,14 @@ def test_the_exit_code_speaks_for_the_trainer(
     ((payload, how),) = said(fakes)
     base = {"job_id": "job-1", "attempt": 3, "worker": int(worker or 0), "source": "exit-code", "exit_code": rc}
     error = {"error": f"the trainer exited with code {rc}"} if event == "failed" else {}
-    assert payload == {"event": event, **base, **error} and how == severity
+    permanent = {"permanent": True} if rc == PERMANENT_RC else {}
+    assert payload == {"event": event, **base, **error, **permanent} and how == severity
     got = parsed(payload)
     if event == "completed":
         assert got == TrainerCompleted("log:x1", got.time, "job-1", 3, None, {}, source=EXIT_CODE)  # type: ignore[union-attr]
     elif event == "failed":
         assert isinstance(got, TrainerFailed) and (got.error, got.worker) == (error["error"], int(worker or 0))
+        assert (got.permanent, got.source) == (rc == PERMANENT_RC, EXIT_CODE)
     else:  # a stopped entry without a step records nothing: the preemption's event recreates the machine
         assert "no step" in getattr(got, "reason", "")
 

@@ -16,6 +16,6 @@ docs/trainer-protocol.md and trainer/README.md.
 
 from respawn_trainer.env import ConfigError, RunEnv, load_env
 from respawn_trainer.run import Run, state_sha256
-from respawn_trainer.runtime import compiled
+from respawn_trainer.runtime import PERMANENT_RC, WrongDevices, compiled
 
-__all__ = ["ConfigError", "Run", "RunEnv", "compiled", "load_env", "state_sha256"]
+__all__ = ["PERMANENT_RC", "ConfigError", "Run", "RunEnv", "WrongDevices", "compiled", "load_env", "state_sha256"]

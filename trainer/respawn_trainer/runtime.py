@@ -98,9 +98,15 @@ def configure(run: RunEnv, distributed: str = "auto") -> None:
         use_compile_cache(run.compile_cache)
 
 
+# The exit code of a failure no machine of the job would escape (EX_CONFIG, sysexits.h): the startup script's entry
+# for it says `permanent` as the trainer's own does (docs/trainer-protocol.md, What its exit code means).
+PERMANENT_RC = 78
+
+
 class WrongDevices(RuntimeError):
     """The machine has an accelerator that JAX does not see (an image of the wrong variant, a missing runtime or
-    driver): every machine of the job would train at CPU speed, so the failure is permanent, not retried."""
+    driver): every machine of the job would train at CPU speed, so the failure is permanent, not retried. A program
+    exits with PERMANENT_RC on it."""
 
 
 # How to give JAX the machine's accelerator (docs/trainer-protocol.md, Devices)

@@ -69,6 +69,7 @@ from respawn.machine import (
     EXIT_ENTRIES,
     NOTICE_ENV,
     NOTICE_FILE,
+    PERMANENT_RC,
     SHUT_DOWN_RC,
     START_AFTER_METADATA,
     STARTUP_LOG,
@@ -301,5 +302,6 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
             "exit_entries": _exit_entries(),
             "exit_code_source": EXIT_CODE,
             "shut_down_rc": SHUT_DOWN_RC,
+            "permanent_rc": PERMANENT_RC,
         },
     )

@@ -13,8 +13,8 @@
 # pairs); image, image_mark_file and image_mark_env; container and grace_s; notice_file and notice_env;
 # start_after_key, drain_marker_key, takeover_label, takeover_env and start_after_env; drain_marker (this attempt's);
 # trainer_log and startup_log; notice_lead_s (empty without a preemption notice); run and run_local (the trainer's
-# `docker run` command lines, with Cloud Logging's and with local logs); exit_entries, exit_code_source and
-# shut_down_rc (respawn/machine.py's exit-code rules).
+# `docker run` command lines, with Cloud Logging's and with local logs); exit_entries, exit_code_source, shut_down_rc
+# and permanent_rc (respawn/machine.py's exit-code rules).
 set -u
 log() { echo "respawn-startup: $*" >&2; }
 worker=$(this_worker)
@@ -346,7 +346,9 @@ for row in $exit_entries; do
   case "$row" in "$((rc == 0))$noticed$((worker == 0)):"*) IFS=: read -r _ event severity <<< "$row" ;; esac
 done
 case "$event" in
-  failed) say failed "$severity" ", \"error\": \"the trainer exited with code $rc\"" ;;  # or killed without a word
+  failed)  # or killed without a word; permanent_rc: no machine of the job would do better
+    permanent=''; [ "$rc" = "$permanent_rc" ] && permanent=', "permanent": true'
+    say failed "$severity" ", \"error\": \"the trainer exited with code $rc\"$permanent" ;;
   stopped) drained; say stopped "$severity" "" ;;  # its final save is done: the drain marker first
   ?*) say "$event" "$severity" "" ;;
 esac
