@@ -54,7 +54,7 @@ system-packages:
 setup: $(STAMP) $(CHECKOV) $(TFSCHEMA) system-packages
 
 local: $(STAMP)
-	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at-step 250,550 $(ARGS)
+	$(BIN)/respawn local run examples/quickstart.yaml --preempt-at-step 150,300 $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

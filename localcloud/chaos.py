@@ -4,7 +4,7 @@
 each time the machine that is READY is preempted (with many jobs, one READY
 machine drawn at random, seeded); when none is READY yet (the replacement is
 still being created), the preemption waits for the next one that becomes READY.
-`--preempt-at-step 250,550` preempts the READY machine whose trainer has reported
+`--preempt-at-step 150,300` preempts the READY machine whose trainer has reported
 that training step (or a later one): the same run on a fast or a slow machine.
 `--mtbi 60s` gives every machine a random lifetime, counted from the moment it
 becomes READY, drawn in rounds of 10 machines: a round's lifetimes are the gaps

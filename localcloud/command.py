@@ -64,7 +64,7 @@ environments only; the report's `secrets` says how many trainers held them and w
 --workdir or on fake-gcs-server, hold one (none, or the run fails).
 examples:
   respawn local run examples/quickstart.yaml --preempt-at 40s,80s
-  respawn local run examples/quickstart.yaml --preempt-at-step 250,550
+  respawn local run examples/quickstart.yaml --preempt-at-step 150,300
   respawn local run examples/slice.yaml --preempt-at-step 30 --kill-worker-at-step 70:2 \
       --hang-worker-at-step 110:1 --host-error-at-step 150:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--preempt-at-step",
         metavar="S1,S2",
-        help="preempt the live machine once its trainer reports these training steps (e.g. 250,550)",
+        help="preempt the live machine once its trainer reports these training steps (e.g. 150,300)",
     )
     r.add_argument(
         "--kill-worker-at-step",

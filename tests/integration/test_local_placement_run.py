@@ -1,7 +1,9 @@
 """Placement on the local cloud: three zones, the first interrupting about every 20 s, the second about every 5 s and
 the last about every 5 minutes (`--mtbi ZONE=DURATION,...`). Ranked (the default), respawn leaves a zone once it
-interrupted the job and does most of the training in the long-lived zone, ending SUCCEEDED and exact;
-`placement: ordered` keeps the list's order (the same zone after a preemption).
+interrupted the job and does most of the training in the long-lived zone, ending SUCCEEDED;
+`placement: ordered` keeps the list's order (the same zone after a preemption). Where the job trains is the
+control plane's alone: the trainer is the sleeper (`--model=none`, STEP_S a step, no JAX), whose steps cost no CPU
+and take the same time on a loaded machine (exactness through preemptions: test_local_run.py and the slice runs).
 
 --seed 5 fixes each zone's lifetimes: the first machine in us-central1-a lives 4.3 s, in us-central1-b 4.7 s, in
 us-central1-c 246 s (chaos.py draws each zone's rounds from a stream of its own, scaled by the zone's MTBI).
@@ -20,16 +22,23 @@ from test_local_run import ROOT, run_local
 
 from localcloud.services.emulators import FakeGcs
 
-pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.timeout(900)]  # a reference run, then the run
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 IN_PROCESS = {"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"}
 STEPS = 300
+STEP_S = 0.1  # at most 10 steps/s: the first two zones' 4.3 s and 4.7 s machines train well under half of STEPS
 CHAOS = ["--mtbi", f"{A}=20s,{B}=5s,{C}=5m", "--seed", "5", "--creation-delay", "0.5s", "--sweep-every", "2s"]
 
 
 def job_file(folder: Path, steps: int, **fields: Any) -> Path:
     job = yaml.safe_load((ROOT / "examples" / "three-zones.yaml").read_text())
-    job["args"] = ["--model=tiny", f"--steps={steps}", "--checkpoint-every=20", "--log-every=1"]
+    job["args"] = [
+        "--model=none",
+        f"--steps={steps}",
+        f"--step-time={STEP_S}",
+        "--checkpoint-every=20",
+        "--log-every=1",
+    ]
     job["head_start"] = False  # zone choice alone; the head start's own run is test_local_head_start_run.py
     job.update(fields)
     path = folder / "job.yaml"
@@ -43,13 +52,11 @@ def detail(report: dict[str, Any], stderr: str) -> str:
 
 def test_ranked_placement_trains_mostly_in_the_long_lived_zone(tmp_path: Path) -> None:
     need(FakeGcs.missing())
-    # 300 steps: a machine trains at most ~25 steps/s once its trainer started (~3 s after READY), so the first two
-    # zones' 4.3 s and 4.7 s machines train well under half of them even on an idle machine; the long-lived zone the
-    # rest. The in-process bus: the Pub/Sub emulator's JVM left out of a long run on 2 cores (test_local_run.py
-    # covers both)
-    report, stderr = run_local(job_file(tmp_path, STEPS), tmp_path, chaos=CHAOS, env=IN_PROCESS, timeout=800)
+    # The in-process bus: the Pub/Sub emulator's JVM left out (test_local_run.py covers both)
+    path = job_file(tmp_path, STEPS)
+    report, stderr = run_local(path, tmp_path, "--no-reference", chaos=CHAOS, env=IN_PROCESS, timeout=600)
     why = detail(report, stderr)
-    assert report["status"] == "SUCCEEDED" and report["exact"] is True and report["final_step"] == STEPS, why
+    assert report["status"] == "SUCCEEDED" and report["final_step"] == STEPS, why
     zones = [z["zone"] for z in report["zones"]]
     assert zones[0] == A and zones[-1] == C and zones.index(C) <= 2, why  # A and B each lost once at most
     steps = {row["zone"]: row["productive_steps"] for row in report["by_zone"]}
@@ -67,7 +74,7 @@ def test_ranked_placement_trains_mostly_in_the_long_lived_zone(tmp_path: Path) -
 def test_ordered_placement_follows_the_list(tmp_path: Path) -> None:
     need(FakeGcs.missing())
     path = job_file(tmp_path, 200, placement="ordered", job_id="three-zones-ordered")
-    report, stderr = run_local(path, tmp_path, "--no-reference", chaos=CHAOS, timeout=900)
+    report, stderr = run_local(path, tmp_path, "--no-reference", chaos=CHAOS, timeout=600)
     why = detail(report, stderr)
     assert report["status"] == "SUCCEEDED" and report["final_step"] == 200, why
     assert report["preemptions"] >= 1 and {z["zone"] for z in report["zones"]} == {A}, why  # the same zone again
