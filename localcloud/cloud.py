@@ -87,6 +87,7 @@ class Options:
     sweep_every_s: float = 5.0
     timeout_s: float = 1800.0
     workdir: Path = Path(".respawn")
+    compile_cache: Path | None = None  # the machines' compilation cache (--compile-cache); None: WORKDIR/compile-cache
     progress_every_s: float = 5.0
     bus: str = "auto"  # auto (the emulator when it can run) | emulator | in-process
     entrypoint: list[str] | None = None  # run on every machine instead of `python -m trainer` (with the job's args)
@@ -166,7 +167,8 @@ class LocalCloud:
         """What every trainer process of this cloud starts from, fake-gcs-server's address included; its grace period
         is its machine's (respawn/machine.py), as in the cloud."""
         stand_in = {"RESPAWN_DEVICES_STAND_IN": "cpu"} if self.options.stand_in else {}  # respawn_trainer's check
-        return {**local_trainer_env(self.options.workdir), **gcs.env(), **stand_in}
+        trainer_env = local_trainer_env(self.options.workdir, compile_cache=self.options.compile_cache)
+        return {**trainer_env, **gcs.env(), **stand_in}
 
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
         """One job to a terminal status (`respawn local run`): start everything, submit, follow, settle, stop."""

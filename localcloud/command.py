@@ -226,6 +226,13 @@ def parser() -> argparse.ArgumentParser:
         "(default $RESPAWN_REFERENCE_CACHE, else WORKDIR/reference)",
     )
     r.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        default=os.environ.get("RESPAWN_LOCAL_COMPILE_CACHE"),
+        help="the machines' compilation cache, which several workdirs may share, as a job's machines share its gs:// "
+        "cache (default $RESPAWN_LOCAL_COMPILE_CACHE, else WORKDIR/compile-cache)",
+    )
+    r.add_argument(
         "--no-stand-in",
         action="store_true",
         help="the machines' CPU processes do not stand in for the job's TPU or GPU: respawn's trainer fails at once, "
@@ -371,6 +378,7 @@ def options(ns: argparse.Namespace) -> Any:
         sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
         timeout_s=parse_duration(ns.timeout, "--timeout"),
         workdir=Path(ns.workdir),
+        compile_cache=Path(ns.compile_cache) if ns.compile_cache else None,
         entrypoint=parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None,
         uploads=[parse_upload(text) for text in ns.upload],
         stand_in=not ns.no_stand_in,
@@ -471,7 +479,7 @@ def run(ns: argparse.Namespace) -> int:
                         message.get("args") or [],
                         message.get("env") or {},
                         cache_dir=Path(ns.reference_cache or opts.workdir / "reference") / data_key,
-                        base_env={**local_trainer_env(opts.workdir), **storage_env},
+                        base_env={**local_trainer_env(opts.workdir, compile_cache=opts.compile_cache), **storage_env},
                         log_path=opts.workdir / "reference.log",
                         machine_slice=machine_slice,
                         entrypoint=opts.entrypoint,

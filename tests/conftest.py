@@ -54,13 +54,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One reference cache for the whole session: under the directory the xdist workers' temporary directories
-    share (the session's own without xdist); keyed by what the reference computes from, written whole."""
+    """One reference cache and one compilation cache for the local runs of the whole session, under the directory
+    the xdist workers' temporary directories share (the session's own without xdist). References are keyed by what
+    they compute from and written whole; programs are shared as a job's machines share its gs:// cache."""
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    cache = root / "reference-cache"
+    cache, programs = root / "reference-cache", root / "compile-cache"
     cache.mkdir(exist_ok=True)
-    with patched_env({"RESPAWN_REFERENCE_CACHE": str(cache)}):
+    with patched_env({"RESPAWN_REFERENCE_CACHE": str(cache), "RESPAWN_LOCAL_COMPILE_CACHE": str(programs)}):
         yield cache
 
 

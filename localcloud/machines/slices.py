@@ -34,11 +34,14 @@ LOCAL_TRAINER_ENV = {"FSSPEC_GCS_TOKEN": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPP
 Output = tuple[Any, Any]
 
 
-def local_trainer_env(workdir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def local_trainer_env(
+    workdir: Path, environ: Mapping[str, str] = os.environ, compile_cache: Path | None = None
+) -> dict[str, str]:
     """The environment every local trainer process starts from: this one without the control plane's settings,
-    the compile cache under the workdir (shared by the runs and their reference) and LOCAL_TRAINER_ENV."""
+    the compile cache (`compile_cache`, else under the workdir: shared by the runs and their reference) and
+    LOCAL_TRAINER_ENV."""
     env = {k: v for k, v in environ.items() if not k.startswith(("RESPAWN_", "PUBSUB_"))}
-    cache = (workdir / "compile-cache").resolve()
+    cache = (compile_cache or workdir / "compile-cache").resolve()
     cache.mkdir(parents=True, exist_ok=True)
     cache.chmod(0o777)  # it stands for the gs:// cache that every machine's trainer writes, whatever its user
     env["RESPAWN_COMPILE_CACHE"] = str(cache)

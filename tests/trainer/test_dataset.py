@@ -3,7 +3,8 @@
 The shards hold the generated corpus (nothing can be downloaded), written by `python -m trainer.prepare`. Each
 attempt's final entry says which positions of the shuffled stream it trained (`examples`: from, to); across the
 attempts of a preempted run they must tile [0, steps x batch) with no gap and no overlap, and the final hash must
-be the uninterrupted run's.
+be the uninterrupted run's. The same on a 4-host slice, each process reading its part of every global batch, runs
+end to end through the control plane in tests/integration/test_local_dataset_run.py.
 """
 
 from __future__ import annotations
@@ -20,16 +21,12 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from trainer_harness import (
     REPO,
-    Slice,
     assert_no_step_redone_after_stops,
     entries,
     last,
-    run_slice_to_end,
     run_to_end,
     start,
-    start_slice,
     trainer_env,
-    worker_sink,
 )
 
 from localcloud.services.emulators import FakeGcs
@@ -37,8 +34,6 @@ from trainer import data
 
 STEPS, BATCH, SEQ_LEN = 60, 8, 32
 ARGS = ["--model=nano", f"--steps={STEPS}", "--seed=7", "--checkpoint-every=10", "--log-every=1"]
-SLICE_STEPS = 30
-HOSTS, DEVICES = 4, 2
 
 
 def prepare(text: bytes, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -159,39 +154,6 @@ def test_preempted_twice_on_gcs_shards_ends_exact_and_trains_each_example_once(
     assert last(sink, "completed")["params_sha256"] == reference["params_sha256"]
     assert_no_step_redone_after_stops(sink)
     assert_each_example_once(sink, STEPS)
-
-
-@pytest.mark.emulator
-@pytest.mark.slow
-def test_a_4_host_slice_preempted_twice_on_gcs_shards_ends_exact_and_trains_each_example_once(
-    fake_gcs: FakeGcs, shards: str, tmp_path: Path, compile_cache: Path
-) -> None:
-    """4 processes x 2 CPU devices, each reading its own quarter of every global batch."""
-    args = [*ARGS[:1], f"--steps={SLICE_STEPS}", *ARGS[2:], f"--data={shards}", f"--data-cache={tmp_path / 'data'}"]
-    ref_sink = tmp_path / "reference.jsonl"
-    codes, ran = run_slice_to_end(trainer_env(str(tmp_path / "ref"), ref_sink, compile_cache), HOSTS, DEVICES, args)
-    assert codes == [0] * HOSTS, ran.tail()
-    h4 = last(ref_sink, "completed")["params_sha256"]
-
-    sink = tmp_path / "entries.jsonl"
-    env = trainer_env(f"gs://data-test/slice/{tmp_path.name}", sink, compile_cache, RESPAWN_GRACE_S="20")
-    for target, workers in ((8, None), (19, [2])):  # every worker noticed, then one alone
-        run: Slice = start_slice(env, HOSTS, DEVICES, args)
-        run.wait_step(target)
-        run.signal(signal.SIGTERM, workers)
-        assert run.finish() == [0] * HOSTS, run.tail()
-    client = storage.Client(project="local", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
-    stopped = last(sink, "stopped")["step"]
-    names = {b.name for b in client.list_blobs("data-test", prefix=f"slice/{tmp_path.name}/{stopped}/data/")}
-    assert {f"slice/{tmp_path.name}/{stopped}/data/process_{i}-of-4.json" for i in range(HOSTS)} <= names
-
-    codes, ran = run_slice_to_end(env, HOSTS, DEVICES, args)
-    assert codes == [0] * HOSTS, ran.tail()
-    assert ran.hashes() == [h4] * HOSTS
-    assert last(sink, "completed")["params_sha256"] == h4
-    assert_no_step_redone_after_stops(sink)
-    assert_each_example_once(sink, SLICE_STEPS)
-    assert all(entries(worker_sink(sink, w)) == [] for w in range(1, HOSTS))
 
 
 def test_a_users_grain_loop_resumes_exactly_through_a_preemption(tmp_path: Path, compile_cache: Path) -> None:

@@ -426,6 +426,8 @@ def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Pa
         "FSSPEC_GCS_TOKEN": "anon",
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
     }
+    shared = tmp_path / "shared-programs"  # --compile-cache: several workdirs' machines share one
+    assert local_trainer_env(tmp_path, {}, shared)["RESPAWN_COMPILE_CACHE"] == str(shared.resolve())
 
 
 def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
