@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localcloud.services.emulators import free_port, start_group
+from localcloud.services.emulators import start_group
+from respawn_trainer.slice_env import free_port
 
 # JAX's heartbeat timeout for local slices: longer than any hang_timeout a local job has (the default is 30 m),
 # so that a stopped worker looks hung (alive, no progress) and only respawn's hang detection finds it.

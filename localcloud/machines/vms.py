@@ -31,12 +31,13 @@ from localcloud.machines import machine_host
 from localcloud.machines.machine_host import CloudLogging, MetadataServer, SecretManager
 from localcloud.machines.profiles import MachineTimings
 from localcloud.machines.slices import LocalSlice
-from localcloud.services.emulators import free_port, start_group
+from localcloud.services.emulators import start_group
 from localcloud.services.logentries import trainer_entry
 from localcloud.timeline import Timeline
 from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL
 from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, NOTICE_FILE, START_AFTER_METADATA, TRAINER_LOG
 from respawn.parsing import TRAINER_EVENTS
+from respawn_trainer.slice_env import free_port
 
 _STEP = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+([-+0-9.eE]+|nan|inf)", re.IGNORECASE)

@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,17 +18,13 @@ from pathlib import Path
 
 import requests
 
+from respawn_trainer.slice_env import free_port  # the ports of the local cloud's servers and slices
+
 PUBSUB_INSTALL_HINT = (
     "install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install), then "
     "`gcloud components install pubsub-emulator beta` (or apt-get install google-cloud-cli-pubsub-emulator) "
     "and Java 17 or newer (apt-get install openjdk-17-jre-headless)"
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:

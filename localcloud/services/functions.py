@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import respawn
-from localcloud.services.emulators import free_port, start_group, stop_group, wait_http
+from localcloud.services.emulators import start_group, stop_group, wait_http
+from respawn_trainer.slice_env import free_port
 
 MAIN = Path(str(respawn.__file__)).resolve().parents[1] / "main.py"  # functions/main.py, beside the respawn package
 TARGETS = ("on_job_message", "on_event")

@@ -24,7 +24,7 @@ from google.cloud import pubsub_v1
 
 from localcloud.apis.cloudapi import CloudApiServer
 from localcloud.cloud import TRAINER_IMAGES as LOCAL_IMAGES
-from localcloud.services.emulators import PubSubEmulator, free_port, start_group, stop_group, wait_http
+from localcloud.services.emulators import PubSubEmulator, start_group, stop_group, wait_http
 from localcloud.services.functions import functions_framework_argv
 from respawn import parsing
 from respawn.adapters.compute import GcpComputeProvider
@@ -36,6 +36,7 @@ from respawn.events import Event, SweepTicked
 from respawn.jobs import Job, Status
 from respawn.policy import Policy
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
+from respawn_trainer.slice_env import free_port
 
 pytestmark = pytest.mark.emulator
 

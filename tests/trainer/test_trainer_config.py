@@ -79,6 +79,27 @@ def test_multi_host_environment() -> None:
     assert not wants_distributed(load_env(one_host))
 
 
+def test_a_free_port_is_drawn_below_the_ephemeral_range_where_no_connection_can_take_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slice's coordinator found its port taken by some connection's local port and could not start its RPC server:
+    ports for servers come from below the kernel's ephemeral range, and are free when drawn."""
+    import socket
+
+    from respawn_trainer import slice_env
+
+    low = slice_env._ephemeral_low()
+    ports = {slice_env.free_port() for _ in range(20)}
+    if low - slice_env.EPHEMERAL_MARGIN > slice_env.FIRST_PORT:  # Linux's default range: 32768-60999
+        assert all(low - slice_env.EPHEMERAL_MARGIN <= p < low for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    assert slice_env._ephemeral_low(str(tmp_path / "absent")) == 0
+    monkeypatch.setattr(slice_env, "_ephemeral_low", lambda: 2000)  # no room below the range: the OS picks
+    assert 0 < slice_env.free_port() < 65536
+
+
 def test_slice_env_is_the_environment_of_a_loopback_worker() -> None:
     from respawn_trainer.slice_env import free_port, worker_env
 

@@ -8,6 +8,7 @@ Pure and import-light (no JAX): the local cloud imports it to start the N proces
 
 from __future__ import annotations
 
+import random
 import socket
 
 LOOPBACK = "127.0.0.1"
@@ -36,8 +37,36 @@ def host_env(coordinator_port: int, devices_per_host: int) -> dict[str, str]:
     }
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it; another process could take it before use)."""
+def free_port(tries: int = 50) -> int:
+    """A TCP port free on 127.0.0.1 right now, for a server that listens on it soon after.
+
+    Drawn below the kernel's ephemeral range (ip_local_port_range), where the OS never hands a port to an outgoing
+    connection: between this check and the server's bind only another such draw could take it, not one of the many
+    connections a slice's collectives open meanwhile (a coordinator that found its port taken could not start).
+    Where that range leaves too little room below it, the OS picks, as bind(0) does."""
+    low = _ephemeral_low()
+    if low - EPHEMERAL_MARGIN > FIRST_PORT:
+        for _ in range(tries):
+            port = random.randrange(low - EPHEMERAL_MARGIN, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((LOOPBACK, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+FIRST_PORT = 1024  # the first port a user may bind
+EPHEMERAL_MARGIN = 10_000  # how many ports below the ephemeral range free_port draws from
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768; 0 where it cannot be read)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
