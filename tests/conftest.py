@@ -6,8 +6,8 @@ when RESPAWN_REQUIRE_EMULATORS=1 (CI).
 Every local run of the session (all pytest-xdist workers) keeps its reference runs in one
 directory (RESPAWN_REFERENCE_CACHE), so the uninterrupted run of the same args, env, slice
 shape and trainer source is computed once, not once per test's fresh workdir. The files
-with the most slow tests (whole local-cloud jobs) are handed out first, so that a parallel
-run ends on short tests rather than on a long job started last.
+with the most slow tests (whole local-cloud jobs) are handed out first, then the files with
+the most tests, so that a parallel run ends on short files rather than on a long one.
 """
 
 from __future__ import annotations
@@ -46,10 +46,13 @@ def need(problem: str | None) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files by their number of slow tests, most first (a stable sort: otherwise in collection order); with
-    `--dist loadfile --no-loadscope-reorder` (pyproject.toml) the workers take the files in this order."""
+    """Files by their number of slow tests, then by their number of tests, most first (a stable sort: otherwise in
+    collection order); with `--dist loadfile --no-loadscope-reorder` (pyproject.toml) the workers take the files in
+    this order. Among files of short tests, the longest go first too (a file of 88 tests that each run the startup
+    script for real takes over a minute), so that they do not end the run on one worker while the other waits."""
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])
+    tests = Counter(item.path for item in items)
+    items.sort(key=lambda item: (-slow[item.path], -tests[item.path]))
 
 
 @pytest.fixture(scope="session", autouse=True)

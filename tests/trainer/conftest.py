@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,10 @@ from trainer_harness import Reference, last, run_to_end, trainer_env
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("jax-cache")
+def compile_cache(shared_reference_cache: Path) -> Path:
+    """The session's compilation cache, which all xdist workers share with the local runs (tests/conftest.py): a
+    program is compiled once, by whichever worker runs first a test that needs it."""
+    return Path(os.environ["RESPAWN_LOCAL_COMPILE_CACHE"])
 
 
 @pytest.fixture(scope="session")
