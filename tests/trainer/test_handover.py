@@ -153,6 +153,7 @@ def test_a_head_start_hands_over_with_one_save_and_the_successor_restores_it(
     assert stopped["step"] > at_notice + 5, a.tail()  # trained on while the successor set itself up
     assert "preemption notice (the next machine is ready)" in "".join(a.stderr), a.tail()
     assert started["restored_step"] == stopped["step"] and started["takeover_wait_s"] > 0
+    assert started["takeover"] == "found"  # the marker released it, long before its start-after
     assert last(sink_b, "completed")["step"] == 400
     assert [e["event"] for e in entries(sink_b)].count("started") == 1
     client = storage.Client(project="local", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]

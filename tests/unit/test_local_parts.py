@@ -430,6 +430,16 @@ def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Pa
     assert local_trainer_env(tmp_path, {}, shared)["RESPAWN_COMPILE_CACHE"] == str(shared.resolve())
 
 
+def test_the_workdir_is_made_absolute_and_created_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new relative --workdir: every writer under it (the reference's log first, whose cache may lie elsewhere)
+    finds it, and every path handed on is absolute."""
+    from localcloud import cloud
+
+    monkeypatch.chdir(tmp_path)
+    options = cloud.Options(workdir=Path("new/work"))
+    assert options.workdir == tmp_path / "new" / "work" and options.workdir.is_dir()
+
+
 def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--profile cloud` replays a real minute in a local second: the functions get its scale (RESPAWN_TIME_SCALE),
     which decide's Policy.time_scale reads, so a head start's drain is as much shorter; the local profile's is 1."""

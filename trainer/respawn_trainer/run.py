@@ -107,7 +107,7 @@ class Run:
 
         On a head start's machine (RESPAWN_TAKEOVER) it first waits for the noticed machine's final save; a notice of
         its own meanwhile ends the process (exit 143, nothing to save)."""
-        waited = 0.0
+        waited, outcome = 0.0, ""
         if self.env.takeover:
             if "jax" in sys.modules:  # Orbax's import, on the way to the restore: now, while the noticed machine saves
                 from respawn_trainer.checkpoint import _orbax
@@ -139,6 +139,7 @@ class Run:
         self.goodput.restore_s = read - began
         compile_s = began - self._ready_at + now - read
         split = {**self._startup_split, "compile_s": compile_s - waited, "restore_s": read - began}
+        takeover = {"takeover": outcome} if self.env.takeover else {}  # "found": the drain marker; "timeout": none
         if self.env.takeover:
             split["takeover_wait_s"] = waited
         startup = now - waited - self.goodput.started
@@ -148,6 +149,7 @@ class Run:
             restored_step=step,
             startup_s=round(startup, 3),
             **{k: round(v, 3) for k, v in split.items()},
+            **takeover,
         )
         log.info("started at step %d of %d (startup %.2fs, restore %.2fs)", step, self.steps, startup, read - began)
         self._gc.resume()
