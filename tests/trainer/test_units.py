@@ -234,10 +234,11 @@ def test_fsdp_splits_each_large_leaf_on_its_first_axis_the_device_count_divides(
     from trainer.sharding import fsdp_spec
 
     assert fsdp_spec((256, 32), 8) == P("data")
-    assert fsdp_spec((1, 32, 128), 8) == P(None, "data")
+    assert fsdp_spec((1, 64, 128), 8) == P(None, "data")
     assert fsdp_spec((3, 5, 4096), 8) == P(None, None, "data")
     assert fsdp_spec((257, 257), 8) == P()  # no axis splits evenly
     assert fsdp_spec((32, 96), 8) == P()  # small: a collective per step costs more than its memory
+    assert fsdp_spec((1, 32, 128), 8) == P()  # 4096 elements, 16 KiB: still small
     assert fsdp_spec((), 8) == P()
     assert fsdp_spec((256, 32), 1) == P()  # one device: nothing to split
 
