@@ -96,10 +96,9 @@ class Options:
     stand_in: bool = True  # the machines' CPU processes stand in for their TPU or GPU (False: as a wrong image)
 
     def __post_init__(self) -> None:
-        # Resolved and made once, here: every path the machines and trainers get lies under it, and a trainer (like
-        # a real machine's) takes absolute paths only, whatever directory the run started from.
+        # Resolved once, here: every path the machines and trainers get lies under it, and a trainer (like a real
+        # machine's) takes absolute paths only, whatever directory the run started from.
         self.workdir = self.workdir.resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
 
 
 def checkpoint_buckets(messages: Iterable[dict[str, Any]]) -> list[str]:

@@ -100,6 +100,7 @@ def reference_run(
     if path.exists():
         return {**json.loads(path.read_text()), "cached": True}
     cache_dir.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)  # a new workdir, whose reference cache may lie elsewhere
     with tempfile.TemporaryDirectory(prefix="respawn-reference-") as ckpt, log_path.open("ab") as log:
         run_env = {
             **base_env,

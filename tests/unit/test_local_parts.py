@@ -430,16 +430,6 @@ def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Pa
     assert local_trainer_env(tmp_path, {}, shared)["RESPAWN_COMPILE_CACHE"] == str(shared.resolve())
 
 
-def test_the_workdir_is_made_absolute_and_created_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new relative --workdir: every writer under it (the reference's log first, whose cache may lie elsewhere)
-    finds it, and every path handed on is absolute."""
-    from localcloud import cloud
-
-    monkeypatch.chdir(tmp_path)
-    options = cloud.Options(workdir=Path("new/work"))
-    assert options.workdir == tmp_path / "new" / "work" and options.workdir.is_dir()
-
-
 def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--profile cloud` replays a real minute in a local second: the functions get its scale (RESPAWN_TIME_SCALE),
     which decide's Policy.time_scale reads, so a head start's drain is as much shorter; the local profile's is 1."""
@@ -466,3 +456,15 @@ def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypat
         local = cloud.LocalCloud(cloud.Options(workdir=tmp_path, time_scale=scale), say=lambda line: None)
         local._functions(api, FakeGcs(port=9), None)  # type: ignore[arg-type]
         assert Settings.from_env(given[-1]).time_scale == scale
+
+
+def test_a_reference_run_writes_its_log_into_a_new_workdir(tmp_path: Path) -> None:
+    """A first run from a new --workdir whose reference cache lies elsewhere (--reference-cache, a test session's
+    shared one): the reference's log is the first thing written under the workdir, and it makes its directory."""
+    from localcloud.reference import reference_run
+
+    log = tmp_path / "new" / "work" / "reference.log"
+    program = [sys.executable, "-c", "print('trained')"]  # knows nothing of respawn: exit 0 is completed
+    result = reference_run([], {}, cache_dir=tmp_path / "shared", base_env={}, log_path=log, entrypoint=program)
+    assert result["cached"] is False and result["params_sha256"] is None
+    assert "trained" in log.read_text()
