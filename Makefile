@@ -12,12 +12,10 @@ TFSCHEMA := .venv-tfschema/node_modules/.installed
 
 .PHONY: setup system-packages local test lint bench load clean
 
-# --no-compile: Python compiles a module to bytecode when it is first imported; compiling every module of every
-# package at install took half the install's time, for many modules nothing imports.
 $(STAMP): requirements.txt functions/requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
