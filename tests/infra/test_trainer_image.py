@@ -112,3 +112,12 @@ def test_an_unknown_variant_fails_the_build_and_says_which_are_allowed(tmp_path:
     assert done.returncode == 1 and "pip install" not in done.stdout
     assert "VARIANT must be cpu, tpu or cuda, got 'rocm'" in done.stderr
     assert dockerfile_arg("VARIANT") == "cpu"  # a plain `docker build trainer/` is the CPU image
+
+
+def test_the_local_cloud_runs_trainers_in_the_environment_its_dockerfile_sets() -> None:
+    """What every local trainer starts from (IMAGE_ENV) is what trainer/Dockerfile's ENV sets."""
+    from localcloud.machines.slices import IMAGE_ENV
+
+    (block,) = re.findall(r"^ENV ((?:[^\n]*\\\n)*[^\n]*)$", (REPO / "trainer" / "Dockerfile").read_text(), re.M)
+    dockerfile_env = dict(re.findall(r"(\w+)=(\S+?)(?:\s*\\)?$", block, re.M))
+    assert IMAGE_ENV and IMAGE_ENV.items() <= dockerfile_env.items(), dockerfile_env

@@ -418,14 +418,17 @@ def test_a_slice_names_tags_and_sets_up_each_worker() -> None:
     assert report_line(4) == "  slice    4 hosts: 4 trainer processes per attempt"
 
 
-def test_every_local_trainer_reads_the_storage_emulator_anonymously(tmp_path: Path) -> None:
+def test_every_local_trainer_reads_the_storage_emulator_anonymously_in_the_images_environment(tmp_path: Path) -> None:
     env = local_trainer_env(tmp_path, {"HOME": "/h", "RESPAWN_PROJECT": "p", "PUBSUB_EMULATOR_HOST": "x"})
     assert env == {
         "HOME": "/h",
         "RESPAWN_COMPILE_CACHE": str((tmp_path / "compile-cache").resolve()),
         "FSSPEC_GCS_TOKEN": "anon",
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",  # trainer/Dockerfile's ENV
     }
+    own = {"GLIBC_TUNABLES": "glibc.malloc.check=3"}  # the environment's own setting wins, as `docker run -e` does
+    assert local_trainer_env(tmp_path, own)["GLIBC_TUNABLES"] == "glibc.malloc.check=3"
     shared = tmp_path / "shared-programs"  # --compile-cache: several workdirs' machines share one
     assert local_trainer_env(tmp_path, {}, shared)["RESPAWN_COMPILE_CACHE"] == str(shared.resolve())
 
