@@ -1,9 +1,10 @@
 """Trainer benchmark: throughput, checkpoint stall at the default (auto) interval, start-to-first-step
 with a fresh and with a warm compilation cache (restarts that restore the previous stop's checkpoint), and
 where a restart's time goes (import / setup / compile / restore, from the `started` entries).
-Real `python -m trainer` processes, default model size, with the bytecode the trainer image's build compiles
-(trainer/Dockerfile). Target: start_to_first_step_cached_s < 1.0 s on a quiet machine: each warm start is
-launched once the cores are idle (at most 15 s of waiting), so another process's burst is not counted as the start.
+Real `python -m trainer` processes, default model size, with the bytecode the trainer image's build compiles and
+the image's environment (trainer/Dockerfile). Target: start_to_first_step_cached_s < 1.0 s on a quiet machine:
+each warm start is launched once the cores are idle (at most 15 s of waiting), so another process's burst is not
+counted as the start.
 
 Prints readable lines, then as its LAST line one JSON object:
 {"steps_per_s", "stall_pct", "start_to_first_step_s", "start_to_first_step_cached_s", "start_split_s", ...,
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from localcloud.machines.slices import compile_bytecode
+from localcloud.machines.slices import IMAGE_ENV, compile_bytecode
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST_STEP = re.compile(r" step \d+/\d+ loss ")  # the first step line (--log-every=1): the first new step
@@ -34,7 +35,7 @@ INTERVAL = re.compile(r"auto -> every (\d+) steps")
 
 def launch(workdir: Path, name: str, cache: Path, args: list[str]) -> tuple[subprocess.Popen[str], Path, float]:
     sink = workdir / f"{name}.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
+    env = {**IMAGE_ENV, **{k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}}  # as the image has it
     env.update(
         RESPAWN_JOB_ID=f"bench-{name}",
         RESPAWN_CHECKPOINT_URI=str(workdir / name),
