@@ -64,9 +64,7 @@ lint: $(STAMP)
 # One pytest worker per core (pytest-xdist), each test file whole on one worker, so that a module's fixtures (a
 # compilation cache) are made once; the files with the most slow tests go first (tests/conftest.py), and every local
 # run shares one reference cache. The slowest tests are listed at the end.
-# One worker more than the cores: many tests wait as well as compute (a queue's minute, a machine's boot, a notice
-# window), and the extra worker keeps the cores busy meanwhile (on 2 cores: 28 min instead of 30).
-TEST_WORKERS ?= $(shell $(BIN)/python -c "import os; print(len(getattr(os, 'sched_getaffinity', lambda _: range(os.cpu_count() or 1))(0)) + 1)")
+TEST_WORKERS ?= auto
 test: setup lint
 	RESPAWN_CHECKOV=$(CURDIR)/$(CHECKOV) RESPAWN_TFSCHEMA=$(CURDIR)/.venv-tfschema/node_modules \
 	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
