@@ -6,8 +6,9 @@ when RESPAWN_REQUIRE_EMULATORS=1 (CI).
 Every local run of the session (all pytest-xdist workers) keeps its reference runs in one
 directory (RESPAWN_REFERENCE_CACHE), so the uninterrupted run of the same args, env, slice
 shape and trainer source is computed once, not once per test's fresh workdir. The files
-with the most slow tests (whole local-cloud jobs) are handed out first, then the files with
-the most tests, so that a parallel run ends on short files rather than on a long one.
+with the most slow tests (whole local-cloud jobs) are handed out first, then the files that
+mostly wait, then the files with the most tests, so that a parallel run ends on short files
+that keep both cores busy rather than on a long one.
 """
 
 from __future__ import annotations
@@ -46,13 +47,24 @@ def need(problem: str | None) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files by their number of slow tests, then by their number of tests, most first (a stable sort: otherwise in
-    collection order); with `--dist loadfile --no-loadscope-reorder` (pyproject.toml) the workers take the files in
-    this order. Among files of short tests, the longest go first too (a file of 88 tests that each run the startup
-    script for real takes over a minute), so that they do not end the run on one worker while the other waits."""
+    """The order the workers take the files in (`--dist loadfile --no-loadscope-reorder`, pyproject.toml): the files
+    with slow tests, most first, and after the first two of them, one file that mostly waits (`waits`: scripts'
+    sleeps, the local cloud's timers) after each, so that a worker waiting out a clock leaves its core to a file
+    that computes; then the files of short tests, most tests first, so that the run ends on short files that keep
+    both cores busy. Within a group, a stable sort: otherwise in collection order."""
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     tests = Counter(item.path for item in items)
-    items.sort(key=lambda item: (-slow[item.path], -tests[item.path]))
+    waits = {item.path for item in items if item.get_closest_marker("waits")}
+    by_size = sorted(tests, key=lambda path: (-slow[path], -tests[path]))
+    computing = [path for path in by_size if slow[path] and path not in waits]
+    waiting = [path for path in by_size if path in waits]
+    order = computing[:2]
+    for path in computing[2:]:
+        order += [path, *waiting[:1]]
+        waiting = waiting[1:]
+    order += waiting + [path for path in by_size if not slow[path] and path not in waits]
+    place = {path: n for n, path in enumerate(order)}
+    items.sort(key=lambda item: place[item.path])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,6 +22,8 @@ from respawn.adapters.tpu import GcpTpuProvider
 from respawn.jobs import GpuMachine, JobSpec, MachineState, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 
+pytestmark = pytest.mark.waits
+
 ZONE, PROJECT = "us-central1-a", "proj"
 SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
 BOOTING = {MachineState.QUEUED, MachineState.CREATING}

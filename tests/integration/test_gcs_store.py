@@ -32,7 +32,7 @@ from respawn.jobs import Attempt, Job, JobSpec, Status, TpuMachine
 from respawn.outlook import History, Key, Observation
 from respawn.ports import ConflictError, TransientError
 
-pytestmark = pytest.mark.emulator
+pytestmark = [pytest.mark.emulator, pytest.mark.waits]
 
 
 def make_job(job_id: str = "llm-1") -> Job:

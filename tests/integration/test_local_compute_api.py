@@ -18,6 +18,8 @@ from google.cloud import compute_v1, tpu_v2
 from localcloud.apis.cloudapi import CloudApiServer, CloudMachine
 from respawn.adapters.settings import client_options
 
+pytestmark = pytest.mark.waits
+
 P, ZONE, REGION = "proj", "us-east5-b", "us-east5"
 DELAY = 0.05
 

@@ -64,37 +64,3 @@ def test_a_two_vm_a3_job_survives_a_vm_preemption_and_a_killed_worker(tmp_path: 
         logs = [(machines / f"gpu-vms-it-a{n}-w-{w}.log").read_text(errors="replace") for w in (0, 1)]
         ids = [re.findall(r"process (\d) of 2 \(8 local devices of 16\)", log) for log in logs]
         assert sorted(i for found in ids for i in set(found)) == ["0", "1"], (n, ids, why)
-
-
-TIERS = ROOT / "examples" / "gpu-tiers.yaml"
-TIER_STEPS = 20
-
-
-def test_a_job_whose_h100_spot_tier_is_stocked_out_everywhere_runs_on_its_a100_tier(tmp_path: Path) -> None:
-    """H100 Spot has no capacity in either zone (a stockout of that machine type only): the job moves on to its A100
-    Spot tier, whose machine is its own, and finishes there with the job's global batch and final step, exactly as an
-    uninterrupted run; the report names the machine each attempt ran on."""
-    need(FakeGcs.missing())
-    job = yaml.safe_load(TIERS.read_text())
-    h100, a100 = job["machine"]["machine_type"], job["tiers"][1]["machine"]["machine_type"]
-    assert (h100, a100) == ("a3-highgpu-8g", "a2-highgpu-4g") and "machine" not in job["tiers"][0]
-    job["job_id"] = "gpu-tiers-it"
-    job["tiers"][0]["move_on"] = {"after_stockout": "1m"}  # the least a tier may wait
-    job["args"] = ["--model=nano", f"--steps={TIER_STEPS}", "--batch-size=16", "--max-device-batch=4"]
-    job["args"] += ["--checkpoint-every=5", "--log-every=1"]
-    path = tmp_path / "gpu-tiers-it.yaml"
-    path.write_text(yaml.safe_dump(job))
-    zones = job["tiers"][0]["zones"]
-    chaos = [arg for zone in zones for arg in ("--spot-stockout", f"{zone}@{h100}")]
-    report, stderr = run_local(path, tmp_path, env=IN_PROCESS, chaos=[*chaos, *FAST], timeout=600)
-    why = detail(report, stderr)
-    assert report["status"] == "SUCCEEDED" and report["exact"] is True, why
-    assert report["final_step"] == TIER_STEPS, why
-    rows = report["zones"]
-    *stocked, last = rows
-    assert len(stocked) >= len(zones) and report["capacity_errors"] == len(stocked), why
-    assert all(r["tier"] == 0 and r["end"] == "capacity" and r["machine"].startswith(h100) for r in stocked), why
-    assert (last["tier"], last["end"]) == (1, "completed") and last["machine"].startswith(a100), why
-    assert report["machines_left"] == 0 and report["processes_left"] == 0, why
-    log = (Path(report["run_dir"]) / "machines" / f"gpu-tiers-it-a{last['attempt']}.log").read_text(errors="replace")
-    assert "global batch 16: 16 rows on each of 1 devices, in 4 micro-batch(es)" in log, why

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from conftest import bucket_dir
 
 from localcloud.apis.cloudapi import CloudMachine
@@ -22,6 +23,8 @@ from respawn.adapters.startup import machine_metadata
 from respawn.events import TrainerFailed
 from respawn.jobs import GpuMachine, JobSpec
 from respawn.machine import GRACE_S
+
+pytestmark = pytest.mark.waits
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from test_local_run import ROOT, run_local
 
 from localcloud.services.emulators import FakeGcs
 
-pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.waits]
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 IN_PROCESS = {"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"}
 STEPS = 300

@@ -46,6 +46,8 @@ from respawn.jobs import JobSpec, TpuMachine
 from respawn.machine import GRACE_S
 from respawn.topology import tpu_topology
 
+pytestmark = pytest.mark.waits
+
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = 4
 

@@ -17,6 +17,8 @@ from respawn.adapters.tpu import GcpTpuProvider
 from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
 
+pytestmark = pytest.mark.waits
+
 ZONE = "us-central1-a"
 PROJECT = "proj"
 

@@ -20,6 +20,8 @@ import pytest
 from localcloud.machines import machine_host
 from localcloud.machines.machine_host import CloudLogging, MetadataServer, SecretManager, container_env
 
+pytestmark = pytest.mark.waits
+
 REF = "projects/p/secrets/hf/versions/1"
 
 

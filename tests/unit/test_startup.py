@@ -28,6 +28,8 @@ from respawn.machine import GRACE_S, PERMANENT_RC, drain_marker, exit_code_entry
 from respawn.parsing import log_entry_event
 from respawn.topology import compute_shape
 
+pytestmark = pytest.mark.waits
+
 HOSTILE = [
     "'; touch CANARY; echo '",
     '"; touch CANARY; echo "',
