@@ -6,9 +6,9 @@ when RESPAWN_REQUIRE_EMULATORS=1 (CI).
 Every local run of the session (all pytest-xdist workers) keeps its reference runs in one
 directory (RESPAWN_REFERENCE_CACHE), so the uninterrupted run of the same args, env, slice
 shape and trainer source is computed once, not once per test's fresh workdir. The files
-with the most slow tests (whole local-cloud jobs) are handed out first, then the files that
-mostly wait, then the files with the most tests, so that a parallel run ends on short files
-that keep both cores busy rather than on a long one.
+with the most slow tests (whole local-cloud jobs) are handed out first, with the files that
+mostly wait between them, then the files with the most tests, so that a parallel run ends on
+short files that keep both cores busy rather than on a long one.
 """
 
 from __future__ import annotations
