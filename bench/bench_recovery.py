@@ -196,7 +196,7 @@ def run_one(a: argparse.Namespace, api: str, job: dict[str, Any], plot: str) -> 
     with tempfile.TemporaryDirectory() as tmp:
         job_file = Path(tmp) / "job.yaml"
         job_file.write_text(yaml.safe_dump(job))
-        argv = [sys.executable, "-m", "respawn.cli", "local", "run", str(job_file)]
+        argv = [sys.executable, "-m", "respawn_cli.main", "local", "run", str(job_file)]
         argv += ["--mtbi", f"{a.mtbi:g}s", "--seed", str(a.seed)] if a.mtbi else ["--preempt-at-step", steps]
         argv += ["--json", "--plot", plot, "--workdir", a.workdir, "--timeout", "40m", "--profile", a.profile]
         print(f"running ({api}):", " ".join(argv[1:]), file=sys.stderr, flush=True)

@@ -415,7 +415,8 @@ def uploaded(uploads: list[tuple[Path, str]]) -> Iterator[tuple[dict[str, str], 
 def load_message(path: str, overrides: Sequence[str], own_program: bool = False) -> dict[str, Any]:
     """The validated job message; its args must be the trainer's flags unless `own_program` runs instead."""
     from localcloud.cloud import TRAINER_IMAGES
-    from respawn.spec import SpecError, load_job_file, parse_job_message
+    from respawn.spec import SpecError, parse_job_message
+    from respawn_ops.jobfile import load_job_file
 
     try:
         message = load_job_file(path)

@@ -344,7 +344,7 @@ class CrashingProvider:
 
 class FakeLogReader:
     """Cloud Logging's entries.list over a list of LogEntry dicts: the query's selection is evaluated with
-    localcloud.services.logfilter and its `timestamp>=` bound (respawn.joblogs.since_filter) compared, oldest first.
+    respawn_ops.logfilter and its `timestamp>=` bound (respawn_ops.joblogs.since_filter) compared, oldest first.
     `filters` records every query; tests append to `stored` between reads, as Cloud Logging ingests."""
 
     def __init__(self, entries: list[dict[str, Any]] | None = None) -> None:
@@ -352,8 +352,8 @@ class FakeLogReader:
         self.filters: list[str] = []
 
     def entries(self, filter_: str) -> list[dict[str, Any]]:
-        from localcloud.services.logfilter import LogFilter
         from respawn.parsing import rfc3339
+        from respawn_ops.logfilter import LogFilter
 
         self.filters.append(filter_)
         selection, _, bound = filter_.rpartition('\nAND timestamp>="')

@@ -1,6 +1,6 @@
 """Facts for Cloud Monitoring: one structured log line per thing that happened to a job, written once.
 
-The log-based metrics (`respawn/log_metrics.json`, deployed by infra/terraform/monitoring.tf) count these lines.
+The log-based metrics (`respawn_ops/log_metrics.json`, deployed by infra/terraform/monitoring.tf) count these lines.
 A fact is what changed between the record a handler read and the record it wrote, and it is logged only by the
 handler whose compare-and-set wrote it: a duplicate, late or redelivered event changes nothing (decide has it
 recorded already), so it writes nothing and logs nothing. A crash between the write and the log line loses that

@@ -46,11 +46,10 @@ locals {
   }
 }
 
-# functions/ as uploaded by `gcloud functions deploy --source=functions` (same exclusions as its .gcloudignore): main.py,
-# requirements.txt, the modules main.py imports and the files they read (the machine's scripts), nothing else. The
-# local cloud is not under functions/ (it is the top-level package localcloud/); the CLI's own modules, the metrics'
-# evaluator and the files Terraform reads from the source tree (the sink filter, the log-based metrics) stay behind.
-# tests/infra/test_deployed_source.py holds this list to main.py's imports.
+# functions/ as uploaded by `gcloud functions deploy --source=functions` (same exclusions as its .gcloudignore): all of
+# it but what is built or cached locally. functions/ holds main.py, requirements.txt, the modules main.py imports and
+# the files they read (the machine's scripts), nothing else: the command line, the local cloud and the files Terraform
+# reads (respawn_ops/) live beside it. tests/infra/test_deployed_source.py holds both.
 data "archive_file" "functions" {
   type        = "zip"
   source_dir  = "${path.module}/../../functions"
@@ -60,16 +59,6 @@ data "archive_file" "functions" {
     "**/__pycache__/**",
     "**/*.pyc",
     "**/*.egg-info/**",
-    "respawn/adapters/offering.py",
-    "respawn/cli.py",
-    "respawn/doctor/**",
-    "respawn/job_report.py",
-    "respawn/joblogs.py",
-    "respawn/log_metrics.json",
-    "respawn/log_metrics.py",
-    "respawn/orchestrator_role.txt",
-    "respawn/plan.py",
-    "respawn/sink_filter.txt",
   ]
 }
 

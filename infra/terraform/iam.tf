@@ -32,7 +32,7 @@ resource "google_service_account" "build" {
 # tpu/docs/reference/rest/v2/...); the names are those of the Compute Engine roles reference
 # (iam/docs/roles-permissions/compute). docs/compute-engine.md lists which call needs which.
 locals {
-  orchestrator_permissions = [for line in split("\n", file("${path.module}/../../functions/respawn/orchestrator_role.txt")) : trimspace(line) if trimspace(line) != "" && !startswith(trimspace(line), "#")]
+  orchestrator_permissions = [for line in split("\n", file("${path.module}/../../respawn_ops/orchestrator_role.txt")) : trimspace(line) if trimspace(line) != "" && !startswith(trimspace(line), "#")]
 }
 
 resource "google_project_iam_custom_role" "orchestrator" {
@@ -40,8 +40,8 @@ resource "google_project_iam_custom_role" "orchestrator" {
   title       = "respawn orchestrator"
   description = "Create, get, list and delete Cloud TPU nodes and queued resources, and Compute Engine TPU and GPU VMs, slice MIGs, their templates and workload policies; read the Advice API."
 
-  # One permission a line of functions/respawn/orchestrator_role.txt, where each one's reason is written beside it;
-  # `respawn doctor` reads the same file (respawn/doctor/needs.py).
+  # One permission a line of respawn_ops/orchestrator_role.txt, where each one's reason is written beside it;
+  # `respawn doctor` reads the same file (respawn_ops/needs.py).
   permissions = local.orchestrator_permissions
 
   depends_on = [google_project_service.apis]

@@ -3,11 +3,11 @@
 # The metrics count the facts the functions log (respawn/facts.py): one line per status change, attempt ended or
 # started, recovery and ended job, written only by the handler whose compare-and-set recorded it, so a redelivered
 # event counts nothing twice. Their definitions have one source, read here and by the code
-# (functions/respawn/log_metrics.json: the local cloud evaluates the same filters over a run's entries, and the
+# (respawn_ops/log_metrics.json: the local cloud evaluates the same filters over a run's entries, and the
 # tests hold each metric to the run's report). docs/operations.md, Monitoring, explains each figure and alert.
 
 locals {
-  log_metrics = jsondecode(file("${path.module}/../../functions/respawn/log_metrics.json"))
+  log_metrics = jsondecode(file("${path.module}/../../respawn_ops/log_metrics.json"))
   # Monitoring's name of each metric, and its PromQL name (logging.googleapis.com/user/respawn/x ->
   # logging_googleapis_com:user_respawn_x), for the alerts below.
   metric_type = { for m in local.log_metrics.metrics : m.name => "logging.googleapis.com/user/${m.name}" }

@@ -2,7 +2,7 @@
 rules, regional quotas, the trainer images, organisation policies. (What each zone offers is the CloudCore knob
 `unoffered`, offerings.py.)
 
-`healthy(...)` is what `terraform apply` leaves (every grant of respawn.doctor.needs, the APIs of apis.tf, the
+`healthy(...)` is what `terraform apply` leaves (every grant of respawn_ops.needs, the APIs of apis.tf, the
 network, a slice's firewall rule) in the zones the local cloud offers; tests break one thing at a time by changing
 its fields. project_api.py serves it over the real APIs' paths.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from respawn.doctor import needs
+from respawn_ops import needs
 
 # The regions of the local cloud's zones: a subnetwork and quotas in each.
 REGIONS = (

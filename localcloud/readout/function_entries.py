@@ -4,7 +4,7 @@ Deployed, each function is a Cloud Run service (respawn-on-event, respawn-on-job
 every JSON line it writes on stderr becomes a structured entry: resource `cloud_run_revision` labelled with the
 service name, `severity` lifted out of the line, the rest as `jsonPayload`; any other line a `textPayload`
 entry. Locally functions-framework writes the same lines to the run's `functions/TARGET.log`; this reads them
-back into those entries, so `respawn/log_metrics.py` evaluates the deployed metrics' filters over what the run
+back into those entries, so `respawn_ops/log_metrics.py` evaluates the deployed metrics' filters over what the run
 really wrote.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from localcloud.services.logentries import insert_id
-from respawn import log_metrics
+from respawn_ops import log_metrics
 
 SERVICES = {"on_event": "respawn-on-event", "on_job_message": "respawn-on-job-message"}
 REGION = "us-central1"

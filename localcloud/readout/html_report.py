@@ -1,4 +1,4 @@
-"""A local run's job report as an HTML page (respawn/job_report.py), from its report.json and timeline.jsonl.
+"""A local run's job report as an HTML page (respawn_ops/job_report.py), from its report.json and timeline.jsonl.
 
 Every figure is the report's own (report.json); the timeline adds when each machine was requested and ended, the
 notices, preemptions and head starts, and the training steps."""
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from respawn.job_report import Bar, Mark, View, page
+from respawn_ops.job_report import Bar, Mark, View, page
 
 REPORT_HTML = "report.html"
 

@@ -1,7 +1,7 @@
 """What a local run writes beside its report.json for a person and for Cloud Monitoring's figures:
 
-report.html   the job report page (respawn/job_report.py), as `respawn report JOB --html FILE` writes it
-metrics.json  every log-based metric of the deployment (respawn/log_metrics.json) over the entries the run's
+report.html   the job report page (respawn_ops/job_report.py), as `respawn report JOB --html FILE` writes it
+metrics.json  every log-based metric of the deployment (respawn_ops/log_metrics.json) over the entries the run's
               functions wrote: what Cloud Monitoring would have counted of this run
 """
 

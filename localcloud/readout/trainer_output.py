@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from respawn.joblogs import LogLine, lifecycle_payload
 from respawn.jobs import parse_machine_name
+from respawn_ops.joblogs import LogLine, lifecycle_payload
 
 _LOG_FILE = re.compile(r"(?P<machine>.+?)(?:-w-(?P<worker>\d+))?\.log")
 POLL_S = 0.25

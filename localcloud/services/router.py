@@ -13,8 +13,8 @@ import threading
 from typing import Any
 
 from localcloud.services.bus import Bus
-from localcloud.services.logfilter import LogFilter, load_sink_filter
 from localcloud.timeline import Timeline
+from respawn_ops.logfilter import LogFilter, load_sink_filter
 
 
 class LogRouter:

@@ -24,11 +24,11 @@ from localcloud.apis.cloudapi import CloudApiServer, Exchange
 from respawn.actions import CreateMachine
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.compute_operations import Scope
-from respawn.adapters.offering import OfferingLookup
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
+from respawn_cli.offering import OfferingLookup
 
 ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"
 OTHER = "us-central1-b"  # a zone that does not offer the scenarios' machines (run_offerings)

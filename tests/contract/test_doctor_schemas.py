@@ -15,10 +15,10 @@ from discovery import Api
 from localcloud.apis.cloudapi import CloudApiServer, Exchange
 from localcloud.apis.project_state import LocalProject, healthy
 from respawn.deployment import Settings
-from respawn.doctor import report
-from respawn.doctor.clients import Clients
 from respawn.jobs import JobSpec
 from respawn.spec import parse_job_message
+from respawn_cli.doctor import report
+from respawn_cli.doctor.clients import Clients
 
 PROJECT = "proj"
 REPOSITORY = f"projects/{PROJECT}/locations/us/repositories/respawn"

@@ -19,7 +19,7 @@ import pytest
 from discovery import Api
 from hcl2 import SerializationOptions
 
-from respawn import log_metrics
+from respawn_ops import log_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TF = REPO / "infra" / "terraform"

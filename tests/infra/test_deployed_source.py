@@ -1,5 +1,6 @@
-"""The deployed functions' source is main.py, requirements.txt, the modules main.py imports and the files they read:
-nothing of the local cloud, nothing main.py never reaches, and nothing it reaches left out.
+"""The deployed functions' source is functions/: main.py, requirements.txt, the modules main.py imports and the files
+they read, and nothing else. Every module under functions/ is reached from main.py, and both ways of deploying ship
+all of functions/ but what is built or cached locally: there is no list of product files to keep out.
 
 Both ways of deploying are read as they select files: Terraform's archive of functions/ (infra/terraform/functions.tf,
 its `excludes`) and `gcloud functions deploy --source=functions` (functions/.gcloudignore). A module's imports are
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -40,6 +42,12 @@ def _pattern(glob: str) -> re.Pattern[str]:
 def source_files() -> list[str]:
     """Every file under functions/, relative, as the archive and the upload walk it."""
     return sorted(p.relative_to(FUNCTIONS).as_posix() for p in FUNCTIONS.rglob("*") if p.is_file())
+
+
+def tracked_files() -> set[str]:
+    """The files under functions/ that git tracks (the product's source, nothing built or cached), relative."""
+    out = subprocess.run(["git", "ls-files", "-z", "."], cwd=FUNCTIONS, capture_output=True, check=True, text=True)
+    return {f for f in out.stdout.split("\0") if f}
 
 
 def terraform_archive() -> set[str]:
@@ -132,20 +140,33 @@ def test_terraform_and_gcloud_ship_the_same_files(shipped: set[str]) -> None:
 
 
 def test_the_deployed_source_is_main_py_and_what_it_imports(shipped: set[str]) -> None:
-    every = python_files(source_files())
-    reached = closure(ENTRY, every)
-    reached_files = {every[m] for m in reached}
-    missing = sorted(reached_files - shipped)
-    assert missing == [], f"main.py imports these, and the deployed source lacks them: {missing}"
-    unreached = sorted(f for f in shipped if f.endswith(".py") and f not in reached_files)
+    tracked = tracked_files()
+    every = python_files(tracked)
+    reached = {every[m] for m in closure(ENTRY, every)}
+    unreached = sorted(f for f in every.values() if f not in reached)
     assert unreached == [], (
-        f"these ship with the functions but main.py never imports them: {unreached}; exclude them in "
-        "infra/terraform/functions.tf (archive_file excludes) and functions/.gcloudignore"
+        f"these are under functions/ but main.py never imports them: {unreached}; a tool that is not deployed lives "
+        "beside functions/ (respawn_cli/, respawn_ops/, localcloud/)"
     )
-    sources = "".join((FUNCTIONS / f).read_text(encoding="utf-8") for f in shipped if f.endswith(".py"))
-    data = sorted(f for f in shipped if not f.endswith(".py") and f != "requirements.txt")
+    sources = "".join((FUNCTIONS / f).read_text(encoding="utf-8") for f in reached)
+    data = sorted(f for f in tracked if not f.endswith(".py") and f not in ("requirements.txt", ".gcloudignore"))
     unnamed = [f for f in data if f'"{Path(f).name}"' not in sources]  # a module reads it by its name, quoted
-    assert unnamed == [], f"these ship with the functions but no deployed module reads them: {unnamed}"
+    assert unnamed == [], f"these are under functions/ but no deployed module reads them: {unnamed}"
+
+
+def test_both_ways_of_deploying_ship_every_tracked_file(shipped: set[str]) -> None:
+    """The exclusions name only what is built or cached locally: every file git tracks ships but .gcloudignore."""
+    left_out = sorted(tracked_files() - shipped - {".gcloudignore"})
+    assert left_out == [], f"tracked files that Terraform's archive (and gcloud) leave out: {left_out}"
+    assert not [f for f in shipped if "__pycache__" in f or f.endswith(".pyc")]
+
+
+def test_pyyaml_is_not_deployed() -> None:
+    """Job files (YAML) are the command line's; the functions read JSON messages only."""
+    requirements = (FUNCTIONS / "requirements.txt").read_text(encoding="utf-8").lower()
+    assert "pyyaml" not in requirements
+    every = python_files(tracked_files())
+    assert "yaml" not in set().union(*(imports_of(m, every) for m in closure(ENTRY, every)))
 
 
 def test_the_deployed_source_holds_no_local_cloud_code(shipped: set[str]) -> None:
@@ -158,12 +179,10 @@ def test_the_deployed_source_holds_no_local_cloud_code(shipped: set[str]) -> Non
 
 
 def test_the_closure_follows_lazy_imports_and_the_globs_match_as_terraform_does() -> None:
-    """What the checks above rest on: the CLI (not deployed) reaches the local cloud through a lazy import, and the
-    closure sees it; the fileset globs match as Terraform's do."""
+    """What the checks above rest on: bootstrap.py's providers are imported inside functions, and the closure sees
+    them; the fileset globs match as Terraform's do."""
     every = python_files(source_files())
-    cli = imports_of("respawn.cli", every)
-    assert "localcloud.readout.trainer_output" in cli and LOCAL_CLOUD in cli
-    assert "respawn.cli" not in closure(ENTRY, every)
-    assert {"respawn", "respawn.service", "respawn.parsing"} <= closure(ENTRY, every)
+    assert "respawn.adapters.gcs_store" in imports_of("respawn.bootstrap", every)
+    assert {"respawn", "respawn.service", "respawn.parsing", "respawn.adapters.gcs_store"} <= closure(ENTRY, every)
     assert _pattern("**/__pycache__/**").fullmatch("respawn/adapters/__pycache__/x.pyc")
     assert not _pattern("respawn/cli.py").fullmatch("respawn/adapters/cli.py")

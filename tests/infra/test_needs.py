@@ -1,4 +1,4 @@
-"""What `respawn doctor` asks Google about (respawn/doctor/needs.py) is exactly what infra/terraform grants and
+"""What `respawn doctor` asks Google about (respawn_ops/needs.py) is exactly what infra/terraform grants and
 enables: the orchestrator's custom role, the APIs, and every grant it names exists as that Terraform resource with
 a role holding its permissions."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tfconfig import TF_DIR, Config
 
-from respawn.doctor import needs
+from respawn_ops import needs
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_the_role_file_is_read_one_permission_a_line(tmp_path: Path) -> None:
     (tmp_path / "role.txt").write_text(text)
     iam = (TF_DIR / "iam.tf").read_text(encoding="utf-8")
     local = next(line for line in iam.splitlines() if line.strip().startswith("orchestrator_permissions ="))
-    local = local.replace("${path.module}/../../functions/respawn/orchestrator_role.txt", "${path.module}/role.txt")
+    local = local.replace("${path.module}/../../respawn_ops/orchestrator_role.txt", "${path.module}/role.txt")
     (tmp_path / "role.tf").write_text(
         f"locals {{\n{local}\n}}\n"
         'resource "google_project_iam_custom_role" "r" {\n  permissions = local.orchestrator_permissions\n}\n'
@@ -61,7 +61,7 @@ def test_the_accounts_are_the_ones_terraform_creates(config: Config) -> None:
 
 def test_doctor_looks_for_the_topics_and_subscriptions_terraform_makes(config: Config) -> None:
     from respawn.deployment import Settings
-    from respawn.doctor import report
+    from respawn_cli.doctor import report
 
     assert config.resource("google_pubsub_subscription", "push")["name"] == "${each.value.name}-push"
     push = {f"{f['name']}-push" for f in config.locals["functions"].values()}

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from tfconfig import REPO, TF_DIR, Config
 
-from localcloud.services import logfilter
-from localcloud.services.logfilter import LogFilter, load_sink_filter, sink_filter
 from respawn.events import Ignored
 from respawn.parsing import TRAINER_EVENTS, log_entry_event
+from respawn_ops import logfilter
+from respawn_ops.logfilter import LogFilter, load_sink_filter, sink_filter
 
 CAPTURED = sorted((REPO / "tests" / "data").glob("logentry_*.json"))
 
@@ -145,7 +145,7 @@ def copy_layout(root: Path, filter_text: str) -> tuple[Path, Path]:
     """A copy of infra/terraform and of the package's filter file, laid out as in the repository."""
     tf_dir = root / "infra" / "terraform"
     shutil.copytree(TF_DIR, tf_dir, ignore=shutil.ignore_patterns(".terraform", ".build"))
-    filter_file = root / "functions" / "respawn" / "sink_filter.txt"
+    filter_file = root / "respawn_ops" / "sink_filter.txt"
     filter_file.parent.mkdir(parents=True)
     filter_file.write_text(filter_text, encoding="utf-8")
     return tf_dir, filter_file

@@ -14,8 +14,8 @@ from google.cloud import pubsub_v1
 from localcloud.apis.cloudapi import CloudApiServer
 from localcloud.services.emulators import PubSubEmulator
 from respawn.adapters.gcs_store import GcsJobStore
-from respawn.cli import main
 from respawn.jobs import Attempt, Counters, Job, JobSpec, Status, TpuMachine
+from respawn_cli.main import main
 
 pytestmark = pytest.mark.emulator
 

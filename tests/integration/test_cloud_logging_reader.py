@@ -14,7 +14,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import logging as cloud_logging
 
 from respawn.adapters.cloud_logging import PAGE_SIZE, CloudLoggingReader
-from respawn.joblogs import entry_line, job_filter, since_filter
+from respawn_ops.joblogs import entry_line, job_filter, since_filter
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAMES = ["logentry_trainer_started.json", "logentry_container_line.json", "logentry_trainer_completed.json"]

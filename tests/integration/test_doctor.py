@@ -15,13 +15,14 @@ import requests
 from localcloud.apis.cloudapi import CloudApiServer
 from localcloud.apis.project_state import LocalProject, healthy
 from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
-from respawn import cli
 from respawn.deployment import Settings
-from respawn.doctor import needs, report
-from respawn.doctor.checks import FAIL, PASS, WARN, Line
-from respawn.doctor.clients import Clients, endpoints_from_env
 from respawn.jobs import JobSpec
 from respawn.spec import parse_job_message
+from respawn_cli import main as cli
+from respawn_cli.doctor import report
+from respawn_cli.doctor.checks import FAIL, PASS, WARN, Line
+from respawn_cli.doctor.clients import Clients, endpoints_from_env
+from respawn_ops import needs
 
 pytestmark = pytest.mark.emulator
 

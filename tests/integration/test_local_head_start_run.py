@@ -31,7 +31,7 @@ from respawn.machine import grace_s
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-RESPAWN = [sys.executable, "-m", "respawn.cli"]
+RESPAWN = [sys.executable, "-m", "respawn_cli.main"]
 STEPS = 200
 SAVE_STEPS = (60, 140)  # multiples of --checkpoint-every: the notice comes as a periodic save begins
 WINDOW_S = 10  # the local cloud's notice window (--grace)

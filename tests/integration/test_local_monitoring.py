@@ -22,8 +22,8 @@ from conftest import need
 
 from localcloud.readout.function_entries import function_entries
 from localcloud.services.emulators import FakeGcs
-from respawn import log_metrics
-from respawn.job_report import read_figures
+from respawn_ops import log_metrics
+from respawn_ops.job_report import read_figures
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     job.update(job_id="mon-it", args=["--model=tiny", f"--steps={STEPS}", "--checkpoint-every=20", "--log-every=1"])
     path = workdir / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    argv = [sys.executable, "-m", "respawn.cli", "local", "run", str(path), "--preempt-at-step", "60,140"]
+    argv = [sys.executable, "-m", "respawn_cli.main", "local", "run", str(path), "--preempt-at-step", "60,140"]
     argv += ["--creation-delay", "0.5s", "--sweep-every", "2s", "--duplicate-deliveries", "3", "--no-reference"]
     argv += ["--json", "--workdir", str(workdir)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -143,7 +143,7 @@ def test_the_report_page_renders_in_chromium_with_the_reports_figures(run: dict[
 
 def test_respawn_report_writes_the_same_page_for_the_local_run(run: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "mon-it.html"
-    argv = [sys.executable, "-m", "respawn.cli", "report", "mon-it", "--local", "--workdir", run["_workdir"]]
+    argv = [sys.executable, "-m", "respawn_cli.main", "report", "mon-it", "--local", "--workdir", run["_workdir"]]
     done = subprocess.run([*argv, "--html", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == str(out), done.stderr
     assert out.read_text() == Path(run["html"]).read_text()

@@ -29,7 +29,7 @@ from localcloud.services.emulators import FakeGcs, PubSubEmulator
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-RESPAWN = [sys.executable, "-m", "respawn.cli"]
+RESPAWN = [sys.executable, "-m", "respawn_cli.main"]
 STEPS = 200
 # The machine is preempted at step 60 and its replacement at step 140, on a fast machine or a slow one.
 # TPU machines are queued resources (the default): with `--stockout us-central1-a` the first request waits in

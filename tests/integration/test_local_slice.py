@@ -36,15 +36,15 @@ from localcloud.chaos import (
 from localcloud.machines.nodes import Nodes
 from localcloud.machines.slices import HEARTBEAT_TIMEOUT_S, LocalSlice
 from localcloud.services.logentries import tpu_worker_name
-from localcloud.services.logfilter import LogFilter, load_sink_filter
 from localcloud.timeline import Timeline
 from respawn import parsing
 from respawn.adapters.startup import machine_metadata
 from respawn.events import MachinePreempted, TrainerFailed, ZoneWokeUp
-from respawn.joblogs import lifecycle_payload
 from respawn.jobs import JobSpec, TpuMachine
 from respawn.machine import GRACE_S
 from respawn.topology import tpu_topology
+from respawn_ops.joblogs import lifecycle_payload
+from respawn_ops.logfilter import LogFilter, load_sink_filter
 
 pytestmark = pytest.mark.waits
 

@@ -20,16 +20,16 @@ import pytest
 from google.api_core import exceptions as gexc
 
 from localcloud.apis.cloudapi import CloudApiServer
-from respawn import cli
 from respawn.actions import CreateMachine
 from respawn.adapters.compute import GcpComputeProvider
-from respawn.adapters.offering import OfferingLookup
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
 from respawn.deployment import Settings
 from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import Machine, PermanentError, UnofferedError
 from respawn.spec import spec_to_message
+from respawn_cli import main as cli
+from respawn_cli.offering import OfferingLookup
 
 A, B = "us-east5-a", "us-east5-b"
 P = "proj"

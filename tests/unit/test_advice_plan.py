@@ -1,4 +1,4 @@
-"""`respawn plan`'s figures (respawn/plan.py) on a given outlook, and prices with their source (respawn/prices.py)."""
+"""`respawn plan`'s figures (respawn_cli/plan.py) on a given outlook, and prices with their source (respawn/prices.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from respawn import plan
 from respawn.jobs import GpuMachine, JobSpec, Tier, TpuMachine
 from respawn.outlook import HOUR, Advice, History, Key, Outlook, ZoneAdvice
 from respawn.prices import LIST_SOURCE, Priced, machine_price, priced
+from respawn_cli import plan
 
 NOW = 1_800_000_000.0  # 2027-01-15 UTC
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"

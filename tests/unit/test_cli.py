@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from respawn.cli import main
+from respawn_cli.main import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -170,11 +170,12 @@ def test_parse_event_prints_one_json_object(
 
 
 def test_status_shows_the_hosts_of_a_slice_and_the_hang_timeout() -> None:
-    from respawn.cli import describe
     from respawn.decide import decide
     from respawn.events import JobSubmitted
     from respawn.policy import Policy
-    from respawn.spec import load_job_file, parse_job_message
+    from respawn.spec import parse_job_message
+    from respawn_cli.main import describe
+    from respawn_ops.jobfile import load_job_file
 
     message = load_job_file(DATA / "job_tpu.yaml")
     message["machine"]["accelerator_type"] = "v5litepod-16"
@@ -187,11 +188,12 @@ def test_status_shows_the_hosts_of_a_slice_and_the_hang_timeout() -> None:
 
 
 def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
-    from respawn.cli import describe
     from respawn.decide import decide
     from respawn.events import JobSubmitted, MachinePreempted, TrainerStarted
     from respawn.policy import Policy
-    from respawn.spec import load_job_file, parse_job_message
+    from respawn.spec import parse_job_message
+    from respawn_cli.main import describe
+    from respawn_ops.jobfile import load_job_file
 
     T = 1_700_000_000.0
     message = load_job_file(DATA / "job_tpu.yaml")
@@ -223,9 +225,10 @@ def test_status_shows_each_attempts_tier_wait_and_what_each_tier_cost() -> None:
 
 
 def test_status_names_the_machine_each_attempt_ran_on_where_a_tier_names_its_own() -> None:
-    from respawn.cli import describe
     from respawn.jobs import Attempt, Job, JobSpec, Status
-    from respawn.spec import load_job_file, parse_job_message
+    from respawn.spec import parse_job_message
+    from respawn_cli.main import describe
+    from respawn_ops.jobfile import load_job_file
 
     spec = parse_job_message(load_job_file(DATA.parent.parent / "examples" / "gpu-tiers.yaml"))
     assert isinstance(spec, JobSpec)
@@ -243,13 +246,14 @@ def test_status_names_the_machine_each_attempt_ran_on_where_a_tier_names_its_own
 
 
 def test_status_shows_the_placement_and_why_each_attempt_went_where_it_did() -> None:
-    from respawn.cli import describe
     from respawn.decide import decide
     from respawn.events import JobSubmitted, MachinePreempted, TrainerStarted
     from respawn.jobs import JobSpec
     from respawn.outlook import Outlook
     from respawn.policy import Policy
-    from respawn.spec import load_job_file, parse_job_message
+    from respawn.spec import parse_job_message
+    from respawn_cli.main import describe
+    from respawn_ops.jobfile import load_job_file
 
     T = 1_700_000_000.0
     spec = parse_job_message(load_job_file(DATA / "job_tpu.yaml"))
@@ -334,11 +338,12 @@ def test_logs_with_a_state_bucket_read_cloud_logging(
 ) -> None:
     from fakes import FakeLogReader, InMemoryJobStore
 
-    from respawn import cli
     from respawn.decide import decide
     from respawn.events import JobSubmitted, TrainerCompleted, TrainerStarted
     from respawn.policy import Policy
-    from respawn.spec import load_job_file, parse_job_message
+    from respawn.spec import parse_job_message
+    from respawn_cli import main as cli
+    from respawn_ops.jobfile import load_job_file
 
     names = ["logentry_trainer_started.json", "logentry_container_line.json", "logentry_trainer_completed.json",
              "logentry_trainer_failed.json"]  # fmt: skip
@@ -381,11 +386,12 @@ def test_logs_with_a_state_bucket_read_cloud_logging(
 
 
 def test_status_says_why_a_zone_was_skipped() -> None:
-    from respawn.cli import describe
     from respawn.decide import decide
     from respawn.events import CreateFailed, CreateFailure, JobSubmitted
     from respawn.policy import Policy
-    from respawn.spec import load_job_file, parse_job_message
+    from respawn.spec import parse_job_message
+    from respawn_cli.main import describe
+    from respawn_ops.jobfile import load_job_file
 
     spec = parse_job_message(load_job_file(DATA / "job_tpu.yaml"))
     first, second = spec.zones  # type: ignore[union-attr]

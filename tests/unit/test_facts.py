@@ -1,5 +1,5 @@
 """Facts for Cloud Monitoring: each logged once, by the handler whose compare-and-set wrote it, whatever the
-deliveries; and the log-based metrics (respawn/log_metrics.json) count them as the functions' entries in Cloud Run.
+deliveries; and the log-based metrics (respawn_ops/log_metrics.json) count them as the functions' entries in Cloud Run.
 
 A job through two preemptions and a completion on the in-memory fakes, every event delivered three times (and one
 five times at once); the service's log lines are read back as Cloud Run makes entries of them."""
@@ -13,11 +13,11 @@ import pytest
 from fakes import FakeClock, FakeProvider, InMemoryJobStore, deliver_concurrently
 
 from localcloud.readout.function_entries import _entry
-from respawn import log_metrics
 from respawn.events import JobSubmitted, MachinePreempted, SweepTicked, TrainerCompleted, TrainerStarted
 from respawn.facts import facts, waiting
 from respawn.jobs import JobSpec, MachineState, Status, TpuMachine
 from respawn.service import Service
+from respawn_ops import log_metrics
 
 A, B = "us-central1-a", "us-west4-a"
 T0 = 1_000_000.0
@@ -172,7 +172,7 @@ def test_regexp_extract_takes_its_group() -> None:
 
 def test_a_deployed_jobs_page_shows_its_records_figures(caplog: pytest.LogCaptureFixture) -> None:
     from respawn.accounting import job_accounting
-    from respawn.job_report import from_record, page, read_figures
+    from respawn_ops.job_report import from_record, page, read_figures
 
     store, _ = run_job(caplog)
     job = store.job("llm")

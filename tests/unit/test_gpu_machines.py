@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from localcloud.cloud import TRAINER_IMAGES as LOCAL_IMAGES
-from respawn.cli import main
 from respawn.gpus import GPU_SHAPES, GpuShape, gpu_shape
 from respawn.jobs import GpuMachine, JobSpec
 from respawn.machine import TRAINER_IMAGES
 from respawn.prices import GPU_PRICES, list_source, machine_price
-from respawn.spec import load_job_file, parse_job_message
+from respawn.spec import parse_job_message
+from respawn_cli.main import main
+from respawn_ops.jobfile import load_job_file
 
 REPO = Path(__file__).resolve().parents[2]
 DATED = re.compile(r"\d{4}-\d{2}(-\d{2})?")

@@ -15,8 +15,8 @@ import pytest
 from fakes import FakeLogReader
 
 from localcloud.readout import trainer_output as local
-from localcloud.services.logfilter import LogFilter
-from respawn.joblogs import LogLine, entry_line, job_filter, since_filter, stream
+from respawn_ops.joblogs import LogLine, entry_line, job_filter, since_filter, stream
+from respawn_ops.logfilter import LogFilter
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PROJECT, JOB = "ml-research-4821", "llm-small-001"

@@ -15,11 +15,11 @@ from localcloud.machines.slices import HEARTBEAT_TIMEOUT_S, SINGLE_HOST, LocalSl
 from localcloud.machines.vms import lifecycle_entry, progress
 from localcloud.readout import report
 from localcloud.services.logentries import preempted_entry, tpu_worker_name, trainer_entry
-from localcloud.services.logfilter import LogFilter, load_sink_filter
 from respawn import parsing
 from respawn.events import MachinePreempted, TrainerStarted, ZoneWokeUp
 from respawn.jobs import Attempt
 from respawn.prices import machine_price, tpu_units
+from respawn_ops.logfilter import LogFilter, load_sink_filter
 
 
 def record_attempt(n: int, zone: str, **kw: Any) -> dict[str, Any]:

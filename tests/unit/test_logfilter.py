@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-import respawn
-from localcloud.services.logfilter import FilterSyntaxError, LogFilter, load_sink_filter, sink_filter
+import respawn_ops
+from respawn_ops.logfilter import FilterSyntaxError, LogFilter, load_sink_filter, sink_filter
 
 SYSTEM_EVENT_LOG = "projects/p/logs/cloudaudit.googleapis.com%2Fsystem_event"
 ACTIVITY_LOG = "projects/p/logs/cloudaudit.googleapis.com%2Factivity"
@@ -107,8 +107,8 @@ def test_sink_filter_drops_everything_else(entry: dict[str, Any]) -> None:
     assert not sink_filter().matches(entry)
 
 
-def test_the_sink_filter_is_the_respawn_package_file() -> None:
-    path = Path(str(respawn.__file__)).with_name("sink_filter.txt")
+def test_the_sink_filter_is_the_respawn_ops_package_file() -> None:
+    path = Path(str(respawn_ops.__file__)).with_name("sink_filter.txt")
     assert load_sink_filter() == path.read_text(encoding="utf-8")
     assert "--" not in load_sink_filter()
 

@@ -12,7 +12,6 @@ from cloudevents.http import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localcloud.services.logfilter import sink_filter
 from respawn.events import (
     EXIT_CODE,
     CancelRequested,
@@ -43,6 +42,7 @@ from respawn.parsing import (
     message_from_push,
     rfc3339,
 )
+from respawn_ops.logfilter import sink_filter
 
 DATA = Path(__file__).parent.parent / "data"
 P = "ml-research-4821"

@@ -19,11 +19,11 @@ from respawn.spec import (
     CancelRequest,
     SpecError,
     format_ttl,
-    load_job_file,
     parse_job_message,
     parse_ttl,
     spec_to_message,
 )
+from respawn_ops.jobfile import load_job_file
 
 DATA = Path(__file__).parent.parent / "data"
 DELETE = object()

@@ -348,7 +348,7 @@ def test_gpu_vm_runs_with_all_gpus(tmp_path: Path, fakes: dict[str, str]) -> Non
 
 
 def test_the_containers_output_goes_to_cloud_logging_tagged_with_its_job(tmp_path: Path, fakes: dict[str, str]) -> None:
-    from respawn.joblogs import ATTEMPT_ENV, CONTAINER_LOG, JOB_ENV
+    from respawn_ops.joblogs import ATTEMPT_ENV, CONTAINER_LOG, JOB_ENV
 
     run_script(tmp_path, fakes, spec())
     argv = docker_run(fakes)

@@ -140,7 +140,7 @@ def _seconds(mtbi_s: float) -> str:
 
 
 # Every line the container prints reaches Cloud Logging (log `gcplogs-docker-driver`) with these two variables in
-# jsonPayload.container.metadata: `respawn logs` selects a job's lines by them (respawn/joblogs.py).
+# jsonPayload.container.metadata: `respawn logs` selects a job's lines by them (respawn_ops/joblogs.py).
 CLOUD_LOGS = ("--log-driver=gcplogs", "--log-opt=env=RESPAWN_JOB_ID,RESPAWN_ATTEMPT")
 # Where the trainer's lines go when docker's gcplogs driver cannot reach Cloud Logging as the container starts (it
 # pings Cloud Logging first, and `docker run` then exits 125 without running anything): docker's default json-file

@@ -6,13 +6,12 @@ quoted JSON-style (so a hostile value can never break the line) and cut short; e
   values.py    one field's value: limits, patterns, SpecError, a parser per kind of value
   fields.py    the table of fields: Field, Shape, reading an object and rendering it back
   rules.py     the job's rules: the message's objects and what holds across fields; parse_job_message
-  decoding.py  bytes and files into a JSON object (size, UTF-8, duplicates, YAML without aliases)
+  decoding.py  bytes into a JSON object (size, UTF-8, duplicates)
 
 Each module imports only the ones above it in this list (decoding only values), and of the rest of respawn only
 `model` and `topology`.
 """
 
-from respawn.spec.decoding import load_job_file
 from respawn.spec.rules import (
     CANCEL,
     GPU_MACHINE,
@@ -41,7 +40,6 @@ __all__ = [
     "SpecError",
     "default_api",
     "format_ttl",
-    "load_job_file",
     "one_line",
     "parse_job_message",
     "parse_ttl",

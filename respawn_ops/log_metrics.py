@@ -1,6 +1,6 @@
 """respawn's log-based metrics, read from their one source and evaluated over LogEntries as Cloud Logging would.
 
-`respawn/log_metrics.json` holds every metric: its name (`logging.googleapis.com/user/NAME` in Cloud
+`respawn_ops/log_metrics.json` holds every metric: its name (`logging.googleapis.com/user/NAME` in Cloud
 Monitoring), its filter (the shared `scope` AND its own `where`), its value extractor for a distribution and its
 label extractors. Terraform deploys them from that file (infra/terraform/monitoring.tf, `google_logging_metric`);
 the local cloud and the tests evaluate the very same filters here, with the sink's filter evaluator, over the
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from localcloud.services.logfilter import LogFilter  # the sink's evaluator: keep this the one import of it here
+from respawn_ops.logfilter import LogFilter  # the sink's evaluator: keep this the one import of it here
 
-SOURCE = resources.files("respawn") / "log_metrics.json"
+SOURCE = resources.files("respawn_ops") / "log_metrics.json"
 _EXTRACT = re.compile(
     r'^(?P<fn>EXTRACT|REGEXP_EXTRACT)\((?P<field>[A-Za-z0-9_.]+)(?:,\s*"(?P<regex>(?:[^"\\]|\\.)*)")?\)$'
 )

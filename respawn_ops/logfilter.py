@@ -31,7 +31,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
 
-SINK_FILTER: Traversable = resources.files("respawn") / "sink_filter.txt"
+SINK_FILTER: Traversable = resources.files("respawn_ops") / "sink_filter.txt"
 
 _OPERATORS = ("=~", "!~", "!=", "<=", ">=", "=", ":", "<", ">")
 _SUPPORTED_OPERATORS = ("=", "!=", ":", "=~", "!~")

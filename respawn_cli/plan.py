@@ -5,7 +5,7 @@ history, Google's Advice API uptime estimate, or the prior when neither has seen
 (placement.useful_fraction: the share of machine time that becomes kept training, Young/Daly), the price of one
 machine-hour and its source (prices.Priced), the cost of one productive hour (price / goodput), the Advice API's
 obtainability where it answered, and the order respawn would try the zones in (Outlook.rank, as decide ranks them;
-the list's order with `placement: ordered`). Pure: the CLI reads the history and asks the Advice API (cli.py).
+the list's order with `placement: ordered`). Pure: the CLI reads the history and asks the Advice API (main.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ APIS = (
     "tpu.googleapis.com",
 )
 
-ROLE_FILE = Path(__file__).resolve().parent.parent / "orchestrator_role.txt"
+ROLE_FILE = Path(__file__).resolve().parent / "orchestrator_role.txt"
 
 
 def role_permissions(text: str) -> tuple[str, ...]:

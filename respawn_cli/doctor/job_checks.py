@@ -8,11 +8,23 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from respawn.adapters.offering import OfferingLookup, machine_words
-from respawn.doctor import needs
-from respawn.doctor.checks import DEPLOY, FAIL, PASS, WARN, Deployment, Line, ask, exists, grant_line, grants_on, pages
 from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, MachineSpec, Provisioning
 from respawn.machine import DEPLOYMENT_IMAGES
+from respawn_cli.doctor.checks import (
+    DEPLOY,
+    FAIL,
+    PASS,
+    WARN,
+    Deployment,
+    Line,
+    ask,
+    exists,
+    grant_line,
+    grants_on,
+    pages,
+)
+from respawn_cli.offering import OfferingLookup, machine_words
+from respawn_ops import needs
 
 PRIVATE = tuple(ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))  # subnetworks
 COORDINATOR_PORT = 8482  # respawn_trainer.env.COORDINATOR_PORT: worker 0's JAX coordinator
@@ -43,7 +55,7 @@ def zones(spec: JobSpec) -> list[str]:
 
 def zones_offer(d: Deployment, spec: JobSpec) -> list[Line]:
     """Each zone of each tier offers the machine: the APIs' machine and accelerator type listings, asked as
-    `respawn submit` asks them (adapters.offering)."""
+    `respawn submit` asks them (respawn_cli.offering)."""
     check = "zones offer the machine"
     endpoints = d.clients.endpoints
     lookup = OfferingLookup(d.project, tpu_endpoint=endpoints.get("tpu"), compute_endpoint=endpoints.get("compute"))
@@ -234,7 +246,7 @@ def checkpoint_bucket(d: Deployment, spec: JobSpec) -> list[Line]:
 def image(d: Deployment, spec: JobSpec) -> list[Line]:
     check = "trainer image"
     kind = spec.machine.kind
-    if spec.image == DEPLOYMENT_IMAGES[kind]:  # the job names none (respawn.cli.job_spec)
+    if spec.image == DEPLOYMENT_IMAGES[kind]:  # the job names none (respawn_cli.main.job_spec)
         return [
             Line(
                 WARN,

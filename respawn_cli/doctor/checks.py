@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from respawn.doctor import needs
-from respawn.doctor.clients import Clients, reason, status_of
+from respawn_cli.doctor.clients import Clients, reason, status_of
+from respawn_ops import needs
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 DEPLOY = "terraform -chdir=infra/terraform apply"

@@ -230,7 +230,8 @@ def job_spec(message: dict[str, Any]) -> JobSpec | CancelRequest:
 def submit_spec(path: str, for_a_cancel: str) -> JobSpec:
     """The job file at `path` decoded as a submit message; UserError naming the file, or saying `for_a_cancel` when
     it holds a cancel."""
-    from respawn.spec import SpecError, load_job_file
+    from respawn.spec import SpecError
+    from respawn_ops.jobfile import load_job_file
 
     try:
         spec = job_spec(load_job_file(path))
@@ -269,7 +270,8 @@ def send(args: argparse.Namespace, message: dict[str, Any]) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from respawn.spec import SpecError, load_job_file
+    from respawn.spec import SpecError
+    from respawn_ops.jobfile import load_job_file
 
     try:
         message = load_job_file(args.file)
@@ -285,7 +287,7 @@ def check_zones(source: str, s: Settings, message: dict[str, Any]) -> None:
     """Each of the job's zones asked whether it offers the job's machine (the APIs' machine and accelerator type
     listings): a warning for each that does not (respawn skips it) or could not be asked, and UserError when none
     offers it."""
-    from respawn.adapters.offering import OfferingLookup, machine_words
+    from respawn_cli.offering import OfferingLookup, machine_words
 
     spec = job_spec(message)
     assert isinstance(spec, JobSpec)
@@ -376,7 +378,7 @@ def _printer(args: argparse.Namespace, workers: bool) -> Callable[[Any], None]:
 
 
 def _cloud_logs(args: argparse.Namespace) -> int:
-    from respawn.joblogs import entry_line, job_filter, stream
+    from respawn_ops.joblogs import entry_line, job_filter, stream
 
     s = settings(args, "state_bucket", "project")
     store = job_store(s)
@@ -435,13 +437,13 @@ def _local_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """One self-contained HTML page of the job (respawn/job_report.py): from its record and log entries when a state
+    """One self-contained HTML page of the job (respawn_ops/job_report.py): from its record and log entries when a state
     bucket is configured, else (or with --local) from the local cloud's newest run of the job."""
     validated({"action": "cancel", "job_id": args.job}, "report")
     out = Path(args.html or f"{args.job}.html")
     if not args.local and bool(args.state_bucket or Settings.from_env().state_bucket):
-        from respawn.job_report import from_record, page
-        from respawn.joblogs import job_filter, stream
+        from respawn_ops.job_report import from_record, page
+        from respawn_ops.joblogs import job_filter, stream
 
         s = settings(args, "state_bucket", "project")
         job, _ = job_store(s).load(args.job)
@@ -462,11 +464,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Each tier and zone of a job file as respawn would place it (respawn/plan.py): the history from the state
+    """Each tier and zone of a job file as respawn would place it (respawn_cli/plan.py): the history from the state
     bucket when one is set and readable, the Advice API's figures for a GPU job's Spot tiers; nothing is created."""
-    from respawn import plan
     from respawn.outlook import Outlook
     from respawn.policy import Policy
+    from respawn_cli import plan
 
     spec = submit_spec(args.file, "a cancel message has no placement; plan takes a submit message")
     s = Settings.from_env()
@@ -518,11 +520,11 @@ def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Check the deployment (and a job file) against its project before anything is spent (respawn/doctor/): one
+    """Check the deployment (and a job file) against its project before anything is spent (respawn_cli/doctor/): one
     line per check, pass, warn or fail, every failure naming its fix. Exit 0 only when nothing fails."""
     import os
 
-    from respawn.doctor import report
+    from respawn_cli.doctor import report
 
     spec = (
         submit_spec(args.file, "a cancel message needs no machine; doctor takes a submit message")

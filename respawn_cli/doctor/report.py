@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from respawn.deployment import Settings
-from respawn.doctor import checks, job_checks, needs
-from respawn.doctor.checks import FAIL, Deployment, Line
-from respawn.doctor.clients import Clients, endpoints_from_env
 from respawn.jobs import JobSpec
+from respawn_cli.doctor import checks, job_checks
+from respawn_cli.doctor.checks import FAIL, Deployment, Line
+from respawn_cli.doctor.clients import Clients, endpoints_from_env
+from respawn_ops import needs
 
 DEAD_LETTER = "respawn-dead-letter"  # pubsub.tf
 PUSH_SUBSCRIPTIONS = ("respawn-on-job-message-push", "respawn-on-event-push")  # functions.tf
