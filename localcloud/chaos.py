@@ -36,6 +36,7 @@ a node no earlier step action hit.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import random
 import re
@@ -43,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from localcloud.machines.slices import LocalSlice
@@ -225,6 +226,106 @@ def parse_unoffered(text: str) -> tuple[str, str]:
     if not _ZONE.fullmatch(zone) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", type_name):
         raise ChaosError(f"--unoffered: {text!r} is not ZONE:TYPE (us-east5-b:ct6e-standard-4t)")
     return zone, type_name
+
+
+def add_flags(run: argparse.ArgumentParser) -> None:
+    """The chaos flags of `respawn local run`: preemptions, worker chaos, capacity and duplicate deliveries (read by
+    `read_flags`)."""
+    run.add_argument("--preempt-at", metavar="T1,T2", help="preempt the live machine at these times (e.g. 40s,80s)")
+    run.add_argument(
+        "--preempt-at-step",
+        metavar="S1,S2",
+        help="preempt the live machine once its trainer reports these training steps (e.g. 150,300)",
+    )
+    run.add_argument(
+        "--kill-worker-at-step",
+        metavar="STEP:WORKER",
+        help="SIGKILL that worker of the slice once worker 0 reports STEP, without notice (e.g. 300:2)",
+    )
+    run.add_argument(
+        "--hang-worker-at-step",
+        metavar="STEP:WORKER",
+        help="SIGSTOP that worker once worker 0 reports STEP: alive, no progress (e.g. 450:1)",
+    )
+    run.add_argument(
+        "--host-error-at-step",
+        metavar="STEP:WORKER",
+        help="a host error on that worker's VM once worker 0 reports STEP: node TERMINATED, process gone (e.g. 600:3)",
+    )
+    run.add_argument(
+        "--mtbi",
+        metavar="[ZONE=]DURATION",
+        help="mean time between interruptions per machine, in every zone (60s) or per zone "
+        "(us-central1-a=20s,us-central1-c=5m)",
+    )
+    run.add_argument(
+        "--stockout",
+        metavar="ZONE[@MACHINE_TYPE][:N]",
+        action="append",
+        default=[],
+        help="no capacity in ZONE: a TPU queued request waits N seconds there WAITING_FOR_RESOURCES, a node or "
+        "VM create fails the next N times (without N: forever, every time); @MACHINE_TYPE: only creates of that "
+        "machine type (a3-highgpu-8g) or TPU type; repeatable",
+    )
+    run.add_argument(
+        "--spot-stockout",
+        metavar="ZONE[@MACHINE_TYPE][:N]",
+        action="append",
+        default=[],
+        help="the same for Spot and preemptible requests only (on-demand and reservations still get capacity)",
+    )
+    run.add_argument(
+        "--unoffered",
+        metavar="ZONE:TYPE",
+        action="append",
+        default=[],
+        help="ZONE does not offer TYPE (a machine type such as ct6e-standard-4t, a GPU such as nvidia-l4, or a Cloud "
+        "TPU accelerator type such as v6e-16): its type listings leave it out and creates that ask for it there are "
+        "refused; repeatable",
+    )
+    run.add_argument(
+        "--duplicate-deliveries",
+        type=int,
+        default=1,
+        metavar="N",
+        help="deliver every Pub/Sub message N times concurrently (default 1)",
+    )
+    run.add_argument(
+        "--seed", type=int, default=0, help="seed of --mtbi and of the VMs of a Compute Engine slice preempted (0)"
+    )
+
+
+def read_flags(ns: argparse.Namespace) -> dict[str, Any]:
+    """The local cloud's options (cloud.Options fields) the chaos flags set; ChaosError names a flag that cannot be
+    used."""
+    if ns.duplicate_deliveries < 1:
+        raise ChaosError("--duplicate-deliveries: must be 1 or more")
+    stockouts = dict(parse_stockout(text) for text in ns.stockout)
+    spot_stockouts = dict(parse_stockout(text, "--spot-stockout") for text in ns.spot_stockout)
+    return {
+        "preempt_at": parse_times(ns.preempt_at) if ns.preempt_at else [],
+        "preempt_at_steps": parse_steps(ns.preempt_at_step) if ns.preempt_at_step else [],
+        "kill_worker_at_steps": _worker_steps(ns.kill_worker_at_step, "--kill-worker-at-step"),
+        "hang_worker_at_steps": _worker_steps(ns.hang_worker_at_step, "--hang-worker-at-step"),
+        "host_error_at_steps": _worker_steps(ns.host_error_at_step, "--host-error-at-step"),
+        "mtbi": parse_mtbi(ns.mtbi) if ns.mtbi is not None else None,
+        "stockouts": stockouts,
+        "spot_stockouts": spot_stockouts,
+        "unoffered": _unoffered_types(ns.unoffered),
+        "duplicate_deliveries": ns.duplicate_deliveries,
+        "seed": ns.seed,
+    }
+
+
+def _worker_steps(text: str | None, option: str) -> list[tuple[int, int]]:
+    return parse_worker_steps(text, option) if text is not None else []
+
+
+def _unoffered_types(texts: list[str]) -> dict[str, tuple[str, ...]]:
+    found: dict[str, tuple[str, ...]] = {}
+    for zone, type_name in (parse_unoffered(text) for text in texts):
+        found[zone] = (*found.get(zone, ()), type_name)
+    return found
 
 
 class Chaos:

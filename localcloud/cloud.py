@@ -163,13 +163,6 @@ class LocalCloud:
     def store(self) -> GcsJobStore:
         return self.started.store
 
-    def trainer_env(self, gcs: FakeGcs) -> dict[str, str]:
-        """What every trainer process of this cloud starts from, fake-gcs-server's address included; its grace period
-        is its machine's (respawn/machine.py), as in the cloud."""
-        stand_in = {"RESPAWN_DEVICES_STAND_IN": "cpu"} if self.options.stand_in else {}  # respawn_trainer's check
-        trainer_env = local_trainer_env(self.options.workdir, compile_cache=self.options.compile_cache)
-        return {**trainer_env, **gcs.env(), **stand_in}
-
     def run(self, message: dict[str, Any], total_steps: int | None = None) -> Outcome:
         """One job to a terminal status (`respawn local run`): start everything, submit, follow, settle, stop."""
         with self._stack:
@@ -182,13 +175,8 @@ class LocalCloud:
             run = Run(self.timeline, self.say, self.options.timeout_s, self.options.progress_every_s)
             job, timed_out = follow(run, self.store, job_id, t0, total_steps)
             machines_left = self.machines_left() if timed_out else self.settle()
-            job = job if timed_out or job is None else self.filled_in(job)
-            notifications = None
-            recorder = self.started.recorder
-            if recorder is not None:
-                final = job["status"] if job is not None else None
-                recorder.wait_for(lambda notices: any(n["new_status"] == final for n in notices), 10.0)
-                notifications = len(recorder.notices())
+            job = job if timed_out or job is None else filled_in(job, self.timeline, self.store)
+            notifications = notices_sent(self.started.recorder, job)
             return Outcome(
                 job,
                 self.timeline.events(),
@@ -253,7 +241,7 @@ class LocalCloud:
         self._stack.callback(ticker.stop)
         nodes = Nodes(
             project=PROJECT,
-            base_env=self.trainer_env(gcs),
+            base_env=trainer_env(self.options, gcs),
             log_dir=self._dir("machines"),
             grace_s=self.options.grace_s,
             route=router.route,
@@ -412,23 +400,6 @@ class LocalCloud:
         roots = [self.options.workdir, Path(self.started.gcs.root)]
         return secrets_report(self.timeline, self.options.secrets, roots)
 
-    def filled_in(self, job: dict[str, Any], wait_s: float = 10.0) -> dict[str, Any]:
-        """The final record once the trainer's own last entry, where the timeline holds one, has filled in what its
-        startup script's exit code said first (entries arrive in any order: respawn.decide._filled_in)."""
-        attempt = job["attempts"][-1]["n"] if job.get("attempts") else None
-        own = [
-            e
-            for e in self.timeline.events()
-            if e["kind"] == "entry" and e.get("attempt") == attempt and "source" not in e["payload"]
-            if e["payload"].get("event") in ("completed", "failed")
-        ]
-        deadline = time.monotonic() + wait_s
-        while own and job.get("result", {}).get("source") == EXIT_CODE and time.monotonic() < deadline:
-            time.sleep(0.1)
-            loaded, _ = self.store.load(job["job_id"])
-            job = loaded.to_dict() if loaded is not None else job
-        return job
-
     def settle(self, wait_s: float = 20.0) -> int:
         """Give the control plane a moment to delete the last machines; returns how many are left."""
         deadline = time.monotonic() + wait_s
@@ -445,6 +416,41 @@ class LocalCloud:
         have no node yet), instances, managed instance groups, their templates, workload policies and resize
         requests (the local API's `leftovers`)."""
         return len(self.server.leftovers())
+
+
+def trainer_env(options: Options, gcs: FakeGcs) -> dict[str, str]:
+    """What every trainer process of the cloud starts from, fake-gcs-server's address included; its grace period
+    is its machine's (respawn/machine.py), as in the cloud."""
+    stand_in = {"RESPAWN_DEVICES_STAND_IN": "cpu"} if options.stand_in else {}  # respawn_trainer's check
+    return {**local_trainer_env(options.workdir, compile_cache=options.compile_cache), **gcs.env(), **stand_in}
+
+
+def filled_in(job: dict[str, Any], timeline: Timeline, store: GcsJobStore, wait_s: float = 10.0) -> dict[str, Any]:
+    """The final record once the trainer's own last entry, where the timeline holds one, has filled in what its
+    startup script's exit code said first (entries arrive in any order: respawn.decide._filled_in)."""
+    attempt = job["attempts"][-1]["n"] if job.get("attempts") else None
+    own = [
+        e
+        for e in timeline.events()
+        if e["kind"] == "entry" and e.get("attempt") == attempt and "source" not in e["payload"]
+        if e["payload"].get("event") in ("completed", "failed")
+    ]
+    deadline = time.monotonic() + wait_s
+    while own and job.get("result", {}).get("source") == EXIT_CODE and time.monotonic() < deadline:
+        time.sleep(0.1)
+        loaded, _ = store.load(job["job_id"])
+        job = loaded.to_dict() if loaded is not None else job
+    return job
+
+
+def notices_sent(recorder: StatusRecorder | None, job: dict[str, Any] | None) -> int | None:
+    """How many status notices the functions published, once the one of the job's final status is in (10 s at
+    most); None where the bus carries none."""
+    if recorder is None:
+        return None
+    final = job["status"] if job is not None else None
+    recorder.wait_for(lambda notices: any(n["new_status"] == final for n in notices), 10.0)
+    return len(recorder.notices())
 
 
 def api_server(options: Options) -> CloudApiServer:

@@ -16,26 +16,22 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localcloud.chaos import (
-    ChaosError,
-    check_workers,
-    parse_duration,
-    parse_mtbi,
-    parse_steps,
-    parse_stockout,
-    parse_times,
-    parse_unoffered,
-    parse_worker_steps,
-)
+from localcloud import chaos
+from localcloud.chaos import ChaosError, check_workers, parse_duration
+from localcloud.machines import slices
 from localcloud.machines.profiles import Profile, Timings, profile
 from localcloud.machines.slices import LocalSlice, local_trainer_env
+from localcloud.services import secret_store
 from localcloud.services.secret_store import SecretError, secret_values
 from respawn.jobs import JobSpec
+
+if TYPE_CHECKING:
+    from localcloud.cloud import Options, Outcome
 
 EPILOG = """\
 chaos times (--preempt-at) count from the moment the job message is published; a preemption
@@ -79,9 +75,12 @@ class UsageError(Exception):
 
 
 def parser() -> argparse.ArgumentParser:
+    """`respawn local`'s commands. The flags of `run`, in help order: the wings register theirs (chaos.py, the
+    secrets' services/secret_store.py, the machines' environment machines/slices.py), the run's own are here, each
+    group beside the code that reads it."""
     p = argparse.ArgumentParser(prog="respawn local", description="Run jobs on the local cloud.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    r = sub.add_parser(
+    run = sub.add_parser(
         "run",
         help="run one job to the end through real preemptions and print the report",
         description="Run one job on the local cloud (fake-gcs-server, Pub/Sub, functions-framework, the local "
@@ -89,95 +88,50 @@ def parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("job", help="job file (YAML or JSON, the job message of SPEC 3.1)")
-    r.add_argument("--preempt-at", metavar="T1,T2", help="preempt the live machine at these times (e.g. 40s,80s)")
-    r.add_argument(
-        "--preempt-at-step",
-        metavar="S1,S2",
-        help="preempt the live machine once its trainer reports these training steps (e.g. 150,300)",
-    )
-    r.add_argument(
-        "--kill-worker-at-step",
-        metavar="STEP:WORKER",
-        help="SIGKILL that worker of the slice once worker 0 reports STEP, without notice (e.g. 300:2)",
-    )
-    r.add_argument(
-        "--hang-worker-at-step",
-        metavar="STEP:WORKER",
-        help="SIGSTOP that worker once worker 0 reports STEP: alive, no progress (e.g. 450:1)",
-    )
-    r.add_argument(
-        "--host-error-at-step",
-        metavar="STEP:WORKER",
-        help="a host error on that worker's VM once worker 0 reports STEP: node TERMINATED, process gone (e.g. 600:3)",
-    )
-    r.add_argument(
-        "--mtbi",
-        metavar="[ZONE=]DURATION",
-        help="mean time between interruptions per machine, in every zone (60s) or per zone "
-        "(us-central1-a=20s,us-central1-c=5m)",
-    )
-    r.add_argument(
-        "--stockout",
-        metavar="ZONE[@MACHINE_TYPE][:N]",
-        action="append",
-        default=[],
-        help="no capacity in ZONE: a TPU queued request waits N seconds there WAITING_FOR_RESOURCES, a node or "
-        "VM create fails the next N times (without N: forever, every time); @MACHINE_TYPE: only creates of that "
-        "machine type (a3-highgpu-8g) or TPU type; repeatable",
-    )
-    r.add_argument(
-        "--spot-stockout",
-        metavar="ZONE[@MACHINE_TYPE][:N]",
-        action="append",
-        default=[],
-        help="the same for Spot and preemptible requests only (on-demand and reservations still get capacity)",
-    )
-    r.add_argument(
-        "--unoffered",
-        metavar="ZONE:TYPE",
-        action="append",
-        default=[],
-        help="ZONE does not offer TYPE (a machine type such as ct6e-standard-4t, a GPU such as nvidia-l4, or a Cloud "
-        "TPU accelerator type such as v6e-16): its type listings leave it out and creates that ask for it there are "
-        "refused; repeatable",
-    )
-    r.add_argument(
-        "--duplicate-deliveries",
-        type=int,
-        default=1,
-        metavar="N",
-        help="deliver every Pub/Sub message N times concurrently (default 1)",
-    )
-    r.add_argument(
-        "--seed", type=int, default=0, help="seed of --mtbi and of the VMs of a Compute Engine slice preempted (0)"
-    )
-    r.add_argument(
+    run.add_argument("job", help="job file (YAML or JSON, the job message of SPEC 3.1)")
+    for add_flags in (
+        chaos.add_flags,
+        add_pace_flags,
+        add_program_flags,
+        secret_store.add_flags,
+        add_data_flags,
+        add_reference_flags,
+        slices.add_flags,
+        add_output_flags,
+    ):
+        add_flags(run)
+    return p
+
+
+def add_pace_flags(run: argparse.ArgumentParser) -> None:
+    """The recovery profile and the figures that replace its own (read by `timing_options`), the notice window, the
+    sweep period and the run's timeout (read by `pace_options`)."""
+    run.add_argument(
         "--profile",
         default="local",
         metavar="NAME",
         help="the recovery timings: local (default), or real-cloud figures scaled to a second a minute: cloud, "
         "cloud-baked, cloud-nocache (localcloud/machines/profiles.py); the options below replace one of its figures",
     )
-    r.add_argument(
+    run.add_argument(
         "--creation-delay",
         metavar="DURATION",
         help="time a machine spends CREATING before READY (the profile's; local: 1s)",
     )
-    r.add_argument("--boot-delay", metavar="DURATION", help="READY -> the machine's startup script runs")
-    r.add_argument(
+    run.add_argument("--boot-delay", metavar="DURATION", help="READY -> the machine's startup script runs")
+    run.add_argument(
         "--docker-install",
         metavar="DURATION",
         help="the machine boots without Docker and its startup script installs it in this time",
     )
-    r.add_argument("--image-pull", metavar="DURATION", help="a docker pull of the image a machine lacks")
-    r.add_argument("--image-refresh", metavar="DURATION", help="a docker pull of the image a machine has")
-    r.add_argument(  # on top of the local trainer's own start
+    run.add_argument("--image-pull", metavar="DURATION", help="a docker pull of the image a machine lacks")
+    run.add_argument("--image-refresh", metavar="DURATION", help="a docker pull of the image a machine has")
+    run.add_argument(  # on top of the local trainer's own start
         "--trainer-start-delay",
         metavar="DURATION",
         help="docker run -> the trainer's process starts (runtime init, a real compile and restore)",
     )
-    r.add_argument(
+    run.add_argument(
         "--grace",
         default="30s",
         metavar="DURATION",
@@ -186,125 +140,8 @@ def parser() -> argparse.ArgumentParser:
             " Engine); the shutdown script stops the trainer within its machine kind's grace (8s TPU, 25s GPU)"
         ),
     )
-    r.add_argument("--sweep-every", default="5s", metavar="DURATION", help="sweep tick period (default 5s; 0 = off)")
-    r.add_argument("--timeout", default="30m", metavar="DURATION", help="give up after this long (default 30m)")
-    r.add_argument(
-        "--trainer-arg",
-        action="append",
-        default=[],
-        metavar="--FLAG=VALUE",
-        help="set one trainer flag, replacing the job's own (e.g. --trainer-arg=--steps=60); repeatable",
-    )
-    r.add_argument(
-        "--entrypoint",
-        metavar="CMD",
-        help="run this command (shell-quoted; the job's args follow) on every machine instead of the image's "
-        '`python -m trainer`; a leading python/python3 is this interpreter (e.g. "python train.py")',
-    )
-    r.add_argument(
-        "--secret",
-        action="append",
-        default=[],
-        metavar="NAME[=VALUE]",
-        help="the value of the job's secret NAME; without =VALUE, from this environment's NAME; repeatable",
-    )
-    r.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
-    r.add_argument(
-        "--upload",
-        action="append",
-        default=[],
-        metavar="DIR=gs://BUCKET/PREFIX",
-        help="copy DIR's files to the local GCS before the job (and its reference run) starts: a dataset; repeatable",
-    )
-    r.add_argument("--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)")
-    r.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
-    r.add_argument(
-        "--reference-cache",
-        metavar="DIR",
-        default=os.environ.get("RESPAWN_REFERENCE_CACHE"),
-        help="keep the reference runs' results in DIR, which several workdirs may share "
-        "(default $RESPAWN_REFERENCE_CACHE, else WORKDIR/reference)",
-    )
-    r.add_argument(
-        "--compile-cache",
-        metavar="DIR",
-        default=os.environ.get("RESPAWN_LOCAL_COMPILE_CACHE"),
-        help="the machines' compilation cache, which several workdirs may share, as a job's machines share its gs:// "
-        "cache (default $RESPAWN_LOCAL_COMPILE_CACHE, else WORKDIR/compile-cache)",
-    )
-    r.add_argument(
-        "--no-stand-in",
-        action="store_true",
-        help="the machines' CPU processes do not stand in for the job's TPU or GPU: respawn's trainer fails at once, "
-        "as on a machine whose image cannot see its accelerator",
-    )
-    r.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
-    r.add_argument("--plot", metavar="FILE.png", help="write a timeline PNG")
-    return p  # fmt: skip
-
-
-def with_trainer_args(args: Sequence[str], overrides: Sequence[str]) -> list[str]:
-    """Replace (or append) `--name=value` flags in the job's args."""
-    out = list(args)
-    for flag in overrides:
-        name, eq, _ = flag.partition("=")
-        if not name.startswith("--") or not eq:
-            raise UsageError(f"--trainer-arg: {flag!r} is not --FLAG=VALUE")
-        out = [a for a in out if a.partition("=")[0] != name]
-        out.append(flag)
-    return out
-
-
-def parse_entrypoint(text: str) -> list[str]:
-    """`--entrypoint "python train.py --x=1"` -> argv, a leading python/python3 replaced by this interpreter."""
-    allowed = 'allowed: a command line such as "python train.py --lr=0.1"'
-    try:
-        argv = shlex.split(text)
-    except ValueError as e:
-        raise UsageError(f"--entrypoint: cannot split {text!r}: {str(e).lower()}; {allowed}") from None
-    if not argv:
-        raise UsageError(f"--entrypoint: {text!r} holds no command; {allowed}")
-    if argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return argv
-
-
-def total_steps(args: Sequence[str]) -> int | None:
-    for i, a in enumerate(args):
-        name, eq, value = a.partition("=")
-        if name == "--steps":
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            return int(value) if value.isdigit() else None
-    return None
-
-
-def worker_steps(text: str | None, option: str) -> list[tuple[int, int]]:
-    return parse_worker_steps(text, option) if text is not None else []
-
-
-def job_slice(machine: dict[str, Any]) -> LocalSlice:
-    """The processes a job's validated `machine` runs as: a TPU slice's from its accelerator type, a GPU machine's
-    from its vms and GPUs."""
-    gpus = machine.get("accelerator_count", 1)
-    return LocalSlice.of(str(machine.get("kind")), machine.get("accelerator_type"), machine.get("vms", 1), gpus)
-
-
-def machine_words(machine: dict[str, Any]) -> str:
-    """What a job's validated `machine` is, as an error message names it: v5litepod-16, g2-standard-8."""
-    if machine.get("kind") == "tpu":
-        return str(machine["accelerator_type"])
-    return str(machine.get("machine_type", "the GPU VM"))
-
-
-def check_chaos_workers(opts: Any, message: dict[str, Any]) -> None:
-    """Worker chaos must name workers the job's machine has."""
-    machine = message["machine"]
-    for option, pairs in (
-        ("--kill-worker-at-step", opts.kill_worker_at_steps),
-        ("--hang-worker-at-step", opts.hang_worker_at_steps),
-        ("--host-error-at-step", opts.host_error_at_steps),
-    ):
-        check_workers(option, pairs, job_slice(machine), machine_words(machine))
+    run.add_argument("--sweep-every", default="5s", metavar="DURATION", help="sweep tick period (default 5s; 0 = off)")
+    run.add_argument("--timeout", default="30m", metavar="DURATION", help="give up after this long (default 30m)")
 
 
 @dataclass(frozen=True)
@@ -348,68 +185,65 @@ def timing_options(ns: argparse.Namespace) -> TimingOptions:
     return TimingOptions(chosen, creation, given)
 
 
-def unoffered_types(texts: list[str]) -> dict[str, tuple[str, ...]]:
-    found: dict[str, tuple[str, ...]] = {}
-    for zone, type_name in (parse_unoffered(text) for text in texts):
-        found[zone] = (*found.get(zone, ()), type_name)
-    return found
+def pace_options(ns: argparse.Namespace) -> dict[str, Any]:
+    """The local cloud's options (cloud.Options fields) the notice window, the sweep period and the timeout set."""
+    return {
+        "grace_s": parse_duration(ns.grace, "--grace"),
+        "sweep_every_s": parse_duration(ns.sweep_every, "--sweep-every"),
+        "timeout_s": parse_duration(ns.timeout, "--timeout"),
+    }
 
 
-def options(ns: argparse.Namespace) -> Any:
-    from localcloud.cloud import Options
-
-    if ns.duplicate_deliveries < 1:
-        raise UsageError("--duplicate-deliveries: must be 1 or more")
-    stockouts = dict(parse_stockout(text) for text in ns.stockout)
-    spot_stockouts = dict(parse_stockout(text, "--spot-stockout") for text in ns.spot_stockout)
-    return Options(
-        preempt_at=parse_times(ns.preempt_at) if ns.preempt_at else [],
-        preempt_at_steps=parse_steps(ns.preempt_at_step) if ns.preempt_at_step else [],
-        kill_worker_at_steps=worker_steps(ns.kill_worker_at_step, "--kill-worker-at-step"),
-        hang_worker_at_steps=worker_steps(ns.hang_worker_at_step, "--hang-worker-at-step"),
-        host_error_at_steps=worker_steps(ns.host_error_at_step, "--host-error-at-step"),
-        mtbi=parse_mtbi(ns.mtbi) if ns.mtbi is not None else None,
-        stockouts=stockouts,
-        spot_stockouts=spot_stockouts,
-        unoffered=unoffered_types(ns.unoffered),
-        duplicate_deliveries=ns.duplicate_deliveries,
-        seed=ns.seed,
-        grace_s=parse_duration(ns.grace, "--grace"),
-        sweep_every_s=parse_duration(ns.sweep_every, "--sweep-every"),
-        timeout_s=parse_duration(ns.timeout, "--timeout"),
-        workdir=Path(ns.workdir),
-        compile_cache=Path(ns.compile_cache) if ns.compile_cache else None,
-        entrypoint=parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None,
-        uploads=[parse_upload(text) for text in ns.upload],
-        stand_in=not ns.no_stand_in,
+def add_program_flags(run: argparse.ArgumentParser) -> None:
+    """What the machines run: the trainer's flags (read by `load_message`) or a program of one's own (`options`)."""
+    run.add_argument(
+        "--trainer-arg",
+        action="append",
+        default=[],
+        metavar="--FLAG=VALUE",
+        help="set one trainer flag, replacing the job's own (e.g. --trainer-arg=--steps=60); repeatable",
+    )
+    run.add_argument(
+        "--entrypoint",
+        metavar="CMD",
+        help="run this command (shell-quoted; the job's args follow) on every machine instead of the image's "
+        '`python -m trainer`; a leading python/python3 is this interpreter (e.g. "python train.py")',
     )
 
 
-def parse_upload(text: str) -> tuple[Path, str]:
-    directory, _, uri = text.partition("=")
-    if not Path(directory).is_dir() or not uri.startswith("gs://") or not uri[5:].split("/")[0]:
-        raise UsageError(f"--upload {text!r}: allowed DIR=gs://BUCKET/PREFIX with DIR an existing directory")
-    return Path(directory), uri
+def with_trainer_args(args: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """Replace (or append) `--name=value` flags in the job's args."""
+    out = list(args)
+    for flag in overrides:
+        name, eq, _ = flag.partition("=")
+        if not name.startswith("--") or not eq:
+            raise UsageError(f"--trainer-arg: {flag!r} is not --FLAG=VALUE")
+        out = [a for a in out if a.partition("=")[0] != name]
+        out.append(flag)
+    return out
 
 
-@contextlib.contextmanager
-def uploaded(uploads: list[tuple[Path, str]]) -> Iterator[tuple[dict[str, str], str]]:
-    """For the reference run: the environment of a fake-gcs-server of its own holding the uploads (none without
-    them), and the folder its cached result goes in, named by the uploads' digest (other data, another result)."""
-    if not uploads:
-        yield {}, ""
-        return
-    from localcloud.services.emulators import FakeGcs
+def parse_entrypoint(text: str) -> list[str]:
+    """`--entrypoint "python train.py --x=1"` -> argv, a leading python/python3 replaced by this interpreter."""
+    allowed = 'allowed: a command line such as "python train.py --lr=0.1"'
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--entrypoint: cannot split {text!r}: {str(e).lower()}; {allowed}") from None
+    if not argv:
+        raise UsageError(f"--entrypoint: {text!r} holds no command; {allowed}")
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
 
-    digest = hashlib.sha256()
-    for directory, uri in uploads:
-        digest.update(uri.encode())
-        for path in sorted(p for p in directory.iterdir() if p.is_file()):
-            digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
-    with FakeGcs() as gcs:
-        for directory, uri in uploads:
-            gcs.upload(directory, uri)
-        yield gcs.env(), f"data-{digest.hexdigest()[:16]}"
+
+def total_steps(args: Sequence[str]) -> int | None:
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name == "--steps":
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def load_message(path: str, overrides: Sequence[str], own_program: bool = False) -> dict[str, Any]:
@@ -440,63 +274,159 @@ def load_message(path: str, overrides: Sequence[str], own_program: bool = False)
     return message
 
 
-def leftover_processes() -> int:
-    import psutil
+def add_data_flags(run: argparse.ArgumentParser) -> None:
+    """Data copied to the local GCS before the job (`parse_upload`) and the folder a run writes in (`options`)."""
+    run.add_argument(
+        "--upload",
+        action="append",
+        default=[],
+        metavar="DIR=gs://BUCKET/PREFIX",
+        help="copy DIR's files to the local GCS before the job (and its reference run) starts: a dataset; repeatable",
+    )
+    run.add_argument(
+        "--workdir", default=".respawn", help="run logs, compile cache, reference cache (default .respawn)"
+    )
 
-    return len(psutil.Process().children(recursive=True))
+
+def parse_upload(text: str) -> tuple[Path, str]:
+    directory, _, uri = text.partition("=")
+    if not Path(directory).is_dir() or not uri.startswith("gs://") or not uri[5:].split("/")[0]:
+        raise UsageError(f"--upload {text!r}: allowed DIR=gs://BUCKET/PREFIX with DIR an existing directory")
+    return Path(directory), uri
 
 
-def run(ns: argparse.Namespace) -> int:
-    from localcloud.cloud import LocalCloud, signals_as_interrupt
-    from localcloud.readout import report
+@contextlib.contextmanager
+def uploaded(uploads: list[tuple[Path, str]]) -> Iterator[tuple[dict[str, str], str]]:
+    """For the reference run: the environment of a fake-gcs-server of its own holding the uploads (none without
+    them), and the folder its cached result goes in, named by the uploads' digest (other data, another result)."""
+    if not uploads:
+        yield {}, ""
+        return
+    from localcloud.services.emulators import FakeGcs
+
+    digest = hashlib.sha256()
+    for directory, uri in uploads:
+        digest.update(uri.encode())
+        for path in sorted(p for p in directory.iterdir() if p.is_file()):
+            digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
+    with FakeGcs() as gcs:
+        for directory, uri in uploads:
+            gcs.upload(directory, uri)
+        yield gcs.env(), f"data-{digest.hexdigest()[:16]}"
+
+
+def job_slice(machine: dict[str, Any]) -> LocalSlice:
+    """The processes a job's validated `machine` runs as: a TPU slice's from its accelerator type, a GPU machine's
+    from its vms and GPUs."""
+    gpus = machine.get("accelerator_count", 1)
+    return LocalSlice.of(str(machine.get("kind")), machine.get("accelerator_type"), machine.get("vms", 1), gpus)
+
+
+def machine_words(machine: dict[str, Any]) -> str:
+    """What a job's validated `machine` is, as an error message names it: v5litepod-16, g2-standard-8."""
+    if machine.get("kind") == "tpu":
+        return str(machine["accelerator_type"])
+    return str(machine.get("machine_type", "the GPU VM"))
+
+
+def check_chaos_workers(opts: Options, message: dict[str, Any]) -> None:
+    """Worker chaos must name workers the job's machine has."""
+    machine = message["machine"]
+    for option, pairs in (
+        ("--kill-worker-at-step", opts.kill_worker_at_steps),
+        ("--hang-worker-at-step", opts.hang_worker_at_steps),
+        ("--host-error-at-step", opts.host_error_at_steps),
+    ):
+        check_workers(option, pairs, job_slice(machine), machine_words(machine))
+
+
+def options(ns: argparse.Namespace) -> Options:
+    """The local cloud's options, each wing's read from its own flags (the profile's figures later: `run`)."""
+    from localcloud.cloud import Options
+
+    return Options(
+        **chaos.read_flags(ns),
+        **pace_options(ns),
+        workdir=Path(ns.workdir),
+        entrypoint=parse_entrypoint(ns.entrypoint) if ns.entrypoint is not None else None,
+        uploads=[parse_upload(text) for text in ns.upload],
+        **slices.read_flags(ns),
+    )
+
+
+def add_reference_flags(run: argparse.ArgumentParser) -> None:
+    """The uninterrupted reference run and where its results are kept (read by `reference_params`)."""
+    run.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run (exact: null)")
+    run.add_argument(
+        "--reference-cache",
+        metavar="DIR",
+        default=os.environ.get("RESPAWN_REFERENCE_CACHE"),
+        help="keep the reference runs' results in DIR, which several workdirs may share "
+        "(default $RESPAWN_REFERENCE_CACHE, else WORKDIR/reference)",
+    )
+
+
+def reference_params(
+    ns: argparse.Namespace,
+    opts: Options,
+    message: dict[str, Any],
+    machine_slice: LocalSlice,
+    say: Callable[[str], None],
+) -> tuple[str | None, str]:
+    """The uninterrupted reference run's params_sha256 (computed once, then cached), and the note saying why there is
+    none (exactness then unknown)."""
     from localcloud.reference import ReferenceFailed, reference_run
+
+    reference_sha, note = None, "no reference run (--no-reference)"
+    if not ns.no_reference:
+        what = "command and args" if opts.entrypoint else "trainer args"
+        say(
+            f"reference: the uninterrupted run of the same {what}{machine_slice.processes_phrase()} "
+            "(computed once, then cached)"
+        )
+        try:
+            with uploaded(opts.uploads) as (storage_env, data_key):
+                ref = reference_run(
+                    message.get("args") or [],
+                    message.get("env") or {},
+                    cache_dir=Path(ns.reference_cache or opts.workdir / "reference") / data_key,
+                    base_env={**local_trainer_env(opts.workdir, compile_cache=opts.compile_cache), **storage_env},
+                    log_path=opts.workdir / "reference.log",
+                    machine_slice=machine_slice,
+                    entrypoint=opts.entrypoint,
+                )
+        except ReferenceFailed as e:
+            note = str(e)
+        else:
+            reference_sha = ref["params_sha256"]
+            how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
+            note = "the program sends no params_sha256 (the respawn_trainer library does)"
+            result = f"params {reference_sha[:16]} after step {ref['final_step']}" if reference_sha else "completed"
+            say(f"reference: {result} ({how})")
+        if reference_sha is None:
+            say(f"reference: exact unknown: {note}")
+    return reference_sha, note
+
+
+def add_output_flags(run: argparse.ArgumentParser) -> None:
+    """How the report comes out (read by `write_report`)."""
+    run.add_argument("--json", action="store_true", help="print the report as one JSON object (progress to stderr)")
+    run.add_argument("--plot", metavar="FILE.png", help="write a timeline PNG")
+
+
+def summarized(
+    outcome: Outcome,
+    message: dict[str, Any],
+    reference: tuple[str | None, str],
+    machine_slice: LocalSlice,
+    run_timings: Timings,
+) -> dict[str, Any]:
+    """The report of the run (readout/report.py) and beside it how it ran: the bus, the timings, the run's folder,
+    the status notices and where the secrets reached; `reference` is `reference_params`'s."""
+    reference_sha, note = reference
+    from localcloud.readout import report
     from respawn.prices import machine_price
 
-    opts = options(ns)
-    given_timings = timing_options(ns)
-    message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
-    run_timings = given_timings.for_job(message)
-    opts.creation_delay_s, opts.machine_timings = run_timings.creation_delay_s, run_timings.machine
-    opts.time_scale = run_timings.scale  # the functions read the head start's drain in the profile's time
-    opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
-    check_chaos_workers(opts, message)
-    machine_slice = job_slice(message["machine"])
-    out = sys.stderr if ns.json else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=out, flush=True)
-
-    with signals_as_interrupt():
-        reference_sha, note = None, "no reference run (--no-reference)"
-        if not ns.no_reference:
-            what = "command and args" if opts.entrypoint else "trainer args"
-            say(
-                f"reference: the uninterrupted run of the same {what}{machine_slice.processes_phrase()} "
-                "(computed once, then cached)"
-            )
-            try:
-                with uploaded(opts.uploads) as (storage_env, data_key):
-                    ref = reference_run(
-                        message.get("args") or [],
-                        message.get("env") or {},
-                        cache_dir=Path(ns.reference_cache or opts.workdir / "reference") / data_key,
-                        base_env={**local_trainer_env(opts.workdir, compile_cache=opts.compile_cache), **storage_env},
-                        log_path=opts.workdir / "reference.log",
-                        machine_slice=machine_slice,
-                        entrypoint=opts.entrypoint,
-                    )
-            except ReferenceFailed as e:
-                note = str(e)
-            else:
-                reference_sha = ref["params_sha256"]
-                how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
-                note = "the program sends no params_sha256 (the respawn_trainer library does)"
-                result = f"params {reference_sha[:16]} after step {ref['final_step']}" if reference_sha else "completed"
-                say(f"reference: {result} ({how})")
-            if reference_sha is None:
-                say(f"reference: exact unknown: {note}")
-        cloud = LocalCloud(opts, say)
-        outcome = cloud.run(message, total_steps(message.get("args") or []))
     summary = report.build(
         events=outcome.events,
         job=outcome.job,
@@ -515,19 +445,57 @@ def run(ns: argparse.Namespace) -> int:
     summary["notifications"] = outcome.notifications
     if outcome.secrets is not None:
         summary["secrets"] = outcome.secrets
+    return summary
+
+
+def write_report(ns: argparse.Namespace, summary: dict[str, Any], outcome: Outcome, message: dict[str, Any]) -> None:
+    """The plot (--plot), the files beside the run (report.html, metrics.json, report.json) and the report printed,
+    as text or as one JSON object (--json)."""
+    from localcloud.readout import report
+    from localcloud.readout.monitoring import write_beside_report
+
     if ns.plot:
         from localcloud.readout.plot import plot_timeline
 
         plot_timeline(outcome.events, Path(ns.plot), f"{message['job_id']}: {summary['status']}")
         summary["plot"] = ns.plot
-    from localcloud.readout.monitoring import write_beside_report
-
     summary.update(write_beside_report(outcome.run_dir, summary))  # report.html, metrics.json
     (outcome.run_dir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
     if ns.json:
         print(json.dumps(summary, sort_keys=True))
     else:
         print(report.render(summary))
+
+
+def leftover_processes() -> int:
+    import psutil
+
+    return len(psutil.Process().children(recursive=True))
+
+
+def run(ns: argparse.Namespace) -> int:
+    from localcloud.cloud import LocalCloud, signals_as_interrupt
+
+    opts = options(ns)
+    given_timings = timing_options(ns)
+    message = load_message(ns.job, ns.trainer_arg, opts.entrypoint is not None)
+    run_timings = given_timings.for_job(message)
+    opts.creation_delay_s, opts.machine_timings = run_timings.creation_delay_s, run_timings.machine
+    opts.time_scale = run_timings.scale  # the functions read the head start's drain in the profile's time
+    opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
+    check_chaos_workers(opts, message)
+    machine_slice = job_slice(message["machine"])
+    out = sys.stderr if ns.json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    with signals_as_interrupt():
+        reference = reference_params(ns, opts, message, machine_slice, say)
+        cloud = LocalCloud(opts, say)
+        outcome = cloud.run(message, total_steps(message.get("args") or []))
+    summary = summarized(outcome, message, reference, machine_slice, run_timings)
+    write_report(ns, summary, outcome, message)
     ok = summary["status"] == "SUCCEEDED" and summary["exact"] is not False and summary["machines_left"] == 0
     if outcome.secrets is not None:  # every trainer held them, and no file holds one
         ok = ok and not outcome.secrets["leaks"] and outcome.secrets["delivered"] == outcome.secrets["trainers"]

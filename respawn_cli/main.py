@@ -504,7 +504,7 @@ def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
 def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
     """What the Advice API says for each provisioning model of the job's tiers (adapters.advice.advice_for). A
     missing project or client: a note, no call."""
-    from respawn.outlook import Advice, machine_kind
+    from respawn.outlook import Advice
 
     if not s.project:
         note = f"Advice API not asked: {VARIABLES['project'][0]} is not set (or pass --project); history only"
@@ -516,7 +516,7 @@ def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:
         except Exception as e:  # no credentials: plan still prints the history's figures
             note = f"Advice API not asked: {cloud_error(e)}; history only"
     now = time.time()
-    return {(machine_kind(spec), tier.provisioning): Advice({}, now, note) for tier in spec.all_tiers}
+    return {(spec.machine.type_name, tier.provisioning): Advice({}, now, note) for tier in spec.all_tiers}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from respawn.jobs import JobSpec, TpuMachine, machine_to_dict
-from respawn.outlook import HOUR, Key, Outlook, machine_kind
+from respawn.outlook import HOUR, Key, Outlook
 from respawn.prices import Priced, machine_price, priced, rate_per_h
 
 
@@ -68,7 +68,7 @@ def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_
     tiers = []
     for index, tier in enumerate(spec.all_tiers):
         on_tier = spec.on_tier(index)  # a tier may name its own machine: its history, advice and price are that one's
-        kind, table_price = machine_kind(on_tier), machine_price(machine_to_dict(on_tier.machine))
+        kind, table_price = on_tier.machine.type_name, machine_price(machine_to_dict(on_tier.machine))
         ranking = outlook.rank(
             tier.zones,
             now,
@@ -97,7 +97,7 @@ def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_
         note = advice.note if advice is not None else None
         own = describe_machine(on_tier) if tier.machine is not None else None
         tiers.append(TierPlan(index, tier.provisioning, spec.placement, tuple(zones), note, own))
-    return Plan(spec.job_id, describe_machine(spec), machine_kind(spec), history, tuple(tiers))
+    return Plan(spec.job_id, describe_machine(spec), spec.machine.type_name, history, tuple(tiers))
 
 
 def _mtbi_source(outlook: Outlook, key: Key, now: float, advised: bool) -> str:

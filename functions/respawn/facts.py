@@ -34,7 +34,6 @@ from typing import Any
 
 from respawn.accounting import job_accounting, machine_seconds, trainer_start
 from respawn.jobs import COUNTED_AS_PREEMPTION, NO_CAPACITY, Attempt, Job, Status
-from respawn.outlook import machine_kind
 from respawn.prices import MachinePrice, machine_price, rate_per_h
 
 log = logging.getLogger("respawn.facts")  # beside respawn.service: the same handler, its own lines
@@ -95,7 +94,7 @@ def _fact(kind: str, job: Job, attempt: Attempt | None = None, **fields: Any) ->
     if job.spec is not None:
         tiers = job.spec.all_tiers
         tier = attempt.tier if attempt is not None and attempt.tier < len(tiers) else 0
-        line["machine"] = machine_kind(job.spec.on_tier(tier))
+        line["machine"] = job.spec.machine_of(tier).type_name
         line["provisioning"] = tiers[tier].provisioning
     if attempt is not None:
         line.update(attempt=attempt.n, zone=attempt.zone)

@@ -156,6 +156,11 @@ class TpuMachine:
         """Worker VMs of the slice: every one runs the trainer; losing any one loses the slice."""
         return tpu_topology(self.accelerator_type).hosts
 
+    @property
+    def type_name(self) -> str:
+        """What the cloud offers and takes back (the outlook's machine type): the accelerator type, `v6e-8`."""
+        return self.accelerator_type
+
 
 @dataclass(frozen=True)
 class GpuMachine:
@@ -174,6 +179,11 @@ class GpuMachine:
     def hosts(self) -> int:
         """VMs of the machine: every one runs the trainer; losing any one loses them all."""
         return self.vms
+
+    @property
+    def type_name(self) -> str:
+        """What the cloud offers and takes back (the outlook's machine type): the machine type, `a3-highgpu-8g`."""
+        return self.machine_type
 
 
 MachineSpec = TpuMachine | GpuMachine
@@ -490,6 +500,38 @@ class Job:
     @property
     def deadline(self) -> float:
         return self.submitted_at + (self.spec.ttl_s if self.spec else 0)
+
+    @property
+    def current_tier(self) -> Tier:
+        """The tier the next create uses (tier_index)."""
+        assert self.spec is not None
+        return self.spec.all_tiers[self.tier_index]
+
+    @property
+    def tier_name(self) -> str:
+        return f"the {self.current_tier.provisioning} tier"
+
+    @property
+    def live(self) -> Attempt | None:
+        """The current attempt while it still holds (or is getting) a machine."""
+        current = self.current
+        return current if current is not None and not current.ended and not self.status.terminal else None
+
+    @property
+    def draining(self) -> Attempt | None:
+        """The attempt ended on its machine's notice whose machine is kept for its final save (at most one)."""
+        return next((a for a in self.attempts if a.draining), None)
+
+    def where(self, attempt: Attempt) -> str:
+        """Where an attempt runs: its zone, and its tier's provisioning model when the job has several tiers."""
+        assert self.spec is not None
+        tiers = self.spec.all_tiers
+        return attempt.zone if len(tiers) == 1 else f"{attempt.zone} ({tiers[attempt.tier].provisioning} tier)"
+
+    def zone_index_of(self, zone: str) -> int:
+        """The index of `zone` in the current tier's zones (zone_index when the tier has no such zone)."""
+        zones = self.current_tier.zones
+        return zones.index(zone) if zone in zones else self.zone_index
 
     def spec_of(self, machine: str) -> JobSpec:
         """The spec that machine `machine` was made from: its attempt's tier's (JobSpec.on_tier); the job's for a

@@ -1,10 +1,11 @@
 """Where the next attempt goes: its tier first (back to Spot, on to the next tier, or the same), then its zone.
 
-Pure, like decide, which is its one caller: decide's rules say *that* a machine is requested, this room says
-*where*. With an outlook (respawn.outlook.Outlook: the deployment's preemption history, advice, prices) and the job's
-`placement: ranked`, the zone is the best-ranked of the tier's zones not yet tried in the current walk of stockouts,
-a zone that just interrupted the job penalised, and the same zone again after a crash; without an outlook, or with
-`placement: ordered`, the list's order: the same zone after a preemption or a crash, the next zone after a stockout.
+Pure, like decide: decide's rules (and respawn.transitions, where they end) say *that* a machine is requested, this
+room says *where*. With an outlook (respawn.outlook.Outlook: the deployment's preemption history, advice, prices)
+and the job's `placement: ranked`, the zone is the best-ranked of the tier's zones not yet tried in the current walk
+of stockouts, a zone that just interrupted the job penalised, and the same zone again after a crash; without an
+outlook, or with `placement: ordered`, the list's order: the same zone after a preemption or a crash, the next zone
+after a stockout.
 
 A tier moves on when one of its rules holds (MOVE_ON_RULES: enough preemptions on it, a stockout long enough, the
 deadline near); a later tier that is not Spot goes back to the first Spot tier when the outlook expects Spot to
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from respawn.jobs import COUNTED_AS_PREEMPTION, NO_CAPACITY, SPOT_MODELS, Attempt, EndReason, Job, Tier, machine_name
-from respawn.outlook import Placed, machine_kind
+from respawn.outlook import Placed
 from respawn.policy import Context
 from respawn.prices import advice_source, machine_price, rate_per_h
 
@@ -37,7 +38,7 @@ def new_attempt(
     tier = tier if tier is not None else next_tier(job, now)
     if tier is not None:
         job, zone_index, same_zone = replace(job, tier_index=tier, capacity_round=0), 0, False
-    zones, outlook, offered = tier_of(job).zones, ctx.outlook, offered_zones(job)
+    zones, outlook, offered = job.current_tier.zones, ctx.outlook, offered_zones(job)
     if len(zones) > 1 and zones[zone_index] == avoid:
         zone_index = (zone_index + 1) % len(zones)
     while offered and zones[zone_index] not in offered:  # a zone that does not offer the machine is skipped
@@ -50,9 +51,9 @@ def new_attempt(
         else:
             why = "the same zone: a crash says nothing of the zone" if same_zone else "list order (placement ordered)"
             reason = f"{zones[zone_index]}: {why}"
-        kind = machine_kind(spec.on_tier(job.tier_index))
-        mtbi = outlook.mtbi_s(zones[zone_index], kind, tier_of(job).provisioning, now)
-        advised = outlook.advised_price(zones[zone_index], kind, tier_of(job).provisioning)
+        kind, provisioning = spec.machine_of(job.tier_index).type_name, job.current_tier.provisioning
+        mtbi = outlook.mtbi_s(zones[zone_index], kind, provisioning, now)
+        advised = outlook.advised_price(zones[zone_index], kind, provisioning)
         price = None if advised is None else {"per_h": advised[0], "source": advice_source(advised[1])}
     n = job.current.n + 1 if job.current else 1
     attempt = Attempt(
@@ -76,14 +77,14 @@ def _ranking(job: Job, now: float, ctx: Context) -> tuple[Placed, ...]:
     """The current tier's zones, best first by the outlook; a zone that just interrupted the job is penalised (the
     newest end of a preempted or lost attempt of the job there), and one that just had no capacity for it more."""
     assert job.spec is not None and ctx.outlook is not None
-    spec, tier, outlook = job.spec.on_tier(job.tier_index), tier_of(job), ctx.outlook
+    machine, tier, outlook = job.spec.machine_of(job.tier_index), job.current_tier, ctx.outlook
     interrupted = {a.zone: a.ended_at for a in job.attempts if a.end_reason in COUNTED_AS_PREEMPTION and a.ended_at}
     ranking = outlook.rank(
         tier.zones,
         now,
-        machine_type=machine_kind(spec),
+        machine_type=machine.type_name,
         provisioning=tier.provisioning,
-        list_price_per_hour=rate_per_h(tier.provisioning, machine_price(dict(spec.machine.__dict__))),
+        list_price_per_hour=rate_per_h(tier.provisioning, machine_price(dict(machine.__dict__))),
         restart_cost_s=ctx.policy.restart_cost_s,
         just_interrupted=interrupted,
         just_refused=_refused(job),
@@ -127,7 +128,7 @@ def _best_untried(job: Job, now: float, ctx: Context, avoid: str | None = None) 
 
 def _advice_note(job: Job, ctx: Context) -> str | None:
     assert job.spec is not None and ctx.outlook is not None
-    advice = ctx.outlook.advice.get((machine_kind(job.spec.on_tier(job.tier_index)), tier_of(job).provisioning))
+    advice = ctx.outlook.advice.get((job.spec.machine_of(job.tier_index).type_name, job.current_tier.provisioning))
     return advice.note if advice is not None else None
 
 
@@ -154,7 +155,7 @@ def unoffered(job: Job, tier: int | None = None) -> dict[str, str]:
 def offered_zones(job: Job) -> tuple[str, ...]:
     """The current tier's zones but those known not to offer its machine."""
     skipped = unoffered(job)
-    return tuple(z for z in tier_of(job).zones if z not in skipped)
+    return tuple(z for z in job.current_tier.zones if z not in skipped)
 
 
 def _walked(job: Job) -> tuple[Attempt, ...]:
@@ -179,7 +180,7 @@ def spot_tier_to_return_to(job: Job, now: float, ctx: Context) -> int | None:
     spec = job.spec
     if ctx.outlook is None or spec is None:
         return None
-    tier = tier_of(job)
+    tier = job.current_tier
     if tier.provisioning in SPOT_MODELS or tier.back_to_spot_after_s is None:
         return None
     spot = next((i for i, t in enumerate(spec.all_tiers[: job.tier_index]) if t.provisioning in SPOT_MODELS), None)
@@ -204,21 +205,6 @@ def _stint(job: Job) -> tuple[Attempt, ...]:
 def on_tier_since(job: Job, now: float) -> float:
     """When the job came to its current tier: the request of the stint's first attempt on it (`now` if none yet)."""
     return next((a.requested_at for a in _stint(job) if a.tier == job.tier_index), now)
-
-
-def tier_name(job: Job) -> str:
-    return f"the {tier_of(job).provisioning} tier"
-
-
-def tier_of(job: Job) -> Tier:
-    assert job.spec is not None
-    return job.spec.all_tiers[job.tier_index]
-
-
-def where(job: Job, attempt: Attempt) -> str:
-    assert job.spec is not None
-    tiers = job.spec.all_tiers
-    return attempt.zone if len(tiers) == 1 else f"{attempt.zone} ({tiers[attempt.tier].provisioning} tier)"
 
 
 def next_tier(job: Job, now: float) -> int | None:
@@ -261,11 +247,6 @@ def _offered_nowhere(job: Job, tier: Tier, index: int, now: float) -> bool:
 
 
 MOVE_ON_RULES: tuple[MoveOnRule, ...] = (_preempted_enough, _stocked_out_long_enough, _deadline_near, _offered_nowhere)
-
-
-def zone_index_of(job: Job, zone: str) -> int:
-    zones = tier_of(job).zones
-    return zones.index(zone) if zone in zones else job.zone_index
 
 
 def no_capacity_streak(job: Job) -> int:

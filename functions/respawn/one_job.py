@@ -25,6 +25,7 @@ from respawn.decide import decide, is_stale
 from respawn.events import JobEvent, JobSubmitted, MachinesObserved, TrainerFailed
 from respawn.facts import log_facts
 from respawn.jobs import Job, MachineState
+from respawn.listing_policy import zones_to_watch
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.policy import Policy
 from respawn.ports import Clock, ConflictError, Machine, ProviderError, TransientError
@@ -127,13 +128,6 @@ class OneJob:
         except ProviderError:
             return event  # unreadable: judge by the entry alone
         return replace(event, machine_state=machine.state if machine is not None else MachineState.TERMINATED)
-
-
-def zones_to_watch(job: Job | None, zone: str | None) -> tuple[str, ...]:
-    """Where to look for a job's machines: a wake-up's `zone`, or (None) every zone of its spec; nowhere without one."""
-    if job is None or job.spec is None:
-        return ()
-    return job.spec.every_zone if zone is None else (zone,)
 
 
 def observed(

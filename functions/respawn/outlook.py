@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from respawn.jobs import COUNTED_AS_PREEMPTION, Attempt, GpuMachine, Job, JobSpec
+from respawn.jobs import COUNTED_AS_PREEMPTION, Attempt, Job
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -38,19 +38,12 @@ LIST_PRICE = "list price 2025-06"
 ADVICE_WEIGHT = 1.0
 
 
-def machine_kind(spec: JobSpec) -> str:
-    """The history key's machine type of a job: a TPU's accelerator type (`v6e-8`), a GPU's machine type
-    (`a3-highgpu-8g`). Both say exactly what the cloud takes back on a preemption."""
-    machine = spec.machine
-    return machine.machine_type if isinstance(machine, GpuMachine) else machine.accelerator_type
-
-
 @dataclass(frozen=True)
 class Key:
     """What a preemption rate is kept for: Spot in us-central1-a is not Spot in us-central1-b, nor standard."""
 
     zone: str
-    machine_type: str
+    machine_type: str  # the machine's type_name: a TPU's accelerator type (`v6e-8`), a GPU's machine type
     provisioning: str
 
     def text(self) -> str:
@@ -380,7 +373,7 @@ def observation(job: Job, ended: Attempt) -> Observation | None:
     interrupted = ended.end_reason in COUNTED_AS_PREEMPTION
     if job.spec is None or ended.ended_at is None or (ended.started_at is None and not interrupted):
         return None
-    key = Key(ended.zone, machine_kind(job.spec.on_tier(ended.tier)), job.spec.all_tiers[ended.tier].provisioning)
+    key = Key(ended.zone, job.spec.machine_of(ended.tier).type_name, job.spec.all_tiers[ended.tier].provisioning)
     seconds = max(0.0, ended.ended_at - ended.started_at) if ended.started_at is not None else 0.0
     return Observation(f"{job.job_id}/{ended.n}", key, seconds, int(interrupted), ended.ended_at)
 

@@ -3,16 +3,13 @@
 Used by `respawn status` (a job's machine time from its record) and the local cloud's report (a run's machine
 time from its timeline).
 
-List prices in USD for us-central1, each row dated by when it was read (`Price.as_of`). The 2025-06 rows were read
-from the public pricing pages (https://cloud.google.com/tpu/pricing, https://cloud.google.com/compute/gpus-pricing
-and https://cloud.google.com/spot-vms/pricing). The 2026-11-27 rows (the GPUs of respawn.gpus' newer shapes) were
-read on 2026-11-27 from the GPU rows of https://github.com/skypilot-org/skypilot-catalog/blob/006059e0f18acb1341e22a27751e9f80df6ba92f/catalogs/v8/gcp/vms.csv
-(Compute Engine's per-GPU SKU prices as SkyPilot's catalog collects them from the Cloud Billing Catalog API; an
-8-GPU row divided by 8); where that catalog's us-central1 figures contradict themselves (an on-demand price below
-the Spot one), the 2025-06 row stays. TPU prices are per chip-hour and are multiplied by the chips of the slice; GPU
-prices are per GPU-hour and cover the accelerator only (the host machine type is billed on top and is left out
-here). Spot prices are dynamic (Google may change them up to once a day, always 60-91% below on-demand), so treat
-the figures as indicative: the report prints which row it used and its date.
+List prices in USD for us-central1, each row dated by when it was read (`Price.as_of`). The TPU rows and the GPUs of
+N1 VMs were read in 2025-06 from the public pricing pages (https://cloud.google.com/tpu/pricing,
+https://cloud.google.com/compute/gpus-pricing and https://cloud.google.com/spot-vms/pricing); the GPU series' rows are
+their records' prices (respawn.gpus, each with its date and source). TPU prices are per chip-hour and are multiplied
+by the chips of the slice; GPU prices are per GPU-hour and cover the accelerator only (the host machine type is billed
+on top and is left out here). Spot prices are dynamic (Google may change them up to once a day, always 60-91% below
+on-demand), so treat the figures as indicative: the report prints which row it used and its date.
 
 Where Google's Advice API answers (respawn/adapters/advice.py: the newest Spot list price of the machine type's
 price history), that price is used instead; `Priced` carries a rate with its source, so that every cost printed
@@ -27,11 +24,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from respawn.gpus import GPU_SERIES
 from respawn.jobs import SPOT_MODELS
 from respawn.topology import UnknownTpuType, tpu_topology
 
 TABLE_AS_OF = "2025-06"  # the date of the rows that name none
-GPU_SKUS_AS_OF = "2026-11-27"  # the rows read from the per-GPU SKU prices (see above)
 
 
 def list_source(as_of: str = TABLE_AS_OF) -> str:
@@ -76,25 +73,16 @@ TPU_PRICES: dict[str, Price] = {
     "v6e": Price(on_demand=2.70, spot=1.08, unit="chip"),  # Trillium
 }
 
-# GPU accelerator type (as the Compute Engine API names it) -> price per GPU-hour (the accelerator alone); every
-# accelerator type of respawn.gpus.GPU_SHAPES has a row (a test holds it to that).
+# GPU accelerator type (as the Compute Engine API names it) -> price per GPU-hour (the accelerator alone): the GPUs
+# of N1 VMs, and each priced series' of respawn.gpus.
 GPU_PRICES: dict[str, Price] = {
     "nvidia-tesla-t4": Price(on_demand=0.35, spot=0.11, unit="gpu"),  # N1 only
     "nvidia-tesla-v100": Price(on_demand=2.48, spot=0.74, unit="gpu"),  # N1 only
-    # G2. 2025-06's, which the catalog repeats (0.56004 / 0.2231 per GPU in us-central1)
-    "nvidia-l4": Price(on_demand=0.56, spot=0.22, unit="gpu"),
-    # A2 Standard. The catalog: 23.47126 / 11.4728 for 8 GPUs in us-central1
-    "nvidia-tesla-a100": Price(on_demand=2.93, spot=1.43, unit="gpu", as_of=GPU_SKUS_AS_OF),
-    # A2 Ultra. The catalog's us-central1 row (1.8462 on-demand, 1.964 Spot per GPU) contradicts itself: 2025-06's
-    "nvidia-a100-80gb": Price(on_demand=3.67, spot=1.57, unit="gpu"),
-    # A3 High. The catalog's us-central1 on-demand (4.20076 per GPU) is under half of every other region's: 2025-06's
-    "nvidia-h100-80gb": Price(on_demand=11.06, spot=2.25, unit="gpu"),
-    # A3 Mega. The catalog: 82.75421 / 25.2808 for 8 GPUs in us-central1
-    "nvidia-h100-mega-80gb": Price(on_demand=10.34, spot=3.16, unit="gpu", as_of=GPU_SKUS_AS_OF),
-    # A3 Ultra. The catalog: 74.49392 / 37.2472 for 8 GPUs in us-central1-b
-    "nvidia-h200-141gb": Price(on_demand=9.31, spot=4.66, unit="gpu", as_of=GPU_SKUS_AS_OF),
-    # A4. The catalog: 90.216 / 32.6064 for 8 GPUs in us-central1-b
-    "nvidia-b200": Price(on_demand=11.28, spot=4.08, unit="gpu", as_of=GPU_SKUS_AS_OF),
+    **{
+        s.accelerator_type: Price(s.price.on_demand, s.price.spot, "gpu", s.price.as_of)
+        for s in GPU_SERIES
+        if s.price is not None
+    },
 }
 
 

@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from respawn.acting import has_intent
-from respawn.decide import DEAD
 from respawn.events import SweepTicked, ZoneWokeUp
 from respawn.facts import log_waiting
 from respawn.jobs import Job
-from respawn.one_job import OneJob, Sighting, observed, zones_to_watch
+from respawn.listing_policy import DEAD, zones_to_watch
+from respawn.one_job import OneJob, Sighting, observed
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.ports import Clock, Machine, TransientError
 from respawn.providers import Providers

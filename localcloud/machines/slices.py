@@ -9,6 +9,7 @@ a machine's processes asks this value, so the difference between one host and ma
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -51,6 +52,29 @@ def local_trainer_env(
     cache.chmod(0o777)  # it stands for the gs:// cache that every machine's trainer writes, whatever its user
     env["RESPAWN_COMPILE_CACHE"] = str(cache)
     return {**IMAGE_ENV, **env, **LOCAL_TRAINER_ENV}
+
+
+def add_flags(run: argparse.ArgumentParser) -> None:
+    """What the machines' trainer processes start with: their compilation cache and the stand-in for their devices
+    (read by `read_flags`)."""
+    run.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        default=os.environ.get("RESPAWN_LOCAL_COMPILE_CACHE"),
+        help="the machines' compilation cache, which several workdirs may share, as a job's machines share its gs:// "
+        "cache (default $RESPAWN_LOCAL_COMPILE_CACHE, else WORKDIR/compile-cache)",
+    )
+    run.add_argument(
+        "--no-stand-in",
+        action="store_true",
+        help="the machines' CPU processes do not stand in for the job's TPU or GPU: respawn's trainer fails at once, "
+        "as on a machine whose image cannot see its accelerator",
+    )
+
+
+def read_flags(ns: argparse.Namespace) -> dict[str, Any]:
+    """The local cloud's options (cloud.Options fields) the machines' flags set."""
+    return {"compile_cache": Path(ns.compile_cache) if ns.compile_cache else None, "stand_in": not ns.no_stand_in}
 
 
 def compile_bytecode(packages: tuple[str, ...] = ("trainer", "respawn")) -> None:

@@ -58,7 +58,7 @@ from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.facts import recoveries as record_recoveries
 from respawn.jobs import Attempt, EndReason, JobSpec, machine_from_dict, machine_words
-from respawn.outlook import History, Key, Outlook, machine_kind
+from respawn.outlook import History, Key, Outlook
 from respawn.prices import MachinePrice, cost, rate_per_h
 
 LIVE_STATES = frozenset({"CREATING", "READY", "STARTING", "PROVISIONING", "STAGING", "RUNNING", "RESTARTING"})
@@ -273,7 +273,7 @@ def history_rows(history: History | None, record_spec: dict[str, Any] | None, no
     if history is None or not record_spec:
         return []
     spec = JobSpec.from_dict(record_spec)
-    outlook, kind, rows = Outlook(history), machine_kind(spec), []
+    outlook, kind, rows = Outlook(history), spec.machine.type_name, []
     for provisioning in dict.fromkeys(t.provisioning for t in spec.all_tiers):
         for zone in dict.fromkeys(z for t in spec.all_tiers if t.provisioning == provisioning for z in t.zones):
             seen = history.exposure(Key(zone, kind, provisioning), now)
@@ -348,21 +348,13 @@ def build(
     end = completed[-1]["t"] if completed else (events[-1]["t"] if events else t0)
     wall = max(0.0, end - t0)
     job = job or {}
-    attempts = [Attempt.from_dict(a) for a in job.get("attempts") or ()]
-    result = job.get("result") or (completed[-1]["payload"] if completed else {})
-    if result.get("source") == "exit-code":  # the trainer's own may come after the record was read: it fills it in
-        last = completed[-1].get("attempt") if completed else None
-        own = [e["payload"] for e in completed if e.get("attempt") == last and e["payload"].get("source") is None]
-        result = own[-1] if own else result
+    counters = job.get("counters") or {}
+    result = final_result(job, completed)
     sha = result.get("params_sha256")
     rows = recoveries(events)
-    create = [r["create_s"] for r in rows if r["create_s"] is not None]
-    first = [r["first_step_s"] for r in rows if r["first_step_s"] is not None]
     split = goodput_split(events, wall)
     used = machine_seconds(events, end)
     hours = sum(used.values()) / 3600
-    created = _first_times(events, "state", state="CREATING")
-    calls = _first_times(events, "create_call")
     steps = [e["step"] for e in events if e["kind"] == "step"]
     notices = sum(1 for e in events if e["kind"] == "notice")
     lived = sum(machine_seconds(events, end, until=("deleted", "preempted", "notice")).values())
@@ -375,28 +367,14 @@ def build(
         "image": (job.get("spec") or {}).get("image"),  # the record's: the job's own, or the deployment's of its kind
         "attempts": len(job.get("attempts") or ()),
         "hosts": machine_slice.hosts,
-        "preemptions": (job.get("counters") or {}).get("preemptions", 0),
+        "preemptions": counters.get("preemptions", 0),
         "preemptions_injected": notices,
         "mtbi_realized_s": round(lived / notices, 3) if notices else None,
-        "failures": (job.get("counters") or {}).get("failures", 0),
+        "failures": counters.get("failures", 0),
         "hangs_detected": sum(1 for a in job.get("attempts") or () if a.get("end_reason") == EndReason.HUNG),
         "chaos": [{**row, "at_s": round(row["at_s"], 3)} for row in chaos_rows(events, t0)],
-        "capacity_errors": (job.get("counters") or {}).get("capacity_errors", 0),
-        "zones": [
-            {
-                "attempt": a["n"],
-                "zone": a["zone"],
-                "tier": a.get("tier", 0),
-                "end": a.get("end_reason"),
-                "restored_step": a.get("restored_step"),
-                "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
-                "api": machine_api(job),
-                "machine": attempt_machine(job, a.get("tier", 0)),
-                "placement": a.get("placement", ""),
-                "error": a.get("error", ""),  # why its create failed (a zone that does not offer the machine)
-            }
-            for a in job.get("attempts") or ()
-        ],
+        "capacity_errors": counters.get("capacity_errors", 0),
+        "zones": attempt_rows(job, events),
         "by_zone": zone_rows(job, events, used, final_step),
         "history": history_rows(history, job.get("spec"), end),
         "tiers": tier_costs(job, used, price),
@@ -406,20 +384,7 @@ def build(
         "wall_s": round(wall, 3),
         "goodput": round(split["productive_s"] / wall, 4) if wall else 0.0,
         "goodput_s": {k: round(v, 3) for k, v in split.items()},
-        "recovery": rows,
-        # the control plane's own figure per recovered attempt (its record: preempted attempt ended -> next trainer
-        # started), which the recovery_duration metric counts
-        "recovered_s": {str(n): v for n, v in record_recoveries(attempts).items()},
-        "recovery_create_s": [round(v, 3) for v in create],
-        "recovery_first_step_s": [round(v, 3) for v in first],
-        "recovery_create_p50_s": percentile(create, 50),
-        "recovery_create_p95_s": percentile(create, 95),
-        "recovery_first_step_p50_s": percentile(first, 50),
-        "recovery_first_step_p95_s": percentile(first, 95),
-        "recovery_split_p50_s": {
-            k: percentile([r[k] for r in rows if r[k] is not None], 50)
-            for k in ("create_s", "queue_s", "boot_s", "start_s")
-        },
+        **recovery_figures(rows, job),
         "machine_hours": round(hours, 5),
         "cost": cost(hours, price),
         "params_sha256": sha,
@@ -430,6 +395,64 @@ def build(
         "max_live_machines": max_live_machines(events),
         "machines_left": machines_left,
         "processes_left": leftover_processes,
+    }
+
+
+def final_result(job: dict[str, Any], completed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job's result: the record's, else the last `completed` entry's. Where the record holds what the startup
+    script's exit code said, the trainer's own entry of that attempt fills it in (it may come after the record was
+    read)."""
+    result: dict[str, Any] = job.get("result") or (completed[-1]["payload"] if completed else {})
+    if result.get("source") == "exit-code":
+        last = completed[-1].get("attempt") if completed else None
+        own = [e["payload"] for e in completed if e.get("attempt") == last and e["payload"].get("source") is None]
+        result = own[-1] if own else result
+    return result
+
+
+def attempt_rows(job: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per attempt of the record: where it ran, how it ended, how long it queued (see `zones` above)."""
+    created = _first_times(events, "state", state="CREATING")
+    calls = _first_times(events, "create_call")
+    return [
+        {
+            "attempt": a["n"],
+            "zone": a["zone"],
+            "tier": a.get("tier", 0),
+            "end": a.get("end_reason"),
+            "restored_step": a.get("restored_step"),
+            "queue_s": _gap(calls.get(a.get("machine", "")), created.get(a.get("machine", ""))),
+            "api": machine_api(job),
+            "machine": attempt_machine(job, a.get("tier", 0)),
+            "placement": a.get("placement", ""),
+            "error": a.get("error", ""),  # why its create failed (a zone that does not offer the machine)
+        }
+        for a in job.get("attempts") or ()
+    ]
+
+
+def recovery_figures(rows: list[dict[str, Any]], job: dict[str, Any]) -> dict[str, Any]:
+    """The `recovery` rows, the record's own figures, the two recovery latencies of every row and their percentiles,
+    and the median of each step."""
+    create = [r["create_s"] for r in rows if r["create_s"] is not None]
+    first = [r["first_step_s"] for r in rows if r["first_step_s"] is not None]
+    return {
+        "recovery": rows,
+        # the control plane's own figure per recovered attempt (its record: preempted attempt ended -> next trainer
+        # started), which the recovery_duration metric counts
+        "recovered_s": {
+            str(n): v for n, v in record_recoveries([Attempt.from_dict(a) for a in job.get("attempts") or ()]).items()
+        },
+        "recovery_create_s": [round(v, 3) for v in create],
+        "recovery_first_step_s": [round(v, 3) for v in first],
+        "recovery_create_p50_s": percentile(create, 50),
+        "recovery_create_p95_s": percentile(create, 95),
+        "recovery_first_step_p50_s": percentile(first, 50),
+        "recovery_first_step_p95_s": percentile(first, 95),
+        "recovery_split_p50_s": {
+            k: percentile([r[k] for r in rows if r[k] is not None], 50)
+            for k in ("create_s", "queue_s", "boot_s", "start_s")
+        },
     }
 
 
@@ -462,8 +485,14 @@ def _seconds(v: float | None) -> str:
 
 def render(r: dict[str, Any]) -> str:
     """The report as text for a person."""
+    sections = (_run_lines, _what_happened_lines, _recovery_lines, _cost_lines, _outcome_lines)
+    return "\n".join(line for section in sections for line in section(r))
+
+
+def _run_lines(r: dict[str, Any]) -> list[str]:
+    """The job's end, its attempts and zones, its steps and where its time went."""
     g = r["goodput_s"]
-    lines = [
+    return [
         f"job {r['job_id']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""),
         f"  attempts {r['attempts']}, preemptions survived {r['preemptions']} (injected {r['preemptions_injected']}"
         + (f", one per {r['mtbi_realized_s']:.0f}s of machine time" if r["mtbi_realized_s"] else "")
@@ -490,6 +519,11 @@ def render(r: dict[str, Any]) -> str:
         + ", "
         + ", ".join(f"{k.removesuffix('_s')} {g[k]:.1f}s" for k in ("checkpoint_s", "input_s", "wasted_s", "idle_s")),
     ]
+
+
+def _what_happened_lines(r: dict[str, Any]) -> list[str]:
+    """The data trained, each placement, the zones' history, the notices and secrets, the slice and its chaos."""
+    lines = []
     if x := r.get("examples"):
         lines.append(
             f"  examples {x['trained']} trained: {x['once']} once, {x['repeated']} repeated, {x['skipped']} skipped"
@@ -514,6 +548,12 @@ def render(r: dict[str, Any]) -> str:
         lines.append(slice_line)
     for c in r["chaos"]:
         lines.append(f"  chaos    {c['action']} worker {c['worker']} of {c['machine']} at {c['at_s']:.1f}s")
+    return lines
+
+
+def _recovery_lines(r: dict[str, Any]) -> list[str]:
+    """Each recovery's steps, then the percentiles of the two latencies."""
+    lines = []
     for row in r["recovery"]:
         took = {k: _seconds(row[k]) for k in ("stop_s", "create_s", "queue_s", "boot_s", "start_s", "first_step_s")}
         lines.append(
@@ -527,15 +567,20 @@ def render(r: dict[str, Any]) -> str:
             for k in ("create", "first_step")
         }
         lines.append(f"  recovery p50/p95: create {p50_p95['create']}, first step {p50_p95['first_step']}")
+    return lines
+
+
+def _cost_lines(r: dict[str, Any]) -> list[str]:
+    """The machine time at Spot and on-demand prices, and each tier's at its own where there are several."""
     c = r["cost"]
     if c:
         saved = 100 * (1 - c["spot_usd"] / c["on_demand_usd"]) if c["on_demand_usd"] else 0.0
-        lines.append(
+        lines = [
             f"  cost     ${c['spot_usd']:.4f} at Spot vs ${c['on_demand_usd']:.4f} on-demand ({saved:.0f}% less) "
             f"for {r['machine_hours'] * 3600:.0f} machine-seconds; {c['priced_as']} [{c['prices_as_of']}]"
-        )
+        ]
     else:
-        lines.append("  cost     - (no price for this machine type in respawn/prices.py)")
+        lines = ["  cost     - (no price for this machine type in respawn/prices.py)"]
     if len(r["tiers"]) > 1:
         for t in r["tiers"]:
             cost = "-" if t["cost_usd"] is None else f"${t['cost_usd']:.4f}"
@@ -543,16 +588,21 @@ def render(r: dict[str, Any]) -> str:
                 f"  tier {t['tier']}   {t['provisioning']}: {t['attempts']} attempts, "
                 f"{t['machine_hours'] * 3600:.0f} machine-seconds, {cost}"
             )
+    return lines
+
+
+def _outcome_lines(r: dict[str, Any]) -> list[str]:
+    """Whether the parameters are exact, and what was left behind."""
     if r["reference_sha256"] is None:
         params = f" (params {r['params_sha256'][:16]})" if r["params_sha256"] else ""
-        lines.append(f"  exact    unknown: {r['exact_reason']}{params}")
+        exact = f"  exact    unknown: {r['exact_reason']}{params}"
     else:
-        lines.append(
+        exact = (
             f"  exact    {'yes' if r['exact'] else 'NO'}: params {str(r['params_sha256'])[:16]} vs uninterrupted "
             f"reference {str(r['reference_sha256'])[:16]}"
         )
-    lines.append(
+    cleanup = (
         f"  cleanup  machines left {r['machines_left']}, processes left {r['processes_left']}, "
         f"most live machines at once {r['max_live_machines']}"
     )
-    return "\n".join(lines)
+    return [exact, cleanup]

@@ -11,6 +11,7 @@ for them: the run proves no record, log or timeline holds one.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -25,6 +26,18 @@ MIN_SEARCHED_BYTES = 8  # shorter values would be found by chance in binary file
 
 class SecretError(ValueError):
     """A secret option or file that cannot be used (the message never holds a value)."""
+
+
+def add_flags(run: argparse.ArgumentParser) -> None:
+    """The values of a job's secrets on `respawn local run`'s command line (read by `secret_values`)."""
+    run.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="the value of the job's secret NAME; without =VALUE, from this environment's NAME; repeatable",
+    )
+    run.add_argument("--secrets-file", metavar="FILE", help="values of the job's secrets as NAME=VALUE lines")
 
 
 def secret_values(

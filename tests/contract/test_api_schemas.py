@@ -32,14 +32,16 @@ from respawn_cli.offering import OfferingLookup
 
 ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"
 OTHER = "us-central1-b"  # a zone that does not offer the scenarios' machines (run_offerings)
-ADAPTERS = Path(__file__).parents[2] / "functions" / "respawn" / "adapters"
+REPO = Path(__file__).parents[2]
+ADAPTERS = REPO / "functions" / "respawn" / "adapters"
 TPU_API, COMPUTE_API = Api.load("tpu.v2"), Api.load("compute.v1")
 SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
 # A deployment's own network (RESPAWN_NETWORK, RESPAWN_SUBNETWORK, RESPAWN_EXTERNAL_IP=false).
 NETWORKED = replace(SETTINGS, network="projects/host/global/networks/vpc", subnetwork="ml", external_ips=False)
 SUBNETWORK = f"projects/host/regions/{REGION}/subnetworks/ml"
 
-# The client objects each adapter calls, by (file, attribute): the discovery resource their methods belong to.
+# The client objects each adapter calls, by (file under adapters/, or from the repository's root, attribute): the
+# discovery resource their methods belong to.
 CLIENTS = {
     ("tpu.py", "client"): "tpu.projects.locations",
     ("compute.py", "client"): "compute.instances",
@@ -49,9 +51,9 @@ CLIENTS = {
     ("compute_operations.py", "zones"): "compute.zoneOperations",
     ("compute_operations.py", "regions"): "compute.regionOperations",
     ("compute_operations.py", "globals"): "compute.globalOperations",
-    ("offering.py", "tpu"): "tpu.projects.locations",
-    ("offering.py", "machine_types"): "compute.machineTypes",
-    ("offering.py", "accelerators"): "compute.acceleratorTypes",
+    ("respawn_cli/offering.py", "tpu"): "tpu.projects.locations",
+    ("respawn_cli/offering.py", "machine_types"): "compute.machineTypes",
+    ("respawn_cli/offering.py", "accelerators"): "compute.acceleratorTypes",
 }
 # Called by the client library, not by name in respawn: the TPU create operation's polling (op.result()).
 IMPLICIT = {"tpu.projects.locations.operations.get"}
@@ -63,7 +65,9 @@ def used_methods() -> set[str]:
     tpu.projects.locations.queuedResources.create."""
     found = set(IMPLICIT)
     for (file, attribute), resource in CLIENTS.items():
-        calls = re.findall(rf"self\.{attribute}\.(\w+)\(", (ADAPTERS / file).read_text())
+        calls = re.findall(
+            rf"self\.{attribute}\.(\w+)\(", (REPO / file if "/" in file else ADAPTERS / file).read_text()
+        )
         assert calls, f"{file} calls nothing through self.{attribute}"
         for call in calls:
             call = call.removesuffix("_unary")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tfconfig import REPO
 
-from localcloud.apis import apicore, cloudapi, tpu_api
+from localcloud.apis import apicore, cloudapi, offerings, tpu_api
 from localcloud.apis.compute import (
     api,
     checks,
@@ -18,12 +18,13 @@ from localcloud.apis.compute import (
     migs,
     operations,
     resize_requests,
+    state,
     templates,
 )
 
 DATA = REPO / "tests" / "data"
-COMPUTE = (api, checks, common, instances, mig_views, migs, operations, resize_requests, templates)
-API_MODULES = {m.__name__.rpartition(".")[2]: m for m in (apicore, cloudapi, tpu_api, *COMPUTE)}
+COMPUTE = (api, checks, common, instances, mig_views, migs, operations, resize_requests, state, templates)
+API_MODULES = {m.__name__.rpartition(".")[2]: m for m in (apicore, cloudapi, offerings, tpu_api, *COMPUTE)}
 API_SECTION = "The local TPU / Compute API (localcloud/apis)"
 SOURCES = DATA / "SOURCES.md"
 ROW = re.compile(r"^\| `(?P<first>[^`]+)` \|(?P<rest>.*)\|$")

@@ -15,8 +15,9 @@ import pytest
 
 from localcloud.apis.cloudapi import CloudApiServer
 from respawn.adapters.gcs_store import GcsHistoryStore
+from respawn.gpus import GPU_SKUS_AS_OF
 from respawn.outlook import HOUR, History, Key
-from respawn.prices import GPU_SKUS_AS_OF, LIST_SOURCE, list_source
+from respawn.prices import LIST_SOURCE, list_source
 from respawn_cli.main import main
 
 A, B, C = "us-central1-a", "us-central1-b", "us-west1-b"

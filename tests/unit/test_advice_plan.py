@@ -1,4 +1,4 @@
-"""`respawn plan`'s figures (respawn_cli/plan.py) on a given outlook, and prices with their source (respawn/prices.py)."""
+"""`respawn plan`'s figures (respawn_cli/plan.py) on a given outlook; prices with their source (respawn/prices.py)."""
 
 from __future__ import annotations
 

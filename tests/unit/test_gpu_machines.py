@@ -1,5 +1,6 @@
-"""Today's GPU machines (respawn.gpus): every shape has a dated price, `respawn plan` prints it, docs/gpus.md shows
-the same table, and the GPU example job parses with the job spec decoder."""
+"""Today's GPU machines (respawn.gpus): every table of a series derives from its one record, every shape has a dated
+price, `respawn plan` prints it, docs/gpus.md shows the same table, and the GPU example job parses with the job spec
+decoder."""
 
 from __future__ import annotations
 
@@ -10,8 +11,21 @@ from pathlib import Path
 import pytest
 
 from localcloud.cloud import TRAINER_IMAGES as LOCAL_IMAGES
-from respawn.gpus import GPU_SHAPES, GpuShape, gpu_shape
-from respawn.jobs import GpuMachine, JobSpec
+from respawn import gpus
+from respawn.actions import CreateMachine
+from respawn.adapters.compute import GcpComputeProvider, boot_disk_type
+from respawn.gpus import (
+    GPU_SERIES,
+    GPU_SHAPES,
+    HYPERDISK_BALANCED,
+    GpuPrice,
+    GpuSeries,
+    GpuShape,
+    WorkloadPolicy,
+    gpu_series,
+    gpu_shape,
+)
+from respawn.jobs import GpuMachine, JobSpec, Provisioning, Tier
 from respawn.machine import TRAINER_IMAGES
 from respawn.prices import GPU_PRICES, list_source, machine_price
 from respawn.spec import parse_job_message
@@ -27,6 +41,56 @@ def no_cloud_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """`respawn plan` offline: no history bucket, no Advice API (the table's prices only)."""
     for name in ("RESPAWN_PROJECT", "GOOGLE_CLOUD_PROJECT", "RESPAWN_STATE_BUCKET", "CLOUDSDK_CORE_PROJECT"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("series", GPU_SERIES, ids=lambda s: s.name)
+def test_every_table_of_a_series_is_read_from_its_one_record(series: GpuSeries) -> None:
+    """The listed shapes, the price per GPU, and each machine type's series and boot disk: the record's, nowhere
+    else. A series without a price is not listed."""
+    assert [s for s in GPU_SHAPES if s.series == series.name] == (list(series.shapes) if series.price else [])
+    row = GPU_PRICES.get(series.accelerator_type)
+    if series.price is None:
+        assert row is None
+    else:
+        assert row is not None and (row.on_demand, row.spot, row.as_of) == (
+            series.price.on_demand,
+            series.price.spot,
+            series.price.as_of,
+        )
+    for machine_type in series.machine_types:
+        assert gpu_series(machine_type) is series and boot_disk_type(machine_type) == series.boot_disk
+
+
+@pytest.mark.parametrize(
+    ("policy", "spot", "flex"),
+    [
+        (None, False, False),
+        (WorkloadPolicy(flex_start=False), True, False),
+        (WorkloadPolicy(flex_start=True), True, True),
+    ],
+)
+def test_a_new_series_mig_is_placed_as_its_record_says(
+    policy: WorkloadPolicy | None, spot: bool, flex: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new series is one record, and the adapter asks it: a MIG of its VMs is under a workload policy exactly when
+    the record says so (no second list to forget), and its VMs boot from the record's disk."""
+    new = GpuSeries(
+        "Z9", "Z 1TB", "nvidia-z9", {"z9-highgpu-8g": 8}, HYPERDISK_BALANCED, policy, GpuPrice(9, 3, "2030-01")
+    )
+    monkeypatch.setattr(gpus, "GPU_SERIES", (*GPU_SERIES, new))
+    gce = GcpComputeProvider("proj", endpoint="http://127.0.0.1:9")  # never called
+    for provisioning, placed in ((Provisioning.SPOT, spot), (Provisioning.FLEX_START, flex)):
+        spec = JobSpec(
+            "z",
+            GpuMachine("z9-highgpu-8g", "nvidia-z9", 8, vms=2),
+            ("us-central1-a",),
+            "img",
+            "gs://b/z",
+            tiers=(Tier(provisioning, ("us-central1-a",)),),
+        )
+        machine = gce.slice(CreateMachine("z", 1, "z-a1", "us-central1-a", 5000.0), spec)
+        assert machine.placement is placed, provisioning
+    assert boot_disk_type("z9-highgpu-8g") == HYPERDISK_BALANCED
 
 
 def test_the_table_has_the_series_of_today_each_machine_type_once() -> None:

@@ -16,7 +16,6 @@ from respawn.outlook import (
     Key,
     Outlook,
     ZoneAdvice,
-    machine_kind,
     rank,
     useful_fraction,
 )
@@ -151,9 +150,9 @@ def test_without_any_price_zones_rank_by_useful_fraction_and_the_outlook_note_is
     assert r.zones == (B, A) and r.note == "history unreadable" and "(no price known)" in r.placed[0].reason
 
 
-def test_the_machine_kind_is_the_tpu_accelerator_type_or_the_gpu_machine_type() -> None:
+def test_the_history_keys_a_tpu_by_its_accelerator_type_and_a_gpu_by_its_machine_type() -> None:
     def spec(machine: TpuMachine | GpuMachine) -> JobSpec:
         return JobSpec("j", machine, (A,), "img", "gs://b/c")
 
-    assert machine_kind(spec(TpuMachine("v6e-8", api="compute"))) == "v6e-8"
-    assert machine_kind(spec(GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8))) == "a3-highgpu-8g"
+    assert spec(TpuMachine("v6e-8", api="compute")).machine.type_name == "v6e-8"
+    assert spec(GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8)).machine.type_name == "a3-highgpu-8g"

@@ -129,7 +129,7 @@ from respawn.jobs import (
     machine_name,
     parse_machine_name,
 )
-from respawn.outlook import History, Key, Observation, machine_kind
+from respawn.outlook import History, Key, Observation
 from respawn.policy import Policy
 from respawn.ports import Machine, PermanentError, TransientError
 from respawn.service import Outcome, Retryable, Service, ServiceSettings
@@ -364,7 +364,7 @@ class ServiceUnderChaos(RuleBasedStateMachine):
     def observe_elsewhere(self, zone: str, job: str, mtbi_h: float, interruptions: int) -> None:
         """Another job's attempt ends and its drain adds it to the history: the outlook varies as the world goes on."""
         spec = SPECS[job]
-        key = Key(zone, machine_kind(spec), spec.all_tiers[0].provisioning)
+        key = Key(zone, spec.machine.type_name, spec.all_tiers[0].provisioning)
         seconds = mtbi_h * 3600 * max(1, interruptions)
         history, generation = self.history.load() if not self.history.errors else (None, 0)
         if history is None:

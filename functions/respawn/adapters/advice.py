@@ -45,7 +45,7 @@ from google.cloud import compute_v1
 from respawn.adapters.errors import error_text
 from respawn.adapters.settings import client_options, region_of
 from respawn.jobs import GpuMachine, JobSpec, MachineSpec, Provisioning
-from respawn.outlook import HOUR, Advice, ZoneAdvice, machine_kind
+from respawn.outlook import HOUR, Advice, ZoneAdvice
 from respawn.topology import UnknownTpuType, tpu_topology
 
 CACHE_S = HOUR  # how long an answer is reused
@@ -123,7 +123,7 @@ def advice_for(advisor: GcpAdvisor, project: str, spec: JobSpec) -> dict[tuple[s
     machines: dict[str, JobSpec] = {}
     for index, tier in enumerate(spec.all_tiers):
         on_tier = spec.on_tier(index)
-        kind = machine_kind(on_tier)
+        kind = on_tier.machine.type_name
         machines.setdefault(kind, on_tier)
         listed = zones.setdefault((kind, tier.provisioning), [])
         listed.extend(z for z in tier.zones if z not in listed)

@@ -36,7 +36,7 @@ from respawn.adapters.compute_slices import ComputeSlices, Slice
 from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
-from respawn.gpus import GPU_SHAPES, PD_BALANCED
+from respawn.gpus import HYPERDISK_BALANCED, PD_BALANCED, gpu_series
 from respawn.jobs import (
     API_COMPUTE,
     LABEL_ATTEMPT,
@@ -60,35 +60,19 @@ DEFAULT_NETWORK = "global/networks/default"
 MIN_RUN_S = 30  # Compute Engine's smallest maxRunDuration
 # A TPU VM "includes a 100 GiB boot disk".
 TPU_BOOT_DISK_GB = 100
-# The boot disk type per machine series, by machine type prefix (first match); anything else takes Balanced
-# Persistent Disk. v6e takes Hyperdisk only, v5p Balanced Persistent Disk (tpu/docs/setup-persistent-disk); A4X
-# supports Hyperdisk only (compute/docs/accelerator-optimized-machines, "Supported disk types"), as do the GPU series
-# respawn.gpus lists with hyperdisk-balanced (A4, A3 Ultra), each by its machine types' family (a4-highgpu-).
-# TPU7x is in neither table: Hyperdisk Balanced, as for v6e, is unverified.
-BOOT_DISK_TYPES = (
-    ("ct6e-", "hyperdisk-balanced"),
-    ("tpu7x-", "hyperdisk-balanced"),
-    ("a4x-", "hyperdisk-balanced"),
-    *sorted({(s.machine_type.rpartition("-")[0] + "-", s.boot_disk) for s in GPU_SHAPES if s.boot_disk != PD_BALANCED}),
-)
+# The boot disk type of the TPU VMs that take Hyperdisk only, by machine type prefix: v6e (v5p takes Balanced
+# Persistent Disk; tpu/docs/setup-persistent-disk). TPU7x: Hyperdisk Balanced, as for v6e, is unverified. A GPU VM's
+# is its series' (respawn.gpus).
+TPU_HYPERDISK = ("ct6e-", "tpu7x-")
 
 
 def boot_disk_type(machine_type: str) -> str:
-    """The boot disk type a VM of this machine type can boot from."""
-    return next((disk for prefix, disk in BOOT_DISK_TYPES if machine_type.startswith(prefix)), PD_BALANCED)
-
-
-# The GPU series whose MIGs take a workload policy (HIGH_THROUGHPUT: the VMs placed close together), by machine type
-# prefix: "for Spot or reservations: A4X, A4, A3 Ultra, A3 Mega, A3 High (8 GPUs)", "for Flex-start: A4 and A3
-# Ultra" (https://cloud.google.com/ai-hypercomputer/docs/placement-policy-and-workload-policy, the comparison of
-# compact placement policies and workload policies). Any other GPU slice's MIG has no placement policy.
-GPU_WORKLOAD_POLICY = ("a4x-", "a4-", "a3-ultragpu-", "a3-megagpu-", "a3-highgpu-8g")
-GPU_WORKLOAD_POLICY_FLEX = ("a4-", "a3-ultragpu-")
-
-
-def gpu_placement(machine_type: str, flex: bool) -> bool:
-    """Whether a MIG of GPU VMs of this machine type is made under a workload policy (GPU_WORKLOAD_POLICY)."""
-    return machine_type.startswith(GPU_WORKLOAD_POLICY_FLEX if flex else GPU_WORKLOAD_POLICY)
+    """The boot disk type a VM of this machine type can boot from; Balanced Persistent Disk where nothing says
+    otherwise."""
+    series = gpu_series(machine_type)
+    if series is not None:
+        return series.boot_disk
+    return HYPERDISK_BALANCED if machine_type.startswith(TPU_HYPERDISK) else PD_BALANCED
 
 
 STATES: dict[str, MachineState] = {
@@ -301,7 +285,8 @@ class GcpComputeProvider:
             )
         flex = spec.all_tiers[action.tier].provisioning == Provisioning.FLEX_START
         properties = self.vm_properties(action, spec, vm, template=True)
-        placement = gpu_placement(vm.machine_type, flex) if vm.gpus else True
+        series = gpu_series(vm.machine_type)  # a TPU slice is placed always, GPU VMs as their series says (if any)
+        placement = vm.gpus is None or (series is not None and series.takes_workload_policy(vm.gpus[1], flex=flex))
         topology = shape.topology or None
         return Slice(self.project, action.machine, action.zone, shape.vms, topology, properties, flex, placement)
 

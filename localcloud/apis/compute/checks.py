@@ -1,5 +1,6 @@
-"""What the local Compute Engine API accepts: the fields it models, the machine types it knows, and the rules
-Google documents for TPU VMs, flex-start, workload policies. Every check raises a 400 in Compute's words.
+"""What the local Compute Engine API accepts: the fields it models and the rules Google documents for TPU VMs,
+flex-start, workload policies (the machine types it knows: offerings.py). Every check raises a 400 in Compute's
+words.
 
 A request google.cloud.compute_v1 cannot read is refused as the real API does ("Invalid JSON payload received.
 Unknown name ..."); one that holds a field compute_v1 knows but this API does not model is refused too, since the
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.json_format import ParseError
 
 from localcloud.apis.apicore import invalid
+from localcloud.apis.offerings import TPU_MACHINE_TYPES
 
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1035, as every Compute resource name
 _TOPOLOGY = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}")
@@ -25,34 +26,6 @@ FLEX_START_MAX_RUN_S = 7 * _DAY  # compute/docs/instances/about-flex-start-vms: 
 # that is 90 seconds or longer") to 2 hours (the flex-start VM launch post: requests wait "up to two hours").
 FLEX_START_WAIT_S = (90, 2 * 3600)
 RESIZE_RUN_S = (600, 7 * _DAY)  # about-resize-requests-mig: requestedRunDuration between 10 minutes and 7 days
-
-
-@dataclass(frozen=True)
-class TpuMachineType:
-    """A TPU machine type of Compute Engine: its chips and how many dimensions its slices' topology has."""
-
-    name: str
-    generation: str
-    chips: int
-    topology_dims: int  # v6e slices are AxB, v5p and TPU7x AxBxC
-
-
-# compute/docs/tpus/tpu-machines: "Compute Engine supports ... TPU7x, TPU v6e, TPU v5p" (no v5e: ct5lp is GKE's).
-TPU_MACHINE_TYPES = {
-    t.name: t
-    for t in (
-        TpuMachineType("ct5p-hightpu-4t", "v5p", 4, 3),
-        TpuMachineType("ct6e-standard-1t", "v6e", 1, 2),
-        TpuMachineType("ct6e-standard-4t", "v6e", 4, 2),
-        TpuMachineType("ct6e-standard-8t", "v6e", 8, 2),
-        TpuMachineType("tpu7x-standard-4t", "tpu7x", 4, 3),
-    )
-}
-# The other machine types the local API knows: the general-purpose, compute-, memory- and accelerator-optimized
-# series by name (compute/docs/machine-resource); their sizes are not checked.
-_OTHER_MACHINE_TYPE = re.compile(
-    r"(e2|n1|n2|n2d|n4|n4d|c2|c2d|c3|c3d|c4|c4a|c4d|t2a|t2d|m1|m2|m3|m4|h3|h4d|z3|a2|a3|a4|a4x|g2|g4)-[a-z0-9-]+"
-)
 
 # The fields this API models, per resource (None: stored as sent, not looked into). Others that
 # google.cloud.compute_v1 knows are refused: the local API would not do what they ask.
@@ -162,20 +135,6 @@ def check_name(body: dict[str, Any], field_name: str) -> None:
             f"Invalid value for field '{field_name}': '{name or ''}'. Must be a match of regex "
             "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'"
         )
-
-
-def known_machine_type(machine_type: str) -> bool:
-    return machine_type in TPU_MACHINE_TYPES or bool(_OTHER_MACHINE_TYPE.fullmatch(machine_type))
-
-
-def check_machine_type(machine_type: str, field_name: str, value: str, zone: str | None) -> None:
-    if known_machine_type(machine_type):
-        return
-    where = f" in zone '{zone}'" if zone else ""
-    raise invalid(
-        f"Invalid value for field '{field_name}': '{value}'. Machine type with name '{machine_type}' does not "
-        f"exist{where}."
-    )
 
 
 def check_properties(props: dict[str, Any], where: str, machine_type: str) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from localcloud.apis.apicore import GPU, TPU, ApiError, CloudMachine, list_filter
-from localcloud.apis.compute.checks import TPU_MACHINE_TYPES
+from localcloud.apis.apicore import GPU, TPU, ApiError, CloudCore, CloudMachine, Fault, list_filter
+from localcloud.apis.offerings import TPU_MACHINE_TYPES
 from localcloud.services.logentries import instance_id
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
@@ -58,6 +58,14 @@ def key(m: CloudMachine) -> Key:
 
 def vm_id(m: CloudMachine) -> str:
     return instance_id(m.name)  # the id the local cloud's system events carry for this VM
+
+
+def create_fault(core: CloudCore, kind: str, name: str, zone: str, collection: str) -> Fault | None:
+    """Record a create call: a fault set for it fails the call at once, or comes back to end its operation."""
+    fault = core.record("create", kind, name, zone, collection)
+    if fault and not fault.in_operation:
+        raise ApiError.of(fault)
+    return fault
 
 
 def not_found(path: str) -> ApiError:

@@ -10,9 +10,11 @@ instance instead waits PENDING for its zone's `queue_waits` (failing so when its
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from google.cloud import compute_v1
 
@@ -21,9 +23,7 @@ from localcloud.apis.apicore import TPU, ApiError, CloudMachine, MachineCall, in
 from localcloud.apis.compute.checks import (
     FLEX_START_WAIT_S,
     INSTANCE_FIELDS,
-    TPU_MACHINE_TYPES,
     check_body,
-    check_machine_type,
     check_name,
     check_properties,
     seconds,
@@ -34,6 +34,7 @@ from localcloud.apis.compute.common import (
     Key,
     Request,
     capacity_error,
+    create_fault,
     instance_path,
     key,
     kind_of,
@@ -42,26 +43,17 @@ from localcloud.apis.compute.common import (
     spot,
     vm_id,
 )
-
-if TYPE_CHECKING:
-    from localcloud.apis.compute.api import ComputeApi
+from localcloud.apis.compute.operations import Operations
+from localcloud.apis.compute.state import ComputeState
 
 _MACHINE_TYPE_URL = re.compile(rf"(?:(?:{re.escape(COMPUTE)}/)?projects/([^/]+)/)?zones/([^/]+)/machineTypes/([^/]+)")
 
 
 class Instances:
-    """Every VM by (project, zone, name): standalone instances and a MIG's VMs (`managed`: the VM's key -> its
-    MIG's key); `flex_waiting`: the flex-start instances in their zone's queue."""
+    """The VMs of the state (`vms`): standalone instances and, made and started for their MIG, a MIG's VMs."""
 
-    def __init__(self, api: ComputeApi) -> None:
-        self.api = api
-        self.core = api.core
-        self.vms: dict[Key, CloudMachine] = {}
-        self.managed: dict[Key, Key] = {}
-        self.flex_waiting: set[Key] = set()
-
-    def standalone(self) -> list[CloudMachine]:
-        return [m for k, m in self.vms.items() if k not in self.managed]
+    def __init__(self, state: ComputeState, operations: Operations) -> None:
+        self.state, self.core, self.operations = state, state.core, operations
 
     def route(self, req: Request, project: str, zone: str, name: str | None) -> Any:
         def instance_name() -> str:
@@ -76,15 +68,13 @@ class Instances:
     # ================================================================= insert
     def create_machine(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """instances.insert."""
-        core, operations = self.core, self.api.operations
+        core, operations = self.core, self.operations
         with core.lock:
-            fault = core.record("create", kind_of(body.get("machineType")), name, zone, "instances")
-            if fault and not fault.in_operation:
-                raise ApiError.of(fault)
+            fault = create_fault(core, kind_of(body.get("machineType")), name, zone, "instances")
             check_body(compute_v1.Instance, body, INSTANCE_FIELDS)
             self._check(project, zone, body)
             vm = (project, zone, name)
-            if vm in self.vms:
+            if vm in self.state.vms:
                 raise ApiError(409, "ALREADY_EXISTS", f"The resource '{instance_path(*vm)}' already exists")
             op = operations.new(project, f"zones/{zone}", f"zones/{zone}/instances/{name}", "insert")
             if fault:
@@ -111,7 +101,7 @@ class Instances:
         if not waits:
             self.start(m)
             return copy.deepcopy(op["json"])
-        self.flex_waiting.add(key(m))
+        self.state.flex_waiting.add(key(m))
         if wait is not None and (valid is None or wait <= valid):
             self.core.later(wait, self._flex_granted, key(m), m.created_at)
         if valid is not None and (wait is None or wait > valid):
@@ -120,20 +110,20 @@ class Instances:
 
     def _flex_granted(self, vm: Key, created_at: float) -> None:
         with self.core.lock:
-            m = self.vms.get(vm)
-            if m is not None and m.created_at == created_at and vm in self.flex_waiting:
-                self.flex_waiting.discard(vm)
+            m = self.state.vms.get(vm)
+            if m is not None and m.created_at == created_at and vm in self.state.flex_waiting:
+                self.state.flex_waiting.discard(vm)
                 self.start(m)
 
     def _flex_expired(self, vm: Key, created_at: float) -> None:
         with self.core.lock:
-            m = self.vms.get(vm)
-            if m is None or m.created_at != created_at or vm not in self.flex_waiting:
+            m = self.state.vms.get(vm)
+            if m is None or m.created_at != created_at or vm not in self.state.flex_waiting:
                 return
-            self.flex_waiting.discard(vm)
-            del self.vms[vm]
+            self.state.flex_waiting.discard(vm)
+            del self.state.vms[vm]
             self.core.deleted(m)
-            self.api.operations.finish_waiting(vm, capacity_error(m.project, m.zone))
+            self.operations.finish_waiting(vm, capacity_error(m.project, m.zone))
 
     def _check(self, project: str, zone: str, body: dict[str, Any]) -> None:
         check_name(body, "resource.name")
@@ -144,8 +134,7 @@ class Instances:
                 f"Invalid value for field 'resource.machineType': '{value}'. "
                 f"A machine type URL in zone '{zone}' is required: zones/{zone}/machineTypes/TYPE."
             )
-        check_machine_type(found[3], "resource.machineType", value, zone)
-        offerings.check_offered(self.core, zone, found[3], "resource.machineType", value, "Machine type")
+        offerings.check_offered(self.core, zone, found[3], "resource.machineType", value)
         for i, accelerator in enumerate(body.get("guestAccelerators") or []):
             url = str(accelerator.get("acceleratorType") or "")
             field_name = f"resource.guestAccelerators[{i}].acceleratorType"
@@ -166,7 +155,7 @@ class Instances:
                     f"{low} s and {high} s."
                 )
         for policy_url in body.get("resourcePolicies") or []:
-            if any(policy_url.endswith(p.path) for p in self.api.kept.policies.values()):
+            if any(policy_url.endswith(p.path) for p in self.state.policies.values()):
                 raise invalid(
                     "Invalid resource usage: 'Resource policy must have one of [VmMaintenancePolicy, "
                     "GroupPlacementPolicy, InstanceSchedulePolicy]'."
@@ -182,7 +171,7 @@ class Instances:
         labels = dict(body.get("labels") or {})
         metadata = {i["key"]: i.get("value", "") for i in (body.get("metadata") or {}).get("items", [])}
         first = status or ("PENDING" if kind == TPU else "PROVISIONING")
-        tpu = TPU_MACHINE_TYPES.get(machine_type)
+        tpu = offerings.TPU_MACHINE_TYPES.get(machine_type)
         m = CloudMachine(
             kind,
             name,
@@ -197,36 +186,35 @@ class Instances:
             workers=(name,),
             chips_per_host=chips or (tpu.chips if tpu else 0),
         )
-        self.vms[(project, zone, name)] = m
+        self.state.vms[(project, zone, name)] = m
         self.core.changed()
         return m
 
-    def start(self, m: CloudMachine) -> None:
-        """Provision the instance: a TPU VM goes through STAGING halfway, RUNNING after `create_delay_s`."""
-        delay = self.core.create_delay_s
+    def start(self, m: CloudMachine, running: Callable[[], None] | None = None) -> None:
+        """Provision the instance: a TPU VM goes through STAGING halfway, RUNNING after `create_delay_s`. Then
+        `running` is called (a MIG's VM: the MIG looks at its VMs again); without it the local cloud hears that the
+        instance is ready."""
+        delay, then = self.core.create_delay_s, running or functools.partial(self.core.ready, m)
         if m.kind == TPU:
-            self.core.later(delay / 2, self._progress, key(m), m.created_at, "STAGING")
-        self.core.later(delay, self._progress, key(m), m.created_at, "RUNNING")
+            self.core.later(delay / 2, self._progress, key(m), m.created_at, "STAGING", then)
+        self.core.later(delay, self._progress, key(m), m.created_at, "RUNNING", then)
 
-    def _progress(self, vm: Key, created_at: float, status: str) -> None:
+    def _progress(self, vm: Key, created_at: float, status: str, running: Callable[[], None]) -> None:
         core = self.core
         with core.lock:
-            m = self.vms.get(vm)
+            m = self.state.vms.get(vm)
             if m is None or m.created_at != created_at or m.state not in CREATING:  # preempted, set meanwhile
                 return
             m.state = status
             if status == "RUNNING":
-                if vm in self.managed:
-                    self.api.migs.refresh(self.api.migs.groups[self.managed[vm]])
-                else:
-                    core.ready(m)
-                self.api.operations.finish_waiting(vm, None)
+                running()
+                self.operations.finish_waiting(vm, None)
             core.changed()
 
     # ================================================================= get, list, delete
     def get_machine(self, project: str, zone: str, name: str) -> dict[str, Any]:
         with self.core.lock:
-            m = self.vms.get((project, zone, name))
+            m = self.state.vms.get((project, zone, name))
             self.core.check("get", m.kind if m else "", name, zone, "instances")
             if m is None:
                 raise not_found(instance_path(project, zone, name))
@@ -235,35 +223,35 @@ class Instances:
     def list_machines(self, project: str, zone: str) -> list[dict[str, Any]]:
         with self.core.lock:
             self.core.check("list", "", "", zone, "instances")
-            return [instance_json(m) for (p, z, _), m in sorted(self.vms.items()) if (p, z) == (project, zone)]
+            return [instance_json(m) for (p, z, _), m in sorted(self.state.vms.items()) if (p, z) == (project, zone)]
 
     def delete_machine(self, project: str, zone: str, name: str) -> dict[str, Any]:
         core = self.core
         with core.lock:
             vm = (project, zone, name)
-            m = self.vms.get(vm)
+            m = self.state.vms.get(vm)
             core.check("delete", m.kind if m else "", name, zone, "instances")
             if m is None:
                 raise not_found(instance_path(*vm))
-            if vm in self.managed:
+            if vm in self.state.managed:
                 raise invalid(
                     f"The local Compute API does not delete '{instance_path(*vm)}' on its own: it belongs to "
-                    f"'{self.api.migs.groups[self.managed[vm]].path}'; delete the managed instance group."
+                    f"'{self.state.migs[self.state.managed[vm]].path}'; delete the managed instance group."
                 )
-            del self.vms[vm]
-            self.flex_waiting.discard(vm)
+            del self.state.vms[vm]
+            self.state.flex_waiting.discard(vm)
             m.state = "STOPPING"
-            self.api.operations.finish_waiting(vm, None)  # an insert still in flight completes
+            self.operations.finish_waiting(vm, None)  # an insert still in flight completes
             core.deleted(m)
-            return self.api.operations.done(project, f"zones/{zone}", f"zones/{zone}/instances/{name}", "delete")
+            return self.operations.done(project, f"zones/{zone}", f"zones/{zone}/instances/{name}", "delete")
 
     # ================================================================= the local cloud's hooks
     def preempt(self, m: CloudMachine) -> CloudMachine:
         """TERMINATED, or deleted when the VM asked for instanceTerminationAction DELETE."""
-        self.flex_waiting.discard(key(m))
+        self.state.flex_waiting.discard(key(m))
         if (m.resource.get("scheduling") or {}).get("instanceTerminationAction") == "DELETE":
-            del self.vms[key(m)]
-            if key(m) not in self.managed:
+            del self.state.vms[key(m)]
+            if key(m) not in self.state.managed:
                 self.core.deleted(m)
             return self.set(m, "STOPPING")
         return self.set(m, "TERMINATED")

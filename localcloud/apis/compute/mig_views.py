@@ -6,15 +6,12 @@ from __future__ import annotations
 import copy
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from localcloud.apis.apicore import CloudMachine, gpus, rfc3339
-from localcloud.apis.compute.checks import TPU_MACHINE_TYPES
 from localcloud.apis.compute.common import COMPUTE, CREATING, instance_path, kind_of, url, vm_id
-
-if TYPE_CHECKING:
-    from localcloud.apis.compute.instances import Instances
-    from localcloud.apis.compute.migs import Mig
+from localcloud.apis.compute.state import ComputeState, Mig
+from localcloud.apis.offerings import TPU_MACHINE_TYPES
 
 # InstanceGroupManagerActionsSummary's counters, and InstanceGroupManagerStatusInstanceStatusSummary's per status.
 _ACTIONS = [
@@ -72,33 +69,28 @@ def slice_of(mig: Mig) -> CloudMachine:
     )
 
 
-def created(mig: Mig, instances: Instances) -> bool:
-    """Whether any of the MIG's VMs was created (then it holds its zone's capacity)."""
-    return any(g == mig.key for g in instances.managed.values())
-
-
-def managed_json(mig: Mig, name: str, instances: Instances) -> dict[str, Any]:
+def managed_json(mig: Mig, name: str, state: ComputeState) -> dict[str, Any]:
     """A managed instance: the VM's status, or CREATING while it waits to be created. A VM lost for good (a
     Spot VM deleted on preemption) stays listed, with no status: the MIG repairs nothing."""
-    m = instances.vms.get((mig.project, mig.zone, name))
+    m = state.vms.get((mig.project, mig.zone, name))
     link = f"{COMPUTE}/{instance_path(mig.project, mig.zone, name)}"
     item: dict[str, Any] = {"instance": link, "name": name, "version": {"instanceTemplate": url(mig.template.path)}}
     if m is None:
-        item["currentAction"] = "CREATING" if mig.bulk_in_progress and name not in _lost(mig, instances) else "NONE"
+        item["currentAction"] = "CREATING" if mig.bulk_in_progress and name not in _lost(mig, state) else "NONE"
         return item
     item.update(id=vm_id(m), instanceStatus=m.state)
     item["currentAction"] = "CREATING" if m.state in CREATING else "NONE"
     return item
 
 
-def _lost(mig: Mig, instances: Instances) -> set[str]:
+def _lost(mig: Mig, state: ComputeState) -> set[str]:
     """VMs that were created and are gone (deleted on preemption)."""
-    made = {k[2] for k, g in instances.managed.items() if g == mig.key}
-    return {n for n in made if (mig.project, mig.zone, n) not in instances.vms}
+    made = {k[2] for k, g in state.managed.items() if g == mig.key}
+    return {n for n in made if (mig.project, mig.zone, n) not in state.vms}
 
 
-def mig_json(mig: Mig, instances: Instances) -> dict[str, Any]:
-    managed = [managed_json(mig, n, instances) for n in mig.vms]
+def mig_json(mig: Mig, state: ComputeState) -> dict[str, Any]:
+    managed = [managed_json(mig, n, state) for n in mig.vms]
     creating = sum(1 for i in managed if i["currentAction"] == "CREATING")
     actions = dict.fromkeys(_ACTIONS, 0)
     actions.update(creating=creating, none=len(managed) - creating)

@@ -1,34 +1,37 @@
-"""The local Compute API's managed instance groups: zonal BULK MIGs, a TPU slice's (or a GPU group's) VMs.
+"""The local Compute API's managed instance groups: zonal MIGs, a TPU slice's (or a GPU group's) VMs.
 
   zones/Z/instanceGroupManagers[/M]                       insert, get, list, delete                zone op
   zones/Z/instanceGroupManagers/M/listManagedInstances    POST
   zones/Z/instanceGroupManagers/M/resize?size=N           POST                                     zone op
 
-A MIG is BULK: it creates its `targetSize` VMs (`BASE-xxxx`) all at once, each with metadata `agent-worker-number`
-and `worker-network-endpoints`. In a zone without capacity it waits, as `status.bulkInstanceOperation` says
-(`inProgress`, `lastProgressCheck.error` ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS), or, with
-`bulk_stockout="fail"`, its insert operation fails. `status.appliedAcceleratorTopologies[0].state` is INCOMPLETE
-while VMs provision, ACTIVE when all run, DEACTIVATING then INCOMPLETE once one is lost: a slice MIG
-(defaultActionOnFailure DO_NOTHING) repairs nothing. To the local cloud a MIG is one machine.
+A MIG (BULK for a flex-start or reservation-bound template only, else in the default mode) creates its `targetSize`
+VMs (`BASE-xxxx`) all at once, each with metadata `agent-worker-number` and `worker-network-endpoints`; in a zone
+that does not offer the template's machine or GPU type it makes none and says why in `status.bulkInstanceOperation`
+(`lastProgressCheck.error`, a refused instance create's words), trying on as a real MIG does. In a zone without
+capacity it waits, as `status.bulkInstanceOperation` says (`inProgress`, `lastProgressCheck.error`
+ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS), or, with `bulk_stockout="fail"`, its insert operation fails.
+`status.appliedAcceleratorTopologies[0].state` is INCOMPLETE while VMs provision, ACTIVE when all run, DEACTIVATING
+then INCOMPLETE once one is lost: a slice MIG (defaultActionOnFailure DO_NOTHING) repairs nothing. To the local
+cloud a MIG is one machine.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 import re
 import string
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.cloud import compute_v1
 
 from localcloud.apis import offerings
 from localcloud.apis.apicore import ApiError, invalid
 from localcloud.apis.compute import mig_views
-from localcloud.apis.compute.checks import MIG_FIELDS, TPU_MACHINE_TYPES, check_body, check_name
+from localcloud.apis.compute.checks import MIG_FIELDS, check_body, check_name
 from localcloud.apis.compute.common import (
     COMPUTE,
     Key,
@@ -36,82 +39,47 @@ from localcloud.apis.compute.common import (
     already_exists,
     capacity_error,
     capacity_wait,
+    create_fault,
     key,
     kind_of,
     listing,
     not_found,
     spot,
 )
-from localcloud.apis.compute.templates import TEMPLATE_URL, Kept, ResourcePolicy, Template
-
-if TYPE_CHECKING:
-    from localcloud.apis.compute.api import ComputeApi
-    from localcloud.apis.compute.resize_requests import ResizeRequest
+from localcloud.apis.compute.instances import Instances
+from localcloud.apis.compute.operations import Operations
+from localcloud.apis.compute.state import ComputeState, Mig, ResourcePolicy, Template
+from localcloud.apis.compute.templates import TEMPLATE_URL, TemplatesAndPolicies
+from localcloud.apis.offerings import TPU_MACHINE_TYPES
 
 _MIG_KEYS = frozenset({"instance-template", "created-by", "agent-worker-number", "worker-network-endpoints"})
 
 
-@dataclass
-class Mig:
-    """A zonal BULK managed instance group: `vms` are its managed instances in worker order (those not yet
-    created wait for capacity); to the local cloud the whole group is one machine."""
-
-    project: str
-    zone: str
-    name: str
-    body: dict[str, Any]
-    id: int
-    created_at: float
-    template: Template
-    policy: ResourcePolicy | None
-    vms: list[str] = field(default_factory=list)
-    bulk_in_progress: bool = False
-    progress_error: dict[str, Any] | None = None  # lastProgressCheck.error while waiting for capacity
-    topology_state: str = "INCOMPLETE"
-    topology_at: float = 0.0
-    ready_sent: bool = False
-    deleted_at: float | None = None
-    resize_requests: dict[str, ResizeRequest] = field(default_factory=dict)
-    serial: int = 0  # a capacity timer acts only on the wait it was set for
-
-    @property
-    def path(self) -> str:
-        return f"projects/{self.project}/zones/{self.zone}/instanceGroupManagers/{self.name}"
-
-    @property
-    def key(self) -> Key:
-        return (self.project, self.zone, self.name)
-
-    @property
-    def target_size(self) -> int:
-        return len(self.vms)
-
-
 class Migs:
-    """The MIGs by (project, zone, name). `bulk_models`, `bulk_stockout`: see ComputeApi."""
+    """The MIGs of the state (`migs`), their VMs made by `instances` from the templates `kept` holds.
+    `bulk_models`, `bulk_stockout`: see ComputeApi."""
 
-    def __init__(self, api: ComputeApi, bulk_models: frozenset[str] | None, bulk_stockout: str) -> None:
+    def __init__(
+        self,
+        state: ComputeState,
+        operations: Operations,
+        instances: Instances,
+        kept: TemplatesAndPolicies,
+        bulk_models: frozenset[str] | None,
+        bulk_stockout: str,
+    ) -> None:
         if bulk_stockout not in ("wait", "fail"):
             raise ValueError(f"bulk_stockout: {bulk_stockout!r} is not allowed; allowed: wait, fail")
-        self.api = api
-        self.core = api.core
-        self.bulk_models = bulk_models
-        self.bulk_stockout = bulk_stockout
-        self.groups: dict[Key, Mig] = {}
-
-    def named(self, name: str) -> Mig | None:
-        return next((mig for mig in self.groups.values() if mig.name == name), None)
-
-    def users(self, kept: Kept) -> list[str]:
-        """The MIGs that use a template or policy."""
-        return [mig.path for mig in self.groups.values() if mig.template is kept or mig.policy is kept]
+        self.state, self.core, self.operations = state, state.core, operations
+        self.instances, self.kept = instances, kept
+        self.bulk_models, self.bulk_stockout = bulk_models, bulk_stockout
 
     def route(self, req: Request, project: str, zone: str, name: str | None, action: str | None) -> Any:
-        instances = self.api.instances
+        state = self.state
         if action == "listManagedInstances" and req.method == "POST" and name:
             with self.core.lock:
                 mig = self.get("get", project, zone, name)
-                return {"managedInstances": [mig_views.managed_json(mig, vm, instances) for vm in mig.vms]}
+                return {"managedInstances": [mig_views.managed_json(mig, vm, state) for vm in mig.vms]}
         if action == "resize" and req.method == "POST" and name:
             return self.resize(project, zone, name, req.query.get("size"))
         if action:
@@ -120,12 +88,12 @@ class Migs:
             return self.insert(project, zone, req.body)
         if req.method == "GET" and name:
             with self.core.lock:
-                return mig_views.mig_json(self.get("get", project, zone, name), instances)
+                return mig_views.mig_json(self.get("get", project, zone, name), state)
         if req.method == "GET":
             with self.core.lock:
                 self.core.check("list", "", "", zone, "instanceGroupManagers")
                 items = [
-                    mig_views.mig_json(g, instances) for k, g in sorted(self.groups.items()) if k[:2] == (project, zone)
+                    mig_views.mig_json(g, state) for k, g in sorted(state.migs.items()) if k[:2] == (project, zone)
                 ]
             path = f"projects/{project}/zones/{zone}/instanceGroupManagers"
             return listing("compute#instanceGroupManagerList", path, items, req.query)
@@ -135,19 +103,16 @@ class Migs:
 
     # ================================================================= insert, grow
     def insert(self, project: str, zone: str, body: dict[str, Any]) -> dict[str, Any]:
-        core, operations, kept = self.core, self.api.operations, self.api.kept
+        core, operations, kept = self.core, self.operations, self.kept
         with core.lock:
             name = str(body.get("name") or "")
             template = kept.referenced_template(project, body.get("instanceTemplate"))
-            fault = core.record(
-                "create", kind_of(template.machine_type if template else None), name, zone, "instanceGroupManagers"
-            )
-            if fault and not fault.in_operation:
-                raise ApiError.of(fault)
+            kind = kind_of(template.machine_type if template else None)
+            fault = create_fault(core, kind, name, zone, "instanceGroupManagers")
             check_body(compute_v1.InstanceGroupManager, body, MIG_FIELDS)
             check_name(body, "resource.name")
             mig_key = (project, zone, name)
-            if mig_key in self.groups:  # before the checks that look at other resources: a redelivered insert
+            if mig_key in self.state.migs:  # before the checks that look at other resources: a redelivered insert
                 raise already_exists(f"projects/{project}/zones/{zone}/instanceGroupManagers/{name}")
             base = str(body.get("baseInstanceName") or "")
             if not re.fullmatch(r"[a-z][-a-z0-9]{0,57}", base):
@@ -165,7 +130,6 @@ class Migs:
                 raise not_found(url.removeprefix(f"{COMPUTE}/"))
             policy = kept.referenced_policy(project, zone, body)
             check_mig(body, template, policy, self.bulk_models)
-            offerings.check_offered(core, zone, template.machine_type, "resource.instanceTemplate", url, "Machine type")
             target = body.get("targetSize", 0)
             if not isinstance(target, int) or target < 0:
                 raise invalid(f"Invalid value for field 'resource.targetSize': '{target}'. Must be 0 or more.")
@@ -173,35 +137,59 @@ class Migs:
             op = operations.new(project, f"zones/{zone}", f"zones/{zone}/instanceGroupManagers/{name}", "insert")
             if fault:
                 return operations.finish(op, ApiError.of(fault))
-            stockout_fails = self.bulk_stockout == "fail" and not _flex(template)
-            if target and stockout_fails and core.stocked_out(zone, _spot(template), template.machine_type):
+            if target and self._stockout_fails(template, zone):
                 return operations.finish(op, capacity_error(project, zone))
             mig = Mig(project, zone, name, copy.deepcopy(body), core.next_id(), time.time(), template, policy)
             mig.topology_at = mig.created_at
-            self.groups[mig_key] = mig
+            self.state.migs[mig_key] = mig
             if target:
-                self.grow(mig, target, stocked_checked=self.bulk_stockout == "fail")
+                self.grow(mig, target)
             return operations.finish(op, None)
 
-    def grow(self, mig: Mig, n: int, request: ResizeRequest | None = None, stocked_checked: bool = False) -> None:
-        """Add `n` managed instances and create them all at once when the zone has capacity: at once, after the
-        zone's queue wait, or never (until deleted). Flex-start (a FLEX_START template or a resize request) waits
-        only for `queue_waits`; others meet stockouts and capacity first, and then wait like a queued request.
-        Called with the lock held."""
+    def add(self, mig: Mig, n: int) -> list[str]:
+        """Add `n` managed instances, to be created all at once; their names. Called with the lock held."""
         names = [self._new_vm_name(mig) for _ in range(n)]
         mig.vms.extend(names)
-        if request is not None:
-            request.names = names
         mig.bulk_in_progress = True
         mig.serial = self.core.next_id()
         self.refresh(mig)
-        if request is not None:  # accepted next, then waits for capacity
-            self.core.later(0, self.api.resize_requests.accept, mig.key, request.name, request.id)
+        return names
+
+    def _stockout_fails(self, template: Template, zone: str) -> bool:
+        """Whether an insert or resize operation fails on a stockout now (bulk_stockout "fail"; not flex-start)."""
+        fails = self.bulk_stockout == "fail" and not _flex(template)
+        return fails and self.core.stocked_out(zone, _spot(template), template.machine_type)
+
+    def _unoffered(self, mig: Mig) -> dict[str, Any] | None:
+        """Why the MIG's zone cannot make its VMs, as a refused instance create says it, or None: the template's
+        machine type or a GPU type that the zone does not offer. Called with the lock held."""
+        zone, properties = mig.zone, mig.template.body["properties"]
+        asked = [("resource.machineType", "machineTypes", mig.template.machine_type, "Machine type")]
+        for i, accelerator in enumerate(properties.get("guestAccelerators") or []):
+            name = str(accelerator.get("acceleratorType") or "").rpartition("/")[2]
+            field_name = f"resource.guestAccelerators[{i}].acceleratorType"
+            asked.append((field_name, "acceleratorTypes", name, "Accelerator type"))
+        for field_name, collection, name, kind in asked:
+            try:
+                offerings.check_offered(self.core, zone, name, field_name, f"zones/{zone}/{collection}/{name}", kind)
+            except ApiError as e:
+                return {"errors": [{"code": "INVALID_FIELD_VALUE", "message": e.message}]}
+        return None
+
+    def grow(self, mig: Mig, n: int) -> None:
+        """Add `n` managed instances and create them all at once when the zone has capacity: at once, after the
+        zone's queue wait, or never (until deleted). A FLEX_START template waits only for `queue_waits`; others
+        meet stockouts and capacity first (unless `_stockout_fails` did), then wait like a queued request. Called
+        with the lock held."""
+        names = self.add(mig, n)
+        refused = self._unoffered(mig)
+        if refused is not None:  # the zone does not offer its type: no VM is ever made, and the MIG says why
+            mig.progress_error = refused
             return
         spot = _spot(mig.template)
         if _flex(mig.template):
             waits, wait = self.core.queue_wait(mig.zone, spot=False)
-        elif not stocked_checked and self.core.stocked_out(mig.zone, spot, mig.template.machine_type):
+        elif self.bulk_stockout == "wait" and self.core.stocked_out(mig.zone, spot, mig.template.machine_type):
             queued, wait = self.core.queue_wait(mig.zone, spot)
             waits, wait = True, wait if queued else None  # no queue wait set: until deleted
         else:
@@ -215,7 +203,7 @@ class Migs:
 
     def _capacity_came(self, mig_key: Key, serial: int, names: list[str]) -> None:
         with self.core.lock:
-            mig = self.groups.get(mig_key)
+            mig = self.state.migs.get(mig_key)
             if mig is not None and mig.serial == serial:
                 self.create_vms(mig, [n for n in names if n in mig.vms])
 
@@ -226,7 +214,6 @@ class Migs:
         machine_type = mig.template.machine_type
         tpu = TPU_MACHINE_TYPES.get(machine_type)
         mig.progress_error = None
-        instances = self.api.instances
         for name in names:
             body = copy.deepcopy(properties)
             body["name"] = name
@@ -239,15 +226,15 @@ class Migs:
                 {"key": "worker-network-endpoints", "value": ",".join(mig.vms)},
             ]
             body["metadata"] = {**(body.get("metadata") or {}), "items": items}
-            m = instances.make(mig.project, mig.zone, name, body, chips=tpu.chips if tpu else 0)
-            instances.managed[key(m)] = mig.key
-            instances.start(m)
+            m = self.instances.make(mig.project, mig.zone, name, body, chips=tpu.chips if tpu else 0)
+            self.state.managed[key(m)] = mig.key
+            self.instances.start(m, functools.partial(self.refresh, mig))
         self.refresh(mig)
 
     def refresh(self, mig: Mig) -> None:
         """The topology state after a VM changed: ACTIVE when every VM runs (on_ready the first time), else
         DEACTIVATING (for a while, after ACTIVE) then INCOMPLETE. Called with the lock held."""
-        vms = [self.api.instances.vms.get((mig.project, mig.zone, n)) for n in mig.vms]
+        vms = [self.state.vms.get((mig.project, mig.zone, n)) for n in mig.vms]
         running = bool(vms) and all(m is not None and m.state == "RUNNING" for m in vms)
         before = mig.topology_state
         if running:
@@ -268,14 +255,14 @@ class Migs:
 
     def _deactivated(self, mig_key: Key, mig_id: int) -> None:
         with self.core.lock:
-            mig = self.groups.get(mig_key)
+            mig = self.state.migs.get(mig_key)
             if mig is not None and mig.id == mig_id and mig.topology_state == "DEACTIVATING":
                 mig.topology_state, mig.topology_at = "INCOMPLETE", time.time()
                 self.core.changed()
 
     # ================================================================= get, delete, resize
     def get(self, verb: str, project: str, zone: str, name: str, collection: str = "instanceGroupManagers") -> Mig:
-        mig = self.groups.get((project, zone, name))
+        mig = self.state.migs.get((project, zone, name))
         self.core.check(verb, kind_of(mig.template.machine_type) if mig else "", name, zone, collection)
         if mig is None:
             raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{name}")
@@ -286,17 +273,17 @@ class Migs:
         core = self.core
         with core.lock:
             mig = self.get("delete", project, zone, name)
-            del self.groups[(project, zone, name)]
+            del self.state.migs[(project, zone, name)]
             self._drop_vms(mig)
             slice_ = mig_views.slice_of(mig)
             core.deleted(slice_)
             mig.deleted_at = slice_.deleted_at
             target = f"zones/{zone}/instanceGroupManagers/{name}"
-            return self.api.operations.done(project, f"zones/{zone}", target, "delete")
+            return self.operations.done(project, f"zones/{zone}", target, "delete")
 
     def resize(self, project: str, zone: str, name: str, size: str | None) -> dict[str, Any]:
         """instanceGroupManagers.resize of a BULK MIG: from 0 to the full size at once, or back to 0."""
-        core, operations = self.core, self.api.operations
+        core, operations = self.core, self.operations
         with core.lock:
             mig = self.get("resize", project, zone, name)
             if size is None or not size.isdigit():
@@ -317,37 +304,37 @@ class Migs:
                 mig.serial = core.next_id()
                 self.refresh(mig)
                 return operations.finish(op, None)
-            if (
-                self.bulk_stockout == "fail"
-                and not _flex(mig.template)
-                and core.stocked_out(zone, _spot(mig.template), mig.template.machine_type)
-            ):
+            if self._stockout_fails(mig.template, zone):
                 return operations.finish(op, capacity_error(project, zone))
-            self.grow(mig, new, stocked_checked=self.bulk_stockout == "fail")
+            self.grow(mig, new)
             return operations.finish(op, None)
 
     def _drop_vms(self, mig: Mig) -> None:
-        instances = self.api.instances
         for vm in mig.vms:
-            instances.managed.pop((mig.project, mig.zone, vm), None)
-            instances.vms.pop((mig.project, mig.zone, vm), None)
+            self.state.managed.pop((mig.project, mig.zone, vm), None)
+            self.state.vms.pop((mig.project, mig.zone, vm), None)
 
     def _new_vm_name(self, mig: Mig) -> str:
         """BASE-xxxx, four random lowercase letters or digits, as a MIG names its VMs; unique in the zone."""
         base = str(mig.body["baseInstanceName"])
         while True:
             name = f"{base}-{''.join(random.choices(string.ascii_lowercase + string.digits, k=4))}"
-            if name not in mig.vms and (mig.project, mig.zone, name) not in self.api.instances.vms:
+            if name not in mig.vms and (mig.project, mig.zone, name) not in self.state.vms:
                 return name
+
+
+# "Bulk mode in MIGs is only supported with instance templates that specify either a reservation-bound or flex-start
+# provisioning model" (compute/docs/instance-groups/bulk-create-instances-in-mig): the local API's default.
+BULK_MODELS = frozenset({"FLEX_START", "RESERVATION_BOUND"})
 
 
 def check_mig(
     body: dict[str, Any], template: Template, policy: ResourcePolicy | None, bulk_models: frozenset[str] | None
 ) -> None:
-    """`bulk_models` None: every MIG is BULK (a user's bring-up of a v6e slice MIG: "MIGs with TPU accelerator
-    topology require BULK mode"). Otherwise BULK takes only those models (the bulk-mode page) and a MIG of any other
-    model is INDIVIDUAL (the default mode, unset or named), as the TPU Spot page's Spot slice MIGs must then be; the
-    local API creates an INDIVIDUAL MIG's VMs as it does a BULK one's."""
+    """BULK takes only `bulk_models` (by default BULK_MODELS, the bulk-mode page's) and a MIG of any other model is
+    INDIVIDUAL (the default mode, unset or named), as a Spot or standard slice's is; the local API creates an
+    INDIVIDUAL MIG's VMs as it does a BULK one's. `bulk_models` None: every MIG is BULK instead (a user's bring-up
+    of a v6e slice MIG: "MIGs with TPU accelerator topology require BULK mode"), a reading no Google page states."""
     mode = (body.get("targetSizePolicy") or {}).get("mode")
     model = (template.body["properties"].get("scheduling") or {}).get("provisioningModel") or "STANDARD"
     if bulk_models is None and policy is not None and policy.topology and mode != "BULK":

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.cloud import compute_v1
 
-from localcloud.apis.apicore import TPU, ApiError, invalid, rfc3339
+from localcloud.apis.apicore import TPU, invalid, rfc3339
 from localcloud.apis.compute.checks import RESIZE_REQUEST_FIELDS, RESIZE_RUN_S, check_body, check_name, seconds
 from localcloud.apis.compute.common import (
     COMPUTE,
@@ -23,42 +22,23 @@ from localcloud.apis.compute.common import (
     Request,
     already_exists,
     capacity_wait,
+    create_fault,
     kind_of,
     listing,
     not_found,
 )
-from localcloud.apis.compute.migs import Mig, check_topology_holds
-
-if TYPE_CHECKING:
-    from localcloud.apis.compute.api import ComputeApi
-
-
-@dataclass
-class ResizeRequest:
-    """A MIG resize request: `names` are the VMs it adds, created all at once when capacity comes."""
-
-    name: str
-    body: dict[str, Any]
-    id: int
-    created_at: float
-    names: list[str]
-    state: str = "CREATING"  # CREATING | ACCEPTED | SUCCEEDED | FAILED
-    error: dict[str, Any] | None = None  # FAILED: Compute's {"errors": [{"code", "message"}]}
-    last_attempt: dict[str, Any] | None = None  # why it still waits (status.lastAttempt.error)
-
-    @property
-    def open(self) -> bool:
-        return self.state in ("CREATING", "ACCEPTED")
+from localcloud.apis.compute.migs import Migs, check_topology_holds
+from localcloud.apis.compute.operations import Operations
+from localcloud.apis.compute.state import ComputeState, Mig, ResizeRequest
 
 
 class ResizeRequests:
-    """The resize requests of every MIG (each kept in its MIG's `resize_requests`). `enabled`: False refuses
-    them in BULK MIGs (see ComputeApi)."""
+    """The resize requests of every MIG (each kept in its MIG's `resize_requests`), which add VMs to `migs`.
+    `enabled`: False refuses them in BULK MIGs (see ComputeApi)."""
 
-    def __init__(self, api: ComputeApi, enabled: bool) -> None:
-        self.api = api
-        self.core = api.core
-        self.enabled = enabled
+    def __init__(self, state: ComputeState, operations: Operations, migs: Migs, enabled: bool) -> None:
+        self.state, self.core, self.operations = state, state.core, operations
+        self.migs, self.enabled = migs, enabled
 
     def route(self, req: Request, project: str, zone: str, mig_name: str, name: str | None) -> Any:
         if req.method == "POST" and not name:
@@ -69,7 +49,7 @@ class ResizeRequests:
                 return resize_request_json(mig, rr)
         if req.method == "GET":
             with self.core.lock:
-                mig = self.api.migs.get("list", project, zone, mig_name, "resizeRequests")
+                mig = self.migs.get("list", project, zone, mig_name, "resizeRequests")
                 items = [resize_request_json(mig, rr) for _, rr in sorted(mig.resize_requests.items())]
             kind = "compute#instanceGroupManagerResizeRequestList"
             return listing(kind, f"{mig.path}/resizeRequests", items, req.query)
@@ -78,14 +58,12 @@ class ResizeRequests:
         return None
 
     def insert(self, project: str, zone: str, mig_name: str, body: dict[str, Any]) -> dict[str, Any]:
-        core, operations = self.core, self.api.operations
+        core, operations = self.core, self.operations
         with core.lock:
             name = str(body.get("name") or "")
-            mig = self.api.migs.groups.get((project, zone, mig_name))
+            mig = self.state.migs.get((project, zone, mig_name))
             kind = kind_of(mig.template.machine_type) if mig else ""
-            fault = core.record("create", kind, name, zone, "resizeRequests")
-            if fault and not fault.in_operation:
-                raise ApiError.of(fault)
+            fault = create_fault(core, kind, name, zone, "resizeRequests")
             if mig is None:
                 raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig_name}")
             check_body(compute_v1.InstanceGroupManagerResizeRequest, body, RESIZE_REQUEST_FIELDS)
@@ -122,13 +100,14 @@ class ResizeRequests:
                 rr.state = "FAILED"
                 rr.error = {"errors": [{"code": fault.reason or fault.status, "message": fault.message}]}
                 return operations.finish(op, None)
-            self.api.migs.grow(mig, by, request=rr)
+            rr.names = self.migs.add(mig, by)
+            core.later(0, self.accept, mig.key, name, rr.id)  # accepted next, then waits for capacity
             return operations.finish(op, None)
 
     def _in(self, mig_key: Key, name: str, rr_id: int, state: str) -> tuple[Mig | None, ResizeRequest | None]:
         """The MIG and its resize request `name` (the one with id `rr_id`) while the request is in `state`; Nones
         once it moved on or is gone (a timer set for it is then moot). Called with the lock held."""
-        mig = self.api.migs.groups.get(mig_key)
+        mig = self.state.migs.get(mig_key)
         rr = mig.resize_requests.get(name) if mig else None
         if mig is None or rr is None or rr.id != rr_id or rr.state != state:
             return None, None
@@ -156,10 +135,10 @@ class ResizeRequests:
             if mig is None or rr is None:
                 return
             rr.state, rr.last_attempt = "SUCCEEDED", None
-            self.api.migs.create_vms(mig, rr.names)
+            self.migs.create_vms(mig, rr.names)
 
     def _get(self, verb: str, project: str, zone: str, mig_name: str, name: str) -> tuple[Mig, ResizeRequest]:
-        mig = self.api.migs.get(verb, project, zone, mig_name, "resizeRequests")
+        mig = self.migs.get(verb, project, zone, mig_name, "resizeRequests")
         rr = mig.resize_requests.get(name)
         if rr is None:
             raise not_found(f"{mig.path}/resizeRequests/{name}")
@@ -174,9 +153,9 @@ class ResizeRequests:
                 mig.vms = [vm for vm in mig.vms if vm not in rr.names]
                 mig.bulk_in_progress = any(r.open for r in mig.resize_requests.values())
                 mig.progress_error = mig.progress_error if mig.bulk_in_progress else None
-                self.api.migs.refresh(mig)
+                self.migs.refresh(mig)
             target = f"zones/{zone}/instanceGroupManagers/{mig_name}/resizeRequests/{name}"
-            return self.api.operations.done(project, f"zones/{zone}", target, "delete")
+            return self.operations.done(project, f"zones/{zone}", target, "delete")
 
 
 def resize_request_json(mig: Mig, rr: ResizeRequest) -> dict[str, Any]:

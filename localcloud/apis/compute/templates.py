@@ -11,18 +11,16 @@ from __future__ import annotations
 import copy
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from google.cloud import compute_v1
 
-from localcloud.apis.apicore import GPU, TPU, ApiError, CloudCore, invalid, rfc3339
+from localcloud.apis import offerings
+from localcloud.apis.apicore import GPU, TPU, ApiError, invalid, rfc3339
 from localcloud.apis.compute.checks import (
     POLICY_FIELDS,
     TEMPLATE_FIELDS,
     check_body,
-    check_machine_type,
     check_name,
     check_properties,
     check_workload_policy,
@@ -31,6 +29,7 @@ from localcloud.apis.compute.common import (
     COMPUTE,
     Request,
     already_exists,
+    create_fault,
     in_use,
     kind_of,
     listing,
@@ -39,71 +38,34 @@ from localcloud.apis.compute.common import (
     url,
 )
 from localcloud.apis.compute.operations import Operations
+from localcloud.apis.compute.state import ComputeState, Kept, ResourcePolicy, Template
 
 TEMPLATE_URL = re.compile(rf"(?:{re.escape(COMPUTE)}/)?(?:projects/([^/]+)/)?global/instanceTemplates/([^/]+)")
 _POLICY_URL = re.compile(rf"(?:{re.escape(COMPUTE)}/)?projects/([^/]+)/regions/([^/]+)/resourcePolicies/([^/]+)")
 
 
-@dataclass
-class Kept:
-    """An object the API keeps as the body it was given: a global instance template (scope `global`) or a regional
-    resource policy with a workload policy (scope `regions/REGION`)."""
-
-    project: str
-    scope: str
-    collection: str  # instanceTemplates | resourcePolicies
-    name: str
-    body: dict[str, Any]
-    id: int
-    created_at: float
-
-    @property
-    def path(self) -> str:
-        return f"projects/{self.project}/{self.scope}/{self.collection}/{self.name}"
-
-    @property
-    def machine_type(self) -> str:
-        """A template's machine type."""
-        return str(self.body["properties"]["machineType"])
-
-    @property
-    def topology(self) -> str | None:
-        """A policy's accelerator topology."""
-        return (self.body.get("workloadPolicy") or {}).get("acceleratorTopology")
-
-
-Template = Kept
-ResourcePolicy = Kept
-
-
 class TemplatesAndPolicies:
-    """Instance templates by (project, name), resource policies by (project, region, name). `users(kept)`: the
-    paths of the MIGs using a template or policy (set by the API once its MIGs exist)."""
+    """The instance templates and resource policies of the state (`templates`, `policies`)."""
 
-    def __init__(self, core: CloudCore, operations: Operations) -> None:
-        self.core = core
-        self.operations = operations
-        self.templates: dict[tuple[str, str], Template] = {}
-        self.policies: dict[tuple[str, str, str], ResourcePolicy] = {}
-        self.users: Callable[[Kept], list[str]] = lambda kept: []
+    def __init__(self, state: ComputeState, operations: Operations) -> None:
+        self.state, self.core, self.operations = state, state.core, operations
 
     def leftovers(self) -> list[str]:
-        return [t.path for t in self.templates.values()] + [p.path for p in self.policies.values()]
+        return [t.path for t in self.state.templates.values()] + [p.path for p in self.state.policies.values()]
 
     # ================================================================= routes
     def policies_route(self, req: Request, project: str, region: str, name: str | None) -> Any:
         if req.method == "POST" and not name:
             return self.insert_policy(project, region, req.body)
+        kind = "compute#resourcePolicy"
         if req.method == "GET" and name:
             with self.core.lock:
-                return kept_json(self.policy("get", project, region, name), "compute#resourcePolicy")
+                return kept_json(self.policy("get", project, region, name), kind)
         if req.method == "GET":
             with self.core.lock:
                 self.core.check("list", "", "", region, "resourcePolicies")
                 items = [
-                    kept_json(p, "compute#resourcePolicy")
-                    for k, p in sorted(self.policies.items())
-                    if k[:2] == (project, region)
+                    kept_json(p, kind) for k, p in sorted(self.state.policies.items()) if k[:2] == (project, region)
                 ]
             path = f"projects/{project}/regions/{region}/resourcePolicies"
             return listing("compute#resourcePolicyList", path, items, req.query)
@@ -114,17 +76,14 @@ class TemplatesAndPolicies:
     def templates_route(self, req: Request, project: str, name: str | None) -> Any:
         if req.method == "POST" and not name:
             return self.insert_template(project, req.body)
+        kind = "compute#instanceTemplate"
         if req.method == "GET" and name:
             with self.core.lock:
-                return kept_json(self.template("get", project, name), "compute#instanceTemplate")
+                return kept_json(self.template("get", project, name), kind)
         if req.method == "GET":
             with self.core.lock:
                 self.core.check("list", "", "", "global", "instanceTemplates")
-                items = [
-                    kept_json(t, "compute#instanceTemplate")
-                    for k, t in sorted(self.templates.items())
-                    if k[0] == project
-                ]
+                items = [kept_json(t, kind) for k, t in sorted(self.state.templates.items()) if k[0] == project]
             path = f"projects/{project}/global/instanceTemplates"
             return listing("compute#instanceTemplateList", path, items, req.query)
         if req.method == "DELETE" and name:
@@ -137,27 +96,25 @@ class TemplatesAndPolicies:
         with core.lock:
             name = str(body.get("name") or "")
             topology = (body.get("workloadPolicy") or {}).get("acceleratorTopology")
-            fault = core.record("create", TPU if topology else GPU, name, region, "resourcePolicies")
-            if fault and not fault.in_operation:
-                raise ApiError.of(fault)
+            fault = create_fault(core, TPU if topology else GPU, name, region, "resourcePolicies")
             check_body(compute_v1.ResourcePolicy, body, POLICY_FIELDS)
             check_name(body, "resource.name")
             check_workload_policy(body)
             key = (project, region, name)
-            if key in self.policies:
+            if key in self.state.policies:
                 raise already_exists(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
             op = self.operations.new(
                 project, f"regions/{region}", f"regions/{region}/resourcePolicies/{name}", "insert"
             )
             if fault:
                 return self.operations.finish(op, ApiError.of(fault))
-            self.policies[key] = Kept(
+            self.state.policies[key] = Kept(
                 project, f"regions/{region}", "resourcePolicies", name, copy.deepcopy(body), core.next_id(), time.time()
             )
             return self.operations.finish(op, None)
 
     def policy(self, verb: str, project: str, region: str, name: str) -> ResourcePolicy:
-        policy = self.policies.get((project, region, name))
+        policy = self.state.policies.get((project, region, name))
         self.core.check(verb, TPU if policy and policy.topology else "", name, region, "resourcePolicies")
         if policy is None:
             raise not_found(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
@@ -166,10 +123,10 @@ class TemplatesAndPolicies:
     def delete_policy(self, project: str, region: str, name: str) -> dict[str, Any]:
         with self.core.lock:
             policy = self.policy("delete", project, region, name)
-            users = self.users(policy)
+            users = self.state.users(policy)
             if users:
                 raise in_use("resource_policy", policy.path, users[0])
-            del self.policies[(project, region, name)]
+            del self.state.policies[(project, region, name)]
             target = f"regions/{region}/resourcePolicies/{name}"
             return self.operations.done(project, f"regions/{region}", target, "delete")
 
@@ -190,7 +147,7 @@ class TemplatesAndPolicies:
                 f"Invalid value for field 'resource.resourcePolicies.workloadPolicy': '{policy_url}'. The workload "
                 f"policy must be in the MIG's region '{region}'."
             )
-        policy = self.policies.get((found[1], found[2], found[3]))
+        policy = self.state.policies.get((found[1], found[2], found[3]))
         if policy is None:
             raise not_found(f"projects/{found[1]}/regions/{found[2]}/resourcePolicies/{found[3]}")
         return policy
@@ -201,9 +158,7 @@ class TemplatesAndPolicies:
         with core.lock:
             name = str(body.get("name") or "")
             properties = body.get("properties") or {}
-            fault = core.record("create", kind_of(properties.get("machineType")), name, "global", "instanceTemplates")
-            if fault and not fault.in_operation:
-                raise ApiError.of(fault)
+            fault = create_fault(core, kind_of(properties.get("machineType")), name, "global", "instanceTemplates")
             check_body(compute_v1.InstanceTemplate, body, TEMPLATE_FIELDS)
             check_name(body, "resource.name")
             machine_type = str(properties.get("machineType") or "")
@@ -212,21 +167,21 @@ class TemplatesAndPolicies:
                     f"Invalid value for field 'resource.properties.machineType': '{machine_type}'. "
                     "An instance template takes the machine type's name, e.g. ct6e-standard-4t."
                 )
-            check_machine_type(machine_type, "resource.properties.machineType", machine_type, None)
+            offerings.check_offered(core, None, machine_type, "resource.properties.machineType", machine_type)
             check_properties(properties, "resource.properties", machine_type)
             key = (project, name)
-            if key in self.templates:
+            if key in self.state.templates:
                 raise already_exists(f"projects/{project}/global/instanceTemplates/{name}")
             op = self.operations.new(project, "global", f"global/instanceTemplates/{name}", "insert")
             if fault:
                 return self.operations.finish(op, ApiError.of(fault))
-            self.templates[key] = Kept(
+            self.state.templates[key] = Kept(
                 project, "global", "instanceTemplates", name, copy.deepcopy(body), core.next_id(), time.time()
             )
             return self.operations.finish(op, None)
 
     def template(self, verb: str, project: str, name: str) -> Template:
-        template = self.templates.get((project, name))
+        template = self.state.templates.get((project, name))
         kind = kind_of(template.machine_type) if template else ""
         self.core.check(verb, kind, name, "global", "instanceTemplates")
         if template is None:
@@ -236,16 +191,16 @@ class TemplatesAndPolicies:
     def delete_template(self, project: str, name: str) -> dict[str, Any]:
         with self.core.lock:
             template = self.template("delete", project, name)
-            users = self.users(template)
+            users = self.state.users(template)
             if users:
                 raise in_use("instance_template", template.path, users[0])
-            del self.templates[(project, name)]
+            del self.state.templates[(project, name)]
             return self.operations.done(project, "global", f"global/instanceTemplates/{name}", "delete")
 
     def referenced_template(self, project: str, template_url: object) -> Template | None:
         """The template a MIG names; None when it names none the API holds (or no template URL at all)."""
         found = TEMPLATE_URL.fullmatch(str(template_url or ""))
-        return self.templates.get((found[1] or project, found[2])) if found else None
+        return self.state.templates.get((found[1] or project, found[2])) if found else None
 
 
 def kept_json(k: Kept, kind: str) -> dict[str, Any]:
