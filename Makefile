@@ -26,7 +26,7 @@ $(CHECKOV): infra/requirements-checkov.txt
 	.venv-checkov/bin/python -m pip install --quiet -r infra/requirements-checkov.txt
 	@touch $(CHECKOV)
 
-# The google and archive provider schemas (the Terraform CDK's prebuilt providers, from npm) for the schema test.
+# The google, archive and time provider schemas (the Terraform CDK's prebuilt providers, from npm) for the schema test.
 $(TFSCHEMA): infra/tfschema/package.json infra/tfschema/package-lock.json
 	@mkdir -p .venv-tfschema && cp infra/tfschema/package.json infra/tfschema/package-lock.json .venv-tfschema/
 	cd .venv-tfschema && npm ci --ignore-scripts --legacy-peer-deps --no-audit --no-fund --loglevel=error

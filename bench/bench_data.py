@@ -10,7 +10,7 @@ written by `python -m trainer.prepare`, local (a run on gs:// reads a local copy
 
 Restore: in one process, the same state (the tiny model's parameters and optimizer moments) saved by
 respawn_trainer's Checkpoints with and without a Grain iterator; each restored alternately, the median difference
-is what the iterator adds (its `data/process_0-of-1.json` read and `set_state`).
+is what the iterator adds (its `data/global.json` read and `set_state`).
 
 Prints readable lines, then as its LAST line one JSON object:
 {"steps_per_s_generated", "steps_per_s_data", "data_steps_ratio", "input_pct", "iterator_restore_added_s", ...}

@@ -23,9 +23,12 @@ APIS = (
     "iam.googleapis.com",
     "logging.googleapis.com",
     "monitoring.googleapis.com",
+    "orgpolicy.googleapis.com",
+    "policytroubleshooter.googleapis.com",
     "pubsub.googleapis.com",
     "run.googleapis.com",
     "secretmanager.googleapis.com",
+    "serviceusage.googleapis.com",
     "storage.googleapis.com",
     "tpu.googleapis.com",
 )
@@ -87,6 +90,26 @@ GRANTS = (
         "google_artifact_registry_repository_iam_member.machine_pulls_trainer",
     ),
 )
+
+
+# On a Shared VPC (the network in another project) the accounts that create machines use the host project's
+# subnetwork: respawn-orchestrator names it on every create, and the project's Google APIs service agent creates a
+# managed instance group's VMs. network.tf grants both roles/compute.networkUser on the subnetwork in each of
+# subnetwork_regions; doctor asks whether each holds its use (and, with external IPs, the use of one there).
+SUBNETWORK_ROLE = "roles/compute.networkUser"
+SUBNETWORK_USE = ("compute.subnetworks.use",)
+SUBNETWORK_EXTERNAL_IP = ("compute.subnetworks.useExternalIp",)
+SHARED_VPC_GRANT = "google_compute_subnetwork_iam_member.shared_vpc_users"
+
+
+def mig_agent_email(project_number: str) -> str:
+    """The Google APIs service agent, which creates a MIG's VMs (Compute Engine's service accounts page)."""
+    return f"{project_number}@cloudservices.gserviceaccount.com"
+
+
+def subnetwork_name(host: str, region: str, subnetwork: str) -> str:
+    """A subnetwork's full resource name, as IAM (the Policy Troubleshooter) takes it."""
+    return f"//compute.googleapis.com/projects/{host}/regions/{region}/subnetworks/{subnetwork}"
 
 
 def account_email(account: str, project: str) -> str:

@@ -52,7 +52,7 @@ class Config:
     step_time: float
     distributed: str  # auto | on | off
     data: str  # "" = the generated corpus; else ArrayRecord shards (trainer/dataset.py)
-    data_cache: str  # where shards on gs:// are copied
+    data_cache: str  # where shards on gs:// are copied; "" = the machine's RESPAWN_DATA_DIR (data_cache())
     max_device_batch: int = 0  # rows per device per forward/backward pass; 0 = the whole per-device batch at once
 
     @property
@@ -95,7 +95,7 @@ FLAGS: dict[str, tuple[Callable[[str], Any], Any, str, str]] = {
     "step-time": (parse_float(0.0, 3600.0), 0.1, "seconds 0..3600", "seconds per step with --model=none"),
     "distributed": (_choice("auto", "on", "off"), "auto", "auto | on | off", "jax.distributed.initialize()"),
     "data": (_data, "", "gs://BUCKET/PREFIX or a directory", "ArrayRecord shards to train on (default: generated)"),
-    "data-cache": (_data, "~/.cache/respawn/data", "a directory", "where shards on gs:// are copied first"),
+    "data-cache": (_data, "", "a directory", "where shards on gs:// are copied first"),
     "max-device-batch": (
         parse_int(0, 65536),
         0,
@@ -153,6 +153,15 @@ def load_config(argv: Sequence[str]) -> Config:
     )
 
 
+# Where shards on gs:// are copied without --data-cache, on a machine that names no RESPAWN_DATA_DIR
+DATA_CACHE = "~/.cache/respawn/data"
+
+
+def data_cache(cfg: Config, data_dir: str | None) -> str:
+    """--data-cache, else the machine's RESPAWN_DATA_DIR (its own disk, kept between its attempts), else DATA_CACHE."""
+    return cfg.data_cache or data_dir or DATA_CACHE
+
+
 def _flag_names() -> str:
     return " ".join(f"--{name}" for name in FLAGS)
 
@@ -160,6 +169,7 @@ def _flag_names() -> str:
 def help_text() -> str:
     lines = ["usage: python -m trainer [--FLAG=VALUE ...]", "", "flags:"]
     shown = {"checkpoint-every": "auto", "batch-size": "per model", "seq-len": "per model", "data": "generated"}
+    shown["data-cache"] = f"$RESPAWN_DATA_DIR, else {DATA_CACHE}"
     lines += [f"  --{n:<17} {h} ({a}; default {shown.get(n, d)})" for n, (_, d, a, h) in FLAGS.items()]
     lines += ["", "environment:", *env_help()]
     return "\n".join(lines)

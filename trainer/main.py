@@ -1,7 +1,8 @@
 """The demo trainer: flags, then a training loop written on respawn_trainer like any user's loop.
 
 Exit codes: 0 completed, 0 stopped after the preemption save, 1 failed (a `failed` entry was sent),
-2 bad configuration (one line on stderr, and a `failed` entry when the environment allows one).
+2 bad configuration (one line on stderr, and a `failed` entry when the environment allows one), 78 a failure no
+other machine of the job would escape (respawn_trainer.failures: the devices, a compile error, device memory).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from respawn_trainer import PERMANENT_RC, Run, WrongDevices
+from respawn_trainer import USAGE_RC, Run, failures
 from respawn_trainer.env import load_env
 from respawn_trainer.goodput import Goodput
 from respawn_trainer.lifecycle import Lifecycle, open_sink
 from respawn_trainer.notice import on_gce
-from trainer.config import Config, ConfigError, help_text, load_config
+from trainer.config import Config, ConfigError, data_cache, help_text, load_config
 
 log = logging.getLogger("trainer")
 
@@ -53,15 +54,15 @@ def train(cfg: Config, run: Run) -> None:
 
 
 def train_on_dataset(cfg: Config, run: Run, model: Any) -> None:
-    """The same loop on --data: the Grain iterator's state is saved and restored with the train state, and the
-    final entry says which stream positions this attempt trained (`examples`: from, to), so that a run's examples
-    can be counted across its attempts."""
+    """The same loop on --data: the stream's position is saved and restored with the train state (on any process
+    count: a tier of another host count resumes it), and the final entry says which stream positions this attempt
+    trained (`examples`: from, to), so that a run's examples can be counted across its attempts."""
     import jax
 
     from trainer import dataset
 
     where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
-    paths = dataset.shard_paths(cfg.data, cfg.data_cache)
+    paths = dataset.shard_paths(cfg.data, data_cache(cfg, run.env.data_dir), seed=cfg.seed, **where)
     batches = dataset.iterator(paths, seed=cfg.seed, global_batch=cfg.batch_size, seq_len=cfg.seq_len, **where)
     state, step = run.restore(model.fresh, template=model.abstract, data=batches)
     assert run.data is not None
@@ -103,14 +104,16 @@ def _setup_logging() -> None:
 
 
 def _report_config_error(e: ConfigError, env: Mapping[str, str], started: float) -> None:
-    """A `failed` entry too, so the job does not wait for a trainer that will never start."""
+    """A `failed` entry too, so the job does not wait for a trainer that will never start: permanent, as the flags
+    are the same on every machine of the job (failures.classify)."""
     try:
         known = load_env(env, on_gce=on_gce())
     except ConfigError:
         return
     sink = open_sink(known.log_sink, known.job_id, known.attempt, known.metadata_url)
     lifecycle = Lifecycle(sink, known.job_id, known.attempt)
-    lifecycle.emit("failed", 0, error=f"configuration: {e}", goodput=Goodput(started=started).summary(lost=True))
+    failure, goodput = failures.classify(e), Goodput(started=started).summary(lost=True)
+    lifecycle.emit("failed", 0, error=failure.text, goodput=goodput, permanent=failure.permanent)
 
 
 def main(argv: Sequence[str], started: float | None = None) -> int:
@@ -124,7 +127,7 @@ def main(argv: Sequence[str], started: float | None = None) -> int:
     except ConfigError as e:
         log.error("%s", e)
         _report_config_error(e, os.environ, started)
-        return 2
+        return USAGE_RC
     try:
         run = Run(
             cfg.steps,
@@ -137,7 +140,7 @@ def main(argv: Sequence[str], started: float | None = None) -> int:
         )
     except ConfigError as e:  # the environment: no sink can be trusted to report it
         log.error("%s", e)
-        return 2
+        return USAGE_RC
     except Exception as e:
         return exit_code(e)  # Run sent the `failed` entry
     try:
@@ -149,9 +152,9 @@ def main(argv: Sequence[str], started: float | None = None) -> int:
 
 
 def exit_code(error: Exception) -> int:
-    """The exit code of a failure (trainer/README.md): 2 for the configuration, PERMANENT_RC where no machine of the
-    job would do better (wrong devices), else 1."""
-    return 2 if isinstance(error, ConfigError) else PERMANENT_RC if isinstance(error, WrongDevices) else 1
+    """The exit code of a failure (trainer/README.md): 2 for the configuration, PERMANENT_RC where no other machine
+    of the job would do better (respawn_trainer.failures), else 1."""
+    return failures.exit_code(error)
 
 
 def _sleeper_checkpoints() -> Any:

@@ -49,9 +49,26 @@ NOTICE_S = {"gpu": 30, "tpu": 10}
 # startup script's own when its machine shuts down before the trainer starts; the local cloud reads it as no failure
 SHUT_DOWN_RC = 128 + signal.SIGTERM
 # EX_CONFIG (sysexits.h): a trainer that exits with it says no machine of the job would do better (respawn_trainer's
-# WrongDevices); the startup script's `failed` entry then says `permanent` too, so the job fails at once whichever of
-# that entry and the trainer's own arrives first (docs/trainer-protocol.md, What its exit code means)
+# failures: its devices, a compile error, device memory); the startup script's `failed` entry then says `permanent`
+# too, so the job fails at once whichever of that entry and the trainer's own arrives first (docs/trainer-protocol.md,
+# What its exit code means)
 PERMANENT_RC = 78
+# The exit codes that no other machine of the job would change, each with the cause and the fix that the startup
+# script's `failed` entry names after "the trainer exited with code N: ", marked `permanent`: the job fails at once.
+# Any other code is retried up to max_failures. No double quote or backslash in them: they go into JSON as they are.
+PERMANENT_EXITS: dict[int, str] = {
+    2: "a usage error, as argparse exits on a bad flag and Python on a missing script; fix: the job's args",
+    PERMANENT_RC: "EX_CONFIG, the program's word that no machine of the job would do better (its own entry says why)",
+    126: "docker could not run the image's command (not executable); fix: the image, or the job's args",
+    127: "docker found no such command in the image; fix: the image's entrypoint, or the job's args",
+}
+# 128 + SIGKILL with Docker's `oom` event for the trainer's container: the kernel's OOM killer ended it, as it would on
+# any machine of the type. A SIGKILL after the notice (at the end of the grace) is the preemption's, never this.
+OOM_KILLED_RC = 128 + signal.SIGKILL
+OOM_KILLED = (
+    "the kernel killed it for want of host memory (Docker's OOMKilled); fix: less host memory per process "
+    "(a smaller batch, fewer data workers) or a machine type with more memory"
+)
 CONTAINER = "respawn-trainer"  # the trainer's container, which `docker stop -t GRACE` stops
 NOTICE_FILE = "/run/respawn/notice"  # left by the shutdown script (or the startup script's trap) before `docker stop`,
 # and by a trainer that stops on a peer's notice (its directory is mounted into the container)
@@ -151,3 +168,10 @@ def exit_code_entry(code: int, worker: int, *, noticed: bool) -> tuple[str, str]
     """The (event, severity) the startup script logs from the exit code of a trainer (docs/trainer-protocol.md,
     Exit codes), marked `"source": "exit-code"`; None when the script says nothing."""
     return EXIT_ENTRIES[(code == 0, noticed, worker == 0)]
+
+
+def exit_code_failure(code: int, *, oom_killed: bool = False) -> tuple[str, bool]:
+    """(error, permanent) of the startup script's `failed` entry for a trainer that exited `code` without the notice;
+    `oom_killed`: Docker reported the kernel's OOM killer for its container."""
+    cause = OOM_KILLED if oom_killed and code == OOM_KILLED_RC else PERMANENT_EXITS.get(code)
+    return f"the trainer exited with code {code}" + (f": {cause}" if cause else ""), cause is not None

@@ -1,4 +1,5 @@
-# The APIs respawn uses. Disabling them on destroy could break other things in the project, so it is left alone.
+# The APIs respawn uses, and those `respawn doctor` asks about the project (respawn_cli/doctor/clients.py). Disabling
+# them on destroy could break other things in the project, so it is left alone.
 locals {
   apis = [
     "artifactregistry.googleapis.com", # trainer image
@@ -9,11 +10,14 @@ locals {
     "cloudscheduler.googleapis.com",       # sweep tick
     "compute.googleapis.com",              # Spot GPU VMs
     "iam.googleapis.com",
-    "logging.googleapis.com", # the sink
-    "monitoring.googleapis.com", # log-based metrics, dashboard, alerts
+    "logging.googleapis.com",              # the sink
+    "monitoring.googleapis.com",           # log-based metrics, dashboard, alerts
+    "orgpolicy.googleapis.com",            # doctor: the organisation policies on the project
+    "policytroubleshooter.googleapis.com", # doctor: whether each account holds each permission
     "pubsub.googleapis.com",
     "run.googleapis.com",           # 2nd gen functions run on Cloud Run
     "secretmanager.googleapis.com", # jobs' secrets, read on the machines
+    "serviceusage.googleapis.com",  # doctor: which APIs are on (and Terraform's own google_project_service)
     "storage.googleapis.com",
     "tpu.googleapis.com",
   ]

@@ -75,7 +75,7 @@ resource "google_cloudfunctions2_function" "respawn" {
   description = each.value.description
 
   build_config {
-    runtime         = var.python_runtime
+    runtime           = var.python_runtime
     entry_point       = each.key
     service_account   = google_service_account.build.id
     docker_repository = google_artifact_registry_repository.functions.id

@@ -10,12 +10,13 @@ locals {
   log_metrics = jsondecode(file("${path.module}/../../respawn_ops/log_metrics.json"))
   # Monitoring's name of each metric, and its PromQL name (logging.googleapis.com/user/respawn/x ->
   # logging_googleapis_com:user_respawn_x), for the alerts below.
-  metric_type = { for m in local.log_metrics.metrics : m.name => "logging.googleapis.com/user/${m.name}" }
-  promql      = { for m in local.log_metrics.metrics : m.name => "logging_googleapis_com:user_${replace(m.name, "/", "_")}" }
+  metric_type  = { for m in local.log_metrics.metrics : m.name => "logging.googleapis.com/user/${m.name}" }
+  promql       = { for m in local.log_metrics.metrics : m.name => "logging_googleapis_com:user_${replace(m.name, "/", "_")}" }
   on_functions = "resource.type=\"cloud_run_revision\""
 
+  email_channels = [for c in google_monitoring_notification_channel.email : c.id]
   alert_channels = concat(
-    [for c in google_monitoring_notification_channel.email : c.id],
+    local.email_channels,
     [for c in google_monitoring_notification_channel.pubsub : c.id],
     [for c in google_monitoring_notification_channel.webhook : c.id],
   )
@@ -74,7 +75,7 @@ resource "google_logging_metric" "respawn" {
 
 resource "google_monitoring_dashboard" "respawn" {
   # Fleet status, recoveries, goodput, cost and savings by job and zone, preemptions per zone over time. The JSON
-  # is held to the Monitoring API's published Dashboard schema by tests/infra/test_monitoring.py.
+  # is held to the Monitoring API's published Dashboard schema by tests/contract/test_monitoring_contract.py.
   dashboard_json = file("${path.module}/dashboard.json")
   depends_on     = [google_logging_metric.respawn]
 }
@@ -126,6 +127,19 @@ resource "google_monitoring_notification_channel" "webhook" {
 }
 
 # --- alerts -----------------------------------------------------------------------------------------------------
+
+# Cloud Monitoring learns of a new log-based metric some minutes after Logging created it: until then, an alert policy
+# that names it is refused with 404 "Cannot find metric(s) that match type = ... If a metric was created recently, it
+# could take up to 10 minutes to become available" (https://github.com/hashicorp/terraform-provider-google/issues/11102).
+# depends_on orders the policies after the metrics but does not wait, so the first apply would fail there. Every alert
+# policy waits for this sleep, which sleeps only when it is created: on the first apply, and again on an apply that
+# adds a metric (its triggers name them all); an apply that adds none does not wait.
+resource "time_sleep" "metric_descriptors" {
+  create_duration = "10m" # the bound Monitoring's own message gives
+  triggers = {
+    metrics = join(",", sort([for m in google_logging_metric.respawn : m.id]))
+  }
+}
 
 # The alerts on a threshold of one metric: one policy each, all built the same way (below). Each names its metric, a
 # filter on its labels, how its series are aligned and reduced, the threshold variable, and what the notice says.
@@ -230,7 +244,7 @@ resource "google_monitoring_alert_policy" "threshold" {
   alert_strategy {
     auto_close = each.value.auto_close
   }
-  depends_on = [google_logging_metric.respawn]
+  depends_on = [time_sleep.metric_descriptors]
 }
 
 resource "google_monitoring_alert_policy" "zone_preemptions" {
@@ -261,14 +275,21 @@ resource "google_monitoring_alert_policy" "zone_preemptions" {
   alert_strategy {
     auto_close = "7200s"
   }
-  depends_on = [google_logging_metric.respawn]
+  depends_on = [time_sleep.metric_descriptors]
 }
 
 # --- the budget -------------------------------------------------------------------------------------------------
 
 # Spend on the machines respawn creates: they all carry the label respawn-managed=true. Off by default: a budget
-# lives on the billing account, which needs roles/billing.costsManager there (docs/deploy.md, Monitoring).
+# lives on the billing account, which needs roles/billing.costsManager there (docs/operations.md, Monitoring).
+#
+# Its notices go to the email channels only, the first five: "For Cloud Billing budget alerts, you must use email
+# notification channels", at most 5 (billingbudgets v1, NotificationsRule.monitoringNotificationChannels:
+# https://cloud.google.com/billing/docs/reference/budget/rest/v1/billingAccounts.budgets). The billing account's
+# administrators and users get them as well (its default IAM recipients). It is created through the provider
+# configuration that names a quota project (versions.tf, google.billing), once the Budget API is on.
 resource "google_billing_budget" "machines" {
+  provider        = google.billing
   count           = var.budget_enabled ? 1 : 0
   billing_account = var.billing_account
   display_name    = "respawn machines"
@@ -294,7 +315,7 @@ resource "google_billing_budget" "machines" {
   }
 
   all_updates_rule {
-    monitoring_notification_channels = slice(local.alert_channels, 0, min(5, length(local.alert_channels))) # the API takes 5
+    monitoring_notification_channels = slice(local.email_channels, 0, min(5, length(local.email_channels)))
   }
 
   lifecycle {
@@ -303,4 +324,6 @@ resource "google_billing_budget" "machines" {
       error_message = "budget_enabled needs billing_account (the billing account id, like 012345-6789AB-CDEF01)."
     }
   }
+
+  depends_on = [google_project_service.apis]
 }

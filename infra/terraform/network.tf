@@ -1,12 +1,15 @@
 # The machines' network: which VPC and subnetwork every create names, whether machines get an external IP, the
-# firewall rule a multi-host slice needs, and the way machines without an external IP reach Google's APIs.
+# firewall rule a multi-host slice needs, how machines without an external IP reach Google's APIs and the internet,
+# and, on a Shared VPC, the grants on the host project's subnetworks.
 #
 # Machines without an external IP reach Cloud Storage (checkpoints, the drain marker), Artifact Registry (the
 # trainer image), Cloud Logging and Secret Manager through Private Google Access on their subnetwork
 # (https://cloud.google.com/vpc/docs/private-google-access; the Cloud TPU API's networkConfig.enableExternalIps asks for
-# it when false).
-# Everything respawn itself reaches is a Google API, so that is the default; Cloud NAT (cloud_nat_regions) is only
-# for traffic outside Google (docs/deploy.md, "A project without a default network").
+# it when false). Readying a machine also reaches outside Google (functions/respawn/adapters/startup.sh): Compute
+# Engine's TPU boot images have no Docker, which the startup script installs with apt-get from the Ubuntu archive,
+# and a GPU VM without the NVIDIA Container Toolkit installs it from nvidia.github.io. Private Google Access reaches
+# neither, so a network Terraform creates for machines without an external IP gets a Cloud Router and Cloud NAT in
+# each of its regions (cloud_nat_regions; docs/deploy.md, "A project without a default network").
 
 locals {
   network_project = startswith(var.network, "projects/") ? split("/", var.network)[1] : var.project
@@ -15,6 +18,9 @@ locals {
   machine_network    = var.create_network ? google_compute_network.machines[0].id : "projects/${local.network_project}/global/networks/${local.network_name}"
   machine_subnetwork = var.subnetwork == null ? "" : var.subnetwork
   external_ip        = var.external_ip == null ? !var.create_network : var.external_ip
+  # Cloud NAT: the regions named, or (null) every region of the network Terraform creates when its machines have no
+  # external IP, and none otherwise.
+  nat_regions = var.cloud_nat_regions != null ? var.cloud_nat_regions : (var.create_network && !local.external_ip ? keys(var.subnetwork_ranges) : [])
 }
 
 resource "google_compute_network" "machines" {
@@ -74,7 +80,7 @@ resource "google_compute_firewall" "machine_peers" {
 }
 
 resource "google_compute_router" "nat" {
-  for_each = toset(var.cloud_nat_regions)
+  for_each = toset(local.nat_regions)
   name     = "${local.network_name}-respawn-nat"
   project  = local.network_project
   region   = each.value
@@ -96,4 +102,34 @@ resource "google_compute_router_nat" "machines" {
     enable = true
     filter = "ERRORS_ONLY"
   }
+}
+
+# --- a Shared VPC ------------------------------------------------------------------------------------------------
+
+# The identities that use a Shared VPC's subnetwork from this project need roles/compute.networkUser on it in the host
+# project (https://cloud.google.com/vpc/docs/shared-vpc, Service Project Admins and service accounts):
+# respawn-orchestrator, which names it on every create, and the project's Google APIs service agent
+# (PROJECT_NUMBER@cloudservices.gserviceaccount.com), which creates a managed instance group's VMs, so a slice's
+# (https://cloud.google.com/compute/docs/access/service-accounts, service agents). Granted on the subnetwork in each
+# of subnetwork_regions, which needs compute.subnetworks.setIamPolicy in the host project; with none listed, the host
+# project's administrators grant them (docs/deploy.md, step 4, "A Shared VPC").
+locals {
+  shared_vpc         = local.network_project != var.project
+  shared_subnetworks = local.shared_vpc && var.subnetwork != null ? toset(var.subnetwork_regions) : toset([])
+  subnetwork_users = {
+    orchestrator = google_service_account.orchestrator.member
+    mig_agent    = "serviceAccount:${data.google_project.this.number}@cloudservices.gserviceaccount.com"
+  }
+}
+
+resource "google_compute_subnetwork_iam_member" "shared_vpc_users" {
+  for_each = {
+    for pair in setproduct(local.shared_subnetworks, keys(local.subnetwork_users)) :
+    "${pair[0]}/${pair[1]}" => { region = pair[0], member = local.subnetwork_users[pair[1]] }
+  }
+  project    = local.network_project
+  region     = each.value.region
+  subnetwork = var.subnetwork
+  role       = "roles/compute.networkUser"
+  member     = each.value.member
 }

@@ -198,11 +198,21 @@ variable "slice_firewall" {
 }
 
 variable "cloud_nat_regions" {
-  description = "Regions where Terraform adds a Cloud Router and Cloud NAT on `network`, for machines without an external IP that must reach outside Google: a boot image without docker (the startup script then installs it with apt-get, and the NVIDIA container toolkit from nvidia.github.io), or trainers that download from Hugging Face or PyPI."
+  description = "Regions where Terraform adds a Cloud Router and Cloud NAT on `network`, for machines without an external IP to reach the internet outside Google: the Ubuntu archive, where the startup script installs Docker on a boot image without it (Compute Engine's TPU images), nvidia.github.io for the NVIDIA Container Toolkit on a GPU VM without it, and whatever a trainer downloads (Hugging Face, PyPI). null (the default): every region of subnetwork_ranges when create_network gives the machines no external IP, else none. []: none, for boot images that have everything (docs/deploy.md)."
+  type        = list(string)
+  default     = null
+  validation {
+    condition     = var.cloud_nat_regions == null ? true : alltrue([for r in var.cloud_nat_regions : can(regex("^[a-z]+-[a-z]+[0-9]+$", r))])
+    error_message = "cloud_nat_regions must be regions like us-central1, [] for none, or null for the default."
+  }
+}
+
+variable "subnetwork_regions" {
+  description = "On a Shared VPC (network = projects/HOST_PROJECT/global/networks/NAME): the regions of every job's zones, where `subnetwork` is. Terraform grants roles/compute.networkUser on the subnetwork in each to respawn-orchestrator and to this project's Google APIs service agent (PROJECT_NUMBER@cloudservices.gserviceaccount.com, which creates a slice MIG's VMs); that needs compute.subnetworks.setIamPolicy in the host project. []: the host project's administrators grant them."
   type        = list(string)
   default     = []
   validation {
-    condition     = alltrue([for r in var.cloud_nat_regions : can(regex("^[a-z]+-[a-z]+[0-9]+$", r))])
-    error_message = "cloud_nat_regions must be regions like us-central1."
+    condition     = alltrue([for r in var.subnetwork_regions : can(regex("^[a-z]+-[a-z]+[0-9]+$", r))])
+    error_message = "subnetwork_regions must be regions like us-central1."
   }
 }

@@ -36,6 +36,7 @@ from localcloud.apis.apicore import (
     MachineCall,
 )
 from localcloud.apis.compute.api import ComputeApi
+from localcloud.apis.compute.migs import BULK_MODELS
 from localcloud.apis.project_api import ProjectApi
 from localcloud.apis.tpu_api import QueuedResource, TpuApi
 
@@ -83,7 +84,7 @@ class CloudApiServer(CloudCore):
         self,
         port: int = 0,
         *,
-        bulk_models: frozenset[str] | None = None,
+        bulk_models: frozenset[str] | None = BULK_MODELS,
         bulk_stockout: str = "wait",
         resize_requests: bool = True,
         record: bool = False,

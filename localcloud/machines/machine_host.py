@@ -24,9 +24,11 @@ exactly those, and nothing else differs:
 * `apt-get` and `systemctl`, for a boot image without Docker: `apt-get install docker.io` takes the machine's
   install time and puts `docker` on the VM's PATH; anything else does nothing.
 
-Its `docker run` runs the container's process as the image's USER (`RESPAWN_LOCAL_IMAGE_USER`; respawn's trainer
-image: uid 10001), so only what the container is given is writable to it, and `stop_all` is what the daemon does as
-the VM shuts down: each container stopped with its own stop timeout (`run --stop-timeout`, docker's 10 s default).
+Its `docker run` runs the container's process as the image's USER, whatever the command (`--entrypoint` replaces the
+image's command, not its user): respawn's trainer image runs as its own (`RESPAWN_LOCAL_IMAGE_USER`: uid 10001),
+any other image as root (`image_user`), so only what the container is given is writable to it; and `stop_all` is
+what the daemon does as the VM shuts down: each container stopped with its own stop timeout (`run --stop-timeout`,
+docker's 10 s default).
 
 The shims learn where things are from the machine's environment (`RESPAWN_LOCAL_*`), never from the script. Each
 timed step (`install`, `pull`) prints one line `STEP_MARK {"step", "start", "end"}` on stderr, from which the
@@ -39,6 +41,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -53,7 +56,7 @@ DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its conta
 IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
 IMAGE_LABELS = "RESPAWN_LOCAL_IMAGE_LABELS"  # JSON object: the image's labels
-IMAGE_USER = "RESPAWN_LOCAL_IMAGE_USER"  # the image's USER as UID:GID (empty: root, as an image that names none)
+IMAGE_USER = "RESPAWN_LOCAL_IMAGE_USER"  # respawn's trainer image's USER as UID:GID (empty: root); see image_user
 IMAGE_WORKDIR = "RESPAWN_LOCAL_IMAGE_WORKDIR"  # the image's WORKDIR (empty: a directory of the container's own)
 DEFAULT_STOP_TIMEOUT_S = 10  # the daemon's stop timeout of a container run without --stop-timeout (docker's)
 LABELS_FORMAT = "{{json .Config.Labels}}"  # the one `image inspect --format` the startup script asks
@@ -75,7 +78,9 @@ Answer = tuple[int, bytes]  # (HTTP status, body)
 
 class _Server:
     """A ThreadingHTTPServer on loopback, served on a daemon thread: `get(path, headers)` and `post(path, headers,
-    body)` answer (status, body); a server without `post` answers POST with 405."""
+    body)` answer (status, body); a server without `post` answers POST with 405. A client gone mid-request (its
+    machine deleted: the connection reset or closed before the answer) is nobody's error: no traceback, as a real
+    server's log would not print one either."""
 
     def __init__(
         self,
@@ -103,7 +108,12 @@ class _Server:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                if not isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError, ...
+                    super().handle_error(request, client_address)
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
 
@@ -280,7 +290,7 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
         argv = ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{start_s:g}", *argv]
     state.mkdir(parents=True, exist_ok=True)
     env = container_env(opts, environ)
-    user = given.get("-u") or given.get("--user") or environ.get(IMAGE_USER) or ""
+    user = given.get("-u") or given.get("--user") or image_user(rest[0], environ)
     argv, cwd = _as_user(user, argv, env, state / f"{name}.fs", environ.get(IMAGE_WORKDIR) or None)
     try:
         child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, process_group=0, close_fds=True)
@@ -300,6 +310,17 @@ def _run(args: Sequence[str], environ: Mapping[str, str], state: Path) -> int:
     with contextlib.suppress(OSError):
         pidfile.unlink()
     return 128 - code if code < 0 else code
+
+
+def image_user(image: str, environ: Mapping[str, str]) -> str:
+    """The user `docker run IMAGE` runs the container's process as without `-u`: the image's USER, whatever command
+    runs. respawn's trainer image (REPOSITORY/trainer or REPOSITORY/trainer-cuda, any tag or digest:
+    respawn.machine.TRAINER_IMAGES) names its own (IMAGE_USER, trainer/Dockerfile's); the local machine knows no
+    other image's USER and runs it as root, as an image that names none does (examples/byo/Dockerfile)."""
+    from respawn.machine import TRAINER_IMAGES
+
+    name = re.split(r"[:@]", image.rpartition("/")[2])[0]
+    return environ.get(IMAGE_USER, "") if name in TRAINER_IMAGES.values() else ""
 
 
 def _as_user(

@@ -34,7 +34,7 @@ from localcloud.machines.slices import LocalSlice
 from localcloud.services.emulators import start_group
 from localcloud.services.logentries import trainer_entry
 from localcloud.timeline import Timeline
-from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL
+from respawn.adapters.startup import DATA_DIR_ENV, IMAGE_MARK_ENV, TAKEOVER_LABEL
 from respawn.machine import CONTAINER, DRAIN_MARKER_METADATA, NOTICE_ENV, NOTICE_FILE, START_AFTER_METADATA, TRAINER_LOG
 from respawn.parsing import TRAINER_EVENTS
 from respawn_trainer.slice_env import free_port
@@ -154,8 +154,9 @@ class Image:
 
     @property
     def user(self) -> str:
-        """The image's USER: respawn's trainer image runs as its own user; an entrypoint's image names none (root)."""
-        return TRAINER_USER if tuple(self.command) == TRAINER else ""
+        """respawn's trainer image's USER, with its own command or an entrypoint's: the image decides the user, not
+        the command (the machine's docker runs any other image as root: machine_host.image_user)."""
+        return TRAINER_USER
 
     @property
     def workdir(self) -> str:
@@ -276,6 +277,7 @@ class WorkerVms:
             **{k: v for k, v in self.image.env.items() if k == "STORAGE_EMULATOR_HOST"},
             NOTICE_ENV: str(home / NOTICE_FILE.lstrip("/")),  # under the VM: the script makes its directory
             IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),  # on the VM's disk
+            DATA_DIR_ENV: str(home / "var-lib-respawn" / "data"),  # on the VM's disk: the script makes it
             machine_host.DOCKER_DIR: str(home / "docker"),
             machine_host.IMAGE_ENV: json.dumps(image_env),
             machine_host.IMAGE_CMD: json.dumps(list(self.image.command)),

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from respawn_cli.doctor.clients import Clients, reason, status_of
+from respawn_cli.doctor.clients import Clients, disabled_api, reason, status_of
 from respawn_ops import needs
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -58,13 +58,22 @@ class Deployment:
 
 def ask(check: str, call: Callable[[], Any]) -> tuple[Any, Line | None]:
     """(the reply, None); (None, None) when the thing asked for does not exist (404); else (None, the line saying
-    the call failed): a 403 is a warning (the caller may not read it, which says nothing of the deployment),
-    anything else a failure."""
+    the call failed): a 403 is a warning (the caller may not read it, which says nothing of the deployment), naming
+    the API to enable when that API is off for the caller's project, anything else a failure."""
     try:
         return call(), None
     except Exception as e:
         if status_of(e) == 404:
             return None, None
+        if (off := disabled_api(e)) is not None:
+            api, project = off
+            return None, Line(
+                WARN,
+                check,
+                f"{api or 'the API'} is not enabled in project {project or '?'}: doctor cannot ask it",
+                f"gcloud services enable {api or 'API'} --project={project or 'PROJECT'} (or {DEPLOY}: apis.tf "
+                "enables it), then run doctor again",
+            )
         if status_of(e) == 403:
             return None, Line(
                 WARN,
@@ -126,42 +135,69 @@ def apis_enabled(d: Deployment) -> list[Line]:
     return [Line(PASS, check, f"all {len(needs.APIS)} APIs respawn uses are enabled in {d.project}")]
 
 
-def grant_line(d: Deployment, grants: tuple[needs.Grant, ...], where: str, check: str = "") -> Line:
-    """Whether the grants' account (one account, one resource) holds each of their permissions on `where`, as
-    Google's Policy Troubleshooter evaluates the policies that apply there (inherited, conditional and deny policies
-    included)."""
-    account, resource = grants[0].account, grants[0].resource
-    email = d.email(account)
-    check = check or f"{account}'s permissions on the {resource}"
-    full = needs.full_resource_name(resource, d.project, where)
+@dataclass(frozen=True)
+class Access:
+    """What the Policy Troubleshooter says of one account's permissions on one resource."""
+
+    missing: list[str]  # CANNOT_ACCESS
+    unknown: list[str]  # UNKNOWN_INFO, UNKNOWN_CONDITIONAL: "permission (state)"
+    problem: Line | None  # the call failed (ask)
+
+
+def access(d: Deployment, email: str, full: str, permissions: list[str], check: str) -> Access:
+    """Whether `email` holds each permission on the resource `full` (a full resource name), as Policy Troubleshooter
+    v3's iam.troubleshoot evaluates every allow and deny policy that applies there (inherited and conditional ones
+    included): one call per permission, asked side by side."""
     iam = d.clients("policytroubleshooter").iam()
-    wanted = [p for g in grants for p in g.permissions]
 
     def troubleshoot(permission: str) -> tuple[Any, Line | None]:
         body = {"accessTuple": {"principal": email, "fullResourceName": full, "permission": permission}}
         http = d.clients.http("policytroubleshooter")
         return ask(check, lambda: iam.troubleshoot(body=body).execute(http=http))
 
-    answers = d.clients.map(troubleshoot, wanted)  # one call per permission: asked side by side
+    answers = d.clients.map(troubleshoot, permissions)
     missing, unknown = [], []
-    for permission, (reply, problem) in zip(wanted, answers, strict=True):
+    for permission, (reply, problem) in zip(permissions, answers, strict=True):
         if problem:
-            return problem
-        access = (reply or {}).get("access")
-        if access == "NOT_GRANTED":
+            return Access([], [], problem)
+        state = (reply or {}).get("overallAccessState")
+        if state == "CANNOT_ACCESS":
             missing.append(permission)
-        elif access != "GRANTED":
-            unknown.append(f"{permission} ({access})")
+        elif state != "CAN_ACCESS":
+            unknown.append(f"{permission} ({state})")
+    return Access(missing, unknown, None)
+
+
+def grant_line(d: Deployment, grants: tuple[needs.Grant, ...], where: str, check: str = "") -> Line:
+    """Whether the grants' account (one account, one resource) holds each of their permissions on `where` (access)."""
+    account, resource = grants[0].account, grants[0].resource
+    email = d.email(account)
+    check = check or f"{account}'s permissions on the {resource}"
+    full = needs.full_resource_name(resource, d.project, where)
+    wanted = [p for g in grants for p in g.permissions]
+    got = access(d, email, full, wanted, check)
     target = full.removeprefix("//")
-    if missing:
-        granting = ", ".join(g.terraform for g in grants if set(g.permissions) & set(missing))
-        return Line(FAIL, check, f"{email} lacks {', '.join(missing)} on {target}",
+    if got.problem:
+        return got.problem
+    if got.missing:
+        granting = ", ".join(g.terraform for g in grants if set(g.permissions) & set(got.missing))
+        return Line(FAIL, check, f"{email} lacks {', '.join(got.missing)} on {target}",
                     f"{DEPLOY} (iam.tf: {granting} grant{'s' if ', ' not in granting else ''} them)")  # fmt: skip
-    if unknown:
-        return Line(WARN, check, f"the Policy Troubleshooter cannot tell for {email}: {', '.join(unknown)}",
-                    "run doctor with roles/iam.securityReviewer to read every policy")  # fmt: skip
+    if got.unknown:
+        return unknown_line(check, email, got.unknown)
     n = len(wanted)
     return Line(PASS, check, f"{email} holds the {n} permission{'s' if n > 1 else ''} it uses on {target}")
+
+
+def unknown_line(check: str, email: str, unknown: list[str]) -> Line:
+    """The Policy Troubleshooter could not settle some permissions: it may not read every policy (UNKNOWN_INFO), or a
+    conditional grant needs a request's context (UNKNOWN_CONDITIONAL)."""
+    fix = (
+        "check the grant's condition (gcloud projects get-iam-policy)"
+        if all(u.endswith("(UNKNOWN_CONDITIONAL)") for u in unknown)
+        else "run doctor with roles/iam.securityReviewer to read every policy"
+    )
+    return Line(WARN, check, f"the Policy Troubleshooter cannot tell for {email}: {', '.join(unknown)}", fix)
 
 
 def grants_on(resource: str) -> list[tuple[needs.Grant, ...]]:

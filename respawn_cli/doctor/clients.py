@@ -4,8 +4,8 @@
 The local cloud stands in for Google through the endpoints the CLI already reads: RESPAWN_COMPUTE_ENDPOINT and
 RESPAWN_TPU_ENDPOINT (the local Compute Engine and Cloud TPU APIs), STORAGE_EMULATOR_HOST (fake-gcs-server),
 PUBSUB_EMULATOR_HOST (the Pub/Sub emulator) and RESPAWN_GOOGLE_APIS_ENDPOINT (the local cloud's Service Usage,
-Policy Troubleshooter, Artifact Registry and Org Policy APIs). An API given an endpoint is called there with
-anonymous credentials.
+Policy Troubleshooter, Resource Manager, Artifact Registry and Org Policy APIs). An API given an endpoint is called
+there with anonymous credentials.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,9 @@ WORKERS = 8  # calls in flight at once (the Policy Troubleshooter takes one perm
 # API -> (version, servicePath): a client's api_endpoint replaces the document's rootUrl and servicePath together.
 APIS = {
     "serviceusage": ("v1", ""),
-    "policytroubleshooter": ("v1", ""),
+    # v3: allow and deny policies (v1 evaluates allow policies only)
+    "policytroubleshooter": ("v3", ""),
+    "cloudresourcemanager": ("v3", ""),
     "compute": ("v1", "compute/v1/"),
     "tpu": ("v2", ""),
     "storage": ("v1", "storage/v1/"),
@@ -41,7 +44,8 @@ def endpoints_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """API -> the local server answering for it (none in the cloud)."""
     e = os.environ if env is None else env
     shared = e.get(LOCAL_APIS, "").strip()
-    found = dict.fromkeys(("serviceusage", "policytroubleshooter", "artifactregistry", "orgpolicy"), shared)
+    local = ("serviceusage", "policytroubleshooter", "cloudresourcemanager", "artifactregistry", "orgpolicy")
+    found = dict.fromkeys(local, shared)
     found["compute"] = e.get("RESPAWN_COMPUTE_ENDPOINT", "").strip() or shared
     found["tpu"] = e.get("RESPAWN_TPU_ENDPOINT", "").strip() or shared
     found["storage"] = e.get("STORAGE_EMULATOR_HOST", "").strip()
@@ -137,3 +141,31 @@ def reason(e: Exception) -> str:
     if isinstance(e, HttpError):
         return f"HTTP {e.resp.status}: {' '.join(str(e.reason or '').split())[:200]}"
     return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
+# A disabled API's 403, in the words Service Usage uses ("... API has not been used in project 123 before or it is
+# disabled. Enable it by visiting ..."), for a reply without the ErrorInfo.
+_DISABLED = re.compile(r"has not been used in project (\S+) before or it is disabled")
+
+
+def disabled_api(e: Exception) -> tuple[str, str] | None:
+    """(the API, the project it is off in: an id or a number) when the call failed because the API is disabled for
+    the caller's project: a 403 whose google.rpc.ErrorInfo reason is SERVICE_DISABLED (metadata `service`,
+    `consumer` projects/N), or whose message says so; None for anything else."""
+    from googleapiclient.errors import HttpError
+
+    if not isinstance(e, HttpError) or int(e.resp.status) != 403:
+        return None
+    try:
+        error = json.loads(e.content.decode("utf-8"))["error"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        error = {}
+    for detail in error.get("details") or []:
+        if isinstance(detail, dict) and detail.get("reason") == "SERVICE_DISABLED":
+            meta = detail.get("metadata") or {}
+            return str(meta.get("service", "")), str(meta.get("consumer", "")).removeprefix("projects/")
+    m = _DISABLED.search(str(error.get("message") or e.reason or ""))
+    if m is None:
+        return None
+    service = re.search(r"/apis/api/([a-z0-9.-]+)", str(error.get("message") or e.reason or ""))
+    return (service.group(1) if service else ""), m.group(1).rstrip(".")

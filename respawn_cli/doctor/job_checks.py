@@ -1,5 +1,6 @@
 """A job file's checks: each zone offers the machine, each region has quota for it, a slice's firewall rule, the
-checkpoint bucket, the image, and the organisation policies its machines meet. Each returns Lines (checks.py)."""
+checkpoint bucket and the image (its network: network_checks.py; the organisation policies its machines meet:
+policy_checks.py). Each returns Lines (checks.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from respawn.jobs import SPOT_MODELS, GpuMachine, JobSpec, MachineSpec, Provisioning
+from respawn.jobs import API_COMPUTE, SPOT_MODELS, GpuMachine, JobSpec, MachineSpec, Provisioning
 from respawn.machine import DEPLOYMENT_IMAGES
 from respawn_cli.doctor.checks import (
     DEPLOY,
@@ -23,6 +24,7 @@ from respawn_cli.doctor.checks import (
     grants_on,
     pages,
 )
+from respawn_cli.doctor.clients import document
 from respawn_cli.offering import OfferingLookup, machine_words
 from respawn_ops import needs
 
@@ -77,43 +79,73 @@ def zones_offer(d: Deployment, spec: JobSpec) -> list[Line]:
 
 def quota_need(machine: MachineSpec) -> tuple[str, int] | None:
     """(the GPU's quota metric without the PREEMPTIBLE_ prefix, GPUs one machine takes: every VM's), None for a
-    machine whose quota regions.get does not list: a TPU's is the Cloud TPU API's, per zone (docs/deploy.md, Request
-    Spot quota), and Compute Engine's v5p, v6e and TPU7x quotas have no metric in the v1 API."""
+    machine whose quota regions.get does not list: a TPU's (the Cloud TPU API's, per zone, or Compute Engine's for a
+    TPU machine type: docs/deploy.md, Request Spot quota), and a GPU the table does not name (H100 Mega, H200, B200:
+    Cloud Quotas' per-family GPU quota)."""
     if isinstance(machine, GpuMachine):
         metric = GPU_QUOTAS.get(machine.accelerator_type)
         return None if metric is None else (metric, machine.accelerator_count * machine.vms)
     return None
 
 
+def quota_metrics() -> frozenset[str]:
+    """The quota metrics Compute Engine's regions.get defines (the discovery document's Quota.metric enum): Spot
+    H100s have PREEMPTIBLE_NVIDIA_H100_GPUS, on-demand ones no metric at all."""
+    return frozenset(document("compute", "v1")["schemas"]["Quota"]["properties"]["metric"]["enum"])
+
+
+def unlisted_line(d: Deployment, machine: MachineSpec, metric: str | None, regions: list[str]) -> Line:
+    """A warning naming where the quota of a machine regions.get does not list is: Cloud Quotas, under the service
+    that makes the machine (compute.googleapis.com for a GPU or a Compute Engine TPU, tpu.googleapis.com for a Cloud
+    TPU API node)."""
+    words, where = machine_words(machine), ", ".join(regions)
+    if isinstance(machine, GpuMachine):
+        what = (
+            f"regions.get defines no {metric}"
+            if metric
+            else f"regions.get has no metric for {machine.accelerator_type}"
+        )
+        return Line(
+            WARN,
+            "quota",
+            f"{words} in {where}: {what}; its quota is Compute Engine's per-family GPU quota in Cloud Quotas: "
+            "not checked",
+            "gcloud quotas info describe GPUS-PER-GPU-FAMILY-per-project-region --service=compute.googleapis.com "
+            f"--project={d.project} (its gpu_family for {machine.accelerator_type}; Spot and flex-start count as "
+            "preemptible: gcloud quotas info list --service=compute.googleapis.com --filter='quotaId~GPU'), or "
+            "IAM & Admin > Quotas, service Compute Engine API (docs/deploy.md, Request Spot quota)",
+        )
+    service = "compute.googleapis.com" if machine.api == API_COMPUTE else "tpu.googleapis.com"
+    api = "Compute Engine" if machine.api == API_COMPUTE else "Cloud TPU"
+    return Line(WARN, "quota", f"{words} in {where}: its quota is the {api} API's, which Compute Engine's regions.get "
+                               "does not list: not checked",
+                f"gcloud quotas info list --service={service} --project={d.project} (or IAM & Admin > Quotas, service "
+                f"{api} API: docs/deploy.md, Request Spot quota)")  # fmt: skip
+
+
 def quota(d: Deployment, spec: JobSpec) -> list[Line]:
     """Each region of each tier has the quota one machine of that tier needs: Spot and preemptible (and flex-start)
     machines count against PREEMPTIBLE_ metrics, standard ones against the plain metric; a reservation's are
-    reserved."""
+    reserved. A metric regions.get does not define, or a region's reply does not list, is a warning naming where
+    the quota is, never a failure."""
     wanted: dict[tuple[str, str], int] = {}  # (region, metric) -> the most one machine there needs
-    unlisted: dict[str, None] = {}
+    unlisted: dict[tuple[str, str | None], tuple[MachineSpec, list[str]]] = {}
+    defined = quota_metrics()
     for n, tier in enumerate(spec.all_tiers):
         if tier.provisioning == Provisioning.RESERVATION:
             continue
         machine = spec.machine_of(n)
         need = quota_need(machine)
-        if need is None:
-            unlisted[machine_words(machine)] = None
-            continue
-        base, units = need
         preemptible = tier.provisioning in SPOT_MODELS or tier.provisioning == Provisioning.FLEX_START
-        metric = f"PREEMPTIBLE_{base}" if preemptible else base
+        metric = None if need is None else f"PREEMPTIBLE_{need[0]}" if preemptible else need[0]
+        if need is None or metric not in defined:
+            _, regions = unlisted.setdefault((machine_words(machine), metric), (machine, []))
+            regions += [r for r in dict.fromkeys(region_of(z) for z in tier.zones) if r not in regions]
+            continue
         for zone in tier.zones:
-            wanted[(region_of(zone), metric)] = max(units, wanted.get((region_of(zone), metric), 0))
-    lines = [
-        Line(
-            WARN,
-            "quota",
-            f"{words}'s quota is not listed by Compute Engine's regions.get: not checked",
-            f"gcloud beta quotas info list --service=tpu.googleapis.com --project={d.project} (or IAM & Admin > "
-            "Quotas: docs/deploy.md, Request Spot quota)",
-        )
-        for words in unlisted
-    ]
+            key = (region_of(zone), str(metric))
+            wanted[key] = max(need[1], wanted.get(key, 0))
+    lines = [unlisted_line(d, machine, metric, regions) for (_, metric), (machine, regions) in unlisted.items()]
     compute = d.clients("compute")
     for (region, metric), units in wanted.items():
         check = f"quota in {region}"
@@ -122,14 +154,18 @@ def quota(d: Deployment, spec: JobSpec) -> list[Line]:
             lines.append(problem or Line(FAIL, check, f"no region {region}", "fix the job's zones"))
             continue
         q = next((q for q in got.get("quotas") or [] if q.get("metric") == metric), None)
-        free = 0 if q is None else int(float(q.get("limit", 0)) - float(q.get("usage", 0)))
+        if q is None:
+            lines.append(Line(WARN, check, f"regions.get lists no {metric} in {region}: not checked",
+                              f"gcloud compute regions describe {region} --project={d.project}, or IAM & Admin > "
+                              "Quotas (docs/deploy.md, Request Spot quota)"))  # fmt: skip
+            continue
+        free = int(float(q.get("limit", 0)) - float(q.get("usage", 0)))
         if free < units:
-            have = "none" if q is None else f"{free:g} of {float(q.get('limit', 0)):g} free"
             lines.append(
                 Line(
                     FAIL,
                     check,
-                    f"{metric}: {have}, one machine needs {units}",
+                    f"{metric}: {free:g} of {float(q.get('limit', 0)):g} free, one machine needs {units}",
                     f"request {metric} in {region}: console IAM & Admin > Quotas (docs/deploy.md, "
                     "Request Spot quota), or drop the region's zones",
                 )
@@ -299,67 +335,3 @@ def image(d: Deployment, spec: JobSpec) -> list[Line]:
         where,
         grant_line(d, grants_on(needs.REPOSITORY)[0], repo, check="machines pull the image"),
     ]
-
-
-def org_policies(d: Deployment, spec: JobSpec | None) -> list[Line]:
-    """The effective organisation policies the machines meet: external IPs (when they have one) and resource
-    locations (the job's zones)."""
-    policies = d.clients("orgpolicy").projects().policies()
-    lines = []
-    wanted = [("compute.vmExternalIpAccess", d.external_ips), ("gcp.resourceLocations", spec is not None)]
-    for constraint, applies in wanted:
-        if not applies:
-            continue
-        check = f"org policy {constraint}"
-        name = f"projects/{d.project}/policies/{constraint}"
-        got, problem = ask(check, policies.getEffectivePolicy(name=name).execute)
-        if problem:
-            lines.append(problem)
-            continue
-        rules = ((got or {}).get("spec") or {}).get("rules") or []
-        lines.append(
-            _external_ip(check, rules)
-            if constraint == "compute.vmExternalIpAccess"
-            else _locations(check, rules, zones(spec) if spec else [])
-        )
-    return lines
-
-
-def _external_ip(check: str, rules: list[dict[str, Any]]) -> Line:
-    if not rules or any(r.get("allowAll") for r in rules):
-        return Line(PASS, check, "machines may have external IPs")
-    return Line(
-        FAIL,
-        check,
-        "the organisation forbids external IPs on new VMs, and the machines get one",
-        "external_ip = false in terraform.tfvars (with Private Google Access or Cloud NAT) and "
-        f"{DEPLOY} (docs/deploy.md, A project without a default network)",
-    )
-
-
-def _locations(check: str, rules: list[dict[str, Any]], job_zones: list[str]) -> Line:
-    if not rules or any(r.get("allowAll") for r in rules):
-        return Line(PASS, check, "every location is allowed")
-    if any(r.get("denyAll") for r in rules):
-        return Line(FAIL, check, "the organisation allows no location", "ask your organisation's policy admins")
-    allowed = [v for r in rules for v in (r.get("values") or {}).get("allowedValues") or []]
-    denied = [v for r in rules for v in (r.get("values") or {}).get("deniedValues") or []]
-
-    def matches(zone: str, value: str) -> bool:
-        value = value.removeprefix("in:").removesuffix("-locations")
-        value = value.removeprefix("zones:").removeprefix("regions:")
-        return zone == value or region_of(zone) == value or zone.startswith(f"{value}-")
-
-    refused = [
-        z
-        for z in job_zones
-        if any(matches(z, v) for v in denied) or (allowed and not any(matches(z, v) for v in allowed))
-    ]
-    if refused:
-        return Line(
-            FAIL,
-            check,
-            f"the organisation does not allow {', '.join(refused)}",
-            "use zones the policy allows (gcloud org-policies describe gcp.resourceLocations --effective)",
-        )
-    return Line(PASS, check, f"{', '.join(job_zones)} allowed")

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 from respawn.deployment import Settings
 from respawn.jobs import JobSpec
-from respawn_cli.doctor import checks, job_checks
+from respawn_cli.doctor import checks, job_checks, network_checks, policy_checks
 from respawn_cli.doctor.checks import FAIL, Deployment, Line
 from respawn_cli.doctor.clients import Clients, endpoints_from_env
 from respawn_ops import needs
@@ -35,7 +35,7 @@ def deployment(s: Settings, orchestrator: str | None = None, clients: Clients | 
 
 def run(d: Deployment, status_topic: str, spec: JobSpec | None) -> Iterator[Line]:
     """Every check, in the order a deployment is built: APIs, accounts, network, storage, topics, policies, and for
-    a job its zones, quota, slice firewall, checkpoint bucket and image."""
+    a job its zones, quota, Shared VPC grants, Cloud NAT, slice firewall, checkpoint bucket and image."""
     regions = {job_checks.region_of(z) for z in job_checks.zones(spec)} if spec else set()
     steps: list[Callable[[], list[Line]]] = [
         lambda: checks.apis_enabled(d),
@@ -43,12 +43,14 @@ def run(d: Deployment, status_topic: str, spec: JobSpec | None) -> Iterator[Line
         lambda: checks.network(d, regions),
         lambda: checks.state_bucket(d),
         lambda: checks.pubsub(d),
-        lambda: job_checks.org_policies(d, spec),
+        lambda: policy_checks.org_policies(d, spec),
     ]
     if spec is not None:
         steps += [
             lambda: job_checks.zones_offer(d, spec),
             lambda: job_checks.quota(d, spec),
+            lambda: network_checks.shared_vpc(d, spec),
+            lambda: network_checks.cloud_nat(d, spec),
             lambda: job_checks.slice_firewall(d, spec),
             lambda: job_checks.checkpoint_bucket(d, spec),
             lambda: job_checks.image(d, spec),

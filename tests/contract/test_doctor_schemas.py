@@ -1,19 +1,20 @@
 """Every request `respawn doctor` sends to the local cloud's project APIs (localcloud/apis/project_api.py), and every
-reply, held to Google's discovery documents (discovery.py): Service Usage, Policy Troubleshooter, Compute Engine,
-Cloud TPU, Artifact Registry and Org Policy. A healthy and a broken deployment, a GPU job and a TPU slice, so that
-replies and refusals of every method are seen; the methods seen are every method doctor calls there (the zone
-offerings through google-cloud-compute and google-cloud-tpu, as `respawn submit` asks them: offerings.py)."""
+reply, held to Google's discovery documents (discovery.py): Service Usage, Policy Troubleshooter v3, Resource
+Manager v3, Compute Engine, Cloud TPU, Artifact Registry and Org Policy. A healthy and a broken deployment, a GPU
+job and TPU slices, a private Shared VPC, and a project with doctor's own APIs off, so that replies and refusals of
+every method are seen; the methods seen are every method doctor calls there (the zone offerings through
+google-cloud-compute and google-cloud-tpu, as `respawn submit` asks them: offerings.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 import pytest
 from discovery import Api
 
 from localcloud.apis.cloudapi import CloudApiServer, Exchange
-from localcloud.apis.project_state import LocalProject, healthy
+from localcloud.apis.project_state import LocalProject, add_network, healthy
 from respawn.deployment import Settings
 from respawn.jobs import JobSpec
 from respawn.spec import parse_job_message
@@ -42,11 +43,16 @@ SLICE = {
     "machine": {"kind": "tpu", "accelerator_type": "v5litepod-16", "runtime_version": "v2-alpha-tpuv5-lite"},
 }
 DIGEST = {**JOB, "image": f"us-docker.pkg.dev/{PROJECT}/respawn/trainer@sha256:{'0' * 64}"}
+# A Compute Engine TPU slice (a MIG) on a Shared VPC of HOST, without external IPs: routers.list in the host project,
+# the project's number, the MIG agent's grant on the host subnetwork
+HOST = "host-proj"
+COMPUTE_SLICE = {**JOB, "machine": {"kind": "tpu", "accelerator_type": "v6e-16"}, "zones": ["us-east5-b"]}
 APIS = {
     name: Api.load(name)
     for name in (
         "serviceusage.v1",
-        "policytroubleshooter.v1",
+        "policytroubleshooter.v3",
+        "cloudresourcemanager.v3",
         "compute.v1",
         "tpu.v2",
         "artifactregistry.v1",
@@ -60,6 +66,8 @@ SERVED = {
     "compute.networks.get",
     "compute.subnetworks.get",
     "compute.firewalls.list",
+    "compute.routers.list",
+    "cloudresourcemanager.projects.get",
     "compute.machineTypes.get",
     "compute.acceleratorTypes.get",
     "tpu.projects.locations.acceleratorTypes.get",
@@ -69,7 +77,7 @@ SERVED = {
 }
 
 
-def spec(message: dict[str, object]) -> JobSpec:
+def spec(message: Mapping[str, object]) -> JobSpec:
     parsed = parse_job_message(message)
     assert isinstance(parsed, JobSpec)
     return parsed
@@ -90,7 +98,15 @@ def exchanges() -> Iterator[list[Exchange]]:
         clients = Clients(
             {
                 api: server.url
-                for api in ("serviceusage", "policytroubleshooter", "compute", "tpu", "artifactregistry", "orgpolicy")
+                for api in (
+                    "serviceusage",
+                    "policytroubleshooter",
+                    "cloudresourcemanager",
+                    "compute",
+                    "tpu",
+                    "artifactregistry",
+                    "orgpolicy",
+                )
             }
             | {"storage": "http://127.0.0.1:9", "pubsub": "http://127.0.0.1:9"}
         )
@@ -118,6 +134,15 @@ def exchanges() -> Iterator[list[Exchange]]:
             d = report.deployment(replace(settings, subnetwork="ml"), clients=clients)
             for message in (JOB, SLICE):
                 list(report.run(d, "respawn-status", spec(message)))
+            server.unoffered = {}
+            shared = replace(settings, network=f"projects/{HOST}/global/networks/shared", external_ips=False)
+            d = report.deployment(shared, clients=clients)
+            for off in ((), ("policytroubleshooter.googleapis.com", "cloudresourcemanager.googleapis.com")):
+                server.project.project = private = fresh()
+                add_network(private, HOST, "shared", "ml")
+                private.apis -= set(off)
+                private.refused |= {"routers"} if off else set()
+                list(report.run(d, "respawn-status", spec(COMPUTE_SLICE)))
         finally:
             clients.close()
         yield server.exchanges
@@ -131,8 +156,10 @@ def api_of(exchange: Exchange) -> Api:
         return APIS["orgpolicy.v2"]
     if path.startswith("/v2/"):
         return APIS["tpu.v2"]
-    if path == "/v1/iam:troubleshoot":
-        return APIS["policytroubleshooter.v1"]
+    if path == "/v3/iam:troubleshoot":
+        return APIS["policytroubleshooter.v3"]
+    if path.startswith("/v3/projects/"):
+        return APIS["cloudresourcemanager.v3"]
     return APIS["artifactregistry.v1"] if "/repositories/" in path else APIS["serviceusage.v1"]
 
 
@@ -153,6 +180,9 @@ def test_every_method_doctor_calls_was_seen_answering_and_refusing(exchanges: li
     refused = {method for method, ok in seen if not ok}
     assert {
         "compute.networks.get",
+        "compute.routers.list",
+        "cloudresourcemanager.projects.get",
+        "policytroubleshooter.iam.troubleshoot",
         "compute.machineTypes.get",
         "tpu.projects.locations.acceleratorTypes.get",
         "artifactregistry.projects.locations.repositories.packages.versions.get",
@@ -163,5 +193,5 @@ def test_a_wrong_reply_field_fails(exchanges: list[Exchange]) -> None:
     region = next(e for e in exchanges if e.path.endswith("/regions/us-central1") and e.status == 200)
     wrong = {**region.response, "quotas": [{"metric": "NO_SUCH_METRIC", "limit": 1.0, "usage": 0.0}]}
     assert len(problems(replace(region, response=wrong))) == 1
-    troubleshoot = next(e for e in exchanges if e.path == "/v1/iam:troubleshoot")
-    assert len(problems(replace(troubleshoot, response={"access": "MAYBE"}))) == 1
+    troubleshoot = next(e for e in exchanges if e.path == "/v3/iam:troubleshoot" and e.status == 200)
+    assert len(problems(replace(troubleshoot, response={"overallAccessState": "MAYBE"}))) == 1

@@ -71,3 +71,28 @@ def test_doctor_looks_for_the_topics_and_subscriptions_terraform_makes(config: C
     assert "respawn-alerts" not in topics and len(topics) == 4
     d = report.deployment(Settings(project="p", state_bucket="s"))
     assert (set(d.topics), set(d.subscriptions)) == (topics, subscriptions)
+
+
+def test_on_a_shared_vpc_doctor_asks_for_the_grant_terraform_makes(config: Config) -> None:
+    """The grant doctor names on a Shared VPC is network.tf's: the role holding the use of a subnetwork, on the host
+    subnetwork, to respawn-orchestrator and to the Google APIs service agent that creates a MIG's VMs."""
+    type_, name = needs.SHARED_VPC_GRANT.split(".")
+    body = config.resource(type_, name)
+    assert body["role"] == needs.SUBNETWORK_ROLE == "roles/compute.networkUser"
+    assert (body["project"], body["subnetwork"]) == ("${local.network_project}", "${var.subnetwork}")
+    members = config.locals["subnetwork_users"]
+    assert members["orchestrator"] == "${google_service_account.orchestrator.member}"
+    assert members["mig_agent"] == "serviceAccount:" + needs.mig_agent_email("${data.google_project.this.number}")
+
+
+def test_what_doctor_says_machines_download_outside_google_is_what_the_startup_script_fetches() -> None:
+    """doctor's Cloud NAT check (respawn_cli/doctor/network_checks.py) names what the startup script installs from
+    outside Google: Docker with apt-get (the Ubuntu archive) and the NVIDIA Container Toolkit from nvidia.github.io.
+    A script that stops fetching one of them must change the check too."""
+    from respawn_cli.doctor import network_checks
+
+    script = (TF_DIR.parents[1] / "functions" / "respawn" / "adapters" / "startup.sh").read_text(encoding="utf-8")
+    commands = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    assert "apt-get" in commands and "docker.io" in commands
+    assert "https://nvidia.github.io" in commands
+    assert "apt-get" in network_checks.UBUNTU and "nvidia.github.io" in network_checks.NVIDIA

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,20 @@ def config() -> Config:
 @pytest.mark.parametrize("path", sorted(TF_DIR.glob("*.tf")), ids=lambda p: p.name)
 def test_every_tf_file_parses(path: Path) -> None:
     assert parse(path), f"{path.name} is empty"
+
+
+def test_every_tf_file_is_formatted_as_terraform_fmt_writes_it() -> None:
+    binary = shutil.which("terraform")
+    if binary is None:  # no package registry serves it: a machine without it skips (parsing is checked above)
+        pytest.skip("terraform is not installed (HashiCorp's binary, on PATH)")
+    done = subprocess.run(
+        [binary, "fmt", "-check", "-list=true", "-no-color", "."],
+        cwd=TF_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, f"run `terraform fmt` in infra/terraform: {done.stdout.split()}"
 
 
 def test_the_configuration_is_split_by_concern() -> None:
@@ -511,6 +527,16 @@ def test_the_needed_apis_are_enabled(config: Config) -> None:
         )
     }
     assert needed <= set(config.locals["apis"])
+
+
+def test_the_apis_respawn_doctor_asks_about_the_project_are_enabled(config: Config) -> None:
+    """A fresh project has the Policy Troubleshooter and Org Policy APIs off: doctor's permission and organisation
+    policy lines would read "API not enabled" instead of the answer. Every API doctor builds a client for is on."""
+    from respawn_cli.doctor import clients
+
+    asked = {f"{api}.googleapis.com" for api in clients.APIS}
+    assert {"policytroubleshooter.googleapis.com", "orgpolicy.googleapis.com", "serviceusage.googleapis.com"} <= asked
+    assert sorted(asked - set(config.locals["apis"])) == []
 
 
 def test_the_compute_engine_guide_names_every_kind_of_object_the_role_reaches(config: Config) -> None:

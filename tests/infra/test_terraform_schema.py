@@ -12,7 +12,7 @@ import hcl2
 import pytest
 from hcl2 import SerializationOptions
 from tfconfig import REPO, TF_DIR
-from tfschema import Schemas, check_file, schema_dir
+from tfschema import PACKAGES, Schemas, check_file, schema_dir
 
 EXPLICIT = SerializationOptions(strip_string_quotes=True, explicit_blocks=True, with_comments=False)
 PINNED = REPO / "infra" / "tfschema" / "package.json"
@@ -23,7 +23,7 @@ def schemas() -> Schemas:
     found = schema_dir()
     if found is None:
         problem = (
-            "the provider schemas (@cdktf/provider-google, @cdktf/provider-archive) are not installed: "
+            "the provider schemas (@cdktf/provider-google, -archive, -time) are not installed: "
             "`make setup` installs them into .venv-tfschema and sets RESPAWN_TFSCHEMA"
         )
         if os.environ.get("RESPAWN_REQUIRE_EMULATORS") == "1" or os.environ.get("CI") == "true":
@@ -61,7 +61,8 @@ def test_every_resource_and_data_source_was_checked(schemas: Schemas, configurat
 def test_installed_schemas_are_the_pinned_ones_and_fit_versions_tf(schemas: Schemas) -> None:
     pinned = json.loads(PINNED.read_text())["dependencies"]
     constraints = parse((TF_DIR / "versions.tf").read_text())["terraform"][0]["required_providers"][0]
-    for provider, package in (("google", "@cdktf/provider-google"), ("archive", "@cdktf/provider-archive")):
+    for provider, name in PACKAGES.items():
+        package = f"@cdktf/{name}"
         installed = json.loads((schemas.package(provider) / "package.json").read_text())
         assert installed["version"] == pinned[package], f"{package}: run `make setup`"
         built_for = installed["cdktf"]["provider"]

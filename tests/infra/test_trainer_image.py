@@ -75,11 +75,14 @@ def test_the_local_cloud_runs_respawns_image_as_the_user_its_dockerfile_makes() 
     assert f"{uid}:{uid}" == TRAINER_USER
 
 
-def dockerfile_install(variant: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """trainer/Dockerfile's install step run by bash as `docker build --build-arg VARIANT=variant` runs it, with
-    `pip` and `useradd` stood in for by scripts that print their arguments: the shell as written, not a copy."""
-    text = (REPO / "trainer" / "Dockerfile").read_text(encoding="utf-8")
-    (run,) = [r for r in re.findall(r"^RUN ((?:.*\\\n)*.*)$", text, re.M) if "pip install --requirement" in r]
+def dockerfile_install(
+    variant: str, tmp_path: Path, dockerfile: str = "trainer/Dockerfile"
+) -> subprocess.CompletedProcess[str]:
+    """A Dockerfile's install step (trainer/Dockerfile's by default) run by sh as `docker build --build-arg
+    VARIANT=variant` runs it, with `pip` and `useradd` stood in for by scripts that print their arguments: the shell
+    as written, not a copy."""
+    text = (REPO / dockerfile).read_text(encoding="utf-8")
+    (run,) = [r for r in re.findall(r"^RUN ((?:.*\\\n)*.*)$", text, re.M) if re.search(r"pip install .*jax\[", r)]
     for tool in ("pip", "useradd"):
         stub = tmp_path / tool
         stub.write_text(f'#!/bin/sh\necho {tool} "$@"\n')
@@ -121,3 +124,92 @@ def test_the_local_cloud_runs_trainers_in_the_environment_its_dockerfile_sets() 
     (block,) = re.findall(r"^ENV ((?:[^\n]*\\\n)*[^\n]*)$", (REPO / "trainer" / "Dockerfile").read_text(), re.M)
     dockerfile_env = dict(re.findall(r"(\w+)=(\S+?)(?:\s*\\)?$", block, re.M))
     assert IMAGE_ENV and IMAGE_ENV.items() <= dockerfile_env.items(), dockerfile_env
+
+
+# What jax[cuda12] installs for CUDA: jax 0.10.2's extra `cuda12` is jax-cuda12-plugin[with-cuda]==0.10.2, whose
+# Requires-Dist for `with-cuda` (sys_platform == "linux") are these, lower bounds only. Read from PyPI's metadata of
+# jax-cuda12-plugin 0.10.2 (https://pypi.org/project/jax-cuda12-plugin/0.10.2/, with `pip install --dry-run --report`).
+PLUGIN_JAX = "0.10.2"
+PLUGIN_CUDA_REQUIREMENTS = (
+    "nvidia-cublas-cu12>=12.1.3.1",
+    "nvidia-cuda-cupti-cu12>=12.1.105",
+    "nvidia-cuda-nvcc-cu12>=12.6.85",
+    "nvidia-cuda-runtime-cu12>=12.1.105",
+    "nvidia-cudnn-cu12<10.0,>=9.8",
+    "nvidia-cufft-cu12>=11.0.2.54",
+    "nvidia-cusolver-cu12>=11.4.5.107",
+    "nvidia-cusparse-cu12>=12.1.0.106",
+    "nvidia-nccl-cu12>=2.18.1",
+    "nvidia-nvjitlink-cu12>=12.1.105",
+    "nvidia-cuda-nvrtc-cu12>=12.1.55",
+    "nvidia-nvshmem-cu12>=3.2.5",
+)
+# The wheels versioned as the CUDA toolkit is (12.8.x): ptxas (nvcc) and nvJitLink compile PTX, which the driver must
+# be as new as; the others go with them
+TOOLKIT_WHEELS = (
+    "nvidia-cublas-cu12",
+    "nvidia-cuda-cupti-cu12",
+    "nvidia-cuda-nvcc-cu12",
+    "nvidia-cuda-nvrtc-cu12",
+    "nvidia-cuda-runtime-cu12",
+    "nvidia-nvjitlink-cu12",
+)
+
+
+def cuda_pins() -> dict[str, str]:
+    text = (REPO / "trainer" / "cuda-constraints.txt").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    pins = dict(line.split("==") for line in lines)
+    assert len(pins) == len(lines) and all(re.fullmatch(r"[a-z0-9-]+", n) for n in pins), lines
+    return pins
+
+
+def driver_cuda() -> tuple[int, int]:
+    """The CUDA version of the GPU VMs' driver, from the boot image family's name (common-cu128-...: 12.8)."""
+    from respawn.adapters.compute import DLVM_IMAGE
+
+    found = re.search(r"/family/common-cu(\d\d)(\d)-", DLVM_IMAGE)
+    assert found, DLVM_IMAGE
+    return int(found[1]), int(found[2])
+
+
+def test_the_cuda_wheels_are_pinned_to_the_cuda_of_the_gpu_vms_driver() -> None:
+    """Each CUDA wheel jax[cuda12] installs is pinned, within the plugin's bounds; the toolkit's at the driver's CUDA
+    (12.8, the boot image's), not the newest on PyPI (12.9 and up): a PTX compiler newer than the driver makes XLA
+    disable parallel compilation."""
+    from packaging.requirements import Requirement
+
+    assert dockerfile_arg("JAX_VERSION") == PLUGIN_JAX, "a new JAX: read its plugin's CUDA requirements again"
+    wanted = {r.name: r.specifier for r in map(Requirement, PLUGIN_CUDA_REQUIREMENTS)}
+    pins = cuda_pins()
+    assert sorted(pins) == sorted(wanted)
+    assert {name: version for name, version in pins.items() if version not in wanted[name]} == {}
+    major, minor = driver_cuda()
+    assert (major, minor) == (12, 8)
+    assert {name: pins[name] for name in TOOLKIT_WHEELS if version(pins[name])[:2] != (major, minor)} == {}
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "variant", "constraints"),
+    [
+        ("trainer/Dockerfile", "cuda", "/app/cuda-constraints.txt"),
+        ("trainer/Dockerfile", "tpu", None),
+        ("trainer/Dockerfile", "cpu", None),
+        ("examples/byo/Dockerfile", "cuda12", "/src/cuda-constraints.txt"),
+        ("examples/byo/Dockerfile", "tpu", None),
+    ],
+)
+def test_the_cuda_variant_installs_with_those_pins(
+    dockerfile: str, variant: str, constraints: str | None, tmp_path: Path
+) -> None:
+    """`docker build --build-arg VARIANT=cuda trainer/` (and the bring-your-own example's cuda12) passes the pins to
+    pip as constraints, from a file the build copies in; the other variants install no CUDA and take none."""
+    done = dockerfile_install(variant, tmp_path, dockerfile)
+    assert done.returncode == 0, done.stderr
+    pip = next(line for line in done.stdout.splitlines() if line.startswith("pip install")).split()
+    given = [pip[i + 1] for i, arg in enumerate(pip) if arg == "--constraint"]
+    assert given == ([constraints] if constraints else [])
+    if constraints:  # copied there before the install step
+        copies = re.findall(r"^COPY (.+)$", (REPO / dockerfile).read_text(encoding="utf-8"), re.M)
+        dests = [c.split()[-1] for c in copies if any(s.endswith("cuda-constraints.txt") for s in c.split()[:-1])]
+        assert constraints in [d + "cuda-constraints.txt" if d.endswith("/") else d for d in dests], copies

@@ -1,10 +1,10 @@
 """The arguments and nested blocks Terraform providers accept, read from the Terraform CDK's prebuilt providers.
 
 `terraform validate` needs the provider binary, which cannot be downloaded here. The npm packages
-@cdktf/provider-google and @cdktf/provider-archive (pinned in infra/tfschema/package.json, installed by
-`make setup` into .venv-tfschema) were generated from the providers' schemas: each resource and data source has a
-directory `lib/<name>/` whose JavaScript maps every argument and nested block to its Terraform snake_case name, in a
-function per block:
+@cdktf/provider-google, @cdktf/provider-archive and @cdktf/provider-time (pinned in infra/tfschema/package.json,
+installed by `make setup` into .venv-tfschema) were generated from the providers' schemas: each resource and data
+source has a directory `lib/<name>/` whose JavaScript maps every argument and nested block to its Terraform snake_case
+name, in a function per block:
 
     synthesizeHclAttributes() {                     // the resource's own arguments and blocks
         const attrs = {
@@ -29,7 +29,8 @@ from typing import Any
 from tfconfig import REPO
 
 DEFAULT_DIR = REPO / ".venv-tfschema" / "node_modules"
-PACKAGES = {"google": "provider-google", "archive": "provider-archive"}  # provider local name -> @cdktf package
+# provider local name -> @cdktf package
+PACKAGES = {"google": "provider-google", "archive": "provider-archive", "time": "provider-time"}
 
 # Terraform's own arguments and blocks (language/meta-arguments), allowed in every resource / data block.
 META_ARGUMENTS = {

@@ -18,7 +18,7 @@ from respawn.adapters import compute_slices as slices
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.jobs import JobSpec, MachineState, Tier, TpuMachine
-from respawn.ports import CapacityError, Machine, PermanentError, TransientError
+from respawn.ports import CapacityError, Machine, TransientError
 
 ZONE = "us-central1-a"
 REGION = "us-central1"
@@ -243,24 +243,6 @@ def test_a_stockout_for_a_slice_is_a_capacity_error_and_leaves_nothing(bulk_stoc
         assert objects(server) == []
         gce.create(create(s, 2), s)  # the stockout was for one create only
         wait_for(lambda: gce.get("llm-a2", ZONE, s), MachineState.READY)
-
-
-def test_a_mig_refused_in_bulk_mode_for_its_provisioning_model_is_asked_for_in_the_default_mode(
-    server: CloudApiServer, gce: GcpComputeProvider
-) -> None:
-    """Where bulk mode takes only flex-start and reservation-bound templates, a Spot slice's MIG is inserted again
-    without BULK. This local API (by default) holds TPU topologies to BULK, so that second insert is refused:
-    its words show the provider sent it."""
-    refusal = (
-        "Invalid value for field 'resource.targetSizePolicy.mode': 'BULK'. Bulk mode supports instance templates "
-        "with provisioning model FLEX_START, RESERVATION_BOUND; 'projects/proj/global/instanceTemplates/llm-a1' "
-        "has SPOT."
-    )
-    server.fail_next("create", code=400, status="INVALID_ARGUMENT", message=refusal, collection="instanceGroupManagers")
-    s = spec()
-    with pytest.raises(PermanentError, match="require BULK mode"):
-        gce.create(create(s), s)
-    assert creates(server) == [*SLICE, "instanceGroupManagers"]
 
 
 # ------------------------------------------------------------------------------------------------ flex-start

@@ -1,7 +1,7 @@
 """`respawn doctor` end to end against the local cloud: the local APIs (Service Usage, Policy Troubleshooter,
-Compute Engine, Cloud TPU, Artifact Registry, Org Policy: localcloud/apis/project_api.py), fake-gcs-server and the
-Pub/Sub emulator, through the real discovery clients. A healthy deployment passes every line; one broken in one way
-fails that line alone, and the line names the fix."""
+Resource Manager, Compute Engine, Cloud TPU, Artifact Registry, Org Policy: localcloud/apis/project_api.py),
+fake-gcs-server and the Pub/Sub emulator, through the real discovery clients. A healthy deployment passes every
+line; one broken in one way fails that line alone, and the line names the fix."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from localcloud.apis.cloudapi import CloudApiServer
-from localcloud.apis.project_state import LocalProject, healthy
+from localcloud.apis.project_state import LocalProject, add_network, healthy
 from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
 from respawn.deployment import Settings
 from respawn.jobs import JobSpec
@@ -70,6 +70,9 @@ SLICE_JOB = {
     "machine": {"kind": "tpu", "accelerator_type": "v5litepod-16", "runtime_version": "v2-alpha-tpuv5-lite"},
     "zones": ["us-central1-a", "us-central1-c"],
 }
+# A v6e slice on Compute Engine: a MIG of VMs booting Compute Engine's TPU image, which has no Docker
+COMPUTE_SLICE_JOB = {**GPU_JOB, "job_id": "doctor-v6e", "machine": {"kind": "tpu", "accelerator_type": "v6e-16"},
+                     "zones": ["us-east5-b"]}  # fmt: skip
 
 
 def job(message: dict[str, Any]) -> JobSpec:
@@ -196,6 +199,7 @@ def test_a_job_without_image_is_checked_all_but_its_image(cloud: Cloud) -> None:
 Break = Callable[[Cloud], Any]
 SLICE = job(SLICE_JOB)
 GPU = job(GPU_JOB)
+COMPUTE_SLICE = job(COMPUTE_SLICE_JOB)
 BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     # (case, break the project, job, settings, failing check, words of its detail, words of its fix)
     (
@@ -330,6 +334,37 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
         "does not allow europe-west4-a",
         "zones the policy allows",
     ),
+    (
+        "no Cloud NAT where the machines install Docker",
+        lambda c: c.project.routers.pop((PROJECT, "us-east5", "respawn-respawn-nat")),
+        COMPUTE_SLICE,
+        SETTINGS,
+        "Cloud NAT in us-east5",
+        "apt-get installs Docker from the Ubuntu archive, which Private Google Access does not reach",
+        "cloud_nat_regions",
+    ),
+    (
+        "untrusted boot image",
+        lambda c: c.project.org_policies.update(
+            {"compute.trustedImageProjects": {"rules": [{"values": {"allowedValues": ["projects/debian-cloud"]}}]}}
+        ),
+        GPU,
+        SETTINGS,
+        "org policy compute.trustedImageProjects",
+        "boot from projects/deeplearning-platform-release",
+        "trust projects/deeplearning-platform-release",
+    ),
+    (
+        "denied permission",
+        lambda c: c.project.deny(
+            ORCHESTRATOR, f"//cloudresourcemanager.googleapis.com/projects/{PROJECT}", "compute.instances.create"
+        ),
+        GPU,
+        SETTINGS,
+        "orchestrator's permissions on the project",
+        "lacks compute.instances.create",
+        "google_project_iam_member.orchestrator_machines",
+    ),
 ]
 
 
@@ -363,6 +398,139 @@ def test_a_check_the_caller_may_not_make_is_a_warning_naming_the_roles_it_needs(
         "machines pull the image",
     }
     assert all("HTTP 403" in line.detail and "roles/iam.securityReviewer" in line.fix for line in warned)
+
+
+def test_on_a_fresh_project_the_lines_name_the_api_doctor_needs_enabled(cloud: Cloud) -> None:
+    """A fresh project has the Policy Troubleshooter and Org Policy APIs off: they answer 403 SERVICE_DISABLED, and
+    each line that asks them is a warning naming the `gcloud services enable` that turns it on (not the roles a
+    caller lacks); the APIs line fails naming both."""
+    project = cloud.fresh()
+    project.apis -= {"policytroubleshooter.googleapis.com", "orgpolicy.googleapis.com"}
+    lines = cloud.doctor(GPU)
+    asking = [line for line in lines if "permissions" in line.check or line.check.startswith("machines ")]
+    policies = [line for line in lines if line.check.startswith("org policy")]
+    assert len(asking) == 7 and policies
+    for line, api in [(line, "policytroubleshooter") for line in asking] + [(line, "orgpolicy") for line in policies]:
+        assert line.status == WARN, line.text()
+        assert f"{api}.googleapis.com is not enabled in project {project.number}" in line.detail, line.text()
+        assert f"gcloud services enable {api}.googleapis.com --project={project.number}" in line.fix, line.text()
+    (apis,) = [line for line in lines if line.check == "APIs enabled"]
+    assert apis.status == FAIL and "orgpolicy.googleapis.com policytroubleshooter.googleapis.com" in apis.fix
+
+
+def quota_lines(lines: list[Line]) -> list[Line]:
+    return [line for line in lines if line.check.startswith("quota")]
+
+
+def test_a_gpu_without_a_regions_get_metric_warns_naming_compute_engines_cloud_quotas(cloud: Cloud) -> None:
+    """regions.get defines PREEMPTIBLE_NVIDIA_H100_GPUS and no on-demand H100 metric, and none for H100 Mega, H200
+    or B200: a Spot H100 is checked, the others warn (never fail) and name Compute Engine's quotas in Cloud Quotas,
+    not the Cloud TPU API's."""
+    cloud.fresh()
+    h100 = {"machine_type": "a3-highgpu-8g", "accelerator_type": "nvidia-h100-80gb", "accelerator_count": 8}
+    h200 = {"machine_type": "a3-ultragpu-8g", "accelerator_type": "nvidia-h200-141gb", "accelerator_count": 8}
+    for machine, provisioning, checked in [(h100, "spot", True), (h100, "standard", False), (h200, "spot", False)]:
+        message = {**GPU_JOB, "machine": {"kind": "gpu", **machine}, "provisioning": provisioning,
+                   "zones": ["us-central1-a"]}  # fmt: skip
+        lines = quota_lines(cloud.doctor(job(message)))
+        assert all(line.status != FAIL for line in lines), [line.text() for line in lines]
+        if checked:
+            assert [(line.check, line.status) for line in lines] == [("quota in us-central1", PASS)]
+            assert lines[0].detail.startswith("PREEMPTIBLE_NVIDIA_H100_GPUS: 16 free")
+            continue
+        (line,) = lines
+        assert line.status == WARN and "Cloud Quotas" in line.detail, line.text()
+        assert "GPUS-PER-GPU-FAMILY-per-project-region --service=compute.googleapis.com" in line.fix, line.text()
+        assert "tpu.googleapis.com" not in line.fix
+
+
+@pytest.mark.parametrize(
+    ("allowed", "zones", "status", "words"),
+    [
+        (["in:eu-locations"], ["europe-west4-a", "europe-west4-b"], PASS, "europe-west4-a, europe-west4-b allowed"),
+        (["in:eu-locations"], ["europe-west4-a", "europe-west2-a"], FAIL, "does not allow europe-west2-a"),
+        (["in:europe-west4-locations"], ["europe-west4-a"], PASS, "allowed"),
+        (["in:us-locations", "in:eu-locations"], ["us-central1-a", "europe-west4-a"], PASS, "allowed"),
+        (["europe-west4"], ["europe-west4-a"], FAIL, "does not allow europe-west4-a"),
+        (["in:low-carbon-locations"], ["europe-west4-a"], WARN, "cannot tell whether in:low-carbon-locations"),
+    ],
+)
+def test_resource_locations_read_value_groups(
+    cloud: Cloud, allowed: list[str], zones: list[str], status: str, words: str
+) -> None:
+    """gcp.resourceLocations as Google defines its values: `in:eu-locations` holds the European Union's regions and
+    their zones (europe-west4, not London's europe-west2), `in:REGION-locations` a region's zones; a bare region
+    holds the region alone, not its zones; a group doctor cannot expand is a warning."""
+    cloud.fresh().org_policies["gcp.resourceLocations"] = {"rules": [{"values": {"allowedValues": allowed}}]}
+    (line,) = [line for line in cloud.doctor(replace(GPU, zones=tuple(zones))) if "resourceLocations" in line.check]
+    assert line.status == status and words in line.detail, line.text()
+
+
+def test_machines_without_an_external_ip_need_a_cloud_nat_for_what_they_download(cloud: Cloud) -> None:
+    """Compute Engine's TPU image has no Docker (apt-get installs it from the Ubuntu archive) and the GPU image may
+    lack the NVIDIA Container Toolkit (nvidia.github.io): without an external IP they need a Cloud NAT serving the
+    subnetwork. A NAT of the network serving the subnetwork passes; none fails a Compute Engine TPU and warns a GPU;
+    a Cloud TPU API node downloads nothing; machines with an external IP need no NAT."""
+    project = cloud.fresh()
+    served = [line for line in cloud.doctor(COMPUTE_SLICE) if line.check == "Cloud NAT in us-east5"]
+    assert [(line.status, line.detail.split(" serves")[0]) for line in served] == [
+        (PASS, "respawn-respawn-nat/respawn-respawn-nat")
+    ]
+    router = project.routers[(PROJECT, "us-east5", "respawn-respawn-nat")]
+    router["nats"][0] |= {
+        "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS",
+        "subnetworks": [
+            {"name": f"projects/{PROJECT}/regions/us-east5/subnetworks/other", "sourceIpRangesToNat": ["ALL_IP_RANGES"]}
+        ],
+    }
+    (nat,) = [line for line in cloud.doctor(COMPUTE_SLICE) if line.check == "Cloud NAT in us-east5"]
+    assert nat.status == FAIL and "no Cloud NAT serves ml on respawn in us-east5" in nat.detail, nat.text()
+    assert "every attempt would fail" in nat.detail and "--nat-all-subnet-ip-ranges" in nat.fix
+    router["nats"][0]["subnetworks"][0]["name"] = f"projects/{PROJECT}/regions/us-east5/subnetworks/ml"
+    assert [line.status for line in cloud.doctor(COMPUTE_SLICE) if line.check == "Cloud NAT in us-east5"] == [PASS]
+    project.routers.clear()
+    lines = cloud.doctor(GPU)
+    nats = {line.check: line for line in lines if line.check.startswith("Cloud NAT")}
+    assert sorted(nats) == ["Cloud NAT in us-central1", "Cloud NAT in us-west4"]
+    assert all(line.status == WARN and "nvidia.github.io" in line.detail for line in nats.values())
+    assert not [line for line in cloud.doctor(SLICE) if line.check.startswith("Cloud NAT")]
+    public = replace(SETTINGS, external_ips=True)
+    assert not [line for line in cloud.doctor(COMPUTE_SLICE, public) if line.check.startswith("Cloud NAT")]
+
+
+HOST = "doctor-host"
+SHARED = replace(SETTINGS, network=f"projects/{HOST}/global/networks/shared")
+
+
+def test_on_a_shared_vpc_the_creators_of_the_machines_need_network_user_on_the_host_subnetwork(cloud: Cloud) -> None:
+    """With the network in a host project, respawn-orchestrator (every create) and, for a MIG's VMs, the project's
+    Google APIs service agent (PROJECT_NUMBER@cloudservices.gserviceaccount.com) need compute.subnetworks.use on the
+    host subnetwork: missing, each line fails naming the grant; granted, they pass; a caller who may not ask gets a
+    warning that still names it."""
+    project = cloud.fresh()
+    add_network(project, HOST, "shared", "ml")
+    agent = f"{project.number}@cloudservices.gserviceaccount.com"
+    subnetwork = f"//compute.googleapis.com/projects/{HOST}/regions/us-east5/subnetworks/ml"
+
+    def shared_lines() -> dict[str, Line]:
+        return {line.check: line for line in cloud.doctor(COMPUTE_SLICE, SHARED) if line.check.startswith("Shared")}
+
+    lines = shared_lines()
+    assert sorted(lines) == [
+        "Shared VPC: respawn-orchestrator in us-east5",
+        "Shared VPC: the Google APIs service agent (a MIG's VMs) in us-east5",
+    ]
+    for email, line in zip((ORCHESTRATOR, agent), lines.values(), strict=True):
+        assert line.status == FAIL and f"{email} lacks compute.subnetworks.use" in line.detail, line.text()
+        assert f"--member=serviceAccount:{email} --role=roles/compute.networkUser" in line.fix
+        assert "google_compute_subnetwork_iam_member.shared_vpc_users" in line.fix
+        project.grant(email, subnetwork, {"compute.subnetworks.use"})
+    assert [line.status for line in shared_lines().values()] == [PASS, PASS]
+    single = [line.check for line in cloud.doctor(GPU, SHARED) if line.check.startswith("Shared")]
+    assert single == [f"Shared VPC: respawn-orchestrator in {r}" for r in ("us-central1", "us-west4")]
+    project.refused.add("troubleshoot")
+    refused = shared_lines()
+    assert all(line.status == WARN and "roles/compute.networkUser" in line.fix for line in refused.values())
 
 
 def test_the_cli_exits_0_on_a_healthy_deployment_and_1_on_a_broken_one(

@@ -1,6 +1,6 @@
 """The local Compute Engine API through the real google.cloud.compute_v1 clients (REST, anonymous credentials):
-TPU VMs as instances, workload policies, instance templates, BULK MIG slices and resize requests, their zone,
-region and global operations, and what the API refuses."""
+TPU VMs as instances, workload policies, instance templates, MIG slices (BULK for flex-start and reservation-bound
+templates only) and resize requests, their zone, region and global operations, and what the API refuses."""
 
 from __future__ import annotations
 
@@ -57,10 +57,13 @@ class Compute:
         return op
 
     def slice_objects(self, name: str, *, vms: int = 4, topology: str = "4x4", **template: Any) -> None:
-        """Workload policy, template and MIG named `name`, in the order respawn creates them."""
+        """Workload policy, template and MIG named `name`, in the order respawn creates them, the MIG BULK where
+        its template's provisioning model takes bulk mode (flex-start, reservation-bound), else in the default
+        mode."""
+        mode = "BULK" if template.get("model") in ("FLEX_START", "RESERVATION_BOUND") else None
         self.ok(self.policies.insert_unary(project=P, region=REGION, resource_policy_resource=policy(name, topology)))
         self.ok(self.templates.insert_unary(project=P, instance_template_resource=instance_template(name, **template)))
-        self.ok(self.migs.insert_unary(project=P, zone=ZONE, instance_group_manager_resource=mig(name, vms)))
+        self.ok(self.migs.insert_unary(project=P, zone=ZONE, instance_group_manager_resource=mig(name, vms, mode)))
 
     def request(
         self, body: compute_v1.InstanceGroupManagerResizeRequest, group: str = "llm-a1"
@@ -155,14 +158,14 @@ def instance_template(name: str, machine_type: str = "ct6e-standard-4t", **kw: A
 
 
 def mig(
-    name: str, vms: int, mode: str = "BULK", action: str = "DO_NOTHING", **kw: Any
+    name: str, vms: int, mode: str | None = None, action: str = "DO_NOTHING", **kw: Any
 ) -> compute_v1.InstanceGroupManager:
+    """A slice's MIG in `mode` (None: the default mode, no targetSizePolicy, as for a Spot template)."""
     group = compute_v1.InstanceGroupManager(
         name=name,
         base_instance_name=f"{name}-w",
         instance_template=f"projects/{P}/global/instanceTemplates/{name}",
         target_size=vms,
-        target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode=mode),
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
             default_action_on_failure=action
         ),
@@ -171,6 +174,8 @@ def mig(
         ),
         description="respawn-managed",
     )
+    if mode is not None:
+        group.target_size_policy = compute_v1.InstanceGroupManagerTargetSizePolicy(mode=mode)
     for key, value in kw.items():
         setattr(group, key, value)
     return group
@@ -387,7 +392,7 @@ def test_a_slice_mig_creates_its_vms_at_once_and_is_active_when_all_run() -> Non
         api = connect(server)
         api.slice_objects("llm-a1")
         group = api.mig("llm-a1")
-        assert group.target_size == 4 and group.target_size_policy.mode == "BULK"
+        assert group.target_size == 4 and not group.target_size_policy.mode  # a Spot template: the default mode
         assert group.instance_template.endswith(f"/projects/{P}/global/instanceTemplates/llm-a1")
         assert group.resource_policies.workload_policy.endswith(f"/regions/{REGION}/resourcePolicies/llm-a1")
         assert group.status.applied_accelerator_topologies[0].accelerator_topology == "4x4"
@@ -513,8 +518,8 @@ def test_a_mig_insert_twice_is_already_exists_and_the_list_has_it_once(api: Comp
         (
             "4x4",
             4,
-            {"target_size_policy": compute_v1.InstanceGroupManagerTargetSizePolicy(mode="INDIVIDUAL")},
-            "MIGs with TPU accelerator topology require BULK mode in target size policy",
+            {"target_size_policy": compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK")},
+            "Bulk mode supports instance templates with provisioning model FLEX_START, RESERVATION_BOUND",
         ),
         (
             "4x4",
@@ -594,16 +599,25 @@ def test_a_bulk_mig_stockout_can_fail_its_insert_operation_instead() -> None:
         api.ok(api.migs.insert_unary(project=P, zone=ZONE, instance_group_manager_resource=mig("llm-a1", 4)))
 
 
-@pytest.mark.parametrize(("model", "accepted"), [("SPOT", False), ("FLEX_START", True)])
-def test_bulk_mode_can_be_held_to_flex_start_and_reservation_bound_templates(model: str, accepted: bool) -> None:
-    with CloudApiServer(create_delay_s=DELAY, bulk_models=frozenset({"FLEX_START", "RESERVATION_BOUND"})) as server:
-        api = connect(server)
-        if accepted:
-            api.slice_objects("llm-a1", model=model, termination="DELETE", run_s=3600)
-            eventually(lambda: api.topology("llm-a1") == "ACTIVE")
-        else:
-            with pytest.raises(gexc.BadRequest, match="Bulk mode supports instance templates with provisioning model"):
-                api.slice_objects("llm-a1", model=model)
+@pytest.mark.parametrize(("model", "accepted"), [("SPOT", False), ("STANDARD", False), ("FLEX_START", True)])
+def test_bulk_mode_takes_only_flex_start_and_reservation_bound_templates(
+    api: Compute, model: str, accepted: bool
+) -> None:
+    """compute/docs/instance-groups/bulk-create-instances-in-mig: "Bulk mode in MIGs is only supported with instance
+    templates that specify either a reservation-bound or flex-start provisioning model"."""
+    flex = {"termination": "DELETE", "run_s": 3600} if model == "FLEX_START" else {}
+    api.ok(api.policies.insert_unary(project=P, region=REGION, resource_policy_resource=policy("llm-a1")))
+    template = instance_template("llm-a1", model=model, **flex)
+    api.ok(api.templates.insert_unary(project=P, instance_template_resource=template))
+
+    def insert() -> compute_v1.Operation:
+        return api.migs.insert_unary(project=P, zone=ZONE, instance_group_manager_resource=mig("llm-a1", 4, "BULK"))
+
+    if accepted:
+        api.ok(insert())
+        eventually(lambda: api.topology("llm-a1") == "ACTIVE")
+    else:
+        refused(insert, f"Bulk mode supports instance templates with provisioning model .*has {model}")
 
 
 def test_a_flex_start_bulk_mig_waits_for_its_zones_queue() -> None:

@@ -1,11 +1,12 @@
-"""`respawn local run` of a calendar-mode reservation's slice whose first zone does not offer its machine.
+"""`respawn local run` of slices whose first zone does not offer their machine.
 
 The real command in a subprocess, as in test_local_compute_run.py. A v6e-16 job (a Compute Engine MIG slice of 4
-ct6e-standard-4t VMs) on one reservation-bound tier; its first zone does not offer ct6e-standard-4t
-(`--unoffered`): the MIG's insert there is refused, the zone is skipped like a stockout that never ends, and the
-slice comes up in the second zone as a BULK MIG (the local Compute API makes a slice only in BULK mode) of
-RESERVATION_BOUND VMs, ending SUCCEEDED with the parameters of an uninterrupted 4-process run. The record says why
-the first zone was skipped, in the API's words (what `respawn status` prints under "skipped zones").
+ct6e-standard-4t VMs) whose first zone does not offer ct6e-standard-4t (`--unoffered`): the MIG is created there,
+makes no VM and says why (the words of a refused instance create, as a real MIG reports a VM it cannot make); the
+zone is skipped like a stockout that never ends, and the slice comes up in the second zone. On a reservation-bound
+tier it is a BULK MIG of RESERVATION_BOUND VMs, ending SUCCEEDED with the parameters of an uninterrupted 4-process
+run; on Spot a MIG in the default mode. The record says why the first zone was skipped, in the API's words (what
+`respawn status` prints under "skipped zones").
 """
 
 from __future__ import annotations
@@ -48,4 +49,25 @@ def test_a_reservation_bound_slice_skips_a_zone_without_its_machine_and_runs_in_
     refused = f"Machine type with name 'ct6e-standard-4t' does not exist in zone '{first}'"
     assert refused in report["zones"][0]["error"], why
     assert calls(timeline(report), "create", MIG) == ["bound-it-a1", "bound-it-a2"], why
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, why
+
+
+def test_a_spot_slice_refused_for_its_machine_type_inside_its_mig_skips_the_zone(tmp_path: Path) -> None:
+    """The refusal comes from inside the MIG (its VMs' machine type, not the insert): read as unoffered, not as a
+    stockout to retry, and nothing is left in the zone."""
+    need(FakeGcs.missing())
+    job = yaml.safe_load(EXAMPLE.read_text())
+    first, second = job["zones"]
+    job.update(job_id="spot-unoffered", args=["--model=nano", "--steps=4", "--batch-size=16", "--log-every=1"])
+    path = tmp_path / "spot-unoffered.yaml"
+    path.write_text(yaml.safe_dump(job))
+    chaos = ["--unoffered", f"{first}:ct6e-standard-4t", "--no-reference", *FAST]
+    report, stderr = run_local(path, tmp_path, env=IN_PROCESS, chaos=chaos, timeout=600)
+    why = detail(report, stderr)
+    assert report["status"] == "SUCCEEDED" and report["attempts"] == 2, why
+    rows = [(z["zone"], z["end"]) for z in report["zones"]]
+    assert rows == [(first, "unoffered"), (second, "completed")], why
+    refused = f"'resource.machineType': 'zones/{first}/machineTypes/ct6e-standard-4t'. Machine type with name"
+    assert refused in report["zones"][0]["error"], why  # the MIG's own report of the VMs it could not make
+    assert calls(timeline(report), "create", MIG) == ["spot-unoffered-a1", "spot-unoffered-a2"], why
     assert report["machines_left"] == 0 and report["processes_left"] == 0, why

@@ -349,6 +349,30 @@ def test_a_trainer_that_finds_only_cpu_devices_for_a_tpu_job_fails_once_naming_t
     assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
 
 
+@pytest.mark.parametrize(
+    ("job_id", "entrypoint", "says"),
+    [
+        # respawn's trainer (as an entrypoint: `respawn local run` checks its flags before it runs the job itself):
+        # its own `failed` entry says permanent, and it exits 2
+        ("bad-flag", "python -m trainer", ["rejected its flags (fix: the job's args)", "--bogus is unknown"]),
+        # a program that knows nothing of respawn: argparse exits 2, which the startup script reads as a usage error
+        ("bad-flag-argparse", "python examples/byo/train_plain.py", ["code 2: a usage error", "fix: the job's args"]),
+    ],
+)
+def test_a_bad_flag_fails_the_job_on_its_first_attempt_naming_the_cause_and_the_fix(
+    workdir: Path, job_id: str, entrypoint: str, says: list[str]
+) -> None:
+    """The same args fail the same way on every machine: one attempt, FAILED, with max_failures 3 (no retry)."""
+    need(FakeGcs.missing())
+    job = own_program_job(workdir, job_id, ["--steps=5", "--bogus=1"], max_failures=3)
+    chaos = ["--creation-delay", "0.2s", "--sweep-every", "2s", "--no-reference"]
+    report, stderr = run_local(job, workdir, "--entrypoint", entrypoint, chaos=chaos, timeout=300)
+    detail = f"report: {json.dumps(report, indent=1)[:3000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "FAILED" and (report["attempts"], report["failures"]) == (1, 1), detail
+    assert all(s in report["reason"] for s in says) and report["reason"].endswith("(permanent: not retried)"), detail
+    assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
+
+
 def test_a_gpu_trainer_has_its_whole_grace_while_the_daemon_stops_containers_in_parallel(workdir: Path) -> None:
     """A preempted VM's docker daemon stops its containers alongside the shutdown script, each with its own stop
     timeout (docker's default 10 s): the container is run with --stop-timeout of the GPU grace (25 s), so a final

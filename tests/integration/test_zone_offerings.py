@@ -1,11 +1,11 @@
-"""Calendar-mode reservations, flex-start's reservation affinity, BULK for Spot slices under both readings, and zones
+"""Calendar-mode reservations, flex-start's reservation affinity, BULK only for the models that take it, and zones
 that do not offer the job's machine: the real client libraries against the local TPU / Compute APIs.
 
 * A reservation-bound tier's slice: a RESERVATION_BOUND template that names its reservation (SPECIFIC_RESERVATION),
   in a BULK MIG, even where BULK takes only reservation-bound and flex-start templates.
 * Flex-start consumes no reservation (NO_RESERVATION), and the local API takes it.
-* A Spot slice comes up whether BULK takes Spot or refuses it; only a 400 about the target size policy (or bulk mode
-  and the provisioning model) is read as that refusal.
+* A Spot slice's MIG is asked for in the default mode, never BULK (which the local API refuses for Spot, as Google's
+  bulk-mode page says), and no refusal is read for a mode.
 * A zone that does not offer the type: the APIs' type listings say so (OfferingLookup, `respawn submit`), and a create
   there is an UnofferedError (decide skips the zone), never a PermanentError, with nothing left behind.
 """
@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 from google.api_core import exceptions as gexc
+from google.cloud import compute_v1
 
 from localcloud.apis.cloudapi import CloudApiServer
 from respawn.actions import CreateMachine
+from respawn.adapters import compute_slices as slices
 from respawn.adapters.compute import GcpComputeProvider
 from respawn.adapters.settings import ProviderSettings
 from respawn.adapters.tpu import GcpTpuProvider
@@ -114,44 +116,22 @@ def test_flex_start_consumes_no_reservation_and_the_local_api_takes_it(accelerat
         assert body["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
 
 
-# --------------------------------------------------------------------------------------------- BULK and Spot
+# --------------------------------------------------------------------------------- BULK only where it is taken
 
 
-@pytest.mark.parametrize("bulk_models", [None, STRICT], ids=["bulk-takes-spot", "bulk-refuses-spot"])
-def test_a_spot_slice_comes_up_whether_bulk_takes_spot_or_not(bulk_models: frozenset[str] | None) -> None:
-    with CloudApiServer(create_delay_s=0.05, bulk_models=bulk_models, record=True) as server:
+def test_a_spot_slice_is_a_mig_in_the_default_mode_and_the_local_api_refuses_it_bulk() -> None:
+    """Bulk mode takes only flex-start and reservation-bound templates: a Spot slice's MIG is asked for once, in the
+    default mode, and comes up; the same MIG asked for in BULK mode is refused, as Google's bulk-mode page says."""
+    with CloudApiServer(create_delay_s=0.05, record=True) as server:
         s = spec()
         gce(server).create(create(), s)
         wait_ready(lambda: gce(server).get("llm-a1", A, s))
-        modes = [body.get("targetSizePolicy") for body in sent(server, "instanceGroupManagers")]
-        assert modes == ([{"mode": "BULK"}] if bulk_models is None else [{"mode": "BULK"}, None])
-        (refusal, *_) = [e.response for e in server.exchanges if e.status == 400] or [None]
-        assert (refusal is None) == (bulk_models is None)
-
-
-@pytest.mark.parametrize(
-    ("message", "retried"),
-    [
-        ("Invalid value for field 'resource.targetSizePolicy.mode': 'BULK'. Not supported for SPOT.", True),
-        ("Provisioning model SPOT is not supported in bulk mode.", True),
-        ("Invalid value for field 'resource.baseInstanceName': 'x'.", False),
-    ],
-)
-def test_only_a_refusal_about_the_target_size_policy_asks_again_in_the_default_mode(
-    message: str, retried: bool
-) -> None:
-    with CloudApiServer(create_delay_s=0.05, bulk_models=STRICT, record=True) as server:
-        server.fail_next(
-            "create", code=400, status="INVALID_ARGUMENT", message=message, collection="instanceGroupManagers"
-        )
-        s = spec()
-        if retried:
-            gce(server).create(create(), s)
-            wait_ready(lambda: gce(server).get("llm-a1", A, s))
-        else:
-            with pytest.raises(PermanentError, match="baseInstanceName"):
-                gce(server).create(create(), s)
-        assert len(sent(server, "instanceGroupManagers")) == (2 if retried else 1)
+        assert [body.get("targetSizePolicy") for body in sent(server, "instanceGroupManagers")] == [None]
+        assert [e for e in server.exchanges if e.status == 400] == []
+        bulk = slices.instance_group_manager(gce(server).slice(create(), s))  # its template and policy exist
+        bulk.target_size_policy = compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK")
+        with pytest.raises(gexc.BadRequest, match="Bulk mode supports instance templates with provisioning model"):
+            gce(server).slices.migs.insert_unary(project=P, zone=B, instance_group_manager_resource=bulk)
 
 
 def test_a_flex_start_slice_refused_in_bulk_mode_is_not_asked_for_individually() -> None:
@@ -177,6 +157,19 @@ def test_a_slice_in_a_zone_that_does_not_offer_its_machine_type_is_unoffered_and
         assert server.leftovers() == []
         gce(server).create(create(B, 2), s)
         wait_ready(lambda: gce(server).get("llm-a2", B, s))
+
+
+@pytest.mark.parametrize("tier", [Tier("flex-start", (A, B), max_run_duration_s=3600), Tier("spot", (A, B))])
+def test_a_slice_mig_that_reports_its_type_unoffered_is_unoffered_not_a_wait(tier: Tier) -> None:
+    """The MIG is made there and says it cannot make its VMs: for flex-start no queue wait, for Spot (VMs in the
+    default mode) and a GPU group alike, an UnofferedError at once, and nothing left."""
+    unoffered = {A: ("ct6e-standard-4t", "nvidia-h100-80gb")}
+    with CloudApiServer(create_delay_s=0.05, queue_waits={A: 60.0}, unoffered=unoffered, record=True) as server:
+        for machine in (TpuMachine("v6e-16", api="compute"), GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8, vms=2)):
+            with pytest.raises(UnofferedError, match="does not exist in zone 'us-east5-a'"):
+                gce(server).create(create(), spec(machine, tiers=(tier,)))
+            assert server.leftovers() == []
+        assert len(sent(server, "instanceGroupManagers")) == 2  # created, then deleted
 
 
 def test_a_gpu_or_cloud_tpu_create_in_a_zone_without_its_type_is_unoffered() -> None:

@@ -3,8 +3,10 @@
 The shards hold the generated corpus (nothing can be downloaded), written by `python -m trainer.prepare`. Each
 attempt's final entry says which positions of the shuffled stream it trained (`examples`: from, to); across the
 attempts of a preempted run they must tile [0, steps x batch) with no gap and no overlap, and the final hash must
-be the uninterrupted run's. The same on a 4-host slice, each process reading its part of every global batch, runs
-end to end through the control plane in tests/integration/test_local_dataset_run.py.
+be the uninterrupted run's. The stream is the same on any process count, so a checkpoint of 2 processes resumes on 1;
+each process copies only the shards it reads. The same on a 4-host slice, each process reading its part of every
+global batch, runs end to end through the control plane in tests/integration/test_local_dataset_run.py, and a job
+whose fallback tier has another host count in tests/integration/test_local_tiers.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from trainer_harness import (
     last,
     run_to_end,
     start,
+    start_slice,
     trainer_env,
 )
 
@@ -95,7 +98,7 @@ def test_a_dataset_that_does_not_fit_is_a_config_error(tmp_path: Path, compile_c
     assert prepare(data.corpus()[:5000].tobytes(), str(tmp_path / "s"), "--seq-len=8").returncode == 0
     code, run = run_to_end(env, [*ARGS, f"--data={tmp_path / 's'}"])
     assert code == 2 and "--seq-len: 32 needs records of 33 tokens; they hold 9" in run.tail(), run.tail()
-    assert last(sink, "failed")["error"].startswith("ConfigError: invalid --seq-len")
+    assert "invalid --seq-len: 32 needs records of 33 tokens" in last(sink, "failed")["error"]
 
 
 def test_the_pipeline_resumes_from_its_state_and_shards_the_stream_over_processes(tmp_path: Path) -> None:
@@ -124,6 +127,93 @@ def test_the_pipeline_resumes_from_its_state_and_shards_the_stream_over_processe
     assert len({tuple(t) for b in whole for t in b.tokens}) == 40  # shuffled: 40 different sequences
 
 
+def test_the_stream_is_the_same_on_any_process_count_and_each_process_reads_its_shards_only(tmp_path: Path) -> None:
+    """8 shards: 1, 2 and 4 processes read the same global batches (the stream does not depend on the process count),
+    each process opening only its shards (an eighth, a quarter, a half); 3 processes (no common factor with 8) read
+    every shard. A stream restored from a position goes on from there on any process count."""
+    from trainer import dataset
+
+    assert prepare(data.corpus()[:40_000].tobytes(), str(tmp_path / "s"), "--seq-len=32", "--shards=8").returncode == 0
+    for n, each in ((1, 8), (2, 4), (4, 2), (8, 1), (3, 8)):
+        read = [dataset.shards_read(8, 3, p, n) for p in range(n)]
+        assert {len(r) for r in read} == {each} and sorted({s for r in read for s in r}) == list(range(8)), (n, read)
+        if each * n == 8:  # a partition
+            assert sorted(s for r in read for s in r) == list(range(8))
+
+    def streams(n: int, start: int = 0) -> list[dataset.Stream]:
+        found = []
+        for p in range(n):
+            paths = dataset.shard_paths(str(tmp_path / "s"), "", seed=3, process_index=p, process_count=n)
+            assert sum(path is not None for path in paths) == len(dataset.shards_read(8, 3, p, n))
+            it = dataset.iterator(paths, seed=3, global_batch=8, seq_len=32, process_index=p, process_count=n)
+            it.set_state({"position": start})
+            found.append(it)
+        return found
+
+    def global_batches(parts: list[dataset.Stream], count: int) -> list[dict[int, bytes]]:
+        out = []
+        for _ in range(count):
+            local = [next(it) for it in parts]
+            out.append({int(p): t.tobytes() for b in local for p, t in zip(b.positions, b.tokens, strict=True)})
+        return out
+
+    one = global_batches(streams(1), 6)
+    assert [sorted(b) for b in one] == [list(range(8 * k, 8 * k + 8)) for k in range(6)]
+    assert len({t for b in one for t in b.values()}) == 48  # 48 different sequences
+    assert global_batches(streams(2), 6) == one == global_batches(streams(4), 6)
+    restored = streams(4, start=24)  # a checkpoint of step 3 of 1 process, restored on 4
+    assert global_batches(restored, 3) == one[3:]
+    assert restored[0].get_state() == {"position": 48}
+
+
+@pytest.mark.emulator
+def test_each_process_copies_only_the_shards_it_reads(fake_gcs: FakeGcs, shards: str, tmp_path: Path) -> None:
+    """3 shards on gs://: a process of a 3-host slice copies one (a third of the bytes), and a later attempt on the
+    same machine (the same cache) copies nothing."""
+    from trainer import dataset
+
+    def cached() -> int:
+        return sum(p.stat().st_size for p in (tmp_path / "cache").rglob(f"*{dataset.SUFFIX}"))
+
+    everything = dataset.shard_paths(shards, str(tmp_path / "all"))
+    total = sum(Path(p).stat().st_size for p in everything if p)
+    for p in range(3):
+        paths = dataset.shard_paths(shards, str(tmp_path / "cache"), seed=7, process_index=p, process_count=3)
+        assert [i for i, path in enumerate(paths) if path] == dataset.shards_read(3, 7, p, 3) and len(paths) == 3
+    assert cached() == total and len(list((tmp_path / "cache").rglob(f"*{dataset.SUFFIX}"))) == 3  # one each
+    mine = dataset.shard_paths(shards, str(tmp_path / "one"), seed=7, process_index=1, process_count=3)
+    held = sum(Path(p).stat().st_size for p in mine if p)
+    assert held < total / 2, (held, total)
+    again = tmp_path / "one"
+    before = {p: p.stat().st_mtime_ns for p in again.rglob("*")}
+    dataset.shard_paths(shards, str(again), seed=7, process_index=1, process_count=3)  # the next attempt
+    assert {p: p.stat().st_mtime_ns for p in again.rglob("*")} == before
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_2_processes_resumes_on_1_each_example_once(tmp_path: Path, compile_cache: Path) -> None:
+    """A fallback tier of another host count: 2 processes (a 2-host slice) stop on the notice; 1 process restores
+    their checkpoint, data position included, and trains on from the next example: every example once."""
+    done = prepare(data.corpus()[:60_000].tobytes(), str(tmp_path / "s"), f"--seq-len={SEQ_LEN}", "--shards=4")
+    assert done.returncode == 0, done.stderr
+    args = [*ARGS, f"--data={tmp_path / 's'}"]
+    sink = tmp_path / "entries.jsonl"
+    env = trainer_env(str(tmp_path / "ckpt"), sink, compile_cache)
+    two = start_slice(env, 2, 1, args)
+    assert two.wait_step(15) >= 15, two.tail()
+    two.signal(signal.SIGTERM)
+    assert two.finish() == [0, 0], two.tail()
+    stopped = last(sink, "stopped")["step"]
+    saved = sorted(p.name for p in (tmp_path / "ckpt" / str(stopped) / "data").iterdir())
+    assert [n for n in saved if n.endswith(".json")] == ["global.json"], saved  # one state, not one per process
+
+    code, run = run_to_end(env, args)
+    assert code == 0, run.tail()
+    assert last(sink, "started")["restored_step"] == stopped
+    assert last(sink, "completed")["step"] == STEPS
+    assert_each_example_once(sink, STEPS)
+
+
 @pytest.mark.emulator
 @pytest.mark.slow
 def test_preempted_twice_on_gcs_shards_ends_exact_and_trains_each_example_once(
@@ -147,7 +237,7 @@ def test_preempted_twice_on_gcs_shards_ends_exact_and_trains_each_example_once(
     stopped = last(sink, "stopped")["step"]
     client = storage.Client(project="local", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     names = {b.name for b in client.list_blobs("data-test", prefix=f"runs/{tmp_path.name}/{stopped}/")}
-    assert f"runs/{tmp_path.name}/{stopped}/data/process_0-of-1.json" in names  # in the step, beside the state
+    assert f"runs/{tmp_path.name}/{stopped}/data/global.json" in names  # in the step, beside the state
 
     code, run = run_to_end(env, args)
     assert code == 0, run.tail()

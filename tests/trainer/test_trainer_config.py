@@ -201,6 +201,9 @@ def test_unknown_flag_exits_2_with_one_line_and_a_failed_entry(tmp_path: Path) -
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     (entry,) = [json.loads(line) for line in sink.read_text().splitlines()]
     assert entry["event"] == "failed" and entry["job_id"] == "job-test" and "--step" in entry["error"]
+    # the same flags on every machine: permanent, the cause and the fix first (respawn_trainer.failures)
+    said = "the trainer rejected its flags (fix: the job's args)"
+    assert entry["permanent"] is True and entry["error"].startswith(said)
 
 
 def test_bad_environment_exits_2_with_one_line(tmp_path: Path) -> None:

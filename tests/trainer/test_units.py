@@ -151,6 +151,46 @@ def test_a_data_iterators_state_is_saved_in_the_step_and_restored_with_it(tmp_pa
         restoring.follow([])
 
 
+class StreamPosition(CountingIterator):
+    """A counter whose state is one position, the same on every process."""
+
+    state_is_global = True
+
+
+@pytest.mark.parametrize("iterator", [CountingIterator, StreamPosition])
+def test_a_data_state_saved_by_2_processes_restores_on_1_only_when_it_is_global(
+    tmp_path: Path, iterator: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fallback tier of another host count: a step whose data state was saved by process 0 of 2. A per-process
+    state has no file for process 0 of 1, so no step is readable (and the error says why); a global one, saved once,
+    restores on 1 process."""
+    import jax.numpy as jnp
+
+    from respawn_trainer import checkpoint
+    from respawn_trainer.checkpoint import Checkpoints, abstract
+
+    state = {"w": jnp.arange(6, dtype=jnp.float32)}
+    saving, data = Checkpoints(str(tmp_path), 3), iterator(dict)
+    saving.follow(data)
+    with monkeypatch.context() as saved_by_2:
+        saved_by_2.setattr(checkpoint, "_process_file", lambda: "process_0-of-2.json")
+        next(data), next(data), next(data)
+        saving.save(1, state)
+        saving.wait()
+    saving.close()
+    files = sorted(p.name for p in (tmp_path / "1" / "data").glob("*.json"))
+    assert files == (["global.json"] if iterator is StreamPosition else ["process_0-of-2.json"])
+
+    restoring, fresh = Checkpoints(str(tmp_path), 3), iterator(dict)
+    restoring.follow(fresh)
+    if iterator is StreamPosition:
+        restored = restoring.restore_newest(abstract(state))
+        assert restored is not None and restored[1] == 1 and fresh.n == 3
+    else:
+        with pytest.raises(RuntimeError, match=r"no checkpoint can be read \(steps \[1\]\)"):
+            restoring.restore_newest(abstract(state))
+
+
 def test_file_sink_appends_one_json_line_per_entry(tmp_path: Path) -> None:
     path = tmp_path / "logs" / "entries.jsonl"
     lifecycle = Lifecycle(FileSink(str(path)), "job-a", 3)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 from google.protobuf import json_format
 
@@ -23,7 +24,7 @@ from respawn.bootstrap import FirstUse, machine_providers
 from respawn.deployment import Settings
 from respawn.gpus import GPU_SHAPES, GpuShape
 from respawn.jobs import GpuMachine, JobSpec, MachineSpec, MachineState, Tier, TpuMachine
-from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError
+from respawn.ports import CapacityError, PermanentError, QuotaError, TransientError, UnofferedError
 
 ZONE = "us-central1-a"
 NOW = 1000.0
@@ -169,7 +170,7 @@ def test_what_is_not_one_compute_engine_instance_is_a_permanent_error(
 # ------------------------------------------------------------------------------------------------ slices
 
 
-def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: GcpComputeProvider) -> None:
+def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_mig(gce: GcpComputeProvider) -> None:
     s = gce.slice(create(), job(tpu("v6e-16")))
     assert (s.name, s.zone, s.vms, s.topology, s.flex) == ("llm-a1", ZONE, 4, "4x4", False)
     assert body(slices.workload_policy(s)) == {
@@ -184,9 +185,8 @@ def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_bulk_mig(gce: 
         "instanceTemplate": "projects/proj/global/instanceTemplates/llm-a1",
         "targetSize": 4,
         "resourcePolicies": {"workloadPolicy": "projects/proj/regions/us-central1/resourcePolicies/llm-a1"},
-        "targetSizePolicy": {"mode": "BULK"},
         "instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"},
-    }
+    }  # a Spot template: the default mode (no targetSizePolicy), as bulk mode takes no Spot template
     template = body(slices.instance_template(s))
     assert template["name"] == "llm-a1" and template["description"] == f"respawn-managed: slice in {ZONE}"
     properties = template["properties"]
@@ -234,10 +234,51 @@ def test_a_slice_template_holds_the_properties_a_single_host_instance_has(gce: G
     )
 
 
-def test_a_slice_mig_out_of_bulk_mode_is_the_same_mig_in_the_default_mode(gce: GcpComputeProvider) -> None:
-    s = gce.slice(create(), job(tpu("v6e-16")))
-    bulk, individual = body(slices.instance_group_manager(s)), body(slices.instance_group_manager(s, bulk=False))
-    assert bulk.pop("targetSizePolicy") == {"mode": "BULK"} and bulk == individual
+@pytest.mark.parametrize(
+    ("tier", "mode"),
+    [
+        (Tier("spot", (ZONE,)), None),
+        (Tier("standard", (ZONE,)), None),
+        (Tier("flex-start", (ZONE,), max_run_duration_s=7200), {"mode": "BULK"}),
+        (Tier("reservation-bound", (ZONE,), reservation="r1"), {"mode": "BULK"}),
+    ],
+)
+@pytest.mark.parametrize("machine", [tpu("v6e-16"), GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8, vms=2)])
+def test_a_slice_mig_is_bulk_exactly_where_googles_bulk_mode_takes_its_provisioning_model(
+    gce: GcpComputeProvider, machine: MachineSpec, tier: Tier, mode: dict[str, str] | None
+) -> None:
+    """compute/docs/instance-groups/bulk-create-instances-in-mig: "Bulk mode in MIGs is only supported with instance
+    templates that specify either a reservation-bound or flex-start provisioning model"."""
+    s = gce.slice(create(), job(machine, tiers=(tier,)))
+    assert body(slices.instance_group_manager(s)).get("targetSizePolicy") == mode
+
+
+class RecordingInserts:
+    """A Compute client's insert_unary: records each resource sent, and raises what it is given (policy, template:
+    AlreadyExists, which the create takes as done; the MIG: a refusal)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.sent: list[Any] = []
+        self.error = error
+
+    def insert_unary(self, **kw: Any) -> compute_v1.Operation:
+        self.sent.append(next(v for k, v in kw.items() if k.endswith("_resource")))
+        raise self.error
+
+
+def test_a_spot_slices_first_mig_insert_asks_no_bulk_and_a_refusal_is_not_read_for_a_mode(
+    gce: GcpComputeProvider,
+) -> None:
+    """One insert in the mode the docs allow Spot (the default): a 400 that speaks of the target size policy is an
+    error like any other, never a cue to ask again in another mode."""
+    exists = gexc.AlreadyExists("already exists")
+    gce.slices.policies, gce.slices.templates = RecordingInserts(exists), RecordingInserts(exists)  # type: ignore[assignment]
+    refusal = gexc.BadRequest("Invalid value for field 'resource.targetSizePolicy.mode': 'INDIVIDUAL'.")
+    gce.slices.migs = migs = RecordingInserts(refusal)  # type: ignore[assignment]
+    with pytest.raises(PermanentError, match="targetSizePolicy"):
+        gce.slices.create(gce.slice(create(), job(tpu("v6e-16"))))
+    (mig,) = migs.sent
+    assert "targetSizePolicy" not in body(mig) and mig.target_size == 4
 
 
 def test_a_v5p_slice_names_a_three_dimensional_topology(gce: GcpComputeProvider) -> None:
@@ -419,6 +460,25 @@ def test_a_flex_start_slice_waits_queued_where_a_spot_one_failed() -> None:
     assert slice_state(mig(), vms(*RUN), flex=True).state is MachineState.READY
 
 
+UNOFFERED = (
+    (
+        "INVALID_FIELD_VALUE",
+        "Invalid value for field 'resource.machineType': 'zones/us-east5-a/machineTypes/ct6e-standard-4t'. "
+        "Machine type with name 'ct6e-standard-4t' does not exist in zone 'us-east5-a'.",
+    ),
+)
+
+
+def test_a_flex_start_slice_whose_zone_does_not_offer_its_type_fails_rather_than_wait_in_the_queue() -> None:
+    """A type the zone does not offer never comes with capacity: the MIG's report of it is no queue's wait."""
+    unoffered = slice_state(mig(topology=None, bulk=UNOFFERED), vms(None, None, None, None), flex=True)
+    assert unoffered.state is MachineState.FAILED and unoffered.errors == UNOFFERED
+    assert type(classify(api_error(list(unoffered.errors)), "create slice", in_operation=True)) is UnofferedError
+    quota = (("QUOTA_EXCEEDED", "Quota 'TPU_V6E' exceeded. Limit: 0.0"),)
+    for waits in (STOCKOUT, quota, (("INTERNAL_ERROR", "Internal error"),)):
+        assert slice_state(mig(topology=None, bulk=waits), vms(None, None), flex=True).state is MachineState.QUEUED
+
+
 def test_a_failed_slice_says_why_in_the_apis_words() -> None:
     stockout = slice_state(mig(topology=None, bulk=STOCKOUT), vms(None, None))
     assert stockout == Observed(
@@ -434,6 +494,8 @@ def test_a_failed_slice_says_why_in_the_apis_words() -> None:
         (STOCKOUT, CapacityError),
         ((("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "no TPUs"),), CapacityError),
         ((("QUOTA_EXCEEDED", "Quota 'TPU_V6E' exceeded. Limit: 0.0"),), QuotaError),
+        # a VM of the MIG whose type the zone does not offer (its lastAttempt, or the bulk creation's last check)
+        (UNOFFERED, UnofferedError),
         ((("INTERNAL_ERROR", "Internal error"),), TransientError),
     ],
 )

@@ -45,6 +45,7 @@ from respawn.jobs import (
     TpuMachine,
     flex_start_run_s,
 )
+from respawn.machine import exit_code_failure
 from respawn.policy import Policy, backoff_s
 
 A, B, C = "us-central1-a", "us-west4-a", "europe-west4-b"
@@ -471,6 +472,25 @@ def test_a_permanent_failure_fails_the_job_once_in_either_order_of_the_trainers_
     assert actions == []  # the late entry only fills in
     for again in (own, replace(own, event_id=eid(), error="another"), replace(by_exit, event_id=eid())):
         assert decide(filled, again, NOW + 9, POLICY) == (filled, [])  # filled in once
+
+
+@pytest.mark.parametrize(("rc", "oom_killed"), [(2, False), (126, False), (127, False), (137, True)])
+def test_an_exit_code_no_other_machine_would_change_fails_the_job_at_once_naming_the_cause(
+    rc: int, oom_killed: bool
+) -> None:
+    """A bad flag (a usage error), a command the image lacks, the kernel's OOM killer: the startup script's entry
+    (respawn/machine.py's one table) says permanent, the cause and the fix; one attempt, FAILED. On a machine the API
+    shows dead the same entry is the preemption's, never counted."""
+    error, permanent = exit_code_failure(rc, oom_killed=oom_killed)
+    running = run(None, submitted(spec(max_failures=3)), started(1))
+    entry = TrainerFailed(eid(), T0, "llm", 1, error, 0, permanent=permanent, source=EXIT_CODE)
+    job, actions = step(running, entry)
+    assert job is not None and job.status is Status.FAILED and (len(job.attempts), job.counters.failures) == (1, 1)
+    assert f"code {rc}: " in job.reason and "; fix: " in job.reason and job.reason.endswith("(permanent: not retried)")
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]
+    lost, _ = step(running, replace(entry, machine_state=MachineState.PREEMPTED))
+    assert lost is not None and lost.status is Status.RECOVERING
+    assert (lost.counters.failures, lost.counters.preemptions) == (0, 1)
 
 
 def test_the_trainers_failed_entry_fills_in_the_exit_codes_once_it_failed_the_job_after_max_failures() -> None:

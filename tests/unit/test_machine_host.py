@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ import pytest
 
 from localcloud.machines import machine_host
 from localcloud.machines.machine_host import CloudLogging, MetadataServer, SecretManager, container_env
+from localcloud.machines.vms import TRAINER_USER, Image
 
 pytestmark = pytest.mark.waits
 
@@ -47,6 +50,37 @@ def test_the_metadata_server_answers_as_googles_does() -> None:
         assert get(f"{base}/project/project-id") == (200, "proj")
     finally:
         server.close()
+
+
+def vanish(host: str, request: bytes) -> None:
+    """A client that sends `request` and goes away before the answer (its machine deleted mid-request): a reset,
+    not a polite close, as a killed process's socket on a VM that powers off."""
+    address, _, port = host.partition(":")
+    with socket.create_connection((address, int(port)), timeout=5) as s:
+        s.sendall(request)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def test_a_client_gone_before_the_answer_leaves_no_traceback_and_the_server_answers_on(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The metadata server and Cloud Logging answer a machine's scripts and trainer; a machine deleted mid-request
+    takes its client with it. That is no error of the server's: nothing on stderr (a run that succeeded prints no
+    traceback), and the next request is answered."""
+    metadata, logging = MetadataServer("proj", {"agent-worker-number": "2"}), CloudLogging(lambda log, entry: None)
+    try:
+        ask = b"GET /computeMetadata/v1/project/project-id HTTP/1.1\r\nHost: m\r\nMetadata-Flavor: Google\r\n\r\n"
+        write = b'POST /v2/entries:write HTTP/1.1\r\nHost: l\r\nContent-Length: 100\r\n\r\n{"entries":'
+        for _ in range(10):
+            vanish(metadata.host, ask)
+            vanish(logging.host, write)  # mid-body
+        time.sleep(0.3)  # the servers' threads have met the resets
+        assert get(f"http://{metadata.host}/computeMetadata/v1/project/project-id") == (200, "proj")
+    finally:
+        metadata.close()
+        logging.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error" not in err, err
 
 
 def shim(tool: str, args: list[str], env: dict[str, str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -119,13 +153,43 @@ def test_a_container_runs_as_the_images_user_and_writes_only_where_it_may(tmp_pa
     environ = {machine_host.DOCKER_DIR: str(state), machine_host.IMAGE_USER: "10001:10001", "PATH": "/usr/bin:/bin"}
     ran = shim(
         "docker",
-        ["run", "--name", "c", "img", "-c", script],
+        ["run", "--name", "c", TRAINER_IMAGE, "-c", script],
         environ | {machine_host.IMAGE_CMD: json.dumps([sys.executable])},
     )
     assert ran.stdout.splitlines()[0] == "10001 10001", ran.stderr
     assert "Permission denied" in ran.stderr and ran.returncode == 1, ran.stderr
     assert (open_ / "f").stat().st_uid == 10001 and not (closed / "f").exists()
     assert "runs as user 10001:10001" in ran.stderr
+
+
+TRAINER_IMAGE = "us-docker.pkg.dev/respawn-local/respawn/trainer:latest"
+
+
+def test_the_image_decides_the_user_not_the_command() -> None:
+    """respawn's trainer image (either variant, any tag or digest) runs as its USER whether the local cloud runs its
+    trainer or a user's program (--entrypoint); any other image as root, as one whose Dockerfile names no USER."""
+    entrypoint = Image({}, [sys.executable, "train.py"])
+    assert entrypoint.user == Image({}).user == TRAINER_USER
+    environ = {machine_host.IMAGE_USER: entrypoint.user}
+    for image in (TRAINER_IMAGE, "europe-docker.pkg.dev/p/r/trainer-cuda@sha256:" + "0" * 64, "trainer:v2"):
+        assert machine_host.image_user(image, environ) == TRAINER_USER, image
+    for image in ("us-docker.pkg.dev/my-project/training/byo-mlp:latest", "us-docker.pkg.dev/p/trainer/llm:1"):
+        assert machine_host.image_user(image, environ) == "", image
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="switching users needs root")
+def test_a_users_program_in_respawns_trainer_image_runs_as_the_images_user(tmp_path: Path) -> None:
+    """`docker run --entrypoint PROGRAM IMAGE`, as a local machine runs a job's --entrypoint: uid 10001 in
+    respawn's trainer image, root in the user's own."""
+    environ = {
+        machine_host.DOCKER_DIR: str(tmp_path / "docker"),
+        machine_host.IMAGE_USER: Image({}, [sys.executable, "train.py"]).user,
+        "PATH": "/usr/bin:/bin",
+    }
+    uid = "import os; print(os.getuid())"
+    for image, user in ((TRAINER_IMAGE, "10001"), ("us-docker.pkg.dev/my-project/training/byo-mlp:latest", "0")):
+        ran = shim("docker", ["run", "--rm", "--entrypoint", sys.executable, image, "-c", uid], environ)
+        assert ran.returncode == 0 and ran.stdout.split() == [user], (image, ran.stderr)
 
 
 def test_the_daemon_stops_each_container_with_its_own_stop_timeout(tmp_path: Path) -> None:

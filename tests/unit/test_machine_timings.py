@@ -12,7 +12,7 @@ from pathlib import Path
 from localcloud.machines import machine_host
 from localcloud.machines.machine_host import CloudLogging, MetadataServer
 from localcloud.machines.vms import machine_step
-from respawn.adapters.startup import IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
+from respawn.adapters.startup import DATA_DIR_ENV, IMAGE_MARK_ENV, TAKEOVER_LABEL, startup_script
 from respawn.jobs import JobSpec, TpuMachine
 from respawn.machine import NOTICE_ENV
 
@@ -102,6 +102,7 @@ def boot(
         "CLOUDSDK_API_ENDPOINT_OVERRIDES_LOGGING": logging.endpoint,
         NOTICE_ENV: str(home / "notice"),
         IMAGE_MARK_ENV: str(home / "var-lib-respawn" / "trainer-image"),
+        DATA_DIR_ENV: str(home / "var-lib-respawn" / "data"),
         machine_host.DOCKER_DIR: str(home / "docker"),
         machine_host.IMAGE_CMD: json.dumps([sys.executable, "-c", "print('trained')"]),
         machine_host.BIN_DIR: str(bin_dir),

@@ -523,6 +523,53 @@ def test_each_bad_gpu_field(path: str, value: Any, field: str, text: str) -> Non
     assert err.field == field and text in str(err)
 
 
+def gpu(machine_type: str, accelerator_type: str, vms: int) -> dict[str, Any]:
+    machine = {"kind": "gpu", "machine_type": machine_type, "accelerator_type": accelerator_type}
+    return {**machine, "accelerator_count": 8, "vms": vms}
+
+
+@pytest.mark.parametrize(
+    ("machine", "field", "text"),
+    [
+        (
+            gpu("a3-ultragpu-8g", "nvidia-h200-141gb", 2),
+            "machine.vms",
+            '"machine.vms": 2 VMs of a3-ultragpu-8g (A3 Ultra): its VMs reach each other\'s GPUs over RDMA NICs, '
+            "which respawn does not set up; allowed: vms 1 on A3 Ultra, or several VMs of G2, A2 Standard, A2 Ultra, "
+            "A3 High, A3 Mega",
+        ),
+        (gpu("a4-highgpu-8g", "nvidia-b200", 4), "machine.vms", "4 VMs of a4-highgpu-8g (A4)"),
+        (gpu("a3-ultragpu-8g-nolssd", "nvidia-h200-141gb", 2), "machine.vms", "a3-ultragpu-8g-nolssd (A3 Ultra)"),
+        (
+            {**gpu("a4x-maxgpu-4g-metal", "nvidia-gb300", 1), "accelerator_count": 4},
+            "machine.machine_type",
+            "a4x-maxgpu-4g-metal is an A4X Max machine type",
+        ),
+        (
+            {**gpu("a4x-highgpu-4g", "nvidia-gb200", 1), "accelerator_count": 4},
+            "machine.machine_type",
+            "a4x-highgpu-4g is an A4X machine type: arm64 VMs, which respawn's x86-64 images do not run; "
+            "allowed: a machine type of G2, A2, A3 or A4",
+        ),
+    ],
+)
+def test_gpu_series_respawn_cannot_network_or_run_are_refused_naming_what_is_allowed(
+    machine: dict[str, Any], field: str, text: str
+) -> None:
+    """A3 Ultra and A4 VMs reach each other's GPUs over RDMA NICs that respawn does not set up (one VM is fine);
+    A4X is arm64. Refused where the job names them, and where a tier does."""
+    err = error_of(with_change("machine", machine))
+    assert err.field == field and text in str(err)
+    tiers = [{"provisioning": "spot", "zones": ["us-central1-a"], "machine": machine}]
+    tiered = error_of(with_change("tiers", tiers, with_change("machine", gpu_machine())))
+    assert tiered.field == f"tiers[0].{field}"
+
+
+def test_one_vm_of_an_rdma_series_and_several_of_another_are_machines() -> None:
+    for machine in (gpu("a3-ultragpu-8g", "nvidia-h200-141gb", 1), gpu("a3-megagpu-8g", "nvidia-h100-mega-80gb", 2)):
+        assert isinstance(parse_job_message(with_change("machine", machine)), JobSpec)
+
+
 def test_unknown_field_lists_the_allowed_fields() -> None:
     err = error_of(with_change("priority", "high"))
     assert str(err) == (

@@ -24,7 +24,7 @@ from respawn.adapters import startup
 from respawn.adapters.startup import grace_s, machine_labels, machine_metadata, startup_script
 from respawn.events import EXIT_CODE, Event, MachineNoticed, TrainerCompleted, TrainerFailed
 from respawn.jobs import GpuMachine, JobSpec, TpuMachine
-from respawn.machine import GRACE_S, PERMANENT_RC, drain_marker, exit_code_entry
+from respawn.machine import GRACE_S, OOM_KILLED, PERMANENT_RC, drain_marker, exit_code_entry, exit_code_failure
 from respawn.parsing import log_entry_event
 from respawn.topology import compute_shape
 
@@ -74,6 +74,10 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "pull":
         sys.exit("Error response from daemon: Get https://registry/v2/: dial tcp: i/o timeout")
     with images.open("a") as f:
         f.write(sys.argv[2] + "\\n")
+if os.path.basename(sys.argv[0]) == "docker" and cmd == "events":  # the daemon's past events: FAKE_OOM's container
+    if "event=oom" in sys.argv and os.environ.get("FAKE_OOM"):  # was killed by the kernel's OOM killer
+        print(os.environ["FAKE_OOM"])
+    sys.exit(0)
 stopped = pathlib.Path(log + ".stopped")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "stop":
     stopped.touch()
@@ -193,7 +197,8 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         path.chmod(0o755)
     log = str(tmp_path / "calls.jsonl")
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": log, "HOME": str(tmp_path), "FAKE_DATA": str(DATA)} | {
-        "FAKE_PROJECT": "my-project"
+        "FAKE_PROJECT": "my-project",
+        startup.DATA_DIR_ENV: str(tmp_path / "disk" / "data"),  # /var/lib on a machine
     }
 
 
@@ -259,6 +264,7 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         "TPU_WORKER_ID",  # this worker of the slice, exported by the script from the metadata server
         "TPU_WORKER_HOSTNAMES",
         "RESPAWN_NOTICE_FILE",  # the script's notice file, in a directory mounted at the same path
+        "RESPAWN_DATA_DIR",  # the machine's data directory, mounted at the same path (the trainer's shard copies)
         "RESPAWN_TAKEOVER",  # set by the script on a head start's machine whose image takes over itself
         "RESPAWN_START_AFTER",
     ]
@@ -552,8 +558,12 @@ EXITS = [
     (0, "0", "FALSE", "completed", "INFO"),
     (0, "2", None, None, None),  # worker 0 speaks for a slice
     (3, "2", None, "failed", "ERROR"),  # any worker's failure recreates the slice
-    (137, None, None, "failed", "ERROR"),  # killed without a word (OOM)
+    (137, None, None, "failed", "ERROR"),  # killed without a word (a SIGKILL Docker reports no OOM for)
     (78, "1", None, "failed", "ERROR"),  # PERMANENT_RC: no machine of the job would do better (wrong devices)
+    (2, None, None, "failed", "ERROR"),  # a usage error (a bad flag): permanent
+    (126, "1", None, "failed", "ERROR"),  # docker could not run the image's command: permanent
+    (127, None, None, "failed", "ERROR"),  # no such command in the image: permanent
+    (2, None, "TRUE", None, None),  # after the notice no exit code is a failure
     (0, None, "TRUE", "stopped", "WARNING"),  # the trainer acted on the metadata flag before any signal
     (0, "1", "TRUE", None, None),
     (137, None, "TRUE", None, None),  # killed after the notice: the preemption's system event speaks for it
@@ -580,17 +590,49 @@ def test_the_exit_code_speaks_for_the_trainer(
         return
     ((payload, how),) = said(fakes)
     base = {"job_id": "job-1", "attempt": 3, "worker": int(worker or 0), "source": "exit-code", "exit_code": rc}
-    error = {"error": f"the trainer exited with code {rc}"} if event == "failed" else {}
-    permanent = {"permanent": True} if rc == PERMANENT_RC else {}
+    text, permanent_rc = exit_code_failure(rc)  # the one table, respawn/machine.py
+    assert permanent_rc is (rc in (2, PERMANENT_RC, 126, 127)) and text.startswith(f"the trainer exited with code {rc}")
+    assert ("; fix: " in text) is (rc in (2, 126, 127))  # the cause and the fix (78's own entry says why)
+    error = {"error": text} if event == "failed" else {}
+    permanent = {"permanent": True} if permanent_rc else {}
     assert payload == {"event": event, **base, **error, **permanent} and how == severity
     got = parsed(payload)
     if event == "completed":
         assert got == TrainerCompleted("log:x1", got.time, "job-1", 3, None, {}, source=EXIT_CODE)  # type: ignore[union-attr]
     elif event == "failed":
         assert isinstance(got, TrainerFailed) and (got.error, got.worker) == (error["error"], int(worker or 0))
-        assert (got.permanent, got.source) == (rc == PERMANENT_RC, EXIT_CODE)
+        assert (got.permanent, got.source) == (permanent_rc, EXIT_CODE)
     else:  # a stopped entry without a step records nothing: the preemption's event recreates the machine
         assert "no step" in getattr(got, "reason", "")
+
+
+@pytest.mark.parametrize(
+    ("oom", "preempted", "permanent"),
+    [
+        ("respawn-trainer", None, True),  # the kernel's OOM killer: the same program on the same machine type again
+        ("", None, False),  # a SIGKILL without Docker's OOM event (a kill of its own): retried as before
+        ("another-container", None, False),  # the OOM killer ended another container, not the trainer
+        ("respawn-trainer", "TRUE", None),  # after the notice: the preemption's, never a failure
+    ],
+)
+def test_a_trainer_the_oom_killer_ended_fails_for_good_naming_host_memory(
+    tmp_path: Path, fakes: dict[str, str], oom: str, preempted: str | None, permanent: bool | None
+) -> None:
+    extra = {"FAKE_OOM": oom, **({"FAKE_PREEMPTED": preempted} if preempted else {})}
+    assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RC="137", **extra).returncode == 137
+    asked = [c for c in calls(fakes) if c[:2] == ["docker", "events"]]
+    if permanent is None:
+        assert said(fakes) == [] and asked == []
+        return
+    ((payload, how),) = said(fakes)
+    assert asked and {"type=container", "event=oom"} <= set(asked[0])
+    error = "the trainer exited with code 137" + (f": {OOM_KILLED}" if permanent else "")
+    assert (payload["error"], payload.get("permanent", False), how) == (error, permanent, "ERROR")
+    assert (error, permanent) == exit_code_failure(137, oom_killed=oom == "respawn-trainer")
+    got = parsed(payload)
+    assert isinstance(got, TrainerFailed) and got.permanent is permanent
+    if permanent:
+        assert "host memory" in got.error and "fix: " in got.error
 
 
 def start_blocked(
@@ -1244,7 +1286,7 @@ def test_a_failed_docker_install_is_retried(tmp_path: Path, bare: dict[str, str]
     assert result.returncode == 0, result.stderr
     installs = [c for c in calls(bare) if c[:1] == ["apt-get"] and "install" in c]
     assert len(installs) == 3
-    assert result.stderr.count("docker install failed") == 2
+    assert result.stderr.count("apt-get install docker.io failed (try") == 2
     assert [(p["event"], how) for p, how in said(bare)] == [("completed", "INFO")]  # the trainer ran and finished
 
 
@@ -1255,7 +1297,8 @@ def test_docker_that_cannot_be_installed_is_the_attempts_failure(tmp_path: Path,
     assert len([c for c in calls(bare) if c[:1] == ["apt-get"] and "install" in c]) == 4  # bounded
     assert not [c for c in calls(bare) if c[0] in ("docker", "systemctl")]  # no trainer without Docker
     ((payload, severity),) = said(bare)
-    error = "could not install docker (apt-get install docker.io failed 4 times)"
+    lock = "E: Could not get lock /var/lib/dpkg/lock-frontend"  # the cause: apt's last error line
+    error = f"could not install docker: apt-get install docker.io failed 4 times ({lock})"
     assert payload == {"event": "failed", "job_id": "job-1", "attempt": 3, "worker": 0, "error": error}
     assert severity == "ERROR"
     assert isinstance(parsed(payload), TrainerFailed)
@@ -1266,7 +1309,7 @@ def test_an_image_without_docker_or_apt_get_fails_with_a_clear_error(tmp_path: P
     result = run_script(tmp_path, bare, spec())
     assert result.returncode == 1
     ((payload, _),) = said(bare)
-    assert payload["error"] == "docker is missing and the boot image has no apt-get to install it"
+    assert payload["error"] == "could not install docker: the boot image has no apt-get"
 
 
 SLICE = "v5litepod-16"  # 4 hosts of 4 chips

@@ -15,7 +15,21 @@ docs/trainer-protocol.md and trainer/README.md.
 """
 
 from respawn_trainer.env import ConfigError, RunEnv, load_env
+from respawn_trainer.failures import PERMANENT_RC, USAGE_RC, CompileFailed, Permanent, exit_code
 from respawn_trainer.run import Run, state_sha256
-from respawn_trainer.runtime import PERMANENT_RC, WrongDevices, compiled
+from respawn_trainer.runtime import WrongDevices, compiled
 
-__all__ = ["PERMANENT_RC", "ConfigError", "Run", "RunEnv", "WrongDevices", "compiled", "load_env", "state_sha256"]
+__all__ = [
+    "PERMANENT_RC",
+    "USAGE_RC",
+    "CompileFailed",
+    "ConfigError",
+    "Permanent",
+    "Run",
+    "RunEnv",
+    "WrongDevices",
+    "compiled",
+    "exit_code",
+    "load_env",
+    "state_sha256",
+]

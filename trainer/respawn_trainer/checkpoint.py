@@ -8,8 +8,11 @@ attempt removes (at start when its commit marker is gone, else at a save beyond 
 `restore_newest` walks back from the newest step when one cannot be read.
 
 A data iterator followed by `follow(data)` (get_state()/set_state(): a Grain iterator, say) is saved in the same
-step as the state, one file per process (`data/process_<i>-of-<n>.json`, Grain's own layout), so the step commits
-both or neither; its state is read at the save call, and set back on the iterator by the restore of that step.
+step as the state, so the step commits both or neither; its state is read at the save call, and set back on the
+iterator by the restore of that step. Each process saves its own (`data/process_<i>-of-<n>.json`, Grain's own layout),
+restored on as many processes only; an iterator whose state is the same on every process, a position in one global
+stream (`state_is_global = True`, as the demo trainer's `Stream`), is saved once (`data/global.json`, by process 0)
+and restored on any process count: a tier of another host count resumes it.
 """
 
 from __future__ import annotations
@@ -72,13 +75,17 @@ class Checkpoints:
         self._pending: tuple[int, float, float] | None = None  # step, started, blocking_s
         self._finished: list[SaveDone] = []  # durable, not yet reported
         self.data: Any = None  # the iterator whose state each step holds beside the state (follow())
+        self.data_is_global = False  # its state is the same on every process: saved once, restored on any count
 
     def follow(self, data: Any) -> None:
-        """Save `data.get_state()` with every step from now on, and restore it with the state."""
+        """Save `data.get_state()` with every step from now on, and restore it with the state. An iterator with
+        `state_is_global = True` says its state is the same on every process (one stream position): it is saved
+        once and restored on any process count."""
         for method in ("get_state", "set_state"):
             if not callable(getattr(data, method, None)):
                 raise TypeError(f"data: {type(data).__name__} has no {method}(); a Grain DatasetIterator has both")
         self.data = data
+        self.data_is_global = getattr(data, "state_is_global", False) is True
 
     @property
     def manager(self) -> Any:
@@ -138,7 +145,8 @@ class Checkpoints:
         ocp = _orbax()
         args = ocp.args.StandardSave(state)
         if self.data is not None:
-            args = ocp.args.Composite(state=args, data=_iterator_args()[0](self.data.get_state()))
+            data = _iterator_args()[0](self.data.get_state(), self.data_is_global)
+            args = ocp.args.Composite(state=args, data=data)
         self.manager.save(step, args=args, force=True)
         blocking = time.monotonic() - started
         self._pending = (step, started, blocking)
@@ -206,17 +214,29 @@ def _iterator_args() -> tuple[Any, Any]:
     ocp = _orbax()
 
     class IteratorStateHandler(ocp.CheckpointHandler):  # type: ignore[misc,name-defined]
-        """Each process writes its iterator's state in the step (JSON; a bytes state as its text), and reads its own
-        back into the iterator: a process count other than the saved one finds no file, so that step is unreadable."""
+        """The iterator's state in the step (JSON; a bytes state as its text), read back into the iterator. A global
+        state (the same on every process) is one file, written by process 0 and read by every process, whatever
+        their count; otherwise each process writes and reads its own, and a process count other than the saved
+        one finds no file for it, so that step is unreadable."""
 
         def save(self, directory: Any, args: Any) -> None:
             state = args.state.decode() if isinstance(args.state, bytes) else json.dumps(args.state)
-            (directory / _process_file()).write_text(state)
+            if not args.is_global:
+                (directory / _process_file()).write_text(state)
+            elif _process_index() == 0:
+                (directory / GLOBAL_FILE).write_text(state)
 
         def restore(self, directory: Any, args: Any) -> Any:
-            path = directory / _process_file()
+            path = directory / GLOBAL_FILE
             if not path.exists():
-                raise FileNotFoundError(f"{path}: no data iterator state for this process")
+                path = directory / _process_file()
+            if not path.exists():
+                saved = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+                raise FileNotFoundError(
+                    f"{path}: no data iterator state for this process (the step holds {', '.join(saved) or 'none'}):"
+                    " a per-process state restores on as many processes as saved it; an iterator whose state is the"
+                    " same on every process says so with state_is_global = True, and restores on any count"
+                )
             text = path.read_text()
             args.iterator.set_state(text.encode() if isinstance(args.iterator.get_state(), bytes) else json.loads(text))
             return args.iterator
@@ -225,6 +245,7 @@ def _iterator_args() -> tuple[Any, Any]:
     @dataclasses.dataclass
     class IteratorSave(ocp.args.CheckpointArgs):  # type: ignore[misc,name-defined]
         state: Any
+        is_global: bool = False
 
     @ocp.args.register_with_handler(IteratorStateHandler, for_restore=True)
     @dataclasses.dataclass
@@ -234,10 +255,19 @@ def _iterator_args() -> tuple[Any, Any]:
     return IteratorSave, IteratorRestore
 
 
+GLOBAL_FILE = "global.json"  # a global iterator state, in the step's data/
+
+
 def _process_file() -> str:
     import jax
 
     return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+def _process_index() -> int:
+    import jax
+
+    return int(jax.process_index())
 
 
 def abstract(state: Any) -> Any:

@@ -52,6 +52,7 @@ class RunEnv:
     window_s: float | None  # test knob: the local cloud's notice window (its --grace), where shorter than the grace
     accelerator: str | None  # RESPAWN_ACCELERATOR: the machine's (tpu | gpu); None: whatever JAX finds
     stand_in: str | None  # RESPAWN_DEVICES_STAND_IN: the local cloud's CPU processes stand in for the accelerator
+    data_dir: str | None  # RESPAWN_DATA_DIR: on the machine's own disk, kept for its later attempts (data copies)
 
     @property
     def hosts(self) -> int:
@@ -179,6 +180,7 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "RESPAWN_TEST_WINDOW_S": (parse_float(0.0, 3600.0, lo_open=True), "seconds in (0, 3600]"),
     "RESPAWN_ACCELERATOR": (_one_of("tpu", "gpu"), "tpu or gpu"),
     "RESPAWN_DEVICES_STAND_IN": (_one_of("cpu"), "cpu"),
+    "RESPAWN_DATA_DIR": (_path, "an absolute directory path"),
 }
 
 
@@ -229,6 +231,7 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         window_s=e.get("RESPAWN_TEST_WINDOW_S"),
         accelerator=e.get("RESPAWN_ACCELERATOR"),
         stand_in=e.get("RESPAWN_DEVICES_STAND_IN"),
+        data_dir=e.get("RESPAWN_DATA_DIR"),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])

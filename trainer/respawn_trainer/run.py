@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from respawn_trainer import runtime
 from respawn_trainer.env import ConfigError, RunEnv, load_env
+from respawn_trainer.failures import classify, one_line
 from respawn_trainer.goodput import Goodput, process_started
 from respawn_trainer.handover import Handover, objects_for, take_over
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
@@ -102,7 +103,8 @@ class Run:
         init: the fresh state, or a function returning it (called only when there is no checkpoint).
         template: the restore target (shapes, dtypes, shardings); by default that of `init`.
         data: a data iterator with get_state()/set_state() (a Grain DatasetIterator, say), fresh: every save holds
-        its state (each process its own), and the restore sets it back to the restored step's. `run.data` is it,
+        its state (each process its own; once, where the iterator says `state_is_global = True`, and then any
+        process count restores it), and the restore sets it back to the restored step's. `run.data` is it,
         timed: `next(run.data)` counts its wait as `input_s`, not as training.
 
         On a head start's machine (RESPAWN_TAKEOVER) it first waits for the noticed machine's final save; a notice of
@@ -246,16 +248,17 @@ class Run:
         self._gc.resume()
         if isinstance(error, (KeyboardInterrupt, NoticedBeforeStart)):
             return
-        text = one_line(error)
-        log.error("failed: %s", text, exc_info=not isinstance(error, ConfigError))
+        failure = classify(error)  # its cause and fix, and whether another machine would do better
+        log.error("failed: %s", failure.text, exc_info=not isinstance(error, ConfigError))
         try:
             self._report(self.checkpoints.wait())
         except AttributeError:
             pass  # failed before the checkpointer existed
         except Exception as late:
             log.warning("the pending checkpoint did not complete: %s", one_line(late))
-        permanent = {"permanent": True} if isinstance(error, runtime.WrongDevices) else {}  # no machine would do
-        self.lifecycle.emit("failed", self.step, error=text, goodput=self.goodput.summary(lost=True), **permanent)
+        permanent = {"permanent": True} if failure.permanent else {}  # no other machine would do better
+        summary = self.goodput.summary(lost=True)
+        self.lifecycle.emit("failed", self.step, error=failure.text, goodput=summary, **permanent)
 
     # -- saves ----------------------------------------------------------------------------------------------------
 
@@ -428,8 +431,3 @@ def _global_value(leaf: Any) -> Any:
 
         return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
     return np.asarray(leaf)
-
-
-def one_line(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:500]

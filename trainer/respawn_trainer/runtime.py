@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from respawn_trainer.env import COORDINATOR_PORT, RunEnv
+from respawn_trainer.failures import PERMANENT_RC as PERMANENT_RC  # re-exported
+from respawn_trainer.failures import Permanent, compiling
 
 log = logging.getLogger("trainer")
 
@@ -98,12 +100,7 @@ def configure(run: RunEnv, distributed: str = "auto") -> None:
         use_compile_cache(run.compile_cache)
 
 
-# The exit code of a failure no machine of the job would escape (EX_CONFIG, sysexits.h): the startup script's entry
-# for it says `permanent` as the trainer's own does (docs/trainer-protocol.md, What its exit code means).
-PERMANENT_RC = 78
-
-
-class WrongDevices(RuntimeError):
+class WrongDevices(Permanent):
     """The machine has an accelerator that JAX does not see (an image of the wrong variant, a missing runtime or
     driver): every machine of the job would train at CPU speed, so the failure is permanent, not retried. A program
     exits with PERMANENT_RC on it."""
@@ -193,20 +190,23 @@ def compiled(jitted: Any, *args: Any, key: str | None = None) -> Any:
     the function's code and all it closes over, e.g. a hash of its source and config) the executable is stored
     under that key, so a restart skips tracing and lowering too; a wrong key gives a wrong program. A stored
     one is returned as a `Program` that loads in the background while the caller goes on (restoring the
-    checkpoint, say); `Run.restore` waits for it, and every host for theirs, before it reports the start."""
+    checkpoint, say); `Run.restore` waits for it, and every host for theirs, before it reports the start.
+
+    A program that does not trace or compile raises CompileFailed (failures.compiling): permanent, not retried."""
     import jax
 
     cache = jax_config().jax_compilation_cache_dir
     if cache and key is not None:
-        return Program(_ProgramStore(cache, _program_key(key, args)), lambda: jitted.lower(*args).compile())
-    lowered = jitted.lower(*args)
+        store = _ProgramStore(cache, _program_key(key, args))
+        return Program(store, lambda: compiling(lambda: jitted.lower(*args).compile()))
+    lowered = compiling(lambda: jitted.lower(*args))
     # Not a local-only case: JAX's cache is written by process 0 alone, and XLA:CPU keys each process's programs
     # by its own topology, so every other process of any multi-process CPU run would compile at each start.
     if not cache or jax.process_count() == 1 or jax.default_backend() != "cpu":
-        return lowered.compile()
+        return compiling(lowered.compile)
     store = _ProgramStore(cache, _program_key(lowered.as_text(), args))
     stored = store.read()
-    return stored if stored is not None else store.build(lowered.compile)
+    return stored if stored is not None else compiling(lambda: store.build(lowered.compile))
 
 
 def _program_key(text: str, args: Any) -> str:

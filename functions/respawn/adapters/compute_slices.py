@@ -8,13 +8,22 @@ A slice of `vms` 4-chip VMs is three objects, all named after the attempt's mach
 (compute/docs/tpus/create-tpu-mig-multi-host-slice, tpu/docs/tpus-and-migs):
 1. the regional resource policy NAME: `workloadPolicy {type: HIGH_THROUGHPUT, acceleratorTopology}` (region op);
 2. the global instance template NAME: the VM's properties, as a single-host instance has them (global op);
-3. the zonal MIG NAME: `baseInstanceName NAME-w`, that template, the policy as its workload policy, created all at
-   once (`targetSizePolicy.mode BULK`) and never repaired (`defaultActionOnFailure DO_NOTHING`) (zone op).
-Flex-start is the same BULK MIG with a FLEX_START template (maxRunDuration, DELETE at its end): the MIG waits for
-capacity in Dynamic Workload Scheduler's queue (MachineState.QUEUED) and creates every VM at once. No resize request:
-about-bulk-mode lists resize requests among what BULK MIGs do not support and takes flex-start templates, and users
-report "Creating resize requests for managed instance group with TPU is not allowed" with a working flex-start slice
-made of a FLEX_START template and a BULK MIG (unverified on a real project).
+3. the zonal MIG NAME: `baseInstanceName NAME-w`, that template, the policy as its workload policy, never repaired
+   (`defaultActionOnFailure DO_NOTHING`) (zone op). Its mode is what Google's bulk-mode pages allow the template's
+   provisioning model, never what an error says: "Bulk mode in MIGs is only supported with instance templates that
+   specify either a reservation-bound or flex-start provisioning model" (compute/docs/instance-groups/
+   bulk-create-instances-in-mig), so a flex-start or reservation-bound slice is created all at once
+   (`targetSizePolicy.mode BULK`) and a Spot or standard one in the default mode (INDIVIDUAL, no targetSizePolicy),
+   the MIG creating its VMs one by one; a slice is READY only when all of them run, and a VM's creation error (no
+   capacity, an unoffered type) ends the attempt as a BULK one's would (`slice_state`).
+Flex-start is the BULK MIG with a FLEX_START template (maxRunDuration, DELETE at its end): the MIG waits for
+capacity in Dynamic Workload Scheduler's queue (MachineState.QUEUED) and creates every VM at once. No resize request,
+though Google documents resize requests for GPU VMs all at once under flex-start: its page comparing the two
+(compute/docs/instance-groups/overview-add-vms-all-at-once-in-mig) recommends bulk mode "unless you need to manage
+multiple parallel requests ... or resize a MIG that already contains instances", neither of which a slice does;
+about-bulk-mode lists resize requests among what BULK MIGs do not support; and users report "Creating resize requests
+for managed instance group with TPU is not allowed" with a working flex-start slice made of a FLEX_START template and
+a BULK MIG (unverified on a real project).
 Every create treats AlreadyExists as done and waits for its operation before the next (each object names the one
 before), so a crash between any two calls is repaired by the next delivery. Deletion goes MIG (its VMs with it) ->
 template -> policy, NotFound as done at each step; the template and policy are in use until the MIG is gone, so
@@ -42,21 +51,14 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
 from respawn.adapters.compute_operations import Operations, Scope, api_error, operation_error
-from respawn.adapters.errors import classify, deleting, error_text, is_already_exists, read_retry
+from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import ProviderSettings, region_of
 from respawn.jobs import MachineState, parse_machine_name, slice_vm_base
-from respawn.ports import CapacityError, Machine, PermanentError, ProviderError, TransientError
+from respawn.ports import CapacityError, Machine, PermanentError, ProviderError, TransientError, UnofferedError
 
 MANAGED = "respawn-managed"  # the MIG's description (a MIG has no labels)
 _DESCRIPTION = re.compile(rf"^{MANAGED}: (?:TPU )?slice in ([a-z0-9-]+)$")  # "TPU slice": written before GPU slices
-# A 400 refusing the MIG's BULK mode for its template's provisioning model: whatever its words, an invalid-argument
-# error about the field itself (`targetSizePolicy`, Compute's "Invalid value for field
-# 'resource.targetSizePolicy.mode'") or one that speaks of bulk mode and the provisioning model together.
-_BULK_REFUSED = re.compile(
-    r"target_?size_?policy|target size policy|\bbulk\b.*\bprovisioning[ _]?model|provisioning[ _]?model.*\bbulk\b",
-    re.I,
-)
-# The provisioning models Google's bulk-mode page says BULK takes: a MIG of these is never asked for INDIVIDUAL.
+# The provisioning models Google's bulk-mode pages say BULK takes: a MIG of any other is created in the default mode.
 BULK_MODELS = frozenset({"FLEX_START", "RESERVATION_BOUND"})
 
 # compute_v1 holds these enum fields as strings: ManagedInstance.instance_status / current_action,
@@ -112,8 +114,9 @@ def instance_template(s: Slice) -> compute_v1.InstanceTemplate:
     return compute_v1.InstanceTemplate(name=s.name, description=description(s.zone), properties=s.properties)
 
 
-def instance_group_manager(s: Slice, bulk: bool = True) -> compute_v1.InstanceGroupManager:
-    """All `vms` VMs at once (`bulk`; else the default INDIVIDUAL mode, see `ComputeSlices._insert_mig`)."""
+def instance_group_manager(s: Slice) -> compute_v1.InstanceGroupManager:
+    """All `vms` VMs of the slice: at once (BULK) where its template's provisioning model takes bulk mode
+    (BULK_MODELS), else in the default mode."""
     mig = compute_v1.InstanceGroupManager(
         name=s.name,
         description=MANAGED,
@@ -126,9 +129,14 @@ def instance_group_manager(s: Slice, bulk: bool = True) -> compute_v1.InstanceGr
     )
     if s.placement:
         mig.resource_policies = compute_v1.InstanceGroupManagerResourcePolicies(workload_policy=s.policy_url)
-    if bulk:
+    if bulk_mode(s):
         mig.target_size_policy = compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK")
     return mig
+
+
+def bulk_mode(s: Slice) -> bool:
+    """Whether the slice's MIG is created in BULK mode: its template's provisioning model takes it (BULK_MODELS)."""
+    return s.properties.scheduling.provisioning_model in BULK_MODELS
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,8 @@ def slice_state(
     that holds:
     * FAILED: a Spot/standard creation reported errors while VMs are missing (a BULK creation that found no
       capacity: `status.bulkInstanceOperation.lastProgressCheck.error`; a VM's `lastAttempt.errors`, as an
-      INDIVIDUAL MIG reports it), or the topology FAILED before any VM ran; `detail` is the API's reason.
+      INDIVIDUAL MIG reports it), a flex-start one errors no queue waits out (`_fails_flex`: a type the zone does
+      not offer), or the topology FAILED before any VM ran; `detail` is the API's reason.
     * DELETING: every VM is being deleted (the MIG's own deletion).
     * PREEMPTED: the slice lost a VM: one is TERMINATED/STOPPED/STOPPING/SUSPENDED (LOST_VM) or being recreated;
       the topology is DEACTIVATING, FAILED or ACTIVE_DEGRADED ("active but operating in degraded mode", the
@@ -172,7 +181,7 @@ def slice_state(
     started = bool(statuses)
     errors = _creation_errors(mig, vms)
     incomplete = len(statuses) < max(mig.target_size, len(vms), 1)
-    if errors and incomplete and not flex:
+    if errors and incomplete and (not flex or _fails_flex(errors)):
         return Observed(MachineState.FAILED, _text(errors), errors, started)
     if "FAILED" in topologies and not running:
         errors = _topology_errors(mig)
@@ -199,6 +208,13 @@ def _creation_errors(
     found = [(e.code, e.message) for e in bulk]
     found += [(e.code, e.message) for vm in vms for e in vm.last_attempt.errors.errors]
     return tuple(dict.fromkeys(found))  # the same error from every VM once
+
+
+def _fails_flex(errors: Sequence[tuple[str, str]]) -> bool:
+    """Whether a flex-start MIG's errors fail it rather than keep it in the queue: a type its zone does not offer
+    (or a permanent error) never comes with capacity. No capacity or quota yet is the queue's wait, and an error of
+    no telling kind is left to the queue as before."""
+    return isinstance(classify(api_error(list(errors)), "", in_operation=True), (UnofferedError, PermanentError))
 
 
 def _topology_errors(mig: compute_v1.InstanceGroupManager) -> tuple[tuple[str, str], ...]:
@@ -234,10 +250,11 @@ class ComputeSlices:
 
     def create(self, s: Slice) -> None:
         """Policy -> template -> MIG, each waited for (within `create_wait_s` in all); a step left unfinished
-        raises TransientError, so the next delivery goes on from it. Then (not for flex-start, whose MIG waits in
-        the queue) it waits while the MIG's creation has neither VMs nor errors. No capacity for the slice (in an
-        operation or the MIG's creation) raises CapacityError, the slice deleted first so the zone walk leaves
-        nothing behind; the VMs' progress after that is the sweep's."""
+        raises TransientError, so the next delivery goes on from it. Then it waits while the MIG's creation has
+        neither VMs nor errors (a flex-start MIG's: until it waits in the queue). No capacity for the slice (in an
+        operation or the MIG's creation; for flex-start, the queue's wait is none) or a type the zone does not offer
+        raises CapacityError (UnofferedError), the slice deleted first so the zone walk leaves nothing behind; the
+        VMs' progress after that is the sweep's."""
         deadline = time.monotonic() + self.settings.create_wait_s
         p, zone = self.project, s.zone
         policy: list[tuple[str, Callable[[], compute_v1.Operation], Scope]] = [
@@ -265,37 +282,19 @@ class ComputeSlices:
                 what = f"create {kind} {s.name} for the slice in {zone}"
                 if not self._insert(insert, scope, deadline, what):
                     raise TransientError(f"{what}: still being created; the next try goes on from there")
-            if not s.flex:
-                self._await_capacity(s, deadline)
+            self._await_capacity(s, deadline)
         except CapacityError:  # decide walks on to the next zone: leave nothing here
             with contextlib.suppress(ProviderError):  # what is left is listed as leftovers, which the sweep deletes
                 self.delete(s.name, zone)
             raise
 
     def _insert_mig(self, s: Slice) -> compute_v1.Operation:
-        """The MIG, in BULK mode; where the API refuses BULK for the template's provisioning model, in the default
-        (INDIVIDUAL) mode. Google's pages disagree: the TPU MIG pages make slices in BULK mode (and a user reports
-        BULK required with a topology), the bulk-mode page takes only flex-start and reservation-bound templates,
-        the TPU Spot page makes Spot slice MIGs. The API's own definition (targetSizePolicy.mode's enum
-        descriptions) says only what the modes do, not which models each takes, so both readings are handled: a
-        Spot or standard slice's MIG refused with a 400 about its target size policy or about bulk mode and the
-        provisioning model is asked for again in the default mode (a flex-start or reservation-bound one never
-        is: BULK is theirs). docs/cloud-contracts.md names the one call on a real project that settles it."""
-        try:
-            return self.migs.insert_unary(
-                project=self.project,
-                zone=s.zone,
-                instance_group_manager_resource=instance_group_manager(s),
-                timeout=self.timeout,
-            )
-        except gexc.BadRequest as e:
-            model = s.properties.scheduling.provisioning_model
-            if model in BULK_MODELS or not _BULK_REFUSED.search(error_text(e)):
-                raise
+        """The MIG, in the mode its template's provisioning model takes (`instance_group_manager`): one insert,
+        whose refusal is classified as any other's."""
         return self.migs.insert_unary(
             project=self.project,
             zone=s.zone,
-            instance_group_manager_resource=instance_group_manager(s, bulk=False),
+            instance_group_manager_resource=instance_group_manager(s),
             timeout=self.timeout,
         )
 
@@ -320,11 +319,13 @@ class ComputeSlices:
 
     def _await_capacity(self, s: Slice, deadline: float) -> None:
         """Until a VM exists, errors show or `deadline`: errors that mean no capacity (or no quota) raise
-        CapacityError, a permanent one PermanentError (decide ends the job and deletes the slice); anything else is
-        the sweep's, which sees the slice FAILED with the API's reason."""
+        CapacityError, a machine type the zone does not offer UnofferedError (decide skips the zone from then on), a
+        permanent one PermanentError (decide ends the job and deletes the slice); anything else is the sweep's, which
+        sees the slice FAILED with the API's reason. The errors are the MIG's own (a VM's `lastAttempt.errors`, its
+        bulk creation's last progress check), classified as an operation's."""
         delay = 0.1
         while True:
-            observed = self._observe(s.name, s.zone, None)
+            observed = self._observe(s.name, s.zone, instance_template(s))  # which says flex-start or not
             if observed is None or observed.started:
                 return
             if observed.errors:

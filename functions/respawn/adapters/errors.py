@@ -1,7 +1,9 @@
 """Cloud API errors -> respawn's provider errors (capacity, quota, permanent, transient).
 
 A create refused because the zone does not offer the machine or accelerator type is an UnofferedError (a
-capacity error that never ends: decide skips the zone from then on), not a permanent one.
+capacity error that never ends: decide skips the zone from then on), not a permanent one: refused at once (a 400 or
+404), or reported inside an operation or a resource, as a MIG reports a VM it could not create (its `lastAttempt`
+errors, its bulk creation's last progress check), whose HTTP status says nothing.
 
 The HTTP status alone does not tell them apart: 429 RESOURCE_EXHAUSTED is a
 rate limit on a request but "no capacity" inside a TPU create operation; a
@@ -74,8 +76,9 @@ def error_text(exc: BaseException) -> str:
 def classify(exc: BaseException, what: str, in_operation: bool = False) -> ProviderError:
     """A ProviderError for `exc` raised while doing `what` (e.g. "create TPU node x in us-central1-a").
 
-    in_operation: the error ended a long-running operation (after the request was accepted), where
-    RESOURCE_EXHAUSTED means no capacity rather than a rate limit.
+    in_operation: the error ended a long-running operation (after the request was accepted) or a resource reports
+    it, where RESOURCE_EXHAUSTED means no capacity rather than a rate limit, and the HTTP status does not tell an
+    unoffered type from anything else.
     """
     if isinstance(exc, ProviderError):
         return exc
@@ -85,7 +88,7 @@ def classify(exc: BaseException, what: str, in_operation: bool = False) -> Provi
         return TransientError(detail)
     if _CAPACITY.search(text):
         return CapacityError(detail)
-    if _UNOFFERED.search(text) and isinstance(exc, (gexc.BadRequest, gexc.NotFound)):
+    if _UNOFFERED.search(text) and (in_operation or isinstance(exc, (gexc.BadRequest, gexc.NotFound))):
         return UnofferedError(detail)
     if _QUOTA.search(text):
         return QuotaError(detail)

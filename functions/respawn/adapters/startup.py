@@ -18,8 +18,10 @@ boot image has none (Compute Engine's TPU images: docs/compute-engine.md, The
 machine), and on a multi-host TPU slice waits until the metadata server names this
 VM's worker number and all its peers, which the trainer needs to find the others
 (on a GPU machine of several VMs, until the Compute Engine API lists all of its
-MIG's VMs: their order by name gives each its worker number).
-What cannot be readied is the attempt's `failed` entry (the trainer never starts).
+MIG's VMs: their order by name gives each its worker number); it makes the data
+directory (DATA_DIR) that the container mounts, for what the trainer copies.
+What cannot be readied is the attempt's `failed` entry, naming the cause (the
+trainer never starts).
 Lifecycle entries, secrets and the registry login go through the REST APIs with
 the machine's token from the metadata server, never through gcloud: no source
 says every TPU image has it, and Ubuntu's snap gcloud fails during shutdown,
@@ -69,7 +71,9 @@ from respawn.machine import (
     EXIT_ENTRIES,
     NOTICE_ENV,
     NOTICE_FILE,
-    PERMANENT_RC,
+    OOM_KILLED,
+    OOM_KILLED_RC,
+    PERMANENT_EXITS,
     SHUT_DOWN_RC,
     START_AFTER_METADATA,
     STARTUP_LOG,
@@ -91,6 +95,11 @@ def grace_s(spec: JobSpec) -> int:
 _ARTIFACT_REGISTRY = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
 IMAGE_MARK = "/var/lib/respawn/trainer-image"  # the image an earlier boot of this machine pulled (its disk keeps it)
 IMAGE_MARK_ENV = "RESPAWN_IMAGE_MARK"  # names another file on a machine without /var/lib (the local cloud's)
+# A directory on the machine's own disk, mounted into the container at the same path and named to it by DATA_DIR_ENV:
+# what the trainer keeps there (its copies of a dataset's shards) outlives the container, for this machine's later
+# attempts (a Spot VM started again on its own disk), and stays out of the container's writable layer
+DATA_DIR = "/var/lib/respawn/data"
+DATA_DIR_ENV = "RESPAWN_DATA_DIR"  # also names another directory on a machine without /var/lib (the local cloud's)
 
 
 def machine_labels(spec: JobSpec, attempt: int) -> dict[str, str]:
@@ -171,6 +180,7 @@ def docker_run_argv(
     argv += ["-e", "TPU_WORKER_ID", "-e", "TPU_WORKER_HOSTNAMES"]
     # The notice file, which a trainer that stops on a slice peer's notice leaves too (docs/trainer-protocol.md)
     argv += ["-v", f"{NOTICE_DIR}:{NOTICE_DIR}", "-e", NOTICE_ENV]
+    argv += ["-v", f"{DATA_DIR}:{DATA_DIR}", "-e", DATA_DIR_ENV]  # the data directory (startup.sh, ready_data_dir)
     argv += ["-e", TAKEOVER_ENV, "-e", START_AFTER_ENV]  # set on a head start's machine only (startup.sh)
     for key, _ in spec.secrets:  # the value comes from the script's environment (startup.sh, secret)
         argv += ["-e", key]
@@ -289,6 +299,8 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
             "image": spec.image,
             "image_mark_file": IMAGE_MARK,
             "image_mark_env": IMAGE_MARK_ENV,
+            "data_dir": DATA_DIR,
+            "data_dir_env": DATA_DIR_ENV,
             "start_after_key": START_AFTER_METADATA,
             "drain_marker_key": DRAIN_MARKER_METADATA,
             "takeover_label": TAKEOVER_LABEL,
@@ -302,6 +314,9 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
             "exit_entries": _exit_entries(),
             "exit_code_source": EXIT_CODE,
             "shut_down_rc": SHUT_DOWN_RC,
-            "permanent_rc": PERMANENT_RC,
+            # machine.py's PERMANENT_EXITS as CODE CAUSE pairs, and the OOM killer's cause
+            "permanent_exits": [part for code, cause in PERMANENT_EXITS.items() for part in (str(code), cause)],
+            "oom_killed_rc": OOM_KILLED_RC,
+            "oom_killed": OOM_KILLED,
         },
     )

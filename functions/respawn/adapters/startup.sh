@@ -10,11 +10,12 @@
 #
 # The values: job_id, attempt, machine (the attempt's machine name: a slice's MIG); machine_kind (gpu or tpu),
 # slice_hosts (a slice's worker VMs: a TPU slice's hosts, a GPU machine's vms) and slice_metadata_tries; registry (the Artifact Registry host to log docker in to, or empty); secrets (NAME REF
-# pairs); image, image_mark_file and image_mark_env; container and grace_s; notice_file and notice_env;
+# pairs); image, image_mark_file and image_mark_env; data_dir and data_dir_env; container and grace_s; notice_file and
+# notice_env;
 # start_after_key, drain_marker_key, takeover_label, takeover_env and start_after_env; drain_marker (this attempt's);
 # trainer_log and startup_log; notice_lead_s (empty without a preemption notice); run and run_local (the trainer's
-# `docker run` command lines, with Cloud Logging's and with local logs); exit_entries, exit_code_source, shut_down_rc
-# and permanent_rc (respawn/machine.py's exit-code rules).
+# `docker run` command lines, with Cloud Logging's and with local logs); exit_entries, exit_code_source, shut_down_rc,
+# permanent_exits (CODE CAUSE pairs), oom_killed_rc and oom_killed (respawn/machine.py's exit-code rules).
 set -u
 log() { echo "respawn-startup: $*" >&2; }
 worker=$(this_worker)
@@ -120,41 +121,71 @@ drained() {
   ) || log "could not write the drain marker $drain_marker"
 }
 
+# apt-get install of packages "${@:2}" (four tries), or the attempt's `failed` entry: $1, then the cause (apt's last
+# error line). At first boot apt's lock is often held by unattended-upgrades (DPkg::Lock::Timeout waits for it, for
+# the lists and the packages both), and a mirror may fail once. apt's output follows in this script's own output.
+apt_install() {
+  local why=$1 i out cause=''
+  shift
+  command -v apt-get >/dev/null 2>&1 || fail "$why: the boot image has no apt-get"
+  export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=l
+  for i in 1 2 3 4; do
+    if out=$({ apt-get -q -o DPkg::Lock::Timeout=120 update \
+        && apt-get -q -y -o DPkg::Lock::Timeout=120 install "$@"; } 2>&1); then
+      printf '%s\n' "$out" >&2
+      return 0
+    fi
+    printf '%s\n' "$out" >&2
+    # shellcheck disable=SC1003  # quotes and backslashes deleted, not a quote escaped
+    cause=$(printf '%s\n' "$out" | grep -E '^(E:|Err:[0-9])' | sed -n '$p' | tr -d '"\\' | tr -s '\t' ' ' | cut -c1-300)
+    log "apt-get install $* failed (try $i): ${cause:-no error line}"
+    [ "$i" -eq 4 ] || sleep $((i * 15))
+  done
+  fail "$why: apt-get install $* failed 4 times (${cause:-apt-get printed no error line})"
+}
+
 # Compute Engine's TPU boot images (ubuntu-accel-*) come without Docker; Cloud TPU API runtime images and the GPU
-# image have it, so there this is one `command -v`. The install is the OS's own package, retried a few times:
-# at first boot apt's lock is often held by unattended-upgrades (Lock::Timeout waits for it), and a mirror may
-# fail once. Cost: docs/compute-engine.md, The machine; an image with Docker skips it.
+# image have it, so there this is one `command -v`. The install is the OS's own package (apt_install: waits for
+# apt's lock, retries, fails the attempt with the cause). Cost: docs/compute-engine.md, The machine; an image with
+# Docker skips it.
 ready_docker() {
   if ! command -v docker >/dev/null 2>&1; then
-    command -v apt-get >/dev/null 2>&1 || fail "docker is missing and the boot image has no apt-get to install it"
     log "installing Docker from the OS packages"
-    export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=l
-    for i in 1 2 3 4; do
-      apt-get -q -o DPkg::Lock::Timeout=120 update \
-        && apt-get -q -y -o DPkg::Lock::Timeout=120 install docker.io && break
-      log "docker install failed (try $i)"; sleep $((i * 15))
-    done
-    command -v docker >/dev/null 2>&1 || fail "could not install docker (apt-get install docker.io failed 4 times)"
+    apt_install "could not install docker" docker.io
+    command -v docker >/dev/null 2>&1 || fail "could not install docker: apt-get installed docker.io without it"
     systemctl enable --now docker || log "could not enable the docker service"
   fi
 }
 
-# The Deep Learning VM image installs the driver on first boot (metadata install-nvidia-driver=True);
-# the NVIDIA Container Toolkit provides `docker run --gpus`. Both are waited for / installed here.
+# The Deep Learning VM image installs the driver on first boot (metadata install-nvidia-driver=True): waited for, up
+# to 10 minutes, else the attempt fails naming nvidia-smi's last word. The NVIDIA Container Toolkit provides
+# `docker run --gpus`: installed from NVIDIA's apt repository where the image lacks it (apt_install, as Docker is),
+# its key and list fetched with a few tries; any step that fails is the attempt's `failed` entry with its cause.
 ready_gpu() {
+  local i smi='' keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+  local repo=https://nvidia.github.io/libnvidia-container
   for i in $(seq 1 120); do
-    nvidia-smi >/dev/null 2>&1 && break
+    smi=$(nvidia-smi 2>&1) && break
+    # shellcheck disable=SC1003  # quotes and backslashes deleted, not a quote escaped
+    smi=$(printf '%s\n' "$smi" | grep -m1 . | tr -d '"\\' | cut -c1-200)
+    [ "$i" -lt 120 ] || fail "the NVIDIA driver did not come up in 10 minutes (nvidia-smi: ${smi:-no output})"
     log "waiting for the NVIDIA driver"; sleep 5
   done
   if ! command -v nvidia-ctk >/dev/null 2>&1; then
     log "installing the NVIDIA Container Toolkit"
-    curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \
-      | gpg --dearmor -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
-    curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \
-      | sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] https://#g' \
-      > /etc/apt/sources.list.d/nvidia-container-toolkit.list
-    apt-get update -q && apt-get install -y -q nvidia-container-toolkit
-    nvidia-ctk runtime configure --runtime=docker && systemctl restart docker
+    for i in 1 2 3 4; do
+      curl -fsSL -m 60 "$repo/gpgkey" | gpg --batch --yes --dearmor -o "$keyring" \
+        && curl -fsSL -m 60 "$repo/stable/deb/nvidia-container-toolkit.list" \
+          | sed "s#deb https://#deb [signed-by=$keyring] https://#g" \
+          > /etc/apt/sources.list.d/nvidia-container-toolkit.list \
+        && grep -q '^deb ' /etc/apt/sources.list.d/nvidia-container-toolkit.list && break
+      [ "$i" -lt 4 ] || fail "could not install the NVIDIA Container Toolkit: $repo unreachable (4 tries)"
+      log "could not fetch the NVIDIA Container Toolkit's repository (try $i)"; sleep $((i * 15))
+    done
+    apt_install "could not install the NVIDIA Container Toolkit" nvidia-container-toolkit
+    nvidia-ctk runtime configure --runtime=docker \
+      || fail "could not configure docker for GPUs (nvidia-ctk runtime configure --runtime=docker failed)"
+    systemctl restart docker || fail "could not restart docker after configuring it for GPUs"
   fi
 }
 
@@ -236,6 +267,21 @@ secret() {
   fail "could not read secret $1 from $2"
 }
 
+# The data directory on this machine's own disk (data_dir, or the directory the variable data_dir_env names where the
+# machine names another), writable to the container's user whatever its uid, as /tmp is: this script runs as root.
+# Mounted into the container and named to it by data_dir_env, it keeps what the trainer copies there (a dataset's
+# shards) for this machine's later attempts, out of the container's writable layer. Without it the trainer copies
+# into its own home.
+ready_data_dir() {
+  local dir=${!data_dir_env:-$data_dir}
+  if mkdir -p "$dir" && chmod 1777 "$dir"; then
+    export "$data_dir_env=$dir"
+  else
+    log "could not make the data directory $dir: the trainer keeps its data in the container"
+    unset "$data_dir_env"
+  fi
+}
+
 # The trainer image, once per machine: a machine that has it (an earlier boot of this machine pulled it, so a Spot VM
 # restarted on its own disk, or it is pinned by digest) runs it without asking the registry; one whose boot image
 # holds it under a tag (baked: docs/operations.md, Machines that start fast) fetches only what changed since, once,
@@ -281,6 +327,7 @@ if [ "$machine_kind" = gpu ]; then ready_gpu; ready_gpu_workers; else ready_tpu_
 [ -z "$registry" ] || registry_login
 for ((i = 0; i < ${#secrets[@]}; i += 2)); do secret "${secrets[i]}" "${secrets[i + 1]}"; done
 pull_image
+ready_data_dir
 
 notice=${!notice_env:-$notice_file}  # the file the variable named notice_env names, where the machine names another
 make_notice_dir && rm -f "$notice"
@@ -310,6 +357,7 @@ if [ -n "$notice_lead_s" ]; then
   watch_notice &
   watcher=$!
 fi
+started=$(date +%s)  # Docker's events of the trainer's container count from here (killed_for_memory)
 trainer "${run[@]}"
 [ -z "${watcher-}" ] || kill "$watcher" 2>/dev/null || true
 # 125: docker itself failed. If the cause is the gcplogs driver (a probe container that runs nothing fails the same
@@ -339,6 +387,20 @@ say() {  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit c
 '"exit_code": %d%s}' "$1" "$job_id" "$attempt" "$worker" "$exit_code_source" "$rc" "$3")
   write_entry "$trainer_log" "$2" "$entry" || log "could not log $1"
 }
+# Why a trainer failed where no other machine of the job would do better, from its exit code: the cause and the fix
+# (permanent_exits), or the kernel's OOM killer, which Docker reports as the container's `oom` event (its
+# State.OOMKilled; the container itself is gone, run with --rm). Empty for a failure worth another machine.
+permanent_cause() {
+  local i
+  for ((i = 0; i < ${#permanent_exits[@]}; i += 2)); do
+    if [ "$rc" = "${permanent_exits[i]}" ]; then echo "${permanent_exits[i + 1]}"; return; fi
+  done
+  if [ "$rc" = "$oom_killed_rc" ] && killed_for_memory; then echo "$oom_killed"; fi
+}
+killed_for_memory() {  # until a second past now, so that an event still on its way is waited for
+  docker events --since "$started" --until "$(($(date +%s) + 1))" --filter type=container --filter event=oom \
+    --format '{{.Actor.Attributes.name}}' 2>/dev/null | grep -qx "$container"
+}
 noticed=0
 if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi
 event='' severity=
@@ -346,9 +408,10 @@ for row in $exit_entries; do
   case "$row" in "$((rc == 0))$noticed$((worker == 0)):"*) IFS=: read -r _ event severity <<< "$row" ;; esac
 done
 case "$event" in
-  failed)  # or killed without a word; permanent_rc: no machine of the job would do better
-    permanent=''; [ "$rc" = "$permanent_rc" ] && permanent=', "permanent": true'
-    say failed "$severity" ", \"error\": \"the trainer exited with code $rc\"$permanent" ;;
+  failed)  # or killed without a word; with a cause, no other machine of the job would do better
+    because=$(permanent_cause) permanent=''
+    if [ -n "$because" ]; then because=": $because" permanent=', "permanent": true'; fi
+    say failed "$severity" ", \"error\": \"the trainer exited with code $rc$because\"$permanent" ;;
   stopped) drained; say stopped "$severity" "" ;;  # its final save is done: the drain marker first
   ?*) say "$event" "$severity" "" ;;
 esac

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from respawn.gpus import MULTI_VM_SERIES, gpu_series
 from respawn.jobs import (
     API_COMPUTE,
     API_TPU,
@@ -110,6 +111,18 @@ def _tpu_api_tpu(fields: Reading, accelerator_type: str) -> None:
 
 def _gpu_machine(fields: Reading) -> GpuMachine:
     fields.check("accelerator_count")  # the count before the types
+    machine_type = fields["machine_type"]
+    series = gpu_series(machine_type)  # what respawn cannot run or network is the series' record (respawn.gpus)
+    if series is not None and series.arm64:
+        problem = f"{machine_type} is an {series.name} machine type: arm64 VMs, which respawn's x86-64 images "
+        problem += "do not run"
+        fail(join_path(fields.path, "machine_type"), problem, "a machine type of G2, A2, A3 or A4")
+    if series is not None and series.rdma and fields["vms"] > 1:
+        problem = (
+            f"{fields['vms']} VMs of {machine_type} ({series.name}): its VMs reach each other's GPUs over RDMA NICs, "
+            "which respawn does not set up"
+        )
+        fail(join_path(fields.path, "vms"), problem, f"vms 1 on {series.name}, or several VMs of {MULTI_VM_SERIES}")
     return GpuMachine(**fields.model_values())
 
 
