@@ -111,8 +111,9 @@ def job_of(hosts: int, api: str) -> dict[str, Any]:
             }
         return dict(job)
     job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-    if api == "compute":
+    if api == "compute":  # in the slice's zones: the quickstart's offer v5e, not v6e (localcloud/apis/offerings.py)
         job["machine"] = {"kind": "tpu", "accelerator_type": "v6e-8", "api": "compute"}
+        job["zones"] = yaml.safe_load((ROOT / "examples" / "compute-slice.yaml").read_text())["zones"]
     return dict(job)
 
 

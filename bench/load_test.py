@@ -3,9 +3,9 @@
 One local cloud (fake-gcs-server, the local TPU/Compute API, functions-framework running on_job_message and
 on_event from functions/main.py, the in-process push bus, the log router, sweep ticks) runs --jobs jobs at
 once, each a light trainer (`--model=none`: sleeps --step-time per step, checkpoints a step marker to
-fake-gcs-server, sends its lifecycle entries). Half the jobs are TPU nodes, half GPU VMs, over four zones.
-Every Pub/Sub message is pushed --duplicates times at once, and --preemptions random READY machines are
-preempted (SIGTERM, PREEMPTED, the system event through the sink filter) while the jobs run.
+fake-gcs-server, sends its lifecycle entries). Half the jobs are TPU nodes, half GPU VMs, each over four zones
+that offer it. Every Pub/Sub message is pushed --duplicates times at once, and --preemptions random READY machines
+are preempted (SIGTERM, PREEMPTED, the system event through the sink filter) while the jobs run.
 
 Checked: no job ever had two live machines (from the cloud API's create/delete record and machine states),
 every job SUCCEEDED, no machine and no process is left, all jobs were live at the same moment. Measured
@@ -56,9 +56,13 @@ from localcloud.services.scheduler import SWEEP_TICK
 from respawn.jobs import parse_machine_name
 
 ROOT = Path(__file__).resolve().parents[1]
-ZONES = ("us-central1-a", "us-central1-b", "us-west4-a", "europe-west4-a")
 TPU = {"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"}
 GPU = {"kind": "gpu", "machine_type": "g2-standard-8", "accelerator_type": "nvidia-l4", "accelerator_count": 1}
+# zones that offer v5e, and L4 (localcloud/apis/offerings.py)
+ZONES = {
+    "tpu": ("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"),
+    "gpu": ("us-central1-a", "us-central1-b", "us-west4-a", "europe-west4-a"),
+}
 CHECKPOINTS = "respawn-load-checkpoints"
 
 
@@ -67,8 +71,8 @@ def job_messages(n: int, steps: int, step_time: float, checkpoint_every: int) ->
         {
             "action": "submit",
             "job_id": f"load-{i:04d}",
-            "machine": TPU if i % 2 == 0 else GPU,
-            "zones": [ZONES[i % len(ZONES)], ZONES[(i + 1) % len(ZONES)]],
+            "machine": (machine := TPU if i % 2 == 0 else GPU),
+            "zones": [ZONES[machine["kind"]][i // 2 % 4], ZONES[machine["kind"]][(i // 2 + 1) % 4]],
             "provisioning": "spot",
             "image": "us-docker.pkg.dev/respawn-local/respawn/trainer:latest",
             "args": [

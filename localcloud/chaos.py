@@ -280,7 +280,8 @@ def add_flags(run: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="ZONE does not offer TYPE (a machine type such as ct6e-standard-4t, a GPU such as nvidia-l4, or a Cloud "
-        "TPU accelerator type such as v6e-16): its type listings leave it out and creates that ask for it there are "
+        "TPU accelerator type such as v6e-16), besides the zones Google's published tables give no such TPU or GPU "
+        "(localcloud/apis/offerings.py): its type listings leave it out and creates that ask for it there are "
         "refused; repeatable",
     )
     run.add_argument(

@@ -64,7 +64,7 @@ examples:
   respawn local run examples/slice.yaml --preempt-at-step 30 --kill-worker-at-step 70:2 \
       --hang-worker-at-step 110:1 --host-error-at-step 150:3
   respawn local run job.yaml --mtbi 60s --seed 7 --stockout us-central1-a:1 --plot timeline.png
-  respawn local run examples/three-zones.yaml --mtbi us-central1-a=20s,us-central1-b=20s,us-central1-c=5m --seed 5
+  respawn local run examples/three-zones.yaml --mtbi us-central1-a=20s,us-south1-a=20s,us-west4-a=5m --seed 5
   respawn local run job.yaml --duplicate-deliveries 3 --trainer-arg=--steps=60 --json
   respawn local run examples/byo/job.yaml --entrypoint "python examples/byo/train.py" --preempt-at-step 40
 """
@@ -340,6 +340,48 @@ def check_chaos_workers(opts: Options, message: dict[str, Any]) -> None:
         check_workers(option, pairs, job_slice(machine), machine_words(machine))
 
 
+def check_zones(path: str, message: dict[str, Any], opts: Options) -> None:
+    """What `respawn submit` checks, asked of the local APIs: each of the job's zones whether it offers the job's
+    machine (the zones Google publishes for it, less `--unoffered`: localcloud/apis/offerings.py). A warning for
+    each zone that does not (respawn skips it); UsageError, naming the local zones that do, when none does."""
+    from localcloud.cloud import PROJECT, api_server
+    from respawn.deployment import Settings
+    from respawn_cli import main as submit
+
+    with api_server(opts) as server:
+        settings = Settings(project=PROJECT, tpu_endpoint=server.url, compute_endpoint=server.url)
+        try:
+            submit.check_zones(path, settings, message)
+        except submit.UserError as e:
+            raise UsageError(f"{e}{offered_here(message, opts)}") from e
+
+
+def offered_here(message: dict[str, Any], opts: Options) -> str:
+    """`; locally: ZONES offer MACHINE` for each of the job's machines that some local zone offers."""
+    from localcloud.apis import offerings
+    from localcloud.cloud import TRAINER_IMAGES
+    from respawn.jobs import API_TPU, GpuMachine
+    from respawn.spec import parse_job_message
+    from respawn.topology import compute_shape
+    from respawn_cli.offering import machine_words
+
+    spec = parse_job_message(message, TRAINER_IMAGES)
+    assert isinstance(spec, JobSpec)
+    found = []
+    for machine in dict.fromkeys(spec.machine_of(n) for n in range(len(spec.all_tiers))):
+        if isinstance(machine, GpuMachine):
+            types = [machine.machine_type, machine.accelerator_type]
+        elif machine.api == API_TPU:
+            types = [machine.accelerator_type]
+        else:
+            types = [compute_shape(machine.accelerator_type).machine_type]
+        zones = offerings.zones_offering(types) or []
+        zones = [z for z in zones if not set(types) & set(opts.unoffered.get(z, ()))]
+        if zones:
+            found.append(f"{', '.join(zones)} offer {machine_words(machine)}")
+    return f"; locally: {'; '.join(found)}" if found else ""
+
+
 def options(ns: argparse.Namespace) -> Options:
     """The local cloud's options, each wing's read from its own flags (the profile's figures later: `run`)."""
     from localcloud.cloud import Options
@@ -484,6 +526,7 @@ def run(ns: argparse.Namespace) -> int:
     opts.time_scale = run_timings.scale  # the functions read the head start's drain in the profile's time
     opts.secrets = secret_values(message.get("secrets") or {}, ns.secret, ns.secrets_file)
     check_chaos_workers(opts, message)
+    check_zones(ns.job, message, opts)  # before the reference run: a job no zone takes is refused at once
     machine_slice = job_slice(message["machine"])
     out = sys.stderr if ns.json else sys.stdout
 

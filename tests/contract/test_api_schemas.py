@@ -30,7 +30,8 @@ from respawn.jobs import GpuMachine, JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, MachineProvider
 from respawn_cli.offering import OfferingLookup
 
-ZONE, REGION, PROJECT = "us-central1-a", "us-central1", "proj"
+ZONE, PROJECT = "us-central1-a", "proj"
+V6E = "us-east5-b"  # ZONE offers v5e and L4, V6E v6e (localcloud/apis/offerings.py)
 OTHER = "us-central1-b"  # a zone that does not offer the scenarios' machines (run_offerings)
 REPO = Path(__file__).parents[2]
 ADAPTERS = REPO / "functions" / "respawn" / "adapters"
@@ -38,7 +39,7 @@ TPU_API, COMPUTE_API = Api.load("tpu.v2"), Api.load("compute.v1")
 SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
 # A deployment's own network (RESPAWN_NETWORK, RESPAWN_SUBNETWORK, RESPAWN_EXTERNAL_IP=false).
 NETWORKED = replace(SETTINGS, network="projects/host/global/networks/vpc", subnetwork="ml", external_ips=False)
-SUBNETWORK = f"projects/host/regions/{REGION}/subnetworks/ml"
+SUBNETWORKS = tuple(f"projects/host/regions/{zone[:-2]}/subnetworks/ml" for zone in (ZONE, V6E))  # each create's region
 
 # The client objects each adapter calls, by (file under adapters/, or from the repository's root, attribute): the
 # discovery resource their methods belong to.
@@ -106,7 +107,7 @@ def tpu_spec(job_id: str, request: str, provisioning: str = "spot", **kw: object
 
 def compute_spec(job_id: str, machine: GpuMachine | TpuMachine, provisioning: str = "spot", **kw: object) -> JobSpec:
     spec = tpu_spec(job_id, "node", provisioning=provisioning, **kw)
-    return JobSpec(**{**spec.__dict__, "machine": machine})
+    return JobSpec(**{**spec.__dict__, "machine": machine, "zones": (V6E if machine.kind == "tpu" else ZONE,)})
 
 
 GPU = GpuMachine("g2-standard-8", "nvidia-l4", 1)
@@ -115,8 +116,12 @@ SLICE = TpuMachine("v6e-16", api="compute")
 TIERS = (Tier("spot", (ZONE,), after_preemptions=1),)
 
 
+def zone_of(spec: JobSpec, tier: int = 0) -> str:
+    return spec.all_tiers[tier].zones[0]
+
+
 def action(spec: JobSpec, tier: int = 0) -> CreateMachine:
-    return CreateMachine(spec.job_id, 1, f"{spec.job_id}-a1", ZONE, 2_000_000_000.0, tier=tier)
+    return CreateMachine(spec.job_id, 1, f"{spec.job_id}-a1", zone_of(spec, tier), 2_000_000_000.0, tier=tier)
 
 
 def wait_for(read: Callable[[], Machine | None], state: MachineState) -> None:
@@ -128,23 +133,23 @@ def wait_for(read: Callable[[], Machine | None], state: MachineState) -> None:
 
 def lifecycle(server: CloudApiServer, provider: MachineProvider, spec: JobSpec, tier: int = 0) -> None:
     """Create (twice), READY, list, preempt, read it preempted, delete (twice), read it gone."""
-    name = f"{spec.job_id}-a1"
+    name, zone = f"{spec.job_id}-a1", zone_of(spec, tier)
     provider.create(action(spec, tier), spec)
     provider.create(action(spec, tier), spec)
-    wait_for(lambda: provider.get(name, ZONE, spec), MachineState.READY)
-    assert [m.name for m in provider.list(ZONE, spec.job_id)] == [name]
+    wait_for(lambda: provider.get(name, zone, spec), MachineState.READY)
+    assert [m.name for m in provider.list(zone, spec.job_id)] == [name]
     server.preempt(name)
-    provider.get(name, ZONE, spec)
-    provider.list(ZONE, spec.job_id)
-    provider.delete(name, ZONE, spec)
-    provider.delete(name, ZONE, spec)
-    assert provider.get(name, ZONE, spec) is None
+    provider.get(name, zone, spec)
+    provider.list(zone, spec.job_id)
+    provider.delete(name, zone, spec)
+    provider.delete(name, zone, spec)
+    assert provider.get(name, zone, spec) is None
 
 
 def stocked_out(provider: MachineProvider, spec: JobSpec) -> None:
     with pytest.raises(CapacityError):
         provider.create(action(spec), spec)
-    provider.delete(f"{spec.job_id}-a1", ZONE, spec)
+    provider.delete(f"{spec.job_id}-a1", zone_of(spec), spec)
 
 
 def run_tpu(server: CloudApiServer) -> None:
@@ -177,15 +182,15 @@ def run_compute(server: CloudApiServer) -> None:
     lifecycle(server, gce, compute_spec("tpu-vm", TPU_VM))
     lifecycle(server, gce, compute_spec("slice", SLICE))
     lifecycle(server, gce, compute_spec("slice-flex", SLICE, "flex-start"))
-    bound = (*TIERS, Tier("reservation-bound", (ZONE,), "v6e-calendar"))
+    bound = (Tier("spot", (V6E,), after_preemptions=1), Tier("reservation-bound", (V6E,), "v6e-calendar"))
     lifecycle(server, gce, compute_spec("slice-bound", SLICE, tiers=bound), tier=1)
     # A region's or the global scope's operation still RUNNING is waited for; the local APIs finish those at once,
     # so the adapter's wait is driven here on the operations its inserts returned.
-    for scope, collection in ((Scope(region=REGION), "resourcePolicies"), (Scope(), "instanceTemplates")):
+    for scope, collection in ((Scope(region=V6E[:-2]), "resourcePolicies"), (Scope(), "instanceTemplates")):
         op = next(e.response for e in server.exchanges if e.method == "POST" and e.path.endswith(collection))
         running = compute_v1.Operation(name=op["name"], status=compute_v1.Operation.Status.RUNNING)
         assert gce.operations.wait(running, scope, time.monotonic() + 5) is not None
-    server.stockouts[ZONE] = 2
+    server.stockouts.update({ZONE: 1, V6E: 1})
     stocked_out(gce, compute_spec("gpu-out", GPU))
     stocked_out(gce, compute_spec("slice-out", SLICE))
 
@@ -204,7 +209,8 @@ def run_offerings(server: CloudApiServer) -> None:
     """Which zones offer a TPU (both APIs) and a GPU: the type listings, found and not."""
     lookup = OfferingLookup(PROJECT, tpu_endpoint=server.url, compute_endpoint=server.url)
     for machine in (SLICE, GPU, TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite")):
-        assert [o.offered for o in lookup.zones(replace(compute_spec("offered", machine), zones=(ZONE, OTHER)))] == [
+        zones = (V6E if machine is SLICE else ZONE, OTHER)
+        assert [o.offered for o in lookup.zones(replace(compute_spec("offered", machine), zones=zones))] == [
             True,
             False,
         ]
@@ -259,7 +265,7 @@ def test_the_scenarios_reach_errors_and_states(exchanges: list[Exchange]) -> Non
 
 def test_the_networked_creates_were_checked(exchanges: list[Exchange]) -> None:
     """The conformance check above saw the subnetwork, and no external IP, on each kind of create."""
-    networked = [e for e in exchanges if e.method == "POST" and SUBNETWORK in str(e.body)]
+    networked = [e for e in exchanges if e.method == "POST" and any(s in str(e.body) for s in SUBNETWORKS)]
     assert {e.path.rsplit("/", 1)[-1] for e in networked} == {
         "nodes",
         "queuedResources",

@@ -35,6 +35,8 @@ MACHINES = {
     "compute-tpu-vm": TpuMachine("v6e-8", api="compute"),
     "compute-slice": TpuMachine("v6e-16", api="compute"),
 }
+# each in a zone that offers it (localcloud/apis/offerings.py): v5e and L4 in us-central1-a, v6e in us-east5-b
+ZONES = {kind: "us-east5-b" if kind in ("compute-tpu-vm", "compute-slice") else ZONE for kind in MACHINES}
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,15 @@ class Backend:
     preempt: Callable[[str], object]
     stock_out: Callable[[], None]
 
+    @property
+    def zone(self) -> str:
+        return ZONES[self.kind]
+
     def spec(self, job_id: str) -> JobSpec:
         return JobSpec(
             job_id=job_id,
             machine=MACHINES[self.kind],
-            zones=(ZONE,),
+            zones=(self.zone,),
             image="us-docker.pkg.dev/proj/repo/trainer:1",
             checkpoint_uri=f"gs://ckpt/{job_id}",
             provisioning="spot",
@@ -60,7 +66,7 @@ class Backend:
     def create(self, job_id: str) -> tuple[str, JobSpec]:
         spec = self.spec(job_id)
         name = f"{job_id}-a1"
-        self.provider.create(CreateMachine(job_id, 1, name, ZONE, 2_000_000_000.0), spec)
+        self.provider.create(CreateMachine(job_id, 1, name, self.zone, 2_000_000_000.0), spec)
         return name, spec
 
 
@@ -77,7 +83,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             real = GcpTpuProvider(PROJECT, endpoint=server.url, settings=SETTINGS)
         else:
             real = GcpComputeProvider(PROJECT, endpoint=server.url, settings=SETTINGS, clock=time.time)
-        yield Backend(kind, real, server.preempt, lambda: server.stockouts.update({ZONE: 10}))
+        yield Backend(kind, real, server.preempt, lambda: server.stockouts.update({ZONES[kind]: 10}))
 
 
 def _zero(fake: FakeProvider) -> None:
@@ -90,7 +96,7 @@ def states_until_ready(backend: Backend, name: str, spec: JobSpec) -> list[Machi
     deadline = time.monotonic() + 10
     while not seen or seen[-1] is not MachineState.READY:
         assert time.monotonic() < deadline, seen
-        m = backend.provider.get(name, ZONE, spec)
+        m = backend.provider.get(name, backend.zone, spec)
         assert m is not None
         if not seen or seen[-1] is not m.state:
             seen.append(m.state)
@@ -112,34 +118,34 @@ def test_create_twice_makes_one_machine(backend: Backend) -> None:
     name, spec = backend.create("twice")
     backend.create("twice")
     states_until_ready(backend, name, spec)
-    assert [m.name for m in backend.provider.list(ZONE, "twice")] == [name]
+    assert [m.name for m in backend.provider.list(backend.zone, "twice")] == [name]
 
 
 def test_missing_machines(backend: Backend) -> None:
     spec = backend.spec("gone")
-    assert backend.provider.get("gone-a1", ZONE, spec) is None
-    backend.provider.delete("gone-a1", ZONE, spec)  # NotFound is success
+    assert backend.provider.get("gone-a1", backend.zone, spec) is None
+    backend.provider.delete("gone-a1", backend.zone, spec)  # NotFound is success
     name, spec = backend.create("gone")
-    backend.provider.delete(name, ZONE, spec)
+    backend.provider.delete(name, backend.zone, spec)
     assert _eventually_gone(backend, name, spec)
-    backend.provider.delete(name, ZONE, spec)
+    backend.provider.delete(name, backend.zone, spec)
 
 
 def _eventually_gone(backend: Backend, name: str, spec: JobSpec) -> bool:
     deadline = time.monotonic() + 10
-    while backend.provider.get(name, ZONE, spec) is not None:
+    while backend.provider.get(name, backend.zone, spec) is not None:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
-    return backend.provider.list(ZONE, spec.job_id) == []
+    return backend.provider.list(backend.zone, spec.job_id) == []
 
 
 def test_list_by_job(backend: Backend) -> None:
     a, _ = backend.create("job-a")
     b, _ = backend.create("job-b")
-    assert [m.name for m in backend.provider.list(ZONE, "job-a")] == [a]
-    assert sorted(m.name for m in backend.provider.list(ZONE)) == [a, b]
-    labelled: Machine = backend.provider.list(ZONE, "job-b")[0]
+    assert [m.name for m in backend.provider.list(backend.zone, "job-a")] == [a]
+    assert sorted(m.name for m in backend.provider.list(backend.zone)) == [a, b]
+    labelled: Machine = backend.provider.list(backend.zone, "job-b")[0]
     assert labelled.labels["respawn-job"] == "job-b" and labelled.labels["respawn-attempt"] == "1"
 
 
@@ -147,7 +153,7 @@ def test_a_preempted_machine(backend: Backend) -> None:
     name, spec = backend.create("preempt")
     states_until_ready(backend, name, spec)
     backend.preempt(name)
-    m = backend.provider.get(name, ZONE, spec)
+    m = backend.provider.get(name, backend.zone, spec)
     # a Spot VM that asked for instanceTerminationAction=DELETE is gone; others report their preemption
     assert m is None or m.state in (MachineState.PREEMPTED, MachineState.TERMINATED), m
 
@@ -156,7 +162,7 @@ def test_no_capacity(backend: Backend) -> None:
     backend.stock_out()
     if backend.kind == "tpu-queued":  # a queued resource waits for capacity instead of failing
         name, spec = backend.create("full")
-        m = backend.provider.get(name, ZONE, spec)
+        m = backend.provider.get(name, backend.zone, spec)
         assert m is not None and m.state in BOOTING
         return
     with pytest.raises(CapacityError):

@@ -20,8 +20,8 @@ from respawn.adapters.settings import ProviderSettings
 from respawn.jobs import JobSpec, MachineState, Tier, TpuMachine
 from respawn.ports import CapacityError, Machine, TransientError
 
-ZONE = "us-central1-a"
-REGION = "us-central1"
+ZONE = "us-east5-a"  # offers v6e (localcloud/apis/offerings.py)
+REGION = "us-east5"
 PROJECT = "proj"
 SLICE = ("resourcePolicies", "instanceTemplates", "instanceGroupManagers")
 
@@ -211,7 +211,7 @@ def test_the_leftovers_of_a_slice_without_its_mig_are_listed_and_deleted(
     assert "MIG is gone" in listed[0].detail
     leftover = gce.get("llm-a1", ZONE, s)
     assert leftover is not None and leftover.state is MachineState.TERMINATED
-    assert gce.list(ZONE, "other") == [] and gce.list("us-central1-b") == []  # not another job's, nor zone's
+    assert gce.list(ZONE, "other") == [] and gce.list("us-east5-b") == []  # not another job's, nor zone's
     gce.delete("llm-a1", ZONE, s)
     assert objects(server) == [] and gce.list(ZONE) == []
 

@@ -68,7 +68,7 @@ SLICE_JOB = {
     **GPU_JOB,
     "job_id": "doctor-slice",
     "machine": {"kind": "tpu", "accelerator_type": "v5litepod-16", "runtime_version": "v2-alpha-tpuv5-lite"},
-    "zones": ["us-central1-a", "us-central1-c"],
+    "zones": ["us-central1-a", "us-west4-a"],  # two zones that offer v5e (localcloud/apis/offerings.py)
 }
 # A v6e slice on Compute Engine: a MIG of VMs booting Compute Engine's TPU image, which has no Docker
 COMPUTE_SLICE_JOB = {**GPU_JOB, "job_id": "doctor-v6e", "machine": {"kind": "tpu", "accelerator_type": "v6e-16"},
@@ -224,12 +224,12 @@ BROKEN: list[tuple[str, Break, JobSpec, Settings, str, str, str]] = [
     ),
     (
         "tpu zone without the machine",
-        lambda c: c.unoffer("us-central1-c", "v5litepod-16"),
+        lambda c: c.unoffer("us-west4-a", "v5litepod-16"),
         SLICE,
         SETTINGS,
         "zones offer the machine",
-        "us-central1-c does not offer TPU type v5litepod-16",
-        "remove us-central1-c",
+        "us-west4-a does not offer TPU type v5litepod-16",
+        "remove us-west4-a",
     ),
     (
         "no quota",

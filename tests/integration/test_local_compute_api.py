@@ -21,6 +21,8 @@ from respawn.adapters.settings import client_options
 pytestmark = pytest.mark.waits
 
 P, ZONE, REGION = "proj", "us-east5-b", "us-east5"
+# ZONE offers v6e, not v5p (us-east5-a), TPU7x (us-central1-c), v5e or L4 (us-central1-a): localcloud/apis/offerings.py
+V5P_ZONE, TPU7X_ZONE, V5E_ZONE = "us-east5-a", "us-central1-c", "us-central1-a"
 DELAY = 0.05
 
 
@@ -56,14 +58,18 @@ class Compute:
         assert not op.error.errors, op.error
         return op
 
-    def slice_objects(self, name: str, *, vms: int = 4, topology: str = "4x4", **template: Any) -> None:
+    def slice_objects(
+        self, name: str, *, vms: int = 4, topology: str = "4x4", zone: str = ZONE, **template: Any
+    ) -> None:
         """Workload policy, template and MIG named `name`, in the order respawn creates them, the MIG BULK where
         its template's provisioning model takes bulk mode (flex-start, reservation-bound), else in the default
         mode."""
         mode = "BULK" if template.get("model") in ("FLEX_START", "RESERVATION_BOUND") else None
-        self.ok(self.policies.insert_unary(project=P, region=REGION, resource_policy_resource=policy(name, topology)))
+        region = zone.rpartition("-")[0]
+        self.ok(self.policies.insert_unary(project=P, region=region, resource_policy_resource=policy(name, topology)))
         self.ok(self.templates.insert_unary(project=P, instance_template_resource=instance_template(name, **template)))
-        self.ok(self.migs.insert_unary(project=P, zone=ZONE, instance_group_manager_resource=mig(name, vms, mode)))
+        group = mig(name, vms, mode, region=region)
+        self.ok(self.migs.insert_unary(project=P, zone=zone, instance_group_manager_resource=group))
 
     def request(
         self, body: compute_v1.InstanceGroupManagerResizeRequest, group: str = "llm-a1"
@@ -72,14 +78,14 @@ class Compute:
             project=P, zone=ZONE, instance_group_manager=group, instance_group_manager_resize_request_resource=body
         )
 
-    def mig(self, name: str) -> compute_v1.InstanceGroupManager:
-        return self.migs.get(project=P, zone=ZONE, instance_group_manager=name)
+    def mig(self, name: str, zone: str = ZONE) -> compute_v1.InstanceGroupManager:
+        return self.migs.get(project=P, zone=zone, instance_group_manager=name)
 
     def managed(self, name: str) -> list[compute_v1.ManagedInstance]:
         return list(self.migs.list_managed_instances(project=P, zone=ZONE, instance_group_manager=name))
 
-    def topology(self, name: str) -> str:
-        return self.mig(name).status.applied_accelerator_topologies[0].state
+    def topology(self, name: str, zone: str = ZONE) -> str:
+        return self.mig(name, zone).status.applied_accelerator_topologies[0].state
 
 
 def connect(server: CloudApiServer) -> Compute:
@@ -147,8 +153,8 @@ def properties(machine_type: str, **kw: Any) -> dict[str, Any]:
     )
 
 
-def instance(name: str, machine_type: str = "ct6e-standard-8t", **kw: Any) -> compute_v1.Instance:
-    return compute_v1.Instance(name=name, **properties(f"zones/{ZONE}/machineTypes/{machine_type}", **kw))
+def instance(name: str, machine_type: str = "ct6e-standard-8t", zone: str = ZONE, **kw: Any) -> compute_v1.Instance:
+    return compute_v1.Instance(name=name, **properties(f"zones/{zone}/machineTypes/{machine_type}", **kw))
 
 
 def instance_template(name: str, machine_type: str = "ct6e-standard-4t", **kw: Any) -> compute_v1.InstanceTemplate:
@@ -158,7 +164,7 @@ def instance_template(name: str, machine_type: str = "ct6e-standard-4t", **kw: A
 
 
 def mig(
-    name: str, vms: int, mode: str | None = None, action: str = "DO_NOTHING", **kw: Any
+    name: str, vms: int, mode: str | None = None, action: str = "DO_NOTHING", region: str = REGION, **kw: Any
 ) -> compute_v1.InstanceGroupManager:
     """A slice's MIG in `mode` (None: the default mode, no targetSizePolicy, as for a Spot template)."""
     group = compute_v1.InstanceGroupManager(
@@ -170,7 +176,7 @@ def mig(
             default_action_on_failure=action
         ),
         resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(
-            workload_policy=f"projects/{P}/regions/{REGION}/resourcePolicies/{name}"
+            workload_policy=f"projects/{P}/regions/{region}/resourcePolicies/{name}"
         ),
         description="respawn-managed",
     )
@@ -222,11 +228,12 @@ def test_a_tpu_vm_is_an_instance_with_a_tpu_machine_type(api: Compute) -> None:
 def test_a_tpu_vm_starts_pending_then_staging_then_running() -> None:
     with CloudApiServer(create_delay_s=0.4) as server:
         api = connect(server)
-        api.instances.insert_unary(project=P, zone=ZONE, instance_resource=instance("llm-a1", "ct5p-hightpu-4t"))
+        vm = instance("llm-a1", "ct5p-hightpu-4t", zone=V5P_ZONE)
+        api.instances.insert_unary(project=P, zone=V5P_ZONE, instance_resource=vm)
         seen: list[str] = []
 
         def running() -> bool:
-            status = api.instances.get(project=P, zone=ZONE, instance="llm-a1").status
+            status = api.instances.get(project=P, zone=V5P_ZONE, instance="llm-a1").status
             if not seen or seen[-1] != status:
                 seen.append(status)
             return status == "RUNNING"
@@ -240,7 +247,7 @@ def test_a_tpu_vm_starts_pending_then_staging_then_running() -> None:
     [
         (  # the chips come with the machine type
             lambda i: i.guest_accelerators.append(
-                compute_v1.AcceleratorConfig(accelerator_type="nvidia-l4", accelerator_count=1)
+                compute_v1.AcceleratorConfig(accelerator_type="nvidia-a100-80gb", accelerator_count=1)
             ),
             "comes with its 8 TPU chips; it takes no guestAccelerators",
         ),
@@ -565,9 +572,10 @@ def test_a_mig_needs_its_template_and_policy_to_exist(api: Compute) -> None:
 
 
 def test_v5p_and_tpu7x_slices_have_three_dimensional_topologies(api: Compute) -> None:
-    for name, machine_type in (("v5p-a1", "ct5p-hightpu-4t"), ("ironwood-a1", "tpu7x-standard-4t")):
-        api.slice_objects(name, vms=2, topology="2x2x2", machine_type=machine_type)
-    eventually(lambda: {api.topology("v5p-a1"), api.topology("ironwood-a1")} == {"ACTIVE"})
+    slices = (("v5p-a1", "ct5p-hightpu-4t", V5P_ZONE), ("ironwood-a1", "tpu7x-standard-4t", TPU7X_ZONE))
+    for name, machine_type, zone in slices:
+        api.slice_objects(name, vms=2, topology="2x2x2", zone=zone, machine_type=machine_type)
+    eventually(lambda: {api.topology(name, zone) for name, _, zone in slices} == {"ACTIVE"})
 
 
 # ------------------------------------------------------------------------------------------ BULK stockouts
@@ -766,10 +774,10 @@ def test_the_call_log_names_each_collection_and_what_it_computes_with(api: Compu
 def test_every_machine_says_its_api_its_workers_and_their_chips(api: Compute) -> None:
     tpu = tpu_v2.TpuClient(**client_options(api.server.url))
     node = tpu_v2.Node(accelerator_type="v5litepod-16", runtime_version="v2-alpha-tpuv5-lite")
-    tpu.create_node(parent=f"projects/{P}/locations/{ZONE}", node_id="old-a1", node=node)
-    gpu = instance("gpu-a1", "g2-standard-24", model="STANDARD")
+    tpu.create_node(parent=f"projects/{P}/locations/{V5E_ZONE}", node_id="old-a1", node=node)
+    gpu = instance("gpu-a1", "g2-standard-24", model="STANDARD", zone=V5E_ZONE)
     gpu.guest_accelerators = [compute_v1.AcceleratorConfig(accelerator_type="nvidia-l4", accelerator_count=2)]
-    api.ok(api.instances.insert_unary(project=P, zone=ZONE, instance_resource=gpu))
+    api.ok(api.instances.insert_unary(project=P, zone=V5E_ZONE, instance_resource=gpu))
     api.ok(api.instances.insert_unary(project=P, zone=ZONE, instance_resource=instance("one-a1")))
     api.slice_objects("llm-a1", vms=2, topology="2x4")
     eventually(lambda: api.topology("llm-a1") == "ACTIVE")
@@ -786,8 +794,8 @@ def test_every_machine_says_its_api_its_workers_and_their_chips(api: Compute) ->
     assert machines["one-a1"].workers == ("one-a1",)
     assert sorted(api.server.leftovers()) == sorted(
         [
-            f"projects/{P}/locations/{ZONE}/nodes/old-a1",
-            f"projects/{P}/zones/{ZONE}/instances/gpu-a1",
+            f"projects/{P}/locations/{V5E_ZONE}/nodes/old-a1",
+            f"projects/{P}/zones/{V5E_ZONE}/instances/gpu-a1",
             f"projects/{P}/zones/{ZONE}/instances/one-a1",
             *(f"projects/{P}/zones/{ZONE}/instances/{w}" for w in machines["llm-a1"].workers),
             f"projects/{P}/zones/{ZONE}/instanceGroupManagers/llm-a1",

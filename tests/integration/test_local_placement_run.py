@@ -5,8 +5,9 @@ interrupted the job and does most of the training in the long-lived zone, ending
 control plane's alone: the trainer is the sleeper (`--model=none`, STEP_S a step, no JAX), whose steps cost no CPU
 and take the same time on a loaded machine (exactness through preemptions: test_local_run.py and the slice runs).
 
---seed 5 fixes each zone's lifetimes: the first machine in us-central1-a lives 4.3 s, in us-central1-b 4.7 s, in
-us-central1-c 246 s (chaos.py draws each zone's rounds from a stream of its own, scaled by the zone's MTBI).
+--seed 5 fixes each zone's lifetimes: the first machine in us-central1-a lives 4.3 s, in us-south1-a 0.4 s, in
+us-west4-a 860 s (chaos.py draws each zone's rounds from a stream of its own, scaled by the zone's MTBI). The three
+zones are examples/three-zones.yaml's, each offering its v5e.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from test_local_run import ROOT, run_local
 from localcloud.services.emulators import FakeGcs
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.waits]
-A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+A, B, C = "us-central1-a", "us-south1-a", "us-west4-a"
 IN_PROCESS = {"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"}
 STEPS = 300
-STEP_S = 0.1  # at most 10 steps/s: the first two zones' 4.3 s and 4.7 s machines train well under half of STEPS
+STEP_S = 0.1  # at most 10 steps/s: the first two zones' 4.3 s and 0.4 s machines train well under half of STEPS
 CHAOS = ["--mtbi", f"{A}=20s,{B}=5s,{C}=5m", "--seed", "5", "--creation-delay", "0.5s", "--sweep-every", "2s"]
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
+from localcloud import command as local
 from localcloud.apis.cloudapi import CloudApiServer
 from respawn.actions import CreateMachine
 from respawn.adapters import compute_slices as slices
@@ -33,7 +36,9 @@ from respawn.spec import spec_to_message
 from respawn_cli import main as cli
 from respawn_cli.offering import OfferingLookup
 
-A, B = "us-east5-a", "us-east5-b"
+A, B = "us-east5-a", "us-east5-b"  # they offer v6e; v5e, L4, H100 and A100 40GB are offered in C, L4 also in D
+C, D = "us-central1-a", "us-central1-b"
+ROOT = Path(__file__).resolve().parents[2]
 P = "proj"
 STRICT = frozenset({"FLEX_START", "RESERVATION_BOUND"})  # BULK as Google's bulk-mode page describes it
 SETTINGS = ProviderSettings(service_account="m@proj.iam.gserviceaccount.com", create_wait_s=10, read_retry_s=0)
@@ -173,33 +178,62 @@ def test_a_slice_mig_that_reports_its_type_unoffered_is_unoffered_not_a_wait(tie
 
 
 def test_a_gpu_or_cloud_tpu_create_in_a_zone_without_its_type_is_unoffered() -> None:
-    with CloudApiServer(create_delay_s=0.05, unoffered={A: ("nvidia-l4", "v5litepod-8")}) as server:
-        gpu = spec(GpuMachine("g2-standard-8", "nvidia-l4", 1))
+    with CloudApiServer(create_delay_s=0.05, unoffered={C: ("nvidia-l4", "v5litepod-8")}) as server:
+        gpu = spec(GpuMachine("g2-standard-8", "nvidia-l4", 1), zones=(C,))
         with pytest.raises(UnofferedError, match="Accelerator type with name 'nvidia-l4' does not exist in zone"):
-            gce(server).create(create(), gpu)
+            gce(server).create(create(C), gpu)
         tpu = GcpTpuProvider(P, endpoint=server.url, settings=SETTINGS)
         for request in ("node", "queued"):
-            s = spec(TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request=request))
+            s = spec(TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite", request=request), zones=(C,))
             with pytest.raises(UnofferedError, match="'v5litepod-8' does not exist in zone"):
-                tpu.create(create(), s)
+                tpu.create(create(C), s)
         assert server.leftovers() == []
 
 
 @pytest.mark.parametrize(
-    ("machine", "unoffered", "missing"),
+    ("machine", "zones", "unoffered", "missing"),
     [
-        (TpuMachine("v6e-16", api="compute"), "ct6e-standard-4t", "machine type ct6e-standard-4t"),
-        (TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"), "v5litepod-8", "TPU type v5litepod-8"),
-        (GpuMachine("g2-standard-8", "nvidia-l4", 1), "nvidia-l4", "accelerator type nvidia-l4"),
+        (TpuMachine("v6e-16", api="compute"), (A, B), "ct6e-standard-4t", "machine type ct6e-standard-4t"),
+        (TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"), (C, "us-west4-a"), "v5litepod-8", "TPU type v5litepod-8"),
+        (GpuMachine("g2-standard-8", "nvidia-l4", 1), (C, D), "nvidia-l4", "accelerator type nvidia-l4"),
     ],
 )
-def test_the_type_listings_say_which_zones_offer_the_machine(machine: Any, unoffered: str, missing: str) -> None:
-    with CloudApiServer(unoffered={A: (unoffered,)}) as server:
+def test_the_type_listings_say_which_zones_offer_the_machine(
+    machine: Any, zones: tuple[str, str], unoffered: str, missing: str
+) -> None:
+    """`--unoffered` withholds a type from a zone that Google's table says offers it."""
+    first, second = zones
+    with CloudApiServer(unoffered={first: (unoffered,)}) as server:
         lookup = OfferingLookup(P, tpu_endpoint=server.url, compute_endpoint=server.url)
-        found = lookup.zones(spec(machine, zones=(A, B)))
+        found = lookup.zones(spec(machine, zones=zones))
         assert [(o.zone, o.offered, o.detail) for o in found] == [
-            (A, False, f"{A} does not offer {missing}"),
-            (B, True, ""),
+            (first, False, f"{first} does not offer {missing}"),
+            (second, True, ""),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("machine", "zones", "missing"),
+    [
+        (TpuMachine("v6e-16", api="compute"), (C, A), "machine type ct6e-standard-4t"),
+        (TpuMachine("v5litepod-8", "v2-alpha-tpuv5-lite"), (D, C), "TPU type v5litepod-8"),
+        (TpuMachine("tpu7x-8", api="compute"), (C, "us-central1-c"), "machine type tpu7x-standard-4t"),
+        (GpuMachine("g2-standard-8", "nvidia-l4", 1), ("us-south1-a", D), "machine type g2-standard-8"),
+        (GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8), ("us-west4-b", C), "machine type a3-highgpu-8g"),
+    ],
+)
+def test_without_withholdings_the_listings_follow_the_published_zones(
+    machine: Any, zones: tuple[str, str], missing: str
+) -> None:
+    """No `--unoffered`: the first zone has no such TPU or GPU in Google's table (localcloud/apis/offerings.py),
+    the second has."""
+    first, second = zones
+    with CloudApiServer() as server:
+        lookup = OfferingLookup(P, tpu_endpoint=server.url, compute_endpoint=server.url)
+        found = lookup.zones(spec(machine, zones=zones))
+        assert [(o.zone, o.offered, o.detail) for o in found] == [
+            (first, False, f"{first} does not offer {missing}"),
+            (second, True, ""),
         ]
 
 
@@ -224,14 +258,52 @@ def test_each_tier_is_asked_about_its_own_machine_and_a_job_goes_when_one_tiers_
 ) -> None:
     """H100 Spot, then A100 Spot: a zone without H100 that has A100 is a warning for the first tier only."""
     h100, a100 = GpuMachine("a3-highgpu-8g", "nvidia-h100-80gb", 8), GpuMachine("a2-highgpu-1g", "nvidia-tesla-a100", 1)
-    tiers = (Tier("spot", (A,), after_stockout_s=600), Tier("spot", (A,), machine=a100))
-    with CloudApiServer(unoffered={A: ("a3-highgpu-8g",)}) as server:
+    tiers = (Tier("spot", (C,), after_stockout_s=600), Tier("spot", (C,), machine=a100))
+    with CloudApiServer(unoffered={C: ("a3-highgpu-8g",)}) as server:
         lookup = OfferingLookup(P, tpu_endpoint=server.url, compute_endpoint=server.url)
         found = lookup.zones(spec(h100, tiers=tiers))
-        assert [(o.zone, o.offered) for o in found] == [(A, False), (A, True)]
+        assert [(o.zone, o.offered) for o in found] == [(C, False), (C, True)]
         settings = Settings(project=P, tpu_endpoint=server.url, compute_endpoint=server.url)
         cli.check_zones("job.yaml", settings, spec_to_message(spec(h100, tiers=tiers)))  # not refused
         assert (
             capsys.readouterr().err
-            == f"warning: zones: {A} does not offer machine type a3-highgpu-8g; respawn skips it\n"
+            == f"warning: zones: {C} does not offer machine type a3-highgpu-8g; respawn skips it\n"
         )
+
+
+@pytest.mark.parametrize(
+    ("machine", "zones", "words", "here"),
+    [
+        (
+            {"kind": "tpu", "accelerator_type": "v5litepod-8", "runtime_version": "v2-alpha-tpuv5-lite"},
+            [D, A],
+            "v5litepod-8",
+            "asia-southeast1-b, europe-west4-b, us-central1-a, us-south1-a, us-west1-c, us-west4-a offer v5litepod-8",
+        ),
+        (
+            {"kind": "gpu", "machine_type": "a3-ultragpu-8g", "accelerator_type": "nvidia-h200-141gb"},
+            [C, "us-west4-a"],
+            "a3-ultragpu-8g with 8 nvidia-h200-141gb",
+            "asia-south1-b, asia-south2-c, europe-west1-b, europe-west4-a, us-central1-b, us-east4-b, us-east5-a, "
+            "us-south1-b, us-west1-c offer a3-ultragpu-8g with 8 nvidia-h200-141gb",
+        ),
+    ],
+)
+def test_a_local_run_of_a_job_none_of_whose_zones_offers_its_machine_is_refused_as_submit_refuses_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], machine: dict[str, Any], zones: list[str], words: str, here: str
+) -> None:
+    """`respawn local run` asks the local APIs what `respawn submit` asks the cloud's, before anything starts: no
+    zone of the job offers its machine, so it is refused (exit 2), naming the field, the zones and the machine, and
+    the local zones that offer it."""
+    job = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    job.update(job_id="nowhere", machine=machine, zones=zones)
+    if machine["kind"] == "gpu":
+        job["machine"]["accelerator_count"] = 8
+        job["image"] = "us-docker.pkg.dev/respawn-local/respawn/trainer-cuda:latest"
+    path = tmp_path / "nowhere.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert local.main(["run", str(path), "--workdir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert f"respawn local: error: {path}: zones: none of {zones[0]}, {zones[1]} offers {words}; allowed: " in err
+    assert err.rstrip().endswith(f"; locally: {here}"), err
+    assert not (tmp_path / "runs").exists()  # refused before the local cloud or its reference run started

@@ -238,7 +238,7 @@ def test_status_names_the_machine_each_attempt_ran_on_where_a_tier_names_its_own
     )
     job = Job("gpu-tiers", spec, Status.RUNNING, 1_700_000_000.0, 1_700_000_010.0, attempts=attempts, tier_index=1)
     text = describe(job, now=1_700_000_100.0)
-    assert "1: spot in us-central1-a, us-east5-a on a2-highgpu-4g(4xnvidia-tesla-a100)" in text
+    assert "1: spot in us-central1-a, us-central1-b on a2-highgpu-4g(4xnvidia-tesla-a100)" in text
     rows = [line.split() for line in text.split("attempts")[1].splitlines()[2:5]]
     assert [row[4] for row in rows] == ["a3-highgpu-8g(8xnvidia-h100-80gb)"] * 2 + [
         "a2-highgpu-4g(4xnvidia-tesla-a100)"
