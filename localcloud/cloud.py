@@ -12,7 +12,9 @@
                          host error at steps (chaos.py)
 
 `run()` takes one job through it (`respawn local run`). For many jobs (bench/load_test.py):
-`with LocalCloud(...) as cloud: cloud.start(buckets); cloud.start_chaos(t0); cloud.submit(message) ...`.
+`with LocalCloud(...) as cloud: cloud.start(buckets); cloud.start_chaos(t0); cloud.submit(message) ...`. For a fleet
+(bench/bench_fleet.py), Options' fleet mode: machines as API state only, the functions as pools of one-request
+instances, GCS behind a proxy with latency and a per-object write rate, every push recorded (services/proxy.py).
 Everything started is torn down on exit, whatever happens, the trainers first.
 """
 
@@ -35,9 +37,10 @@ from localcloud.chaos import Chaos, Mtbi, StepAction, step_actions
 from localcloud.machines.nodes import Nodes
 from localcloud.machines.profiles import MachineTimings
 from localcloud.machines.slices import local_trainer_env
-from localcloud.services.bus import Bus, Delivery, EmulatorBus, InProcessBus, push_endpoint
+from localcloud.services.bus import Bus, Delivery, EmulatorBus, InProcessBus, PushPolicy, push_endpoint
 from localcloud.services.emulators import FakeGcs, PubSubEmulator, patched_env
 from localcloud.services.functions import FunctionServers
+from localcloud.services.proxy import GcsProxy, PushRecorder
 from localcloud.services.router import LogRouter
 from localcloud.services.scheduler import SweepTicker
 from localcloud.services.secret_store import check_trainers, secrets_report
@@ -47,6 +50,7 @@ from localcloud.watch import Run, follow, watch_calls
 from respawn import bootstrap
 from respawn.deployment import IMAGES, TIME_SCALE, Settings
 from respawn.events import EXIT_CODE
+from respawn.histories import current
 from respawn.machine import TRAINER_IMAGES as TRAINER_IMAGE_NAMES
 
 if TYPE_CHECKING:
@@ -94,6 +98,15 @@ class Options:
     secrets: dict[str, str] = field(default_factory=dict, repr=False)  # Secret Manager reference -> value
     uploads: list[tuple[Path, str]] = field(default_factory=list)  # --upload: (directory, gs:// prefix), a dataset
     stand_in: bool = True  # the machines' CPU processes stand in for their TPU or GPU (False: as a wrong image)
+    # The fleet mode (bench/bench_fleet.py): machines as state only, no script or trainer (`trainers` False); each
+    # function as a pool of one-request instances (entry point -> instances, Terraform's max_instance_count; none: one
+    # threaded server), a request cut at `function_timeout_s`; with `gcs_latency_s`, the functions' storage calls go
+    # through a GcsProxy (that latency per call, GCS's write rate per object) and each push through a PushRecorder
+    trainers: bool = True
+    function_instances: dict[str, int] = field(default_factory=dict)
+    function_timeout_s: int = 0
+    gcs_latency_s: float | None = None
+    push_policy: PushPolicy | None = None  # the emulator's push subscriptions: ack deadline, redelivery backoff
 
     def __post_init__(self) -> None:
         # Resolved once, here: every path the machines and trainers get lies under it, and a trainer (like a real
@@ -132,6 +145,8 @@ class Started:
     store: GcsJobStore
     history: GcsHistoryStore  # the preemption history the functions keep beside the records (placement)
     recorder: StatusRecorder | None  # the status notices (None: the in-process bus carries none)
+    gcs_proxy: GcsProxy | None = None  # in front of fake-gcs-server for the functions (Options.gcs_latency_s)
+    pushes: dict[str, PushRecorder] = field(default_factory=dict)  # topic -> the recorder in front of its function
 
 
 class LocalCloud:
@@ -226,11 +241,15 @@ class LocalCloud:
 
         server = self._cloud_api()
         emulator = self._emulator()
-        functions = self._functions(server, gcs, emulator)
-        endpoints = {
-            JOBS_TOPIC: push_endpoint(functions.urls["on_job_message"], PROJECT, JOBS_TOPIC),
-            EVENTS_TOPIC: push_endpoint(functions.urls["on_event"], PROJECT, EVENTS_TOPIC),
-        }
+        proxy = None if self.options.gcs_latency_s is None else GcsProxy(gcs.url, self.options.gcs_latency_s)
+        if proxy is not None:
+            self._start("GCS proxy", proxy.start, proxy.stop)
+        functions = self._functions(server, (proxy or gcs).env(), emulator)
+        urls = {JOBS_TOPIC: functions.urls["on_job_message"], EVENTS_TOPIC: functions.urls["on_event"]}
+        pushes = {topic: PushRecorder(url) for topic, url in urls.items()} if proxy is not None else {}
+        for topic, front in pushes.items():
+            urls[topic] = self._start(f"push recorder for {topic}", front.start, front.stop).url
+        endpoints = {topic: push_endpoint(url, PROJECT, topic) for topic, url in urls.items()}
         bus, bus_name = self._bus(endpoints, emulator is not None)
         recorder: StatusRecorder | None = None
         if emulator is not None:
@@ -253,6 +272,7 @@ class LocalCloud:
             timings=self.options.machine_timings,
             time_scale=self.options.time_scale,
             compute_api=f"{server.url}/compute/v1/",
+            trainers=self.options.trainers,
         )
         self._stack.callback(nodes.stop)  # teardown kills the trainers first (after chaos, started later)
 
@@ -271,7 +291,7 @@ class LocalCloud:
         server.connect(on_ready=on_ready, on_deleted=on_deleted)
         settings = Settings(project=PROJECT, state_bucket=STATE_BUCKET)
         store, history = bootstrap.job_store(settings), bootstrap.history_store(settings)
-        return Started(gcs, server, nodes, bus, bus_name, store, history, recorder)
+        return Started(gcs, server, nodes, bus, bus_name, store, history, recorder, proxy, pushes)
 
     def _cloud_api(self) -> CloudApiServer:
         """The TPU/Compute API, started, its calls copied to the timeline."""
@@ -280,8 +300,11 @@ class LocalCloud:
         watch_calls(server, self.timeline, self._stack)
         return server
 
-    def _functions(self, server: CloudApiServer, gcs: FakeGcs, emulator: PubSubEmulator | None) -> FunctionServers:
-        """functions-framework serving on_job_message and on_event, configured as deployed against the local pieces."""
+    def _functions(
+        self, server: CloudApiServer, storage: dict[str, str], emulator: PubSubEmulator | None
+    ) -> FunctionServers:
+        """functions-framework serving on_job_message and on_event, configured as deployed against the local pieces
+        (`storage`: the variables that point the storage client at fake-gcs-server or its proxy)."""
         env = {
             "RESPAWN_PROJECT": PROJECT,
             "GOOGLE_CLOUD_PROJECT": PROJECT,
@@ -292,11 +315,12 @@ class LocalCloud:
             "RESPAWN_EVENTS_TOPIC": EVENTS_TOPIC,
             TIME_SCALE: repr(self.options.time_scale),
             IMAGES: json.dumps(TRAINER_IMAGES),
-            **gcs.env(),
+            **storage,
         }
         if emulator is not None:  # the functions publish status notices there, as deployed
             env.update(emulator.env(), RESPAWN_STATUS_TOPIC=STATUS_TOPIC)
-        functions = FunctionServers(env, self._dir("functions"))
+        options = self.options
+        functions = FunctionServers(env, self._dir("functions"), options.function_instances, options.function_timeout_s)
         self._start("functions-framework (on_job_message, on_event)", functions.start, functions.stop)
         return functions
 
@@ -355,9 +379,10 @@ class LocalCloud:
                 self.server.advice.mtbi_s.setdefault(zone, every)
 
     def read_history(self) -> History | None:
-        """The preemption history the functions kept in the state bucket (None, said once, when unreadable)."""
+        """The preemption history the functions kept in the state bucket, with the observations the sweep has not
+        folded in yet (None, said once, when unreadable)."""
         try:
-            return self.started.history.load()[0]
+            return current(self.started.history)[0]
         except Exception as e:  # the report goes on without it
             self.say(f"cannot read the preemption history: {type(e).__name__}: {e}".splitlines()[0][:300])
             return None
@@ -386,7 +411,7 @@ class LocalCloud:
     def _bus(self, endpoints: dict[str, str], emulator: bool) -> tuple[Bus, str]:
         copies = max(1, self.options.duplicate_deliveries)
         if emulator:
-            bus: Bus = EmulatorBus(PROJECT, endpoints, copies)
+            bus: Bus = EmulatorBus(PROJECT, endpoints, copies, self.options.push_policy)
             name = "pubsub-emulator"
         else:
             bus = InProcessBus(PROJECT, endpoints, copies, on_delivery=self.on_delivery)

@@ -485,6 +485,7 @@ def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
     """(the deployment's history, the outlook's note when it is empty for want of one, where it came from): from the
     state bucket when one is set and readable, else an empty history, saying why."""
     from respawn.bootstrap import history_store
+    from respawn.histories import current
     from respawn.outlook import History
 
     if not s.state_bucket:
@@ -492,13 +493,14 @@ def _plan_history(s: Settings) -> tuple[Any, str | None, str]:
         return History(), why, why
     where = f"gs://{s.state_bucket}/placement/history.json"
     try:
-        history, generation = history_store(s).load()
+        history, generation, pending = current(history_store(s))
     except Exception as e:  # unreadable: the plan still shows the advice and the prices
         why = f"no history: {where} could not be read ({cloud_error(e)}); an empty history"
         return History(), why, why
-    if generation == 0:
+    if generation == 0 and not pending:
         return history, None, f"{where} not written yet (no attempt has ended): an empty history"
-    return history, None, f"{where} (generation {generation}, {len(history.exposures)} zone/machine keys)"
+    folding = f", {pending} observations not folded in yet" if pending else ""
+    return history, None, f"{where} (generation {generation}, {len(history.exposures)} zone/machine keys{folding})"
 
 
 def _plan_advice(s: Settings, spec: Any) -> dict[tuple[str, str], Any]:

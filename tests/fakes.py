@@ -13,15 +13,26 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from respawn.actions import CreateMachine
 from respawn.events import Event
 from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
-from respawn.outlook import History
-from respawn.ports import CapacityError, ConflictError, HistoryStore, JobStore, Machine, MachineProvider, StatusNotifier
+from respawn.outlook import History, Observation
+from respawn.ports import (
+    CapacityError,
+    ConflictError,
+    HistoryStore,
+    IndexState,
+    JobStore,
+    LiveIndex,
+    Machine,
+    MachineProvider,
+    Marker,
+    StatusNotifier,
+)
 from respawn.service import Outcome, Retryable
 
 
@@ -37,13 +48,22 @@ class FakeClock:
 
 
 class InMemoryJobStore:
-    def __init__(self) -> None:
+    """JobStore and LiveIndex: records as JSON with a generation each; the live index's markers (a generation from
+    one counter, as GCS generations never repeat, and the `clock`'s time when written: 0 without one) and state."""
+
+    def __init__(self, clock: FakeClock | None = None) -> None:
         self._records: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
+        self.clock = clock
         self.conflicts = 0  # the next N saves raise ConflictError (as if another writer won)
-        self.errors: list[Exception] = []  # raised by the next loads and saves (e.g. a TransientError)
+        self.errors: list[Exception] = []  # raised by the next calls but list_ids (e.g. a TransientError)
         self.saves = 0
         self.loads = 0
+        self._markers: dict[str, Marker] = {}
+        self._state: tuple[str, int] = ("", 0)
+        self._generations = 0
+        self.entered = 0  # marker writes
+        self.left = 0  # marker deletes
 
     def load(self, job_id: str) -> tuple[Job | None, int]:
         with self._lock:
@@ -72,6 +92,53 @@ class InMemoryJobStore:
         with self._lock:
             return sorted(self._records)
 
+    def _fail(self) -> None:
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def enter(self, job_id: str) -> None:
+        with self._lock:
+            self._fail()
+            self._generations += 1
+            self._markers[job_id] = Marker(self._generations, self.clock.now() if self.clock else 0.0)
+            self.entered += 1
+
+    def markers(self) -> dict[str, Marker]:
+        with self._lock:
+            self._fail()
+            return dict(self._markers)
+
+    def leave(self, job_id: str, generation: int) -> None:
+        with self._lock:
+            self._fail()
+            marker = self._markers.get(job_id)
+            if marker is None:
+                return
+            if marker.generation != generation:
+                raise ConflictError(f"marker {job_id}: generation {generation} is not {marker.generation}")
+            del self._markers[job_id]
+            self.left += 1
+
+    def load_state(self) -> tuple[IndexState | None, int]:
+        with self._lock:
+            self._fail()
+            text, generation = self._state
+            return (IndexState.from_json(json.loads(text)) if generation else None), generation
+
+    def save_state(self, state: IndexState, generation: int) -> int:
+        text = json.dumps(state.to_json())
+        with self._lock:
+            self._fail()
+            if self._state[1] != generation:
+                raise ConflictError(f"index state: generation {generation} is not {self._state[1]}")
+            self._state = (text, generation + 1)
+            return generation + 1
+
+    def marked(self) -> set[str]:
+        """The job ids with a marker (no error, no count)."""
+        with self._lock:
+            return set(self._markers)
+
     def job(self, job_id: str) -> Job:
         job, _ = self.load(job_id)
         assert job is not None
@@ -79,15 +146,20 @@ class InMemoryJobStore:
 
 
 class InMemoryHistoryStore:
-    """HistoryStore: the history as JSON with a generation; `conflicts` and `errors` as InMemoryJobStore's."""
+    """HistoryStore: the history as JSON with a generation, and the pending observations as JSON by id; `conflicts`
+    (saves of the history) and `errors` (every call) as InMemoryJobStore's."""
 
     def __init__(self, history: History | None = None) -> None:
         self._text, self._generation = ("", 0) if history is None else (json.dumps(history.to_json()), 1)
+        self._pending: dict[str, str] = {}
         self._lock = threading.Lock()
         self.conflicts = 0
         self.errors: list[Exception] = []
         self.loads = 0
         self.saves = 0
+        self.adds = 0  # observation objects created
+        self.lists = 0
+        self.drops = 0  # observation objects deleted
 
     def load(self) -> tuple[History, int]:
         with self._lock:
@@ -110,9 +182,47 @@ class InMemoryHistoryStore:
             self.saves += 1
             return self._generation
 
+    def add(self, observations: Sequence[Observation]) -> None:
+        with self._lock:
+            if self.errors:
+                raise self.errors.pop(0)
+            for o in observations:
+                if o.id not in self._pending:  # create-only: a duplicate is a 412, nothing written
+                    self._pending[o.id] = json.dumps(o.to_dict())
+                    self.adds += 1
+
+    def pending(self) -> list[Observation]:
+        with self._lock:
+            self.lists += 1
+            if self.errors:
+                raise self.errors.pop(0)
+            return [Observation.from_dict(json.loads(text)) for _, text in sorted(self._pending.items())]
+
+    def drop(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            if self.errors:
+                raise self.errors.pop(0)
+            for i in ids:
+                self.drops += self._pending.pop(i, None) is not None
+
+    @property
+    def folded(self) -> History:
+        """The history object alone (no error, no count)."""
+        with self._lock:
+            return History.from_json(json.loads(self._text)) if self._generation else History()
+
+    @property
+    def waiting(self) -> list[str]:
+        """The ids of the observations not folded yet (no error, no count)."""
+        with self._lock:
+            return sorted(self._pending)
+
     @property
     def history(self) -> History:
-        return self.load()[0]
+        """The history placement reads: the object with the pending observations merged in (no error, no count)."""
+        with self._lock:
+            pending = [Observation.from_dict(json.loads(text)) for _, text in sorted(self._pending.items())]
+        return self.folded.record(pending)
 
 
 class FakeProvider:
@@ -313,6 +423,29 @@ class CrashingStore:
         return self.store.list_ids()
 
 
+class CrashingIndex:
+    """The live index of a store, crashing at its writes as CrashingStore does at the store's."""
+
+    def __init__(self, index: LiveIndex, plan: CrashPlan) -> None:
+        self.index, self.plan = index, plan
+
+    def enter(self, job_id: str) -> None:
+        self.plan.step(f"enter {job_id}", lambda: self.index.enter(job_id))
+
+    def markers(self) -> dict[str, Marker]:
+        return self.index.markers()
+
+    def leave(self, job_id: str, generation: int) -> None:
+        self.plan.step(f"leave {job_id}", lambda: self.index.leave(job_id, generation))
+
+    def load_state(self) -> tuple[IndexState | None, int]:
+        return self.index.load_state()
+
+    def save_state(self, state: IndexState, generation: int) -> int:
+        result: int = self.plan.step("save index state", lambda: self.index.save_state(state, generation))
+        return result
+
+
 class CrashingHistoryStore:
     def __init__(self, store: HistoryStore, plan: CrashPlan) -> None:
         self.store, self.plan = store, plan
@@ -323,6 +456,15 @@ class CrashingHistoryStore:
     def save(self, history: History, generation: int) -> int:
         result: int = self.plan.step("save history", lambda: self.store.save(history, generation))
         return result
+
+    def add(self, observations: Sequence[Observation]) -> None:
+        self.plan.step(f"add {','.join(o.id for o in observations)}", lambda: self.store.add(observations))
+
+    def pending(self) -> list[Observation]:
+        return self.store.pending()
+
+    def drop(self, ids: Sequence[str]) -> None:
+        self.plan.step(f"drop {','.join(ids)}", lambda: self.store.drop(ids))
 
 
 class CrashingProvider:

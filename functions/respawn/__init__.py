@@ -9,8 +9,8 @@ The rooms, by floor. A room imports from its own floor and the floors above it i
                 in), next_attempt.py (which tier and zone), policy.py, outlook.py (the history and the ranking),
                 accounting.py, parsing.py, status_messages.py: pure, no I/O
   the ports     ports.py: the protocols the shell talks through
-  the shell     service.py and its rooms (one_job, records, acting, sweep, providers, outcome, service_settings,
-                service_log), adapters/ (the real clients), bootstrap.py (the one wiring point)
+  the shell     service.py and its rooms (one_job, records, acting, histories, sweep, live_index, providers, outcome,
+                service_settings, service_log), adapters/ (the real clients), bootstrap.py (the one wiring point)
 
 This package is what the functions deploy (functions/main.py and what it imports), nothing else. The tools beside it
 import it, never the other way: respawn_ops/ (what a deployment is read with: the sink filter, the log-based metrics,

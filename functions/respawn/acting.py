@@ -9,30 +9,29 @@ every action is idempotent and a notice's `id` deterministic, so carrying it
 out again is safe.
 
 The observations of ended attempts (`Job.observations`) are intent too: the lease
-holder adds them to the deployment's preemption history (`Histories`) under
-compare-and-set, then clears them. The history remembers the ids it counted, so a
-crash between its write and the record's counts nothing twice.
+holder writes each as its own object of the deployment's preemption history
+(`histories.Histories`: create-only, named by its id), then clears them, so a
+crash between those writes and the record's counts nothing twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from respawn import service_log
 from respawn.actions import Action, CreateMachine, action_from_dict, action_to_dict
 from respawn.decide import decide
 from respawn.events import CheckpointSaved, CreateFailed, CreateFailure, JobEvent, TrainerProgressed, TrainerStarted
 from respawn.facts import log_facts
+from respawn.histories import Histories
 from respawn.jobs import Job, JobSpec
 from respawn.outcome import Retryable
-from respawn.outlook import Advice, History, Observation, Outlook
+from respawn.outlook import Outlook
 from respawn.policy import Policy
 from respawn.ports import (
     CapacityError,
     ConflictError,
-    HistoryStore,
     ProviderError,
     StatusNotifier,
     TransientError,
@@ -46,65 +45,10 @@ from respawn.status_messages import status_message
 # get an outlook without reading the history (its presence alone has the attempts they end observed).
 _PLACES_NOTHING = (TrainerProgressed, CheckpointSaved, TrainerStarted)
 
-# What Google's Advice API says for a job's machines, per (machine type, provisioning model) of its tiers: built by
-# bootstrap around the Advisor adapter, which answers GPU machine types only, caches and never raises.
-AdviceSource = Callable[[JobSpec], Mapping[tuple[str, str], Advice]]
-
 
 def has_intent(job: Job) -> bool:
     """The record holds intent not yet carried out: machine actions, status messages or history observations."""
-    return bool(job.pending or job.outbox or job.observations)
-
-
-class Histories:
-    """The deployment's preemption history: read for decide through an in-process cache, written from observations.
-
-    Every decision that may place a machine reads it; a history a minute old ranks zones as well as a fresh one, so
-    reads are cached `cache_s` (60 s). A read that fails gives an outlook without history and a note saying why (the
-    zones then rank on no data: list order, the penalty aside): a store hiccup never fails an event."""
-
-    def __init__(
-        self, store: HistoryStore, *, advice: AdviceSource | None = None, cache_s: float = 60.0, tries: int = 5
-    ) -> None:
-        self.store, self.advice, self.cache_s, self.tries = store, advice, cache_s, tries
-        self._cached: tuple[float, Outlook] | None = None
-
-    def outlook(self, now: float, *, read: bool = True, spec: JobSpec | None = None) -> Outlook:
-        """The outlook of the history as of at most `cache_s` ago, with the Advice API's word on `spec`'s machines
-        when there is an advice source; without `read`, whatever history is cached and no advice (no I/O)."""
-        history = self._history(now, read)
-        if not read or spec is None or self.advice is None:
-            return history
-        return replace(history, advice=self.advice(spec))
-
-    def _history(self, now: float, read: bool) -> Outlook:
-        if self._cached is not None and (not read or now - self._cached[0] < self.cache_s):
-            return self._cached[1]
-        if not read:
-            return Outlook(History(), note="the preemption history was not read for this event")
-        try:
-            outlook = Outlook(self.store.load()[0])
-        except Exception as e:  # any failure to read: rank on no data and say so, never fail the event
-            outlook = Outlook(History(), note=f"preemption history unreadable ({type(e).__name__}: {e}); no data")
-        self._cached = (now, outlook)
-        return outlook
-
-    def record(self, observations: Sequence[Mapping[str, Any]], now: float) -> None:
-        """Add the observations not counted yet, under compare-and-set (a conflict: reload and again, `tries` times).
-        Raises TransientError when the store keeps failing or changing; anything else the store raises."""
-        parsed = [Observation.from_dict(o) for o in observations]
-        for _ in range(self.tries):
-            history, generation = self.store.load()
-            new = history.record(parsed)
-            if new is history:
-                return  # every one counted already: a crash after the history's write, before the record's
-            try:
-                self.store.save(new, generation)
-            except ConflictError:
-                continue
-            self._cached = (self._cached[0] if self._cached else now, Outlook(new))
-            return
-        raise TransientError(f"the preemption history kept changing under {self.tries} tries")
+    return job.holds_intent
 
 
 def lease_expired(job: Job, now: float) -> bool:
@@ -147,7 +91,7 @@ class Acting:
         """Take over intent whose lease ran out and carry it out. A conflict means another handler took it first."""
         assert read.job is not None
         job = replace(read.job, pending_lease_until=now + self.lease_s)
-        generation = self.records.save(job, read.generation)
+        generation = self.records.save_watched(job, read.generation)
         return self.carry_out(job, generation, [action_from_dict(d) for d in job.pending], now)
 
     def carry_out(self, job: Job, generation: int, actions: list[Action], now: float) -> tuple[Read, list[Action]]:
@@ -237,7 +181,7 @@ class Acting:
     def _save_held(self, job: Job, generation: int) -> int:
         """Save a record whose lease we hold; losing it means another handler took over."""
         try:
-            return self.records.save(job, generation)
+            return self.records.save_watched(job, generation)
         except ConflictError as e:
             raise Retryable(f"job {job.job_id}: intent was taken over by another delivery") from e
 

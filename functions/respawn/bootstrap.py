@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from respawn.deployment import Settings
 
 if TYPE_CHECKING:
-    from respawn.acting import AdviceSource
     from respawn.actions import CreateMachine
     from respawn.adapters.cloud_logging import CloudLoggingReader
     from respawn.adapters.gcs_store import GcsHistoryStore, GcsJobStore
+    from respawn.histories import AdviceSource
     from respawn.jobs import JobSpec
     from respawn.ports import Machine, MachineProvider, StatusNotifier
     from respawn.service import Service
@@ -37,20 +37,22 @@ def _cached_service(settings: Settings) -> Service:
 
 
 def service(settings: Settings) -> Service:
-    """The Service of the deployed functions: the records and the preemption history in the state bucket, TPUs and
-    GPUs, status messages when a status topic is set; decide's policy with the settings' time scale."""
+    """The Service of the deployed functions: the records, their live index and the preemption history in the state
+    bucket, TPUs and GPUs, status messages when a status topic is set; decide's policy with the settings' time scale."""
     from respawn.adapters.clock import SystemClock
     from respawn.policy import Policy
     from respawn.service import Service
 
+    store = job_store(settings, in_functions=True)
     return Service(
-        job_store(settings, in_functions=True),
+        store,
         machine_providers(settings),
         SystemClock(),
         Policy(time_scale=settings.time_scale),
         notifier=status_notifier(settings),
         history=history_store(settings, in_functions=True),
         advice=advice_source(settings),
+        index=store,
     )
 
 

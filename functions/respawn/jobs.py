@@ -522,6 +522,19 @@ class Job:
         """The attempt ended on its machine's notice whose machine is kept for its final save (at most one)."""
         return next((a for a in self.attempts if a.draining), None)
 
+    @property
+    def holds_intent(self) -> bool:
+        """Intent not yet carried out: machine actions, status messages or history observations."""
+        return bool(self.pending or self.outbox or self.observations)
+
+    @property
+    def swept(self) -> bool:
+        """The sweep's to watch: live, holding a machine not yet deleted, or intent (a rejected record, with no spec,
+        only for its unpublished notice). A record that is none of these never changes without an event."""
+        if self.holds_intent:
+            return True
+        return self.spec is not None and (not self.status.terminal or any(not a.machine_deleted for a in self.attempts))
+
     def where(self, attempt: Attempt) -> str:
         """Where an attempt runs: its zone, and its tier's provisioning model when the job has several tiers."""
         assert self.spec is not None

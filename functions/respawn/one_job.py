@@ -94,7 +94,7 @@ class OneJob:
         if new is None or (new == job and not actions):
             return None if read.cached else Outcome(_result_of_no_change(job, judged), (job_id,), tuple(done))
         intent = self.acting.intent(job, new, actions, now)
-        generation = self.records.save(intent, read.generation)
+        generation = self.records.save(intent, read.generation, job)
         log_facts(job, intent, now)  # this write won the compare-and-set: its facts are logged once, here
         if has_intent(intent):
             _, acted = self.acting.carry_out(intent, generation, actions, now)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from respawn.actions import CreateMachine
 from respawn.jobs import Job, JobSpec, MachineState
-from respawn.outlook import History
+from respawn.outlook import History, Observation
 
 
 class ProviderError(Exception):
@@ -80,8 +80,59 @@ class JobStore(Protocol):
         """Every job id in the store."""
 
 
+@dataclass(frozen=True)
+class Marker:
+    """A live job's marker in the index: its generation (a new one at every `enter`) and when it was written."""
+
+    generation: int
+    written_at: float
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """The index's own object: `since`, when the first sweep that built it began; `complete`, whether a sweep that
+    read every record began at least the settle time after `since` (until then every sweep reads every record);
+    `zones`, the (API, zone) pairs of every job whose marker was removed, which the sweep still lists for orphaned
+    machines."""
+
+    since: float
+    complete: bool = False
+    zones: frozenset[tuple[str, str]] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        zones = sorted([api, zone] for api, zone in self.zones)
+        return {"since": self.since, "complete": self.complete, "zones": zones}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> IndexState:
+        zones = frozenset((str(api), str(zone)) for api, zone in d.get("zones", ()))
+        return IndexState(float(d["since"]), bool(d.get("complete", False)), zones)
+
+
+class LiveIndex(Protocol):
+    """The jobs the sweep watches: a marker per job beside the records (`respawn/live/JOB_ID`), and one object of
+    the index's own state (`respawn/live.json`), written with compare-and-set."""
+
+    def enter(self, job_id: str) -> None:
+        """Write the job's marker: created, or rewritten at a new generation when it exists."""
+
+    def markers(self) -> dict[str, Marker]:
+        """Every marker, by job id."""
+
+    def leave(self, job_id: str, generation: int) -> None:
+        """Delete the marker iff it is still at `generation` (ConflictError otherwise); one already gone is no error."""
+
+    def load_state(self) -> tuple[IndexState | None, int]:
+        """(state, generation); (None, 0) when the index was never built."""
+
+    def save_state(self, state: IndexState, generation: int) -> int:
+        """Write iff the stored generation is still `generation` (0: create). Returns the new generation.
+        Raises ConflictError otherwise."""
+
+
 class HistoryStore(Protocol):
-    """The deployment's preemption history (respawn.outlook.History): one object, written with compare-and-set."""
+    """The deployment's preemption history (respawn.outlook.History): one object, written with compare-and-set, and
+    the observations not yet folded into it, one object each."""
 
     def load(self) -> tuple[History, int]:
         """(history, generation); (History(), 0) when none was written yet."""
@@ -89,6 +140,15 @@ class HistoryStore(Protocol):
     def save(self, history: History, generation: int) -> int:
         """Write iff the stored generation is still `generation` (0: create). Returns the new generation.
         Raises ConflictError otherwise."""
+
+    def add(self, observations: Sequence[Observation]) -> None:
+        """Write each observation as its own object, named by its id, create-only: one already there stays as it is."""
+
+    def pending(self) -> list[Observation]:
+        """Every observation written and not dropped yet, in the order of their ids."""
+
+    def drop(self, ids: Sequence[str]) -> None:
+        """Delete the objects of these observations; one already gone is no error."""
 
 
 class Clock(Protocol):

@@ -4,6 +4,11 @@ A function instance handles many events of the same jobs, so the record it
 last read or wrote is usually current and an event costs no read. The cache is
 only a hint: every write is a compare-and-set on the generation read, so a
 stale record fails its write (ConflictError) and is read afresh.
+
+With a live index (`LiveIndex`), a write that makes a record the sweep's
+(`Job.swept`: a new record, a rejected one submitted again, an ended one given
+intent) writes the job's marker first: intent before effect, so no record the
+sweep must watch is ever without its marker (respawn/live_index.py).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from respawn.jobs import Job
-from respawn.ports import ConflictError, JobStore
+from respawn.ports import ConflictError, JobStore, LiveIndex
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,8 @@ class Read:
 
 
 class Records:
-    def __init__(self, store: JobStore, capacity: int) -> None:
-        self.store = store
+    def __init__(self, store: JobStore, capacity: int, index: LiveIndex | None = None) -> None:
+        self.store, self.index = store, index
         self._capacity = capacity
         self._cache: OrderedDict[str, Read] = OrderedDict()  # job id -> last read or written, least recent first
         self._lock = threading.Lock()
@@ -58,8 +63,16 @@ class Records:
         """A fresh read of every job's record (the sweep)."""
         return {job_id: self.fresh(job_id) for job_id in self.store.list_ids()}
 
-    def save(self, job: Job, generation: int) -> int:
-        """Write `job` over `generation`; ConflictError if another writer got there first. Returns the new one."""
+    def save(self, job: Job, generation: int, was: Job | None) -> int:
+        """Write `job` over `generation`, at which the store held `was` (None: no record); ConflictError if another
+        writer got there first. Returns the new generation. A record that becomes the sweep's gets its marker first
+        (rewritten at a new generation where it exists, so that a sweep about to remove it cannot)."""
+        if self.index is not None and job.swept and (was is None or not was.swept):
+            self.index.enter(job.job_id)
+        return self.save_watched(job, generation)
+
+    def save_watched(self, job: Job, generation: int) -> int:
+        """`save` over a record the sweep watches already (one holding intent under this handler's lease)."""
         try:
             new_generation = self.store.save(job, generation)
         except ConflictError:

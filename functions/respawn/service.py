@@ -5,10 +5,12 @@ The rooms behind it, one concern each:
   one_job.py          one event on one job: read, take over crashed intent, decide, persist intent, act, clear
   records.py          the cache of records and compare-and-set (the cache is only a hint)
   acting.py           intent before effect: leases, acting, create failures fed back into decide, status messages
+  histories.py        the preemption history: read merged with the observations not yet folded, folded by the sweep
   sweep.py            many jobs: the sweep and zone wake-ups, fanned out over one job each
+  live_index.py       the records the sweep reads: the live index, its markers removed, its migration
   providers.py        the machine providers by API, for acting and listing
   outcome.py          what an event came to (`Result`), and `Retryable`
-  service_settings.py the lease, the compare-and-set tries and the cache size (`ServiceSettings`)
+  service_settings.py the lease, the compare-and-set tries, the cache size, the index's settle time
   service_log.py      the structured log lines
 
 bootstrap.py builds a Service, and every other store and client, from the deployed settings.
@@ -24,12 +26,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from respawn import service_log
-from respawn.acting import Acting, AdviceSource, Histories
+from respawn.acting import Acting
 from respawn.events import Event, Ignored, JobEvent, JobRejected, JobSubmitted, SweepTicked, ZoneWokeUp
+from respawn.histories import AdviceSource, Histories
+from respawn.live_index import LiveJobs
 from respawn.one_job import OneJob
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.policy import Policy
-from respawn.ports import Clock, HistoryStore, JobStore, MachineProvider, StatusNotifier, TransientError
+from respawn.ports import Clock, HistoryStore, JobStore, LiveIndex, MachineProvider, StatusNotifier, TransientError
 from respawn.providers import Providers
 from respawn.records import Records
 from respawn.service_settings import ServiceSettings
@@ -53,17 +57,20 @@ class Service:
         settings: ServiceSettings = DEFAULT_SETTINGS,
         history: HistoryStore | None = None,
         advice: AdviceSource | None = None,
+        index: LiveIndex | None = None,
     ) -> None:
         """Without a `notifier` no status message is kept or published. Without a `history` store no preemption history
         is kept and decide places machines in list order (no outlook); `advice` adds the Advice API's word on a
-        job's machines to its outlook."""
+        job's machines to its outlook. Without an `index` (the live index beside the records) every sweep reads
+        every record."""
         self.providers, self.notifier, self.history = providers, notifier, history  # what it was wired with
-        records = Records(store, settings.cached_records)
+        records = Records(store, settings.cached_records, index)
         machines = Providers(providers)
         histories = Histories(history, advice=advice) if history is not None else None
         acting = Acting(records, machines, notifier, policy, settings.lease_s, histories)
         self._one_job = OneJob(records, machines, acting, clock, policy, settings.max_conflicts)
-        self._sweep = Sweep(records, machines, self._one_job, clock)
+        live = LiveJobs(records, index, settings.index_settle_s)
+        self._sweep = Sweep(records, machines, self._one_job, clock, live, histories)
         service_log.ensure_handler()
 
     def handle(self, event: Event) -> Outcome:

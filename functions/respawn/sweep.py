@@ -1,9 +1,13 @@
 """Many jobs at once: the sweep and zone wake-ups list machines and let `decide` repair each job from what it sees.
 
-The sweep reads every record and lists every zone in use, so it repairs
-whatever a lost or crashed delivery left behind. A wake-up (a system event on a
-TPU worker, which names no node) lists one zone and reads only the records of
-jobs whose machines there the API shows dead; the rest is the sweep's.
+The sweep reads the records of the live index (every record while the index is
+built: respawn/live_index.py) and lists every zone any job used, so it repairs
+whatever a lost or crashed delivery left behind; it also reads the record of any
+other job whose machine a listing shows. Then it removes the markers of records
+it no longer watches and folds the pending observations into the preemption
+history. A wake-up (a system event on a TPU worker, which names no node) lists
+one zone and reads only the records of jobs whose machines there the API shows
+dead; the rest is the sweep's.
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from respawn.acting import has_intent
+from respawn import service_log
 from respawn.events import SweepTicked, ZoneWokeUp
 from respawn.facts import log_waiting
-from respawn.jobs import Job
+from respawn.histories import Histories
 from respawn.listing_policy import DEAD, zones_to_watch
+from respawn.live_index import LiveJobs, Swept, zones_of
 from respawn.one_job import OneJob, Sighting, observed
 from respawn.outcome import InFlight, Outcome, Result, Retryable
 from respawn.ports import Clock, Machine, TransientError
@@ -29,20 +34,41 @@ class Sweep:
     machines: Providers
     one_job: OneJob
     clock: Clock
+    live: LiveJobs
+    histories: Histories | None = None
 
     def sweep(self, tick: SweepTicked) -> Outcome:
         """Every job that is live or may still hold a machine: observe its zones and let decide repair."""
-        reads = self.records.every_record()
-        log_waiting((read.job for read in reads.values()), self.clock.now())
-        api_zones = {
-            (job.spec.machine.api, zone)
-            for job in (read.job for read in reads.values())
-            if job is not None and job.spec is not None
-            for zone in job.spec.every_zone
-        }
-        listing = self.machines.by_job(api_zones)
-        wanted = {job_id for job_id, read in reads.items() if read.job is not None and _wants_the_sweep(read.job)}
-        return self._observe_each(tick.event_id, reads, wanted | listing.keys(), listing, zone=None)
+        now = self.clock.now()
+        swept = self.live.for_the_sweep(now)
+        reads = dict(swept.reads)
+        log_waiting((read.job for read in reads.values()), now)
+        listing = self.machines.by_job(zones_of([read.job for read in reads.values()]) | swept.zones)
+        if not swept.every_record:  # a machine of a job out of the index: its record is read too
+            more = {job_id: self.records.fresh(job_id) for job_id in sorted(listing.keys() - reads.keys())}
+            reads |= {job_id: read for job_id, read in more.items() if read.job is not None}
+        wanted = {job_id for job_id, read in reads.items() if read.job is not None and read.job.swept}
+        outcome, retry = self._observe_each(tick.event_id, reads, wanted | listing.keys(), listing, zone=None)
+        self._tidy(swept, now)
+        if retry:
+            raise Retryable("; ".join(retry))
+        return outcome
+
+    def _tidy(self, swept: Swept, now: float) -> None:
+        """Markers of records no longer watched removed, observations folded into the history; a failure is the next
+        sweep's (logged, never failing this one)."""
+        try:
+            self.live.retire(swept, now)
+        except Exception as e:  # housekeeping: a marker left is read once more by the next sweep
+            service_log.dropped(
+                f"markers of ended jobs not removed from the live index: {e}; the next sweep tries again"
+            )
+        if self.histories is None:
+            return
+        try:
+            self.histories.fold()
+        except Exception as e:  # the history is advice: readers merge what is not folded
+            service_log.dropped(f"observations not folded into the preemption history: {e}; the next sweep tries again")
 
     def wake(self, woke: ZoneWokeUp) -> Outcome:
         """A system event on a TPU worker in a zone: act for the jobs whose machines there the API shows dead.
@@ -53,7 +79,10 @@ class Sweep:
         listing = self.machines.by_job({(api, woke.zone) for api in self.machines.providers})
         hit = {job_id for job_id, machines in listing.items() if any(m.state in DEAD for m in machines)}
         reads = {job_id: self.records.fresh(job_id) for job_id in sorted(hit)}
-        return self._observe_each(woke.event_id, reads, hit, listing, zone=woke.zone)
+        outcome, retry = self._observe_each(woke.event_id, reads, hit, listing, zone=woke.zone)
+        if retry:
+            raise Retryable("; ".join(retry))
+        return outcome
 
     def _observe_each(
         self,
@@ -63,8 +92,9 @@ class Sweep:
         listing: dict[str, list[Machine]],
         *,
         zone: str | None,
-    ) -> Outcome:
-        """Each job's machines as listed, to decide; one job's hiccup does not hold up the others."""
+    ) -> tuple[Outcome, list[str]]:
+        """Each job's machines as listed, to decide; one job's hiccup does not hold up the others (returned, to be
+        handed back for redelivery)."""
         outcomes, retry = [], []
         for job_id in sorted(set(job_ids) & reads.keys()):
             read = reads[job_id]
@@ -77,19 +107,10 @@ class Sweep:
                 continue  # its lease holder finishes, or the next sweep after the lease settles it
             except (Retryable, TransientError) as e:
                 retry.append(f"{job_id}: {e}")
-        if retry:
-            raise Retryable("; ".join(retry))
         touched = [o for o in outcomes if o.result is Result.APPLIED or o.actions]
-        return Outcome(
+        outcome = Outcome(
             Result.APPLIED if touched else Result.IGNORED,
             tuple(o.job_ids[0] for o in touched),
             tuple(a for o in touched for a in o.actions),
         )
-
-
-def _wants_the_sweep(job: Job) -> bool:
-    """A live job, one that may still hold a machine, or intent left to carry out (a rejected record, with no spec,
-    only for its unpublished notice)."""
-    if has_intent(job):
-        return True
-    return job.spec is not None and (not job.status.terminal or any(not a.machine_deleted for a in job.attempts))
+        return outcome, retry

@@ -83,10 +83,13 @@ variable "python_runtime" {
   }
 }
 
+# Sized from the fleet benchmark (bench/bench_fleet.py) and the machine adapters' create wait: docs/operations.md,
+# "Sizing for a fleet". A handler that creates a machine waits for its create operation up to 120 s
+# (functions/respawn/adapters/settings.py create_wait_s), and may create twice (the next zone after a failed one).
 variable "function_timeout_seconds" {
-  description = "How long one delivery may take before it counts as failed and is retried."
+  description = "How long one delivery may take before it counts as failed and is retried: above two create waits (2 x 120 s) and the sweep."
   type        = number
-  default     = 120
+  default     = 300
   validation {
     condition     = var.function_timeout_seconds >= 30 && var.function_timeout_seconds <= 540
     error_message = "function_timeout_seconds must be between 30 and 540."
@@ -100,15 +103,15 @@ variable "function_memory" {
 }
 
 variable "on_job_message_max_instances" {
-  description = "Upper bound on concurrent on_job_message instances (one message each)."
+  description = "Upper bound on concurrent on_job_message instances (one message each); a submit holds one while its create operation runs (up to 120 s)."
   type        = number
-  default     = 3
+  default     = 20
 }
 
 variable "on_event_max_instances" {
-  description = "Upper bound on concurrent on_event instances (one event each); bursts of preemptions queue in Pub/Sub."
+  description = "Upper bound on concurrent on_event instances (one event each): a preemption holds one while its replacement's create operation runs (up to 120 s), so a wave of 200 machines in 60 s needs about 200; more events queue in Pub/Sub."
   type        = number
-  default     = 10
+  default     = 250
 }
 
 variable "max_delivery_attempts" {

@@ -73,6 +73,7 @@ class Nodes:
         timings: MachineTimings | None = None,
         time_scale: float = 1.0,
         compute_api: str = "",
+        trainers: bool = True,
     ) -> None:
         """`mark_preempted(name, worker)` and `set_state(name, state, worker)` change the machine in the cloud API
         (CloudHooks). `grace_s` is the notice window: a preempted VM is off this long after the notice (its trainer
@@ -80,7 +81,9 @@ class Nodes:
         `entrypoint` replaces `python -m trainer`; `secrets`: {reference: value}, what the local Secret Manager has;
         `timings`: how long each machine takes from READY to its trainer's first step; `time_scale`: local seconds
         per real second, for a Spot VM's metadata notice before its soft off (scheduling.preemptionNoticeDuration);
-        `compute_api`: the Compute API's root, which a GPU slice's VMs list their MIG from."""
+        `compute_api`: the Compute API's root, which a GPU slice's VMs list their MIG from. `trainers=False`: machines
+        are state only (the fleet benchmark's hundreds): a READY machine boots nothing and runs no script; preempting
+        it marks it in the API and emits its system events (after the notice a Spot VM asked for, as above)."""
         # A noticed trainer's handover trains on for part of its grace: within this cloud's notice window, which
         # may be shorter (`grace_s`), and in a replay of real timings at time_scale shrunk alike, as the machine's
         # steps are
@@ -98,6 +101,7 @@ class Nodes:
         self.grace_s = grace_s
         self.time_scale = time_scale
         self.timeline = timeline
+        self.trainers = trainers
         self._lock = threading.RLock()
         self._nodes: dict[str, Node] = {}
         self._ready: dict[str, float] = {}  # READY and not being preempted -> since
@@ -132,7 +136,8 @@ class Nodes:
                 return
             self._nodes[machine.name] = node
             self._ready[machine.name] = time.time()
-        self._spawn(self._boot, node, then)
+        if self.trainers:
+            self._spawn(self._boot, node, then)
 
     def _boot(self, node: Node, then: Callable[[], None] | None) -> None:
         """The VMs boot; their scripts start unless the machine was preempted or deleted or the cloud stopped."""

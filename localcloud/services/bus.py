@@ -48,6 +48,8 @@ class Delivery:
 
 
 class Bus(Protocol):
+    published: list[tuple[str, str]]  # (topic, message id) of every message published, in order
+
     def publish(self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None) -> str:
         """Publish one message; returns its message id."""
 
@@ -59,13 +61,34 @@ def push_endpoint(base_url: str, project: str, topic: str) -> str:
     return f"{base_url}/projects/{project}/topics/{topic}"
 
 
+@dataclass(frozen=True)
+class PushPolicy:
+    """A push subscription's ack deadline and redelivery backoff, as Terraform sets them (infra/terraform/functions.tf,
+    google_pubsub_subscription.push). No backoff: the emulator redelivers a failed push at once."""
+
+    ack_deadline_s: int = ACK_DEADLINE_S
+    backoff_s: tuple[float, float] | None = None  # (minimum, maximum)
+
+    def subscription(self) -> dict[str, object]:
+        """The fields of a subscription request."""
+        fields: dict[str, object] = {"ack_deadline_seconds": self.ack_deadline_s}
+        if self.backoff_s is not None:
+            low, high = self.backoff_s
+            backoff = {"minimum_backoff": dt.timedelta(seconds=low), "maximum_backoff": dt.timedelta(seconds=high)}
+            fields["retry_policy"] = backoff
+        return fields
+
+
 class EmulatorBus:
     """Topics and push subscriptions on the official emulator (PUBSUB_EMULATOR_HOST must be set)."""
 
-    def __init__(self, project: str, endpoints: Mapping[str, str], copies: int = 1) -> None:
+    def __init__(
+        self, project: str, endpoints: Mapping[str, str], copies: int = 1, policy: PushPolicy | None = None
+    ) -> None:
         from google.cloud import pubsub_v1
 
         self.project = project
+        self.published: list[tuple[str, str]] = []
         self.publisher = pubsub_v1.PublisherClient()
         self.subscriber = pubsub_v1.SubscriberClient()
         for topic, endpoint in endpoints.items():
@@ -78,13 +101,15 @@ class EmulatorBus:
                         "name": sub,
                         "topic": topic_path,
                         "push_config": {"push_endpoint": endpoint},
-                        "ack_deadline_seconds": ACK_DEADLINE_S,
+                        **(policy or PushPolicy()).subscription(),
                     }
                 )
 
     def publish(self, topic: str, data: bytes, attributes: Mapping[str, str] | None = None) -> str:
         future = self.publisher.publish(self.publisher.topic_path(self.project, topic), data, **dict(attributes or {}))
-        return str(future.result(timeout=30))
+        message_id = str(future.result(timeout=30))
+        self.published.append((topic, message_id))
+        return message_id
 
     def close(self) -> None:
         self.publisher.stop()
@@ -103,6 +128,7 @@ class InProcessBus:
         on_delivery: Callable[[Delivery], None] | None = None,
     ) -> None:
         self.project = project
+        self.published: list[tuple[str, str]] = []
         self.on_delivery = on_delivery
         self.endpoints = dict(endpoints)
         self.copies = copies
@@ -119,6 +145,7 @@ class InProcessBus:
         if topic not in self.endpoints:
             raise KeyError(f"topic {topic!r} does not exist (known: {', '.join(sorted(self.endpoints))})")
         message_id = str(next(self._ids))
+        self.published.append((topic, message_id))
         now = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
         message = {
             "data": base64.b64encode(data).decode(),

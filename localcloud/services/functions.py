@@ -1,4 +1,7 @@
-"""The two Cloud Functions, run locally by functions-framework exactly as deployed (functions/main.py)."""
+"""The two Cloud Functions, run locally by functions-framework exactly as deployed (functions/main.py).
+
+By default each is one server handling many requests at once on threads; with `instances` (the fleet mode), a
+function is a pool of that many instances taking one request each, as Terraform deploys it (function_pool.py)."""
 
 from __future__ import annotations
 
@@ -25,12 +28,23 @@ def functions_framework_argv(target: str, port: int) -> list[str]:
     return [*head, "--target", target, "--source", str(MAIN), "--signature-type", "cloudevent", "--port", str(port)]
 
 
-class FunctionServers:
-    """One functions-framework server per entry point, each in its own process group."""
+def pool_argv(target: str, port: int, instances: int, timeout_s: int) -> list[str]:
+    """The function as `instances` instances of one request each (function_pool.py), `timeout_s` per request."""
+    head = [sys.executable, "-m", "localcloud.services.function_pool", "--target", target, "--source", str(MAIN)]
+    return [*head, "--port", str(port), "--instances", str(instances), "--timeout", str(timeout_s)]
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path) -> None:
+
+class FunctionServers:
+    """One functions-framework server per entry point, each in its own process group; an entry point named in
+    `instances` runs as a pool of that many one-request instances, each request cut at `timeout_s` (0: never)."""
+
+    def __init__(
+        self, env: Mapping[str, str], log_dir: Path, instances: Mapping[str, int] | None = None, timeout_s: int = 0
+    ) -> None:
         self.env = {**os.environ, **env}
         self.log_dir = log_dir
+        self.instances = dict(instances or {})
+        self.timeout_s = timeout_s
         self.urls: dict[str, str] = {}
         self._procs: list[subprocess.Popen[bytes]] = []
 
@@ -38,8 +52,9 @@ class FunctionServers:
         for target in TARGETS:
             port = free_port()
             log = (self.log_dir / f"{target}.log").open("ab")
+            n = self.instances.get(target)
             proc = start_group(
-                functions_framework_argv(target, port),
+                pool_argv(target, port, n, self.timeout_s) if n else functions_framework_argv(target, port),
                 env={**self.env, "THREADS": "16"},
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
-import http.client
 import http.server
-import io
 import json
 import re
 import socket
 import socketserver
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -164,13 +164,33 @@ def test_concurrent_writers_lose_no_update(bucket: str) -> None:
     assert conflicts, "the writers never raced; the test did not exercise compare-and-set"
 
 
+def test_objects_are_listed_by_prefix_and_deleted(bucket: str) -> None:
+    store = GcsJobStore(bucket)
+    first = store.save(make_job("a-1"), 0)
+    store.save(make_job("b-2"), 0)
+    GcsHistoryStore(bucket).save(History(), 0)
+    assert store._list("respawn/jobs/") == ["respawn/jobs/a-1.json", "respawn/jobs/b-2.json"]
+    assert store._list("placement/") == ["placement/history.json"]
+    store._delete("respawn/jobs/a-1.json", first)
+    store._delete("respawn/jobs/a-1.json", first)  # gone already, as after a retried delete that had landed
+    store._delete("respawn/jobs/b-2.json")
+    assert store.list_ids() == []
+
+
 class Scripted(http.server.BaseHTTPRequestHandler):
-    """Answers each request with the next (status, body, headers) of the server's script; records the requests."""
+    """Answers each request with the next (status, body, headers) of the server's script; records the requests. With
+    the server's `raw`, it sends those bytes instead and closes; with `stall`, it answers nothing for that long."""
 
     def _answer(self) -> None:
         server: Any = self.server
         length = int(self.headers.get("Content-Length") or 0)
         server.requests.append((self.command, self.path, self.rfile.read(length)))
+        if server.stall:
+            time.sleep(server.stall)
+            return
+        if server.raw is not None:
+            self.wfile.write(server.raw)
+            return
         status, body, headers = server.script.pop(0) if server.script else server.last
         self.send_response(status)
         for k, v in {"Content-Length": str(len(body)), **headers}.items():
@@ -178,7 +198,7 @@ class Scripted(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_POST = _answer
+    do_GET = do_POST = do_DELETE = _answer
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -210,7 +230,7 @@ class KeptAlive(Scripted):
             super()._answer()
         self.close_connection = server.drop
 
-    do_GET = do_POST = _answer
+    do_GET = do_POST = do_DELETE = _answer
 
 
 def serve(handler: type[Scripted], tls: ssl.SSLContext | None = None) -> tuple[Any, GcsJobStore]:
@@ -218,7 +238,7 @@ def serve(handler: type[Scripted], tls: ssl.SSLContext | None = None) -> tuple[A
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.requests, server.script, server.last = [], [], (503, b"backend error", {})
-    server.ports, server.drop, server.chunked = [], False, False
+    server.ports, server.drop, server.chunked, server.raw, server.stall = [], False, False, None, 0.0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     client = storage.Client(
         project="p",
@@ -239,9 +259,8 @@ def scripted() -> Iterator[tuple[Any, GcsJobStore]]:
     server.shutdown()
 
 
-def test_one_connection_is_kept_and_one_the_server_closed_is_opened_again_at_once(monkeypatch: Any) -> None:
+def test_one_connection_is_kept_and_one_the_server_closed_is_opened_again_at_once() -> None:
     server, store = serve(KeptAlive)
-    monkeypatch.setattr(gcs_store.time, "sleep", lambda s: pytest.fail(f"paused {s} s as after a failure"))
     server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
     for _ in range(3):
         assert store.load("llm-1") == (make_job(), 7)
@@ -254,10 +273,12 @@ def test_one_connection_is_kept_and_one_the_server_closed_is_opened_again_at_onc
 
 
 class Tunnel(socketserver.ThreadingTCPServer):
-    """A proxy that answers CONNECT and pipes the bytes both ways; it counts the tunnels it opened."""
+    """A proxy that answers CONNECT and pipes the bytes both ways; it counts the tunnels it opened (and the target of
+    any other request, which it does not serve) and keeps the head of each request."""
 
     daemon_threads = True
     tunnels: list[str]
+    heads: list[bytes]
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         head = b""
@@ -265,6 +286,7 @@ class Tunnel(socketserver.ThreadingTCPServer):
             head += request.recv(1)
         target = head.split()[1].decode()
         self.tunnels.append(target)
+        self.heads.append(head)
         host, port = target.rsplit(":", 1)
         upstream = socket.create_connection((host, int(port)))
         request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -280,25 +302,25 @@ class Tunnel(socketserver.ThreadingTCPServer):
         pipe(request, upstream)
 
 
-def test_a_client_that_honours_the_environment_goes_through_its_proxy(monkeypatch: Any) -> None:
-    server, _ = serve(KeptAlive)
+def tunnel(monkeypatch: Any, user: str = "") -> Tunnel:
+    """A Tunnel that the environment names as the proxy of http and https URLs (as `user@`), with no exemptions."""
     proxy = Tunnel(("127.0.0.1", 0), socketserver.BaseRequestHandler)
-    proxy.tunnels = []
+    proxy.tunnels, proxy.heads = [], []
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.server_address[1]}")
-    monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    endpoint = f"http://127.0.0.1:{server.server_port}"
-    options = {"api_endpoint": endpoint}
-    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    for variable in ("http_proxy", "https_proxy"):
+        monkeypatch.setenv(variable, f"http://{user}{'@' if user else ''}127.0.0.1:{proxy.server_address[1]}")
+    for variable in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    return proxy
+
+
+def test_the_functions_client_goes_straight_past_the_environments_proxy(monkeypatch: Any) -> None:
+    server, _ = serve(KeptAlive)
+    proxy = tunnel(monkeypatch)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_port}")
     server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
-    for _ in range(2):
-        assert GcsJobStore("state", storage.Client("p", anonymous, client_options=options)).load("llm-1")[1] == 7
-    assert proxy.tunnels == [f"127.0.0.1:{server.server_port}"] * 2  # one kept tunnel per store
-    functions_client = storage.Client("p", anonymous, client_options=options)
-    functions_client._http.trust_env = False  # as gcs_store.function_client makes it
-    assert GcsJobStore("state", functions_client).load("llm-1")[1] == 7
-    assert len(proxy.tunnels) == 2 and len(server.requests) == 3  # the functions' store went straight
+    assert GcsJobStore("state", gcs_store.function_client("p")).load("llm-1")[1] == 7
+    assert proxy.tunnels == [] and len(server.requests) == 1
     proxy.shutdown()
     server.shutdown()
 
@@ -334,12 +356,10 @@ def test_over_tls_a_chunked_reply_is_read_whole_on_one_kept_connection_and_throu
     cert, key = self_signed(tmp_path, "localhost")
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)
-    monkeypatch.setattr(gcs_store.time, "sleep", lambda s: None)
-    server, untrusting = serve(KeptAlive, tls)  # made before the certificate is trusted
+    server, store = serve(KeptAlive, tls)
     with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED"):
-        untrusting.load("llm-1")
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted as a CA of the system is
-    store = GcsJobStore("state", untrusting._client)  # a store made now trusts it
+        store.load("llm-1")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted as a CA of the system is, from the next connection
     server.chunked = True
     server.last = (200, json.dumps(make_job().to_dict()).encode(), {"x-goog-generation": "7"})
     server.ports.clear()
@@ -347,54 +367,18 @@ def test_over_tls_a_chunked_reply_is_read_whole_on_one_kept_connection_and_throu
         assert store.load("llm-1") == (make_job(), 7)
     assert len(server.ports) == 3 and len(set(server.ports)) == 1
 
-    proxy = Tunnel(("127.0.0.1", 0), socketserver.BaseRequestHandler)
-    proxy.tunnels = []
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{proxy.server_address[1]}")
-    for variable in ("no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(variable, raising=False)
+    proxy = tunnel(monkeypatch, user="ops:p%40ss")
     anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
     options = {"api_endpoint": f"https://localhost:{server.server_port}"}
-    assert GcsJobStore("state", storage.Client("p", anonymous, client_options=options)).load("llm-1")[1] == 7
-    assert proxy.tunnels == [f"localhost:{server.server_port}"]
+    proxied = GcsJobStore("state", storage.Client("p", anonymous, client_options=options))
+    for _ in range(2):
+        assert proxied.load("llm-1") == (make_job(), 7)
+    assert proxy.tunnels == [f"localhost:{server.server_port}"]  # one tunnel, kept for both
+    lines = proxy.heads[0].decode().split("\r\n")[1:]
+    asked = {name.lower(): value for name, _, value in (line.partition(": ") for line in lines if line)}
+    assert asked["proxy-authorization"] == "Basic " + base64.b64encode(b"ops:p@ss").decode()  # the URL's, unquoted
     proxy.shutdown()
     server.shutdown()
-
-
-def reply(raw: bytes, method: str = "GET") -> tuple[Any, bool]:
-    return gcs_store._reply(io.BufferedReader(io.BytesIO(raw)), method)  # type: ignore[arg-type]
-
-
-def test_replies_are_read_by_their_framing() -> None:
-    ok, keep = reply(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-Goog-Generation: 9\r\n\r\nabcNEXT")
-    assert (ok.status, ok.headers["x-goog-generation"], ok.data, keep) == (200, "9", b"abc", True)
-    chunked, keep = reply(
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;x=y\r\nc\r\n0\r\nT: 1\r\n\r\n"
-    )
-    assert (chunked.data, keep) == (b"abc", True)
-    interim, _ = reply(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n")
-    assert (interim.status, interim.data) == (412, b"")
-    closing, keep = reply(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
-    assert (closing.data, keep) == (b"ok", False)
-    to_end, keep = reply(b"HTTP/1.0 200 OK\r\n\r\nall of it")
-    assert (to_end.data, keep) == (b"all of it", False)
-    assert reply(b"HTTP/1.1 204 No Content\r\n\r\n")[0].data == b""
-
-
-@pytest.mark.parametrize(
-    ("raw", "error"),
-    [
-        (b"", ConnectionError),  # the server closed a kept connection: tried again at once on a fresh one
-        (b"SSH-2.0-OpenSSH\r\n\r\n", http.client.BadStatusLine),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", http.client.IncompleteRead),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", http.client.HTTPException),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", http.client.HTTPException),
-        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n", http.client.LineTooLong),
-    ],
-)
-def test_a_malformed_or_cut_reply_is_an_error(raw: bytes, error: type[Exception]) -> None:
-    with pytest.raises(error):
-        reply(raw)
 
 
 def test_a_passing_failure_is_tried_again(scripted: tuple[Any, GcsJobStore]) -> None:
@@ -417,6 +401,45 @@ def test_a_lasting_failure_asks_for_redelivery(scripted: tuple[Any, GcsJobStore]
     meta, record = body.split(b"\r\n\r\n")[1:3]
     assert json.loads(meta.split(b"\r\n")[0]) == {"name": "respawn/jobs/llm-1.json", "contentType": "application/json"}
     assert json.loads(record.rsplit(b"\r\n--", 1)[0]) == make_job().to_dict()
+
+
+def test_a_lost_precondition_is_a_conflict_at_once(scripted: tuple[Any, GcsJobStore]) -> None:
+    server, store = scripted
+    server.last = (412, b'{"error": {"code": 412}}', {})
+    with pytest.raises(ConflictError, match="llm-1: the record is no longer at generation 3"):
+        store.save(make_job(), 3)
+    with pytest.raises(ConflictError):  # fake-gcs-server deletes whatever the precondition: GCS answers 412
+        store._delete("respawn/jobs/llm-1.json", 3)
+    assert [(m, "ifGenerationMatch=3" in p) for m, p, _ in server.requests] == [("POST", True), ("DELETE", True)]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",  # closed without a word
+        b"SSH-2.0-OpenSSH\r\n\r\n",  # not HTTP
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",  # cut short
+    ],
+)
+def test_a_malformed_or_cut_reply_is_tried_again_then_asks_for_redelivery(
+    scripted: tuple[Any, GcsJobStore], raw: bytes
+) -> None:
+    server, store = scripted
+    server.raw = raw
+    with pytest.raises(TransientError, match=re.escape("reading gs://state/respawn/jobs/llm-1.json: ")):
+        store.load("llm-1")
+    assert len(server.requests) == 3
+
+
+def test_a_reply_that_does_not_come_in_time_is_tried_again_then_asks_for_redelivery(
+    scripted: tuple[Any, GcsJobStore], monkeypatch: Any
+) -> None:
+    server, store = scripted
+    monkeypatch.setattr(gcs_store, "_TIMEOUT_S", 0.2)
+    server.stall = 1.0
+    with pytest.raises(TransientError, match="Read timed out"):
+        store.load("llm-1")
+    assert len(server.requests) == 3
 
 
 def test_an_unreachable_store_asks_for_redelivery() -> None:

@@ -444,7 +444,7 @@ def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypat
     given: list[dict[str, str]] = []
 
     class Recorded:
-        def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        def __init__(self, env: dict[str, str], log_dir: Path, *sizing: object) -> None:
             given.append(env)
 
         def start(self) -> None:
@@ -457,7 +457,7 @@ def test_the_functions_read_time_at_the_profiles_scale(tmp_path: Path, monkeypat
     api = type("Api", (), {"url": "http://127.0.0.1:9"})()
     for scale in (CLOUD_SCALE, 1.0):
         local = cloud.LocalCloud(cloud.Options(workdir=tmp_path, time_scale=scale), say=lambda line: None)
-        local._functions(api, FakeGcs(port=9), None)  # type: ignore[arg-type]
+        local._functions(api, FakeGcs(port=9).env(), None)  # type: ignore[arg-type]
         assert Settings.from_env(given[-1]).time_scale == scale
 
 

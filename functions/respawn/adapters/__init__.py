@@ -1,6 +1,6 @@
 """Adapters: the real implementations of the ports, each over one Google API and its client library.
 
-  gcs_store.py         JobStore and HistoryStore on Cloud Storage (the GCS JSON API, compare-and-set)
+  gcs_store.py         JobStore, LiveIndex and HistoryStore on Cloud Storage (the GCS JSON API, compare-and-set)
   tpu.py               MachineProvider on the Cloud TPU API (nodes, queued resources)
   compute.py           MachineProvider on Compute Engine (GPU VMs, TPU VMs), with compute_slices.py (TPU slices as
                        managed instance groups) and compute_operations.py (waiting on operations)
