@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 from localcloud.services.emulators import FakeGcs, PubSubEmulator
-from tests.conftest import need
 
 pytestmark = [pytest.mark.emulator, pytest.mark.slow]
 
