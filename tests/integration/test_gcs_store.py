@@ -385,7 +385,9 @@ def test_a_passing_failure_is_tried_again(scripted: tuple[Any, GcsJobStore]) -> 
     server, store = scripted
     body = json.dumps(make_job().to_dict()).encode()
     server.script = [(503, b"", {}), (429, b"", {}), (200, body, {"x-goog-generation": "7"})]
+    started = time.monotonic()
     assert store.load("llm-1") == (make_job(), 7)
+    assert time.monotonic() - started >= 3.0  # GCS's schedule: 1 s, then 2 s (a 429 sooner is refused again)
     assert [(m, p.split("?")[0]) for m, p, _ in server.requests] == [
         ("GET", "/storage/v1/b/state/o/respawn%2Fjobs%2Fllm-1.json")
     ] * 3

@@ -15,7 +15,7 @@ environment. TLS trusts the system's CAs (SSL_CERT_FILE). Listing goes through
 the storage client.
 
 Transient failures (408, 429, 5xx, a dropped connection, a timeout) are tried
-again twice by urllib3's Retry, then raised as TransientError so that Pub/Sub
+again twice by urllib3's Retry, after 1 s and 2 s as GCS asks, then raised as TransientError so that Pub/Sub
 redelivers. A retried write is safe: if the first try landed, the retry gets
 412 and the handler reloads a record that already holds its decision.
 """
@@ -23,6 +23,7 @@ redelivers. A retried write is safe: if the first try landed, the retry gets
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import urllib.request
 from collections.abc import Sequence
@@ -43,16 +44,29 @@ from respawn.ports import ConflictError, IndexState, Marker, TransientError
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TIMEOUT_S = 30.0  # to connect, and for each read
 _CONNECTIONS = 10  # kept per endpoint: one per thread that calls at once
-_RETRY = Retry(
-    total=2,  # three tries in all
+
+
+class _Backoff(Retry):
+    """urllib3's Retry on GCS's schedule: the first retry after 1 s, then 2 s (urllib3 sends its first at once).
+    GCS takes one write per second to an object; a 429 tried again sooner is refused again."""
+
+    def get_backoff_time(self) -> float:
+        tries = len(self.history)  # failed so far; urllib3 sleeps this long before the next
+        jitter = random.random() * self.backoff_jitter
+        return min(self.backoff_max, self.backoff_factor * 2 ** (tries - 1) + jitter) if tries else 0.0
+
+
+_RETRY = _Backoff(
+    total=2,  # three tries in all, over about 3 s
     other=0,  # a failed TLS handshake or a refused tunnel is not tried again
     allowed_methods=None,  # every method: a write's retry is safe under its precondition
     status_forcelist=_TRANSIENT_STATUS,
-    backoff_factor=0.25,  # the second retry after 0.5 s
-    backoff_jitter=0.1,
+    backoff_factor=1.0,  # 1 s, then 2 s
+    backoff_jitter=0.2,
     raise_on_status=False,  # the last reply comes back, and `_call` raises TransientError
     respect_retry_after_header=False,  # Pub/Sub's redelivery is the long wait, not a handler's
 )
+
 _TRANSIENT = (
     exceptions.TooManyRequests,
     exceptions.InternalServerError,
