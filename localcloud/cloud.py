@@ -288,7 +288,7 @@ class LocalCloud:
             timeline.add("deleted", t=machine.deleted_at, machine=machine.name, zone=machine.zone)
             nodes.on_deleted(machine.name)
 
-        server.connect(on_ready=on_ready, on_deleted=on_deleted)
+        server.connect(on_ready=on_ready, on_deleted=on_deleted, on_metadata=nodes.on_metadata)
         settings = Settings(project=PROJECT, state_bucket=STATE_BUCKET)
         store, history = bootstrap.job_store(settings), bootstrap.history_store(settings)
         return Started(gcs, server, nodes, bus, bus_name, store, history, recorder, proxy, pushes)

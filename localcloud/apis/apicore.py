@@ -253,6 +253,7 @@ class CoreKnobs(TypedDict, total=False):
     unoffered: dict[str, tuple[str, ...]]
     on_ready: Hook | None
     on_deleted: Hook | None
+    on_metadata: Hook | None
 
 
 class CloudCore:
@@ -282,6 +283,7 @@ class CloudCore:
         }
         self.on_ready = knobs.get("on_ready")
         self.on_deleted = knobs.get("on_deleted")
+        self.on_metadata = knobs.get("on_metadata")
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
         self._calls: list[Call] = []
@@ -320,6 +322,11 @@ class CloudCore:
         """Stamp the deletion now (the timeline orders by it) and queue on_deleted."""
         m.deleted_at = time.time()
         self.notify(self.on_deleted, m)
+
+    def metadata_written(self, m: CloudMachine) -> None:
+        """Queue on_metadata: `m`'s metadata was written (a TPU node's `nodes.patch`, an instance's `setMetadata`, a
+        MIG's VM's too), so that the VMs running on it serve the new metadata."""
+        self.notify(self.on_metadata, m)
 
     def run_callbacks(self) -> None:
         while (item := self._callbacks.get()) is not None:

@@ -75,9 +75,10 @@ class CloudApiServer(CloudCore):
     Knobs (see CloudCore): `capacity`, `stockouts`, `spot_stockouts`, `queue_waits`, `spot_queue_waits`,
     `create_delay_s`; for MIGs (see ComputeApi) `bulk_models`, `bulk_stockout`, `resize_requests`, where Google's
     pages leave the rule open, so that respawn can be tested against either reading. Callbacks
-    `on_ready(machine)` / `on_deleted(machine)` run in order on one worker thread, never while the server holds its
-    lock. `record=True` keeps every request and reply (`exchanges`). The Advice API answers from `advice_seed` and
-    `advice_mtbi_s` (zone -> seconds: that zone's estimated uptime; see advice_api.py).
+    `on_ready(machine)` / `on_deleted(machine)` / `on_metadata(machine)` run in order on one worker thread, never
+    while the server holds its lock. `record=True` keeps every request and reply (`exchanges`). The Advice API
+    answers from `advice_seed` and `advice_mtbi_s` (zone -> seconds: that zone's estimated uptime; see
+    advice_api.py).
     """
 
     def __init__(
@@ -192,11 +193,13 @@ class CloudApiServer(CloudCore):
         with self.lock:
             return next((m for api in self.apis if (m := api.set_state(name, state, worker)) is not None), None)
 
-    def connect(self, *, on_ready: Hook | None, on_deleted: Hook | None) -> None:
+    def connect(self, *, on_ready: Hook | None, on_deleted: Hook | None, on_metadata: Hook | None = None) -> None:
         """Set the machine hooks once whoever runs the machines exists: the local cloud's nodes call this API back
-        (preempt, set_state), so they are built after it."""
+        (preempt, set_state), so they are built after it. `on_metadata(machine)`: a TPU node's or an instance's
+        metadata was written (nodes.patch, instances.setMetadata; `machine` is the node, or the instance itself, a
+        MIG's VM too)."""
         with self.lock:
-            self.on_ready, self.on_deleted = on_ready, on_deleted
+            self.on_ready, self.on_deleted, self.on_metadata = on_ready, on_deleted, on_metadata
 
     def fail_next(
         self,

@@ -2,6 +2,7 @@
 
   POST   /v2/projects/P/locations/Z/nodes?nodeId=N      -> Operation
   GET    /v2/projects/P/locations/Z/nodes[/N]
+  PATCH  /v2/projects/P/locations/Z/nodes/N?updateMask=M -> Operation
   DELETE /v2/projects/P/locations/Z/nodes/N              -> Operation
   POST   /v2/projects/P/locations/Z/queuedResources?queuedResourceId=N -> Operation
   GET    /v2/projects/P/locations/Z/queuedResources[/N]
@@ -15,11 +16,18 @@ seconds (None: until deleted); provisioning creates its node (CREATING -> READY,
 preempted node is PREEMPTED and its queued resource SUSPENDED, as in the cloud; deleting a queued resource that
 still has a node needs `force`. A stockout ends the create operation with code 8 "There is no more capacity in the
 zone ...". Errors are google.rpc.Status JSON, so the client raises the matching exceptions.
+
+`nodes.patch` changes the fields its `updateMask` names, of those the v2 method lists (tpu.v2 discovery document:
+"Supported fields: [description, tags, labels, metadata, network_config.enable_external_ips]"); a mask naming any other
+field, or none, is refused with INVALID_ARGUMENT. A masked field the body leaves out is cleared
+(https://google.aip.dev/134). A node's new metadata reaches the metadata servers of its running worker VMs
+(CloudCore.metadata_written).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import time
 from collections.abc import Mapping
@@ -132,13 +140,10 @@ class TpuApi:
         project, zone, collection, name = m.groups()
         if collection == "operations" and method == "GET" and name:
             return self.operation(f"projects/{project}/locations/{zone}/operations/{name}")
+        if collection == "nodes" and method == "PATCH" and name:
+            return patch_node(self, project, zone, name, query.get("updateMask", ""), body)
         if collection == "nodes":
-
-            def node_id() -> str:
-                if not query.get("nodeId"):
-                    raise ApiError(400, "INVALID_ARGUMENT", "nodeId is required")
-                return query["nodeId"]
-
+            node_id = functools.partial(_node_id, query)
             return MachineCall(method, project, zone, name, body).answer(self, node_id, lambda n: {"nodes": n})
         if collection == "queuedResources":
             if method == "POST" and not name:
@@ -375,6 +380,74 @@ def _node_path(project: str, zone: str, name: str) -> str:
 
 def _qr_path(project: str, zone: str, name: str) -> str:
     return f"projects/{project}/locations/{zone}/queuedResources/{name}"
+
+
+def patch_node(api: TpuApi, project: str, zone: str, name: str, mask: str, body: dict[str, Any]) -> dict[str, Any]:
+    """nodes.patch: the fields `mask` names, from `body`; an operation, done at once, whose response is the node."""
+    core = api.core
+    with core.lock:
+        core.check("update", TPU, name, zone, "nodes")
+        paths = _update_paths(mask)
+        m = api.nodes.get((project, zone, name))
+        if m is None:
+            raise ApiError(404, "NOT_FOUND", f"Resource '{_node_path(project, zone, name)}' was not found")
+        resource = copy.deepcopy(m.resource)
+        for path in paths:
+            if path == "labels":
+                m.labels = _string_map(body, "labels")
+            elif path == "metadata":
+                m.metadata = _string_map(body, "metadata")
+            elif path == "networkConfig.enableExternalIps":
+                enable = (body.get("networkConfig") or {}).get("enableExternalIps", False)
+                resource["networkConfig"] = {**(resource.get("networkConfig") or {}), "enableExternalIps": enable}
+            elif path in body:  # description, tags
+                resource[path] = copy.deepcopy(body[path])
+            else:
+                resource.pop(path, None)
+        m.resource = resource  # a new dict: snapshots handed out share the old one
+        if "metadata" in paths:
+            core.metadata_written(m)
+        return api._finish(api._new_op(project, zone, name, "update"), None, m)
+
+
+def _node_id(query: dict[str, str]) -> str:
+    """A node create's nodeId (required)."""
+    if not query.get("nodeId"):
+        raise ApiError(400, "INVALID_ARGUMENT", "nodeId is required")
+    return query["nodeId"]
+
+
+# nodes.patch's updateMask: the fields tpu.v2's discovery document lists, as JSON (camelCase) paths
+_PATCHABLE = ("description", "tags", "labels", "metadata", "networkConfig.enableExternalIps")
+
+
+def _update_paths(mask: str) -> list[str]:
+    """The paths of an updateMask (google-fieldmask: comma-separated, snake_case or camelCase), each one nodes.patch
+    updates; else INVALID_ARGUMENT."""
+    paths = [_camel(p.strip()) for p in mask.split(",") if p.strip()]
+    if not paths:
+        raise ApiError(400, "INVALID_ARGUMENT", "updateMask is required: the fields of the node to update")
+    for path in paths:
+        if path not in _PATCHABLE:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Invalid field mask path '{path}': nodes.patch updates only description, tags, labels, metadata "
+                "and network_config.enable_external_ips",
+            )
+    return paths
+
+
+def _camel(path: str) -> str:
+    return ".".join(re.sub(r"_([a-z])", lambda g: g[1].upper(), part) for part in path.split("."))
+
+
+def _string_map(body: dict[str, Any], field: str) -> dict[str, str]:
+    """A map<string, string> field of a Node body (absent: empty, the field cleared); else INVALID_ARGUMENT."""
+    value = body.get(field) or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ApiError(400, "INVALID_ARGUMENT", f"Invalid value at 'node.{field}': a map of strings to strings")
+    return dict(value)
 
 
 def _capacity_error(zone: str) -> ApiError:

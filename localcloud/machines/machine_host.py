@@ -5,7 +5,9 @@ exactly those, and nothing else differs:
 
 * `MetadataServer`: the VM's metadata server over HTTP on loopback, which the script reaches the way it reaches the
   real one (`GCE_METADATA_HOST`, as Google's client libraries read it): the machine's metadata attributes, this
-  worker's `agent-worker-number` and the slice's `worker-network-endpoints`, `preempted`, a token, the project.
+  worker's `agent-worker-number` and the slice's `worker-network-endpoints`, `preempted`, a token, the project;
+  each with its ETag, and the hanging GET (`wait_for_change`) by which the script learns a change of its metadata
+  (metadata_wait.py), live: a write to the machine's metadata in the API reaches it (nodes.py's `on_metadata`).
 * `SecretManager`: Secret Manager's `versions/V:access` over HTTP, answering from the local secret store, and
   `CloudLogging`: Cloud Logging's `entries:write`, where the machine's scripts write their entries: the scripts reach
   both with curl and the machine's token, at the endpoints gcloud's overrides name
@@ -52,6 +54,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from localcloud.machines.metadata_wait import Reply, WatchedValues, attribute_reader
+
 DOCKER_DIR = "RESPAWN_LOCAL_DOCKER_DIR"  # where the docker shim keeps its containers (NAME.pid)
 IMAGE_ENV = "RESPAWN_LOCAL_IMAGE_ENV"  # JSON object: the image's environment (what a container starts from)
 IMAGE_CMD = "RESPAWN_LOCAL_IMAGE_CMD"  # JSON list: the image's command, before the container's args
@@ -78,29 +82,32 @@ Answer = tuple[int, bytes]  # (HTTP status, body)
 
 class _Server:
     """A ThreadingHTTPServer on loopback, served on a daemon thread: `get(path, headers)` and `post(path, headers,
-    body)` answer (status, body); a server without `post` answers POST with 405. A client gone mid-request (its
-    machine deleted: the connection reset or closed before the answer) is nobody's error: no traceback, as a real
-    server's log would not print one either."""
+    body)` answer (status, body) or (status, body, headers); a server without `post` answers POST with 405. A client
+    gone mid-request (its machine deleted: the connection reset or closed before the answer) is nobody's error: no
+    traceback, as a real server's log would not print one either."""
 
     def __init__(
         self,
-        get: Callable[[str, Mapping[str, str]], Answer],
+        get: Callable[[str, Mapping[str, str]], Answer | Reply],
         post: Callable[[str, Mapping[str, str], bytes], Answer] | None = None,
     ) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # the servers' only: not the shims'
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                self._answer(*get(self.path, {k: v for k, v in self.headers.items()}))
+                self._answer(get(self.path, {k: v for k, v in self.headers.items()}))
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items()}
-                self._answer(*(post(self.path, headers, body) if post is not None else (405, b"")))
+                self._answer(post(self.path, headers, body) if post is not None else (405, b""))
 
-            def _answer(self, status: int, body: bytes) -> None:
+            def _answer(self, answer: Answer | Reply) -> None:
+                status, body, *extra = answer
                 self.send_response(status)
                 self.send_header("Metadata-Flavor", "Google")
+                for name, value in (extra[0] if extra else {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -128,31 +135,59 @@ class _Server:
 
 class MetadataServer(_Server):
     """One VM's metadata server (https://cloud.google.com/compute/docs/metadata/querying-metadata): answers only
-    requests with `Metadata-Flavor: Google` (403 otherwise), 404 for a key it does not have."""
+    requests with `Metadata-Flavor: Google` (403 otherwise), 404 for a key it does not have; every value with its
+    ETag, and `?wait_for_change=true` (with `last_etag`, `timeout_sec`) as a hanging GET (metadata_wait.py).
+
+    Its attributes are live: `set_attributes` (a `nodes.patch` or `instances.setMetadata` of the VM's machine, or
+    `preempted` set) changes what it serves and wakes the requests waiting for a change."""
 
     def __init__(self, project: str, attributes: Mapping[str, str], instance: str = "", zone: str = "") -> None:
         self.project = project
-        self.attributes = dict(attributes)
+        self.watch = WatchedValues()
+        self._attributes = dict(attributes)
         self.instance, self.zone = instance, zone  # `instance/name`, and `instance/zone` (projects/P/zones/Z)
-        self.preempted = False  # `instance/preempted`: TRUE from the notice on
+        self._preempted = False  # `instance/preempted`: TRUE from the notice on
         super().__init__(self._get)
 
-    def _get(self, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+    @property
+    def attributes(self) -> dict[str, str]:
+        return dict(self._attributes)
+
+    def set_attributes(self, attributes: Mapping[str, str]) -> None:
+        """Serve these attributes from now on (the machine's metadata was written), waking the waiters."""
+        self.watch.update(lambda: setattr(self, "_attributes", dict(attributes)))
+
+    @property
+    def preempted(self) -> bool:
+        return self._preempted
+
+    @preempted.setter
+    def preempted(self, value: bool) -> None:
+        self.watch.update(lambda: setattr(self, "_preempted", value))
+
+    def close(self) -> None:
+        self.watch.close()
+        super().close()
+
+    def _get(self, path: str, headers: Mapping[str, str]) -> Answer | Reply:
         if headers.get("Metadata-Flavor") != "Google":
             return 403, b"Missing Metadata-Flavor:Google header."
-        key = path.split("?", 1)[0].removeprefix("/computeMetadata/v1/")
-        if key.startswith("instance/attributes/") and key.removeprefix("instance/attributes/") in self.attributes:
-            return 200, self.attributes[key.removeprefix("instance/attributes/")].encode()
-        answers = {
-            "instance/preempted": "TRUE" if self.preempted else "FALSE",
-            "instance/service-accounts/default/token": json.dumps(
+        where, _, query = path.partition("?")
+        key = where.removeprefix("/computeMetadata/v1/")
+        if key.startswith("instance/attributes/"):
+            return self.watch.answer(attribute_reader(lambda: self._attributes, key.split("/", 2)[2]), query)
+        answers: dict[str, Callable[[], str]] = {
+            "instance/preempted": lambda: "TRUE" if self._preempted else "FALSE",
+            "instance/service-accounts/default/token": lambda: json.dumps(
                 {"access_token": "local", "expires_in": 3600, "token_type": "Bearer"}
             ),
-            "project/project-id": self.project,
-            "instance/name": self.instance,
-            "instance/zone": f"projects/{self.project}/zones/{self.zone}",
+            "project/project-id": lambda: self.project,
+            "instance/name": lambda: self.instance,
+            "instance/zone": lambda: f"projects/{self.project}/zones/{self.zone}",
         }
-        return (200, answers[key].encode()) if key in answers else (404, b"not found")
+        if key not in answers:
+            return 404, b"not found"
+        return self.watch.answer(lambda: answers[key]().encode(), query)
 
 
 class CloudLogging(_Server):

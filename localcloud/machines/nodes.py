@@ -156,6 +156,27 @@ class Nodes:
         if then is not None:
             then()
 
+    def on_metadata(self, written: CloudMachine) -> None:
+        """The API wrote a machine's metadata (nodes.patch of a TPU node, instances.setMetadata of an instance or of
+        one VM of a slice's MIG, `written` being that VM): the VMs it reaches serve it from now on, and their
+        metadata servers wake the requests waiting for a change; a VM that boots later starts with it."""
+        with self._lock:
+            node = self._nodes.get(written.name)
+            worker = None
+            if node is None:  # a MIG's VM, by its own name
+                node = next((n for n in self._nodes.values() if written.name in n.machine.workers), None)
+                worker = node.machine.workers.index(written.name) if node is not None else None
+            if node is None:
+                return
+            if worker is None:
+                node.machine.metadata = dict(written.metadata)
+                node.vm_metadata.clear()
+            else:
+                node.vm_metadata[worker] = dict(written.metadata)
+            for vm in node.workers:
+                if worker in (None, vm.index):
+                    vm.metadata.set_attributes(self.vm.attributes(node, vm.index))
+
     def on_deleted(self, name: str) -> None:
         with self._lock:
             self._ready.pop(name, None)

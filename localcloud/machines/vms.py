@@ -123,6 +123,11 @@ class Node:
     preempting: bool = False
     deleted: bool = False
     step: int | None = None  # the last training step worker 0 reported
+    vm_metadata: dict[int, dict[str, str]] = field(default_factory=dict)  # a worker VM's own, once written to it
+
+    def metadata(self, worker: int) -> dict[str, str]:
+        """The metadata of a worker's VM: the machine's, or what a setMetadata on that VM alone (a MIG's VM) made it."""
+        return dict(self.vm_metadata.get(worker, self.machine.metadata))
 
     def instance(self, worker: int) -> str:
         """The Compute Engine VM of a worker, as the machine names it (`CloudMachine.workers`)."""
@@ -223,7 +228,7 @@ class WorkerVms:
             home.mkdir(exist_ok=True)
             if self.timings.image_on_boot_disk and meta.get("respawn-image"):  # baked into the boot image
                 machine_host.add_image(home / "docker", meta["respawn-image"])
-            server = MetadataServer(self.project, self._attributes(node, index), node.instance(index), machine.zone)
+            server = MetadataServer(self.project, self.attributes(node, index), node.instance(index), machine.zone)
             cloud_logging = CloudLogging(functools.partial(self._script_entry, node, index))
             env = self._vm_env(node, index, port, home, server, cloud_logging)
             proc = start_group(
@@ -247,10 +252,10 @@ class WorkerVms:
             ]
             self.spawn(self.reap, node, worker)
 
-    def _attributes(self, node: Node, worker: int) -> dict[str, str]:
-        """The metadata attributes a worker VM's server has: the machine's, and on a TPU VM its place in the slice
-        (`agent-worker-number`, `worker-network-endpoints`: every host is on loopback)."""
-        attributes = dict(node.machine.metadata)
+    def attributes(self, node: Node, worker: int) -> dict[str, str]:
+        """The metadata attributes a worker VM's server has: its VM's metadata, and on a TPU VM its place in the
+        slice (`agent-worker-number`, `worker-network-endpoints`: every host is on loopback)."""
+        attributes = node.metadata(worker)
         if node.machine.kind == "tpu":
             attributes["agent-worker-number"] = str(worker)
             attributes["worker-network-endpoints"] = node.machine_slice.endpoints()

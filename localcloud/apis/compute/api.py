@@ -2,6 +2,7 @@
 instance groups (MIG slices) and their resize requests, as google-cloud-compute calls them over REST.
 
   zones/Z/instances[/N]                                   insert, get, list (`filter`), delete     zone op
+  zones/Z/instances/N/setMetadata                         POST (a MIG's VMs too)                   zone op
   regions/R/resourcePolicies[/N]                          insert, get, list, delete                region op
   global/instanceTemplates[/N]                            insert, get, list, delete                global op
   zones/Z/instanceGroupManagers[/M]                       insert, get, list, delete                zone op
@@ -67,7 +68,7 @@ class ComputeApi:
         self.resize_requests = ResizeRequests(state, operations, self.migs, resize_requests)
         self._routes: list[tuple[re.Pattern[str], Callable[..., Any]]] = [
             (re.compile(rf"{_PROJECT}/zones/{NAME}/(machineTypes|acceleratorTypes)/{NAME}$"), self._offered),
-            (re.compile(rf"{_PROJECT}/zones/{NAME}/instances(?:/{NAME})?$"), self.instances.route),
+            (re.compile(rf"{_PROJECT}/zones/{NAME}/instances(?:/{NAME}(?:/(setMetadata))?)?$"), self.instances.route),
             (re.compile(rf"{_PROJECT}/regions/{NAME}/resourcePolicies(?:/{NAME})?$"), self.kept.policies_route),
             (re.compile(rf"{_PROJECT}/global/instanceTemplates(?:/{NAME})?$"), self.kept.templates_route),
             (

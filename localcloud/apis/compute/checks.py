@@ -77,6 +77,11 @@ MIG_FIELDS: dict[str, Any] = {
     "resourcePolicies": {"workloadPolicy": None},
 }
 RESIZE_REQUEST_FIELDS: dict[str, Any] = dict.fromkeys(("name", "description", "resizeBy", "requestedRunDuration"))
+METADATA_FIELDS: dict[str, Any] = {"items": None}  # setMetadata's body (its fingerprint and kind: _OUTPUT_ONLY)
+# The Metadata schema's limits (compute.v1 discovery document): keys [a-zA-Z0-9-_]{1,128}, a value at most 256 KiB,
+# all keys and values under 512 KB.
+_METADATA_KEY = re.compile(r"[a-zA-Z0-9-_]{1,128}")
+METADATA_VALUE_MAX, METADATA_TOTAL_MAX = 256 * 1024, 512 * 1024
 # Output-only fields a client may send back: the real API ignores them, so does this one.
 _OUTPUT_ONLY = frozenset(
     [
@@ -126,6 +131,28 @@ def _modelled(body: dict[str, Any], spec: dict[str, Any], where: str) -> None:
             raise invalid(f"Field '{where}.{key}' is not supported by the local Compute API.")
         if spec[key] is not None and isinstance(value, dict):
             _modelled(value, spec[key], f"{where}.{key}")
+
+
+def check_metadata_items(items: list[dict[str, Any]]) -> dict[str, str]:
+    """A Metadata body's items as {key: value}, held to the schema's limits; a key given twice is refused."""
+    found: dict[str, str] = {}
+    for i, item in enumerate(items):
+        key, value = str(item.get("key") or ""), str(item.get("value") or "")
+        if not _METADATA_KEY.fullmatch(key):
+            raise invalid(
+                f"Invalid value for field 'resource.items[{i}].key': '{key}'. Must be a match of regex "
+                "'[a-zA-Z0-9-_]{1,128}'"
+            )
+        if key in found:
+            raise invalid(f"Invalid value for field 'resource.items[{i}].key': '{key}'. Duplicate metadata key.")
+        if len(value.encode()) > METADATA_VALUE_MAX:
+            raise invalid(
+                f"Invalid value for field 'resource.items[{i}].value': longer than {METADATA_VALUE_MAX} bytes."
+            )
+        found[key] = value
+    if sum(len(k.encode()) + len(v.encode()) for k, v in found.items()) >= METADATA_TOTAL_MAX:
+        raise invalid(f"Invalid value for field 'resource.items': {METADATA_TOTAL_MAX} bytes or more in all.")
+    return found
 
 
 def check_name(body: dict[str, Any], field_name: str) -> None:

@@ -1,16 +1,26 @@
 """The local Compute API's instances: GPU VMs, TPU VMs, and the VMs of a MIG.
 
   zones/Z/instances[/N]                                   insert, get, list (`filter`), delete     zone op
+  zones/Z/instances/N/setMetadata                         POST                                     zone op
 
 A GPU VM goes PROVISIONING -> RUNNING, a TPU VM PENDING -> STAGING -> RUNNING, in `create_delay_s`; the insert
 operation is done then. A stockout ends the insert operation with ZONE_RESOURCE_POOL_EXHAUSTED; a flex-start
 instance instead waits PENDING for its zone's `queue_waits` (failing so when its requestValidForDuration ends first).
+
+`setMetadata` replaces an instance's metadata (a MIG's VM's too) when the request's fingerprint is the instance's
+current `metadata.fingerprint`, which changes with every write; a stale or missing one is refused with 412
+conditionNotMet, as the Metadata schema's `fingerprint` says (compute.v1 discovery document;
+https://cloud.google.com/compute/docs/reference/rest/v1/instances/setMetadata). The new metadata reaches the
+instance's running VM's metadata server (CloudCore.metadata_written).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
+import hashlib
+import json
 import re
 import time
 from collections.abc import Callable
@@ -23,7 +33,9 @@ from localcloud.apis.apicore import TPU, ApiError, CloudMachine, MachineCall, in
 from localcloud.apis.compute.checks import (
     FLEX_START_WAIT_S,
     INSTANCE_FIELDS,
+    METADATA_FIELDS,
     check_body,
+    check_metadata_items,
     check_name,
     check_properties,
     seconds,
@@ -55,7 +67,10 @@ class Instances:
     def __init__(self, state: ComputeState, operations: Operations) -> None:
         self.state, self.core, self.operations = state, state.core, operations
 
-    def route(self, req: Request, project: str, zone: str, name: str | None) -> Any:
+    def route(self, req: Request, project: str, zone: str, name: str | None, action: str | None = None) -> Any:
+        if action == "setMetadata":
+            return self.set_metadata(project, zone, str(name), req.body) if req.method == "POST" else None
+
         def instance_name() -> str:
             check_name(req.body, "resource.name")
             return str(req.body["name"])
@@ -181,7 +196,7 @@ class Instances:
             metadata,
             first,
             time.time(),
-            copy.deepcopy(body),
+            _without_fingerprint(body),
             api="compute",
             workers=(name,),
             chips_per_host=chips or (tpu.chips if tpu else 0),
@@ -245,6 +260,34 @@ class Instances:
             core.deleted(m)
             return self.operations.done(project, f"zones/{zone}", f"zones/{zone}/instances/{name}", "delete")
 
+    # ================================================================= setMetadata
+    def set_metadata(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """instances.setMetadata: the instance's metadata becomes `body`'s items, if its fingerprint is current."""
+        core = self.core
+        with core.lock:
+            vm = (project, zone, name)
+            m = self.state.vms.get(vm)
+            core.check("update", m.kind if m else "", name, zone, "instances")
+            check_body(compute_v1.Metadata, body, METADATA_FIELDS)
+            items = check_metadata_items(body.get("items") or [])
+            if m is None:
+                raise not_found(instance_path(*vm))
+            current = metadata_json(m)["fingerprint"]
+            if body.get("fingerprint") != current:
+                raise ApiError(
+                    412,
+                    "FAILED_PRECONDITION",
+                    "Supplied fingerprint does not match current metadata fingerprint.",
+                    "conditionNotMet",
+                )
+            m.metadata = items
+            fingerprint = base64.b64encode(hashlib.sha256(f"{current}:{core.next_id()}".encode()).digest()[:8])
+            kept = {"items": [{"key": k, "value": v} for k, v in items.items()], "fingerprint": fingerprint.decode()}
+            m.resource = {**m.resource, "metadata": kept}  # a new dict: snapshots handed out share the old one
+            core.metadata_written(m)
+            core.changed()
+            return self.operations.done(project, f"zones/{zone}", f"zones/{zone}/instances/{name}", "setMetadata")
+
     # ================================================================= the local cloud's hooks
     def preempt(self, m: CloudMachine) -> CloudMachine:
         """TERMINATED, or deleted when the VM asked for instanceTerminationAction DELETE."""
@@ -277,5 +320,24 @@ def instance_json(m: CloudMachine) -> dict[str, Any]:
         creationTimestamp=rfc3339(m.created_at),
         selfLink=f"{base}/instances/{m.name}",
     )
-    body.setdefault("metadata", {})["fingerprint"] = "bG9jYWw="
+    body["metadata"] = metadata_json(m)
     return body
+
+
+def _without_fingerprint(body: dict[str, Any]) -> dict[str, Any]:
+    """An insert body as the instance keeps it: a metadata fingerprint sent with it is output only, ignored."""
+    kept = copy.deepcopy(body)
+    if isinstance(kept.get("metadata"), dict):
+        kept["metadata"].pop("fingerprint", None)
+    return kept
+
+
+def metadata_json(m: CloudMachine) -> dict[str, Any]:
+    """An instance's Metadata: its items and their fingerprint (the one its last setMetadata made, or, never
+    written, a hash of the metadata it was created with)."""
+    items = [{"key": k, "value": v} for k, v in m.metadata.items()]
+    fingerprint = (m.resource.get("metadata") or {}).get("fingerprint")
+    if not fingerprint:
+        made = json.dumps([m.name, m.created_at, items]).encode()
+        fingerprint = base64.b64encode(hashlib.sha256(made).digest()[:8]).decode()
+    return {"kind": "compute#metadata", "fingerprint": fingerprint, "items": items}
