@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import respawn_trainer
 from trainer import data, model, sharding
@@ -28,11 +27,12 @@ log = logging.getLogger("trainer")
 
 
 class LanguageModel:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, slices: list[int] | None = None) -> None:
+        """slices: in a world of several slices, the slice of each process (a mesh with a `slice` axis)."""
         size = cfg.size
         assert size is not None
         self.cfg, self.size = cfg, size
-        mesh = sharding.mesh()
+        mesh = sharding.mesh(slices)
         if cfg.batch_size % mesh.size:
             raise ConfigError(
                 "--batch-size", f"{cfg.batch_size} does not split over {mesh.size} devices", "a multiple of it"
@@ -48,7 +48,7 @@ class LanguageModel:
             mesh.size,
             self.micro,
         )
-        self.sharded = NamedSharding(mesh, P("data"))
+        self.sharded = NamedSharding(mesh, sharding.batch_spec(mesh))
         optimizer = train.make_optimizer(cfg)
         shapes = train.state_shapes(cfg, size, optimizer)
         shardings = sharding.state_shardings(shapes, mesh)

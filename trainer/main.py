@@ -1,6 +1,7 @@
 """The demo trainer: flags, then a training loop written on respawn_trainer like any user's loop.
 
-Exit codes: 0 completed, 0 stopped after the preemption save, 1 failed (a `failed` entry was sent),
+Exit codes: 0 completed, 0 stopped after the preemption save, 75 the world of several slices changed (start me again
+in the new one: respawn_trainer.world), 1 failed (a `failed` entry was sent),
 2 bad configuration (one line on stderr, and a `failed` entry when the environment allows one), 78 a failure no
 other machine of the job would escape (respawn_trainer.failures: the devices, a compile error, device memory).
 """
@@ -36,7 +37,7 @@ def train(cfg: Config, run: Run) -> None:
     else:
         from trainer.engine import LanguageModel
 
-        model = LanguageModel(cfg)
+        model = LanguageModel(cfg, slices=run.world.slice_of_processes() if run.world else None)
         step_fn = model.step
         if cfg.data:
             return train_on_dataset(cfg, run, model)
@@ -148,7 +149,7 @@ def main(argv: Sequence[str], started: float | None = None) -> int:
             train(cfg, run)
     except Exception as e:  # Run logged it and sent the `failed` entry
         return exit_code(e)
-    return 0
+    return run.exit_code
 
 
 def exit_code(error: Exception) -> int:

@@ -1,4 +1,7 @@
-"""How the demo model is laid out over every device of every host: one `data` axis, FSDP-style state."""
+"""How the demo model is laid out over every device of every host: one `data` axis, FSDP-style state. In a world of
+several slices (respawn_trainer.world) a leading `slice` axis too: the state is sharded within a slice and replicated
+over slices (the JAX multislice layout: only the gradients' all-reduce crosses the slower network between slices, and
+each slice holds the whole state, so a survivor's local copy of a save is all it needs), the batch over both."""
 
 from __future__ import annotations
 
@@ -6,13 +9,26 @@ import math
 from typing import Any
 
 
-def mesh() -> Any:
-    """One `data` axis over every device of every host (jax.devices() is in the same order on each process)."""
+def mesh(slices: list[int] | None = None) -> Any:
+    """One `data` axis over every device of every host (jax.devices() is in the same order on each process). With
+    `slices` (the slice of each process index, a world's), a `slice` axis first: row j is the devices of the world's
+    j-th member slice, in process then device order."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
 
-    return Mesh(np.array(jax.devices()), ("data",))
+    if slices is None:
+        return Mesh(np.array(jax.devices()), ("data",))
+    order = list(dict.fromkeys(slices))  # the members, in the order of their first process
+    rows = [[d for d in jax.devices() if slices[d.process_index] == member] for member in order]
+    return Mesh(np.array(rows), ("slice", "data"))
+
+
+def batch_spec(mesh: Any) -> Any:
+    """The batch's rows over every device: member j of a world takes rows [j * B/K, (j+1) * B/K) of the global batch."""
+    from jax.sharding import PartitionSpec as P
+
+    return P("data") if mesh.axis_names == ("data",) else P(mesh.axis_names)
 
 
 # Leaves smaller than this (32 KiB in float32) are replicated: splitting them saves little memory and costs
@@ -38,7 +54,7 @@ def state_shardings(shapes: Any, mesh: Any) -> Any:
     import jax
     from jax.sharding import NamedSharding
 
-    return jax.tree.map(lambda s: NamedSharding(mesh, fsdp_spec(tuple(s.shape), mesh.size)), shapes)
+    return jax.tree.map(lambda s: NamedSharding(mesh, fsdp_spec(tuple(s.shape), mesh.shape["data"])), shapes)
 
 
 def global_array(host: Any, sharding: Any) -> Any:

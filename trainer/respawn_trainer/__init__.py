@@ -18,15 +18,18 @@ from respawn_trainer.env import ConfigError, RunEnv, load_env
 from respawn_trainer.failures import PERMANENT_RC, USAGE_RC, CompileFailed, Permanent, exit_code
 from respawn_trainer.run import Run, state_sha256
 from respawn_trainer.runtime import WrongDevices, compiled
+from respawn_trainer.world import WORLD_CHANGED_RC, WorldChanged
 
 __all__ = [
     "PERMANENT_RC",
     "USAGE_RC",
+    "WORLD_CHANGED_RC",
     "CompileFailed",
     "ConfigError",
     "Permanent",
     "Run",
     "RunEnv",
+    "WorldChanged",
     "WrongDevices",
     "compiled",
     "exit_code",

@@ -138,6 +138,10 @@ class Checkpoints:
             raise RuntimeError(f"no checkpoint can be read (steps {sorted(unreadable)})")
         return None
 
+    def latest_step(self) -> int | None:
+        """The newest step in the store (committed), None when there is none."""
+        return max(self.manager.all_steps(), default=None)
+
     def save(self, step: int, state: Any) -> float:
         """Start an async save; returns the seconds training was blocked (waiting for a previous save included)."""
         started = time.monotonic()

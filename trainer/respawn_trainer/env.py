@@ -53,6 +53,9 @@ class RunEnv:
     accelerator: str | None  # RESPAWN_ACCELERATOR: the machine's (tpu | gpu); None: whatever JAX finds
     stand_in: str | None  # RESPAWN_DEVICES_STAND_IN: the local cloud's CPU processes stand in for the accelerator
     data_dir: str | None  # RESPAWN_DATA_DIR: on the machine's own disk, kept for its later attempts (data copies)
+    world_version: int | None = None  # RESPAWN_WORLD_VERSION: the world of several slices this process was started for
+    slice: int = 0  # RESPAWN_SLICE: the index of the slice this host belongs to (in a world)
+    local_copy_dir: str | None = None  # RESPAWN_LOCAL_COPY_DIR: host disk for a world change's save (world.py)
 
     @property
     def hosts(self) -> int:
@@ -181,6 +184,9 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "RESPAWN_ACCELERATOR": (_one_of("tpu", "gpu"), "tpu or gpu"),
     "RESPAWN_DEVICES_STAND_IN": (_one_of("cpu"), "cpu"),
     "RESPAWN_DATA_DIR": (_path, "an absolute directory path"),
+    "RESPAWN_WORLD_VERSION": (parse_int(1, 10**9), "an integer 1..1e9"),
+    "RESPAWN_SLICE": (parse_int(0, 65535), "an integer 0..65535"),
+    "RESPAWN_LOCAL_COPY_DIR": (_path, "an absolute directory path"),
 }
 
 
@@ -232,9 +238,15 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         accelerator=e.get("RESPAWN_ACCELERATOR"),
         stand_in=e.get("RESPAWN_DEVICES_STAND_IN"),
         data_dir=e.get("RESPAWN_DATA_DIR"),
+        world_version=e.get("RESPAWN_WORLD_VERSION"),
+        slice=e.get("RESPAWN_SLICE", 0),
+        local_copy_dir=e.get("RESPAWN_LOCAL_COPY_DIR"),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])
+    if run.world_version is not None and not run.metadata_url:
+        where = "with RESPAWN_METADATA_URL (or on GCE)"
+        raise ConfigError("RESPAWN_WORLD_VERSION", "set without a metadata server to read the world from", where)
     return run
 
 

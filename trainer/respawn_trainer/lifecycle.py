@@ -135,11 +135,12 @@ def open_sink(spec: str, job_id: str, attempt: int, metadata_url: str | None = N
 
 
 class Lifecycle:
-    def __init__(self, sink: Sink, job_id: str, attempt: int) -> None:
-        self.sink, self.job_id, self.attempt = sink, job_id, attempt
+    def __init__(self, sink: Sink, job_id: str, attempt: int, extra: dict[str, Any] | None = None) -> None:
+        """extra: fields of every entry (a world's `world` version and `slice`)."""
+        self.sink, self.job_id, self.attempt, self.extra = sink, job_id, attempt, extra or {}
 
     def emit(self, event: str, step: int, **fields: Any) -> dict[str, Any]:
-        payload = {"event": event, "job_id": self.job_id, "attempt": self.attempt, "step": step, **fields}
+        payload = {"event": event, "job_id": self.job_id, "attempt": self.attempt, "step": step, **self.extra, **fields}
         try:
             self.sink.write(payload)
         except Exception as e:  # a lost entry is repaired by the sweep; training must go on

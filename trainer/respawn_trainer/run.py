@@ -33,6 +33,7 @@ from respawn_trainer.handover import Handover, objects_for, take_over
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
 from respawn_trainer.notice import PreemptionWatch, leave_notice, on_gce
 from respawn_trainer.schedule import SaveDone, SaveSchedule, save_policy
+from respawn_trainer.world import WORLD_CHANGED_RC, Membership, WorldChanged
 
 if TYPE_CHECKING:
     from respawn_trainer.checkpoint import Checkpointer
@@ -63,17 +64,21 @@ class Run:
         environ = os.environ if env is None else env
         self.env: RunEnv = load_env(environ, on_gce=on_gce())
         self.steps, self.step = steps, 0
+        # A world of several slices (RESPAWN_WORLD_VERSION): joined before JAX, whose runtime spans the whole world
+        self.world = Membership.join(self.env) if self.env.world_version is not None else None
         self.handover = Handover(self.env, objects_for(self.env)) if self.env.handover else None
         train_on = self.handover.on_notice if self.handover else None
         self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s, train_on=train_on).start()
         sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
-        self.lifecycle = Lifecycle(sink, *self._job_and_attempt())
+        self.lifecycle = Lifecycle(sink, *self._job_and_attempt(), self.world.fields() if self.world else None)
         self._startup_split = {"import_s": began - self.goodput.started}
         self._gc = _PausedGc()
         try:
             if use_jax:
-                runtime.configure(self.env, distributed)
-            if not runtime.is_primary():
+                runtime.configure(self.env, distributed, self.world.placement() if self.world else None)
+            if self.world:
+                self.world.formed()
+            if not (self.world.slice_lead if self.world else runtime.is_primary()):
                 self.lifecycle = Lifecycle(NullSink(), *self._job_and_attempt())
             if checkpointer is None:
                 from respawn_trainer.checkpoint import Checkpoints
@@ -127,13 +132,19 @@ class Run:
             self.data = TimedIterator(data, self.goodput)
         if template is None:
             template = _template(init)
-        restored = self.checkpoints.restore_newest(template, self._agree_after_restore)
+        if self.world:
+            restored = self.world.restore(self.checkpoints, template, agree_after_restore)
+        else:
+            restored = self.checkpoints.restore_newest(template, agree_after_restore)
         if restored is None:
             state, step = (init() if callable(init) else init), 0
         else:
             state, step = restored
         read = time.monotonic()
         runtime.programs_ready()  # those compiled() loads in the background meanwhile
+        if self.world and self.world.stale():  # a newer world before the first step: leave it without training
+            self.close(prune=False)
+            raise WorldChanged("a newer world came before the first step")
         now = time.monotonic()
         self.step = step
         self.schedule = SaveSchedule(self.schedule.policy, final_step=self.steps, restored_step=step)
@@ -144,6 +155,8 @@ class Run:
         takeover = {"takeover": outcome} if self.env.takeover else {}  # "found": the drain marker; "timeout": none
         if self.env.takeover:
             split["takeover_wait_s"] = waited
+        if self.world:
+            takeover["restored_from"] = self.world.restored_from  # "local": this host's copy of the change's save
         startup = now - waited - self.goodput.started
         self.lifecycle.emit(
             "started",
@@ -160,8 +173,17 @@ class Run:
         return state, step
 
     def keep_going(self, step: int) -> bool:
-        """False once `steps` are done, or when any host has the preemption notice (every host agrees)."""
+        """False once `steps` are done, or when any host has the preemption notice (every host agrees); in a world,
+        also when a newer world wants it stopped (exit_code then says how the process ends)."""
+        if self.world and step < self.steps:
+            return self.world.keep_going(step, self.watch.noticed)
         return step < self.steps and not runtime.agree_any(self.watch.noticed)
+
+    @property
+    def exit_code(self) -> int:
+        """The process's exit code once finished: 0, or WORLD_CHANGED_RC (75) where its world changed and it is to be
+        started again in the new one (a world's slice that did not have the notice itself)."""
+        return self.world.exit_code if self.world else 0
 
     def step_done(self, step: int, state: Any, loss: Any = None, **fields: Any) -> None:
         """After each step: a `progress` entry at most every RESPAWN_PROGRESS_S, a save when one is due. `fields`
@@ -187,15 +209,17 @@ class Run:
         whole state) or `stopped` (the notice), each with `fields` of the caller's own (JSON values) added.
         Returns the event sent."""
         self.step, self._fields = step, fields
-        if step < self.steps:
+        if step < self.steps and self.exit_code == 0:
             leave_notice(self.env.notice_file)
         self._save_last(state)
+        if self.world and step < self.steps:
+            self.world.keep_local(step, state, self.checkpoints)
         if self.handover and self.watch.noticed_at is not None and runtime.is_primary():  # done, or trained to the end
             self.handover.drained(self.env.job_id, self.env.attempt, step)
         if step >= self.steps:
             digest = state_sha256(state if params is None else params)
             loss = _finite(state.get("loss") if isinstance(state, dict) and "loss" in state else self._loss)
-            kept = self._keep_final(step) if runtime.is_primary() else {}
+            kept = _keep_final(self.checkpoints, step) if runtime.is_primary() else {}
             self.lifecycle.emit(
                 "completed",
                 step,
@@ -207,6 +231,10 @@ class Run:
             )
             log.info("completed step %d: loss %.4f params_sha256 %s", step, loss or 0.0, digest)
             event = "completed"
+        elif self.exit_code == WORLD_CHANGED_RC:
+            self.lifecycle.emit("stopped", step, reason="world-changed", goodput=self.goodput.summary(), **fields)
+            log.info("world changed: stopped at step %d, saved; exit %d", step, WORLD_CHANGED_RC)
+            event = "stopped"
         else:
             self.lifecycle.emit("stopped", step, reason="preempted", goodput=self.goodput.summary(), **fields)
             took = time.monotonic() - (self.watch.noticed_at or time.monotonic())
@@ -230,6 +258,8 @@ class Run:
                 self.checkpoints.close()
             runtime.shutdown()
         self.watch.stop()
+        if self.world:
+            self.world.stop()
 
     # -- context: failures and teardown -------------------------------------------------------------------------
 
@@ -246,7 +276,7 @@ class Run:
     def _failed(self, error: BaseException) -> None:
         """Keep a save that was already under way, then tell the control plane (no entry for Ctrl-C)."""
         self._gc.resume()
-        if isinstance(error, (KeyboardInterrupt, NoticedBeforeStart)):
+        if isinstance(error, (KeyboardInterrupt, NoticedBeforeStart, WorldChanged)):
             return
         failure = classify(error)  # its cause and fix, and whether another machine would do better
         log.error("failed: %s", failure.text, exc_info=not isinstance(error, ConfigError))
@@ -261,20 +291,6 @@ class Run:
         self.lifecycle.emit("failed", self.step, error=failure.text, goodput=summary, **permanent)
 
     # -- saves ----------------------------------------------------------------------------------------------------
-
-    def _keep_final(self, step: int) -> dict[str, str]:
-        """The final save, kept past the checkpoint bucket's retention (Checkpoints.keep_final): {"final_weights":
-        where}, or nothing for a checkpointer of the user's own or when the copy failed (said in the log)."""
-        keep = getattr(self.checkpoints, "keep_final", None)
-        if keep is None:
-            return {}
-        try:
-            where = str(keep(step))
-        except Exception as e:
-            log.warning("could not keep the final checkpoint past the bucket's retention: %s", one_line(e))
-            return {}
-        log.info("final weights kept at %s", where)
-        return {"final_weights": where}
 
     def _save_last(self, state: Any) -> None:
         if self.schedule.should_save(self.step, loop_ended=True):
@@ -319,14 +335,29 @@ class Run:
                 **self._saved_fields.pop(done.step, {}),
             )
 
-    @staticmethod
-    def _agree_after_restore(failed: bool) -> bool:
-        """Did any host fail to read the step? A host that read it passed Orbax's barrier after the read, so
-        every host did. A host that failed meets the others here if they failed too (an unreadable step);
-        if they are waiting in Orbax's barrier instead, its wait times out and the slice fails, rather than
-        hang (a step only some hosts can read: a lost shard, or a transient read error)."""
-        runtime.barrier("restored", RESTORE_FAILED_WAIT_S if failed else runtime.BARRIER_TIMEOUT_S)
-        return runtime.agree_any(failed)
+
+def agree_after_restore(failed: bool) -> bool:
+    """Did any host fail to read the step? A host that read it passed Orbax's barrier after the read, so
+    every host did. A host that failed meets the others here if they failed too (an unreadable step);
+    if they are waiting in Orbax's barrier instead, its wait times out and the slice fails, rather than
+    hang (a step only some hosts can read: a lost shard, or a transient read error)."""
+    runtime.barrier("restored", RESTORE_FAILED_WAIT_S if failed else runtime.BARRIER_TIMEOUT_S)
+    return runtime.agree_any(failed)
+
+
+def _keep_final(checkpoints: Any, step: int) -> dict[str, str]:
+    """The final save, kept past the checkpoint bucket's retention (Checkpoints.keep_final): {"final_weights":
+    where}, or nothing for a checkpointer of the user's own or when the copy failed (said in the log)."""
+    keep = getattr(checkpoints, "keep_final", None)
+    if keep is None:
+        return {}
+    try:
+        where = str(keep(step))
+    except Exception as e:
+        log.warning("could not keep the final checkpoint past the bucket's retention: %s", one_line(e))
+        return {}
+    log.info("final weights kept at %s", where)
+    return {"final_weights": where}
 
 
 class TimedIterator:

@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from respawn_trainer.env import COORDINATOR_PORT, RunEnv
 from respawn_trainer.failures import PERMANENT_RC as PERMANENT_RC  # re-exported
@@ -41,18 +41,34 @@ STORED_PROGRAM_FORMAT = "kept-2"
 CACHE_PROBE_TIMEOUT_S = 10.0  # an unreachable gs:// cache costs this long once, then the run compiles without it
 
 
-def wants_distributed(run: RunEnv, mode: str = "auto") -> bool:
-    """On a multi-host TPU slice every worker runs the trainer; TPU_WORKER_HOSTNAMES lists them all."""
+class Placement(NamedTuple):
+    """This process's place in a world of several slices (respawn_trainer.world): JAX's multi-controller runtime is
+    formed over every host of every member slice, so the coordinator, process id and count are the world's."""
+
+    coordinator: str
+    process_id: int
+    process_count: int
+
+
+def wants_distributed(run: RunEnv, mode: str = "auto", world: Placement | None = None) -> bool:
+    """On a multi-host TPU slice every worker runs the trainer; TPU_WORKER_HOSTNAMES lists them all. In a world, it
+    is the world's process count that counts."""
     if mode != "auto":
         return mode == "on"
+    if world is not None:
+        return world.process_count > 1
     return len(run.worker_hostnames) > 1
 
 
-def initialize_args(run: RunEnv) -> dict[str, Any]:
-    """The arguments of jax.distributed.initialize(): explicit from TPU_WORKER_ID / TPU_WORKER_HOSTNAMES when
-    both are set (JAX_COORDINATOR_ADDRESS, else the first host on port 8482), else JAX's own auto-detection."""
+def initialize_args(run: RunEnv, world: Placement | None = None) -> dict[str, Any]:
+    """The arguments of jax.distributed.initialize(): the world's placement in a world; explicit from TPU_WORKER_ID /
+    TPU_WORKER_HOSTNAMES when both are set (JAX_COORDINATOR_ADDRESS, else the first host on port 8482), else JAX's own
+    auto-detection."""
     args: dict[str, Any] = {"heartbeat_timeout_seconds": run.heartbeat_timeout_s}
-    if run.worker_id is not None and run.worker_hostnames:
+    if world is not None:
+        args.update(coordinator_address=world.coordinator, num_processes=world.process_count)
+        args["process_id"] = world.process_id
+    elif run.worker_id is not None and run.worker_hostnames:
         hosts = run.worker_hostnames
         args["coordinator_address"] = run.coordinator_address or f"{hosts[0]}:{COORDINATOR_PORT}"
         args["num_processes"] = len(hosts)
@@ -75,18 +91,19 @@ def jax_config() -> JaxConfig:
     return cast(JaxConfig, jax.config)
 
 
-def configure(run: RunEnv, distributed: str = "auto") -> None:
-    """Call before the first JAX computation: flags, multi-host init, then the compilation cache."""
+def configure(run: RunEnv, distributed: str = "auto", world: Placement | None = None) -> None:
+    """Call before the first JAX computation: flags, multi-host init (over the whole world when given one), then the
+    compilation cache."""
     for flag in determinism_flags(run):
         if flag.partition("=")[0] + "=" not in os.environ.get("XLA_FLAGS", ""):  # the job's own setting stands
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     import jax
 
-    if wants_distributed(run, distributed):
+    if wants_distributed(run, distributed, world):
         # JAX's preemption service installs its own SIGTERM handler, which would swallow the notice:
         # the trainer watches SIGTERM itself and agrees on it across processes (agree_any).
         jax_config().update("jax_enable_preemption_service", False)
-        jax.distributed.initialize(**initialize_args(run))
+        jax.distributed.initialize(**initialize_args(run, world))
         log.info(
             "process %d of %d (%d local devices of %d), heartbeat timeout %ds",
             jax.process_index(),
@@ -363,14 +380,25 @@ def agree_any(flag: bool) -> bool:
     return agree_max(float(flag)) > 0.0
 
 
-_max_over_processes: Any = None
+_max_over_processes: dict[int, Any] = {}  # by width: 0 for agree_max's scalar, n for agree_max_each's n values
 
 
 def agree_max(value: float) -> float:
     """The largest of every process's `value` (float32), on every process: one small compiled collective."""
-    global _max_over_processes
     if process_count() == 1:
         return value
+    return float(_max_over_processes_of([value], 0)[()])
+
+
+def agree_max_each(values: list[float]) -> list[float]:
+    """agree_max of each of `values` (the same number on every process), in the same one collective: a world's
+    processes agree in one step on whether to stop and which slices had the notice."""
+    if process_count() == 1:
+        return [float(v) for v in values]
+    return [float(v) for v in _max_over_processes_of(values, len(values))]
+
+
+def _max_over_processes_of(values: list[float], width: int) -> Any:
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
@@ -378,10 +406,9 @@ def agree_max(value: float) -> float:
 
     devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
     per_process = NamedSharding(Mesh(devices, ("processes", "local")), P("processes"))
-    if _max_over_processes is None:
-        program = jax.jit(lambda x: x.max(), out_shardings=per_process.update(spec=P()))
-        _max_over_processes = compiled(
-            program, jax.ShapeDtypeStruct((jax.process_count(),), np.float32, sharding=per_process)
-        )
-    values = jax.make_array_from_process_local_data(per_process, np.array([value], np.float32))
-    return float(_max_over_processes(values))
+    shape = (jax.process_count(), width) if width else (jax.process_count(),)
+    if width not in _max_over_processes:
+        program = jax.jit(lambda x: x.max(axis=0), out_shardings=per_process.update(spec=P()))
+        _max_over_processes[width] = compiled(program, jax.ShapeDtypeStruct(shape, np.float32, sharding=per_process))
+    local = np.array([values], np.float32) if width else np.array(values, np.float32)
+    return np.asarray(_max_over_processes[width](jax.make_array_from_process_local_data(per_process, local)))

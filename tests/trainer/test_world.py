@@ -1,0 +1,229 @@
+"""Worlds of several slices (respawn_trainer.world): 2 slices x 1 host on loopback, 1 CPU device each, gloo.
+
+The reference is the uninterrupted 2-slice world. A world that stops for a change saves once at one agreed step;
+the next world restores (from the survivors' local copies) and trains on: the same steps, each once, the same batches.
+Bitwise equal to the reference where the next world's membership is the reference's; else the loss of every step
+within 1e-3 relative of the reference's (data-exact).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from trainer_harness import COMPLETED, committed_steps, trainer_env
+from world_harness import (
+    SliceMetadata,
+    WorldKey,
+    coordinator,
+    entries_of,
+    finish_all,
+    losses,
+    start_world,
+    tails,
+)
+
+STEPS = 60
+ARGS = ["--model=nano", f"--steps={STEPS}", "--seed=7", "--checkpoint-every=10", "--log-every=1"]
+TOLERANCE = 1e-3  # relative, per step, where the membership differs from the reference's
+WORLD_CHANGED = 75
+
+
+@dataclass(frozen=True)
+class WorldReference:
+    params_sha256: str
+    losses: dict[int, float]
+
+
+@dataclass
+class Servers:
+    key: WorldKey
+    slices: dict[int, SliceMetadata]
+
+
+@pytest.fixture
+def servers() -> Iterator[Servers]:
+    key = WorldKey()
+    found = Servers(key, {s: SliceMetadata(key) for s in (0, 1)})
+    yield found
+    for server in found.slices.values():
+        server.server.shutdown()
+
+
+def single_losses(runs: list) -> dict[int, float]:
+    found = losses(runs)
+    assert all(len(v) == 1 for v in found.values()), {k: v for k, v in found.items() if len(v) > 1}
+    return {k: v[0] for k, v in found.items()}
+
+
+@pytest.fixture(scope="module")
+def world_reference(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path) -> WorldReference:
+    """The uninterrupted 2-slice world."""
+    root = tmp_path_factory.mktemp("world-reference")
+    key = WorldKey()
+    slices = {s: SliceMetadata(key) for s in (0, 1)}
+    key.set(1, [0, 1], coordinator())
+    env = trainer_env(str(root / "ckpt"), root / "unused.jsonl", compile_cache)
+    runs = start_world(env, 1, [0, 1], slices, root, ARGS)
+    codes = finish_all(runs)
+    assert codes == {0: 0, 1: 0}, tails(runs)
+    hashes = {COMPLETED.findall("".join(r.stderr))[-1][1] for r in runs.values()}
+    assert len(hashes) == 1
+    for server in slices.values():
+        server.server.shutdown()
+    return WorldReference(hashes.pop(), single_losses([runs[0]]))
+
+
+@pytest.mark.slow
+def test_a_slices_notice_stops_the_world_the_survivor_trains_on_from_its_local_copy_and_the_slice_rejoins(
+    tmp_path: Path, compile_cache: Path, servers: Servers, world_reference: WorldReference
+) -> None:
+    """Worlds of 2, 1 and 2 slices: slice 1's notice, then its replacement joining at an announced step."""
+    ckpt = tmp_path / "ckpt"
+    env = trainer_env(str(ckpt), tmp_path / "unused.jsonl", compile_cache)
+    servers.key.set(1, [0, 1], coordinator())
+    first = start_world(env, 1, [0, 1], servers.slices, tmp_path, ARGS)
+    assert first[0].wait_step(12) >= 12, tails(first)
+    first[1].signal(signal.SIGTERM)  # slice 1's notice only (its soft off: the metadata flag is polled each second)
+    codes = finish_all(first)
+    assert codes == {0: WORLD_CHANGED, 1: 0}, tails(first)
+    stopped = {s: [e for e in entries_of(tmp_path, s) if e["event"] == "stopped"][-1] for s in (0, 1)}
+    step = stopped[0]["step"]
+    assert stopped[1]["step"] == step and step in committed_steps(ckpt)
+    assert stopped[0]["reason"] == "world-changed" and stopped[1]["reason"] == "preempted"
+    assert stopped[0]["world"] == 1 and stopped[1]["slice"] == 1
+    assert (tmp_path / "notice-1").exists() and not (tmp_path / "notice-0").exists()
+
+    servers.key.set(2, [0], None, step)  # the survivor alone: one process, no coordinator needed
+    second = start_world(env, 2, [0], servers.slices, tmp_path, ARGS)
+    joins = second[0].wait_step(step + 3) + 10  # the replacement is ready: it joins at a boundary announced ahead
+    servers.key.set(3, [0, 1], coordinator(), joins)
+    assert finish_all(second) == {0: WORLD_CHANGED}, tails(second)
+    started = [e for e in entries_of(tmp_path, 0) if e["event"] == "started"][-1]
+    assert started["restored_step"] == step and started["restored_from"] == "local" and started["world"] == 2
+    assert [e for e in entries_of(tmp_path, 0) if e["event"] == "stopped"][-1]["step"] == joins
+
+    third = start_world(env, 3, [0, 1], servers.slices, tmp_path, ARGS)  # slice 1 has no local copy: the store
+    assert finish_all(third) == {0: 0, 1: 0}, tails(third)
+    started = [e for e in entries_of(tmp_path, 1) if e["event"] == "started"][-1]
+    assert started["restored_step"] == joins and started["restored_from"] == "store"
+    trained = single_losses([first[0], second[0], third[0]])  # each step once: none redone, none skipped
+    assert sorted(trained) == list(range(1, STEPS + 1))
+    for s in range(1, STEPS + 1):
+        if s <= step:  # the reference's membership: the same bits
+            assert trained[s] == world_reference.losses[s], s
+        else:  # the same batch, summed in another order from step + 1 on
+            assert abs(trained[s] - world_reference.losses[s]) <= TOLERANCE * world_reference.losses[s], s
+
+
+@pytest.mark.slow
+def test_a_newer_world_with_a_step_stops_both_there_and_the_next_world_ends_bitwise(
+    tmp_path: Path, compile_cache: Path, servers: Servers, world_reference: WorldReference
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    env = trainer_env(str(ckpt), tmp_path / "unused.jsonl", compile_cache)
+    servers.key.set(1, [0, 1], coordinator())
+    first = start_world(env, 1, [0, 1], servers.slices, tmp_path, ARGS)
+    boundary = first[0].wait_step(5) + 20  # announced ahead, as the control plane does
+    servers.key.set(2, [0, 1], coordinator(), boundary)
+    assert finish_all(first) == {0: WORLD_CHANGED, 1: WORLD_CHANGED}, tails(first)
+    for s in (0, 1):
+        stopped = [e for e in entries_of(tmp_path, s) if e["event"] == "stopped"][-1]
+        assert stopped["step"] == boundary and stopped["reason"] == "world-changed"
+    assert boundary in committed_steps(ckpt)
+    assert all(server.world_gets < 20 for server in servers.slices.values())  # hanging GETs, not a poll
+
+    second = start_world(env, 2, [0, 1], servers.slices, tmp_path, ARGS)
+    assert finish_all(second) == {0: 0, 1: 0}, tails(second)
+    for s in (0, 1):
+        started = [e for e in entries_of(tmp_path, s) if e["event"] == "started"][-1]
+        assert started["restored_step"] == boundary and started["restored_from"] == "local"
+        completed = [e for e in entries_of(tmp_path, s) if e["event"] == "completed"][-1]
+        assert completed["params_sha256"] == world_reference.params_sha256
+    assert sorted(single_losses([first[0], second[0]])) == list(range(1, STEPS + 1))
+
+
+def test_an_older_world_on_the_key_is_ignored_and_a_newer_one_before_the_first_step_ends_it_with_75(
+    tmp_path: Path, compile_cache: Path, servers: Servers
+) -> None:
+    """Started for world 2 while the key still says 1: it waits (ignores 1); world 3 comes: exit 75, nothing trained.
+    Started for world 2 while the key says 3: exit 75 at once."""
+    env = trainer_env(str(tmp_path / "ckpt"), tmp_path / "unused.jsonl", compile_cache)
+    servers.key.set(1, [0], None)
+    waiting = start_world(env, 2, [0], servers.slices, tmp_path, ARGS)
+    time.sleep(3.0)
+    assert waiting[0].proc.poll() is None, tails(waiting)
+    servers.key.set(3, [0], None)
+    assert finish_all(waiting, 60) == {0: WORLD_CHANGED}, tails(waiting)
+    late = start_world(env, 2, [0], servers.slices, tmp_path, ARGS)
+    assert finish_all(late, 60) == {0: WORLD_CHANGED}, tails(late)
+    assert entries_of(tmp_path, 0) == [] and not (tmp_path / "ckpt").exists()
+    assert "ignoring world 1" in waiting[0].tail(50) and "world 3 is on the key" in late[0].tail(50)
+
+
+class Position:
+    """A data iterator whose state is one global stream position."""
+
+    state_is_global = True
+
+    def __init__(self, position: int = 0) -> None:
+        self.position = position
+
+    def get_state(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+def test_a_local_copy_restores_the_state_and_the_data_position_bitwise_and_only_for_the_newest_step(
+    tmp_path: Path,
+) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from respawn_trainer.checkpoint import abstract
+    from respawn_trainer.local_copy import LocalCopy
+
+    state = {
+        "params": {"w": jax.random.normal(jax.random.PRNGKey(3), (8, 4)), "b": jnp.arange(4, dtype=jnp.bfloat16)},
+        "step": jnp.int32(17),
+    }
+    copy = LocalCopy(str(tmp_path), "gs://bucket/job")
+    assert copy.keep(16, state, Position(99), True) is not None
+    assert copy.keep(17, state, Position(123), True) is not None  # only the newest is kept
+    assert [p.name for p in copy.dir.iterdir()] == ["17"]
+    assert copy.read(16, abstract(state), None) is None  # not the store's newest: not used
+    data = Position()
+    restored = copy.read(17, abstract(state), data)
+    assert restored is not None and restored[1] == {"position": 123}
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored[0]), strict=True):
+        assert a.dtype == b.dtype and a.sharding == b.sharding
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    other = LocalCopy(str(tmp_path), "gs://bucket/another-job")  # another job's checkpoints: nothing
+    assert other.read(17, abstract(state), data) is None
+
+
+def test_a_world_key_older_or_equal_is_ignored_and_a_newer_one_stops_at_its_step() -> None:
+    from respawn_trainer.world import World, WorldWatch
+
+    assert World.parse('{"version": 2, "members": [0, 1], "coordinator": "h:1", "step": null}') == World(
+        2, (0, 1), "h:1", None
+    )
+    assert World.parse("not json") is None and World.parse('{"members": [0]}') is None
+    world = World(3, (2, 5), "h:1")
+    assert world.placement(5, 1, hosts=2).process_id == 3 and world.placement(5, 1, hosts=2).process_count == 4
+    assert world.slice_of_processes(2) == [2, 2, 5, 5]
+    explicit = World(3, (2, 5), "h:1", process_ids={"5/0": 0, "2/0": 1})
+    assert explicit.placement(2, 0, hosts=1).process_id == 1 and explicit.slice_of_processes(1) == [5, 2]
+    watch = WorldWatch("http://127.0.0.1:9", 2, None)  # not started: its decision alone
+    assert not watch.stop_at(10)
+    watch.newest = World(3, (0,), step=12)
+    assert not watch.stop_at(11) and watch.stop_at(12) and watch.stop_at(20)
+    watch.newest = World(3, (0,), step=None)
+    assert watch.stop_at(1)

@@ -1,0 +1,302 @@
+"""A world: one JAX multi-controller job over every host of every member slice, which the control plane re-forms
+when a slice goes or comes (docs/design/several-slices.md, "One step, then a new world").
+
+The contract (the control plane produces it; trainer/README.md, Worlds of several slices):
+* `RESPAWN_WORLD_VERSION` (int >= 1): the world this process was started for. Absent: no world, today's behaviour.
+* `RESPAWN_SLICE` (int >= 0, default 0): the slice this host belongs to; `TPU_WORKER_ID` is its host in the slice.
+* The VM metadata key `respawn-world`, JSON `{"version", "members", "coordinator", "step", "process_ids"}`, read from
+  the metadata server and watched with its own hanging GET (`wait_for_change=true`, `last_etag`, `timeout_sec`):
+  never polled faster than once a second, whatever the server does. `process_ids` ({"SLICE/WORKER": id}) may be left
+  out: process ids then follow `members` order, each slice's hosts in worker order. JAX's runtime is initialized
+  with the world's coordinator, this process's id and the world's process count.
+* Exit code 75 (EX_TEMPFAIL, `WORLD_CHANGED_RC`): the world changed; start me again in the new one.
+
+Before the world is formed, a process that finds a newer version on the key exits 75 at once (nothing is trained, so
+nothing is lost; a peer that already left would otherwise hold `jax.distributed.initialize` until its timeout). Once
+formed, every stop is agreed through the collective that makes a slice's hosts agree on the notice
+(`runtime.agree_max_each`): all processes stop after the same step, and the world saves once. A version older than
+this process's is ignored wherever it is read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from respawn_trainer import runtime
+from respawn_trainer.env import RunEnv
+from respawn_trainer.local_copy import LocalCopy
+
+log = logging.getLogger("trainer")
+WORLD_CHANGED_RC = 75  # EX_TEMPFAIL: "the world changed: start me again in the new world"
+KEY = "instance/attributes/respawn-world"
+WAIT_S = 60  # timeout_sec of one hanging GET
+JOIN_WAIT_S = 300.0  # how long a process started for version v waits for the key to say v before it exits 75
+MIN_INTERVAL_S = 1.0  # a server that does not hang (or answers errors) is asked at most this often
+READ_TIMEOUT_S = 10.0
+
+
+class WorldChanged(SystemExit):
+    """The process leaves its world without training on (exit 75): a newer world is on the key, or its own never
+    came."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(WORLD_CHANGED_RC)
+        self.why = why
+        log.warning("%s: exit %d", why, WORLD_CHANGED_RC)
+
+
+@dataclass(frozen=True)
+class World:
+    """One version of the `respawn-world` key."""
+
+    version: int
+    members: tuple[int, ...]
+    coordinator: str | None = None
+    step: int | None = None  # of a newer version than the running one: the save boundary to stop at
+    process_ids: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> World | None:
+        """The key's value, or None (with a warning) when it is not a world: a bad value is ignored, as a stale one."""
+        try:
+            value = json.loads(text)
+            step = value.get("step")
+            world = cls(
+                version=int(value["version"]),
+                members=tuple(int(m) for m in value["members"]),
+                coordinator=value.get("coordinator") or None,
+                step=None if step is None else int(step),
+                process_ids={str(k): int(v) for k, v in (value.get("process_ids") or {}).items()},
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("ignoring the %s key: not a world (%s: %s)", KEY, type(e).__name__, e)
+            return None
+        return world
+
+    def ids(self, hosts: int) -> dict[tuple[int, int], int]:
+        """(slice, worker) -> process id: `process_ids`, else members order with each slice's hosts in worker order."""
+        if self.process_ids:
+            pairs = (key.split("/", 1) for key in self.process_ids)
+            return {(int(s), int(w)): self.process_ids[f"{s}/{w}"] for s, w in pairs}
+        return {(s, w): i * hosts + w for i, s in enumerate(self.members) for w in range(hosts)}
+
+    def placement(self, slice_: int, worker: int, hosts: int) -> runtime.Placement:
+        ids = self.ids(hosts)
+        if (slice_, worker) not in ids:
+            raise WorldChanged(f"slice {slice_} host {worker} has no process id in world {self.version}")
+        if len(ids) > 1 and not self.coordinator:
+            raise WorldChanged(f"world {self.version} names no coordinator")
+        return runtime.Placement(self.coordinator or "", ids[(slice_, worker)], len(ids))
+
+    def slice_of_processes(self, hosts: int) -> list[int]:
+        """The slice of each process id, in id order (for a mesh with a `slice` axis)."""
+        by_id = {i: s for (s, _), i in self.ids(hosts).items()}
+        return [by_id[i] for i in sorted(by_id)]
+
+
+def read_world(metadata_url: str, etag: str | None = None, wait_s: float = 0) -> tuple[World | None, str | None]:
+    """(the key's world or None, its ETag). wait_s > 0: the metadata server's hanging GET, answered when the value
+    differs from `etag` (or after wait_s). A missing key is (None, its ETag); other errors raise OSError."""
+    query = {"wait_for_change": "true", "timeout_sec": str(int(wait_s))} if wait_s > 0 else {}
+    if query and etag:
+        query["last_etag"] = etag
+    url = f"{metadata_url}/{KEY}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=wait_s + READ_TIMEOUT_S) as response:
+            return World.parse(response.read().decode(errors="replace")), response.headers.get("ETag")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:  # no key yet: a wait from its ETag answers once it appears
+            return None, e.headers.get("ETag") if e.headers else None
+        raise
+
+
+class _Reader:
+    """Successive reads of the key for one waiter: hanging GETs from the last ETag, never more than one a second."""
+
+    def __init__(self, metadata_url: str, etag: str | None = None) -> None:
+        self.url, self.etag = metadata_url, etag
+        self._last, self._warned = 0.0, False
+
+    def next(self, wait_s: float, pause: threading.Event | None = None) -> World | None:
+        idle = self._last + MIN_INTERVAL_S - time.monotonic()
+        if idle > 0:
+            (pause or threading.Event()).wait(idle)
+        self._last = time.monotonic()
+        try:
+            world, self.etag = read_world(self.url, self.etag, wait_s)
+        except OSError as e:
+            if not self._warned:
+                log.warning("cannot read %s (%s); still waiting", KEY, e)
+                self._warned = True
+            return None
+        return world
+
+
+def join(env: RunEnv) -> tuple[World, str | None]:
+    """The world of RESPAWN_WORLD_VERSION from the key: waited for while the key says an older one (ignored), up to
+    JOIN_WAIT_S; a newer one, or none in time, is WorldChanged (exit 75)."""
+    assert env.world_version is not None and env.metadata_url
+    reader, deadline = _Reader(env.metadata_url), time.monotonic() + JOIN_WAIT_S
+    world = reader.next(0)
+    while world is None or world.version < env.world_version:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WorldChanged(f"the key never said world {env.world_version} within {JOIN_WAIT_S:.0f}s")
+        if world is not None:
+            log.info("ignoring world %d on the key: this process is for world %d", world.version, env.world_version)
+        world = reader.next(min(WAIT_S, max(left, 1.0)))
+    if world.version > env.world_version:
+        raise WorldChanged(f"world {world.version} is on the key: this process was started for {env.world_version}")
+    if env.slice not in world.members:
+        raise WorldChanged(f"slice {env.slice} is not a member of world {world.version} ({list(world.members)})")
+    return world, reader.etag
+
+
+class WorldWatch:
+    """Watches the key from a thread with the metadata server's hanging GET: `newest` is the newest version above
+    the running one seen so far (an older or equal version is ignored)."""
+
+    def __init__(self, metadata_url: str, version: int, etag: str | None) -> None:
+        self.version = version
+        self.newest: World | None = None
+        self.on_newer: Any = None  # called with the new world, from the watch's thread
+        self._reader = _Reader(metadata_url, etag)
+        self._stop = threading.Event()
+
+    def start(self) -> WorldWatch:
+        threading.Thread(target=self._watch, name="world-watch", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stop_at(self, step: int) -> bool:
+        """Whether the newer world wants the running one stopped after `step`: at its `step`, else at once."""
+        newest = self.newest
+        return newest is not None and (newest.step is None or step >= newest.step)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            world = self._reader.next(WAIT_S, self._stop)
+            newest = self.newest
+            if world is None or world.version <= max(self.version, newest.version if newest else 0):
+                continue
+            self.newest = world
+            at = "at once" if world.step is None else f"after step {world.step}"
+            log.warning("world %d is on the key (this is %d): saving and leaving %s", world.version, self.version, at)
+            if self.on_newer is not None:
+                self.on_newer(world)
+
+
+class Membership:
+    """One process's place in its world: the world, the watch on the key, how it stops and with which exit code."""
+
+    def __init__(self, env: RunEnv, world: World, etag: str | None) -> None:
+        assert env.world_version is not None and env.metadata_url
+        self.env, self.world, self.slice = env, world, env.slice
+        self.worker, self.hosts = env.worker_id or 0, env.hosts
+        self.exit_code = 0  # 0: completed, or stopped on its own slice's notice; WORLD_CHANGED_RC: start me again
+        self.noticed_slices: tuple[int, ...] = ()
+        self.restored_from = "store"  # or "local": the restore read this host's local copy
+        self.local = LocalCopy(env.local_copy_dir, env.checkpoint_uri) if env.local_copy_dir else None
+        self._forming, self._lock = True, threading.Lock()
+        self.watch = WorldWatch(env.metadata_url, env.world_version, etag)
+        self.watch.on_newer = self._leave_if_forming
+        self.watch.start()
+
+    @classmethod
+    def join(cls, env: RunEnv) -> Membership:
+        world, etag = join(env)
+        log.info("world %d: slices %s, this one %d", world.version, list(world.members), env.slice)
+        return cls(env, world, etag)
+
+    @property
+    def version(self) -> int:
+        return self.world.version
+
+    def placement(self) -> runtime.Placement:
+        return self.world.placement(self.slice, self.worker, self.hosts)
+
+    @property
+    def slice_lead(self) -> bool:
+        """Each member slice's first host sends its own attempt's lifecycle entries."""
+        return self.worker == 0
+
+    def fields(self) -> dict[str, int]:
+        """Added to every lifecycle entry."""
+        return {"world": self.version, "slice": self.slice}
+
+    def slice_of_processes(self) -> list[int]:
+        return self.world.slice_of_processes(self.hosts)
+
+    def formed(self) -> None:
+        """JAX's runtime is up over the whole world: from now on a newer world is agreed on, at a step boundary."""
+        with self._lock:
+            self._forming = False
+
+    def _leave_if_forming(self, world: World) -> None:
+        with self._lock:
+            if self._forming:
+                log.warning("world %d came while world %d was forming: exit %d", world.version, self.version, 75)
+                sys.stderr.flush()
+                os._exit(WORLD_CHANGED_RC)
+
+    def stale(self) -> bool:
+        """Before the first step: has any process seen a newer world? (a collective: every process calls it)"""
+        return runtime.agree_any(self.watch.newest is not None)
+
+    def keep_going(self, step: int, noticed: bool) -> bool:
+        """One agreement per step: stop when a newer world wants it (its `step`, or at once) or a host of any member
+        slice has the notice. The noticed slices' processes then exit as for a notice (0), the others 75."""
+        mine = [float(noticed and member == self.slice) for member in self.world.members]
+        agreed = runtime.agree_max_each([float(self.watch.stop_at(step)), *mine])
+        noticed_slices = tuple(m for m, flag in zip(self.world.members, agreed[1:], strict=True) if flag > 0)
+        if agreed[0] <= 0 and not noticed_slices:
+            return True
+        self.noticed_slices = noticed_slices
+        self.exit_code = 0 if self.slice in noticed_slices else WORLD_CHANGED_RC
+        why = f"slice(s) {list(noticed_slices)} noticed" if noticed_slices else "a newer world"
+        log.warning("world %d stops after step %d: %s; exit %d", self.version, step, why, self.exit_code)
+        return False
+
+    def restore(self, checkpoints: Any, template: Any, agree: Any) -> tuple[Any, int] | None:
+        """This host's local copy where every process holds one of the store's newest step, else the store's."""
+        newest = _newest_step(checkpoints)
+        data = getattr(checkpoints, "data", None)
+        local = self.local.read(newest, template, data) if self.local and newest is not None else None
+        if not runtime.agree_any(local is None):
+            assert local is not None and newest is not None
+            state, data_state = local
+            if data is not None:
+                data.set_state(data_state)
+            self.restored_from = "local"
+            log.info("restored step %d from the local copy in %s", newest, self.local and self.local.dir)
+            return state, newest
+        restored: tuple[Any, int] | None = checkpoints.restore_newest(template, agree)
+        return restored
+
+    def keep_local(self, step: int, state: Any, checkpoints: Any) -> None:
+        """A process that will start again in the next world keeps its save of the change on its own disk."""
+        if self.local is not None and self.exit_code == WORLD_CHANGED_RC:
+            data, is_global = getattr(checkpoints, "data", None), getattr(checkpoints, "data_is_global", False)
+            self.local.keep(step, state, data, is_global)
+
+    def stop(self) -> None:
+        self.watch.stop()
+
+
+def _newest_step(checkpoints: Any) -> int | None:
+    """The store's newest step, or None for a checkpointer that cannot say (then the local copy is not used)."""
+    newest = getattr(checkpoints, "latest_step", None)
+    return newest() if callable(newest) else None
