@@ -54,6 +54,8 @@ if os.path.basename(sys.argv[0]) == "gcloud":  # Ubuntu's snap, as it fails duri
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # what `-e NAME` (no value) passes on
     names = [a for flag, a in zip(sys.argv, sys.argv[1:]) if flag == "-e" and "=" not in a]
     pathlib.Path(log + ".env").write_text(json.dumps({{n: os.environ.get(n) for n in names}}))
+    with open(log + ".envs", "a") as f:  # every run's
+        f.write(json.dumps({{n: os.environ.get(n) for n in names}}) + "\\n")
 if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":  # the daemon: the log driver first, then the program
     if "--log-driver=gcplogs" in sys.argv and os.environ.get("FAKE_GCPLOGS_DOWN"):
         sys.stderr.write(pathlib.Path(os.environ["FAKE_GCPLOGS_ERROR"]).read_text())
@@ -88,7 +90,9 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
         pathlib.Path(log + ".running").touch()
         while not stopped.exists():
             time.sleep(0.01)
-    sys.exit(int(os.environ.get("FAKE_RUN_RC", "0")))
+    rcs = os.environ.get("FAKE_RUN_RCS", "").split()  # one exit code a run, the last for every run after
+    runs = len(pathlib.Path(log + ".envs").read_text().splitlines())
+    sys.exit(int(rcs[min(runs, len(rcs)) - 1] if rcs else os.environ.get("FAKE_RUN_RC", "0")))
 """
 
 
@@ -267,6 +271,9 @@ def test_hostile_strings_arrive_byte_exact(tmp_path: Path, fakes: dict[str, str]
         "RESPAWN_DATA_DIR",  # the machine's data directory, mounted at the same path (the trainer's shard copies)
         "RESPAWN_TAKEOVER",  # set by the script on a head start's machine whose image takes over itself
         "RESPAWN_START_AFTER",
+        "RESPAWN_WORLD_VERSION",  # set by the script on a slice of a world of several (the metadata's respawn-world)
+        "RESPAWN_SLICE",
+        "RESPAWN_LOCAL_COPY_DIR",
     ]
     assert options[options.index("-v") + 1] == "/run/respawn:/run/respawn"
     assert ["docker", "pull", image] in calls(fakes)
@@ -1391,3 +1398,43 @@ def test_every_rendered_script_is_valid_bash(tmp_path: Path, s: JobSpec) -> None
     script.write_text(startup_script(s, 1))
     checked = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stderr
+
+
+def world(version: int) -> str:
+    return json.dumps({"version": version, "members": [0, 1], "coordinator": "10.0.0.2:8476", "step": None})
+
+
+def test_a_trainer_that_left_its_world_runs_again_in_place_in_the_next_one(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    """A world of several slices: the trainer runs in the version the metadata key names; its exit 75 (the world
+    changed) is no failure: it runs again on this machine once the key names a newer version, learned from the
+    metadata server's hanging GET, with no create, boot or pull in between. An older or equal version is no news."""
+    env, server = on_a_machine(fakes, storage, {"respawn-world": world(1), "respawn-slice": "1"}, "http://{host}")
+    try:
+        script, err = tmp_path / "startup.sh", tmp_path / "stderr"
+        script.write_text(startup_script(spec(), 3))
+        with err.open("w") as out:
+            proc = subprocess.Popen([BASH, str(script)], cwd=tmp_path, env={**env, "FAKE_RUN_RCS": "75 0"}, stderr=out)
+        deadline = time.monotonic() + 30
+        while "waiting for it" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.set_attributes({"respawn-world": world(1), "respawn-slice": "1", "other": "x"})  # not a newer one
+        time.sleep(0.5)
+        assert proc.poll() is None and len(runs(env)) == 1
+        server.set_attributes({"respawn-world": world(2), "respawn-slice": "1"})
+        assert proc.wait(timeout=30) == 0
+    finally:
+        server.close()
+    envs = [json.loads(line) for line in Path(env["FAKE_LOG"] + ".envs").read_text().splitlines()]
+    world_env = [(e[startup.WORLD_ENV], e[startup.SLICE_ENV], e[startup.LOCAL_COPY_ENV]) for e in envs]
+    copy = str(Path(fakes[startup.DATA_DIR_ENV]) / "local-copy")
+    assert world_env == [("1", "1", copy), ("2", "1", copy)]
+    assert len(pulls(env)) == 1  # one pull for both runs
+    assert [(p["event"], p.get("source")) for p, _ in said(env)] == [("completed", "exit-code")]
+
+
+def test_without_a_world_an_exit_75_is_a_failure_as_any_other(tmp_path: Path, fakes: dict[str, str]) -> None:
+    assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RCS="75 0").returncode == 75
+    assert len(runs(fakes)) == 1
+    assert [p["event"] for p, _ in said(fakes)] == ["failed"]

@@ -122,6 +122,13 @@ HANDOVER_ENV = "RESPAWN_HANDOVER"
 TAKEOVER_ENV, START_AFTER_ENV = "RESPAWN_TAKEOVER", "RESPAWN_START_AFTER"
 TAKEOVER_LABEL = "respawn.takeover"  # an image label, "1": its trainer honours RESPAWN_TAKEOVER (respawn_trainer's)
 MTBI_METADATA = "respawn-mtbi-s"
+# A world of several slices (docs/design/several-slices.md, Telling the machines): the metadata key that names the
+# world the machine's slice is a member of ({"version": N, ...}, respawn_trainer.world reads the rest) and the one
+# that names the slice; the trainer's environment for them, and its local copy of a save on the machine's disk (in
+# DATA_DIR); the exit code by which a trainer leaves its world for a newer one (EX_TEMPFAIL), to run again in place
+WORLD_METADATA, SLICE_METADATA = "respawn-world", "respawn-slice"
+WORLD_ENV, SLICE_ENV, LOCAL_COPY_ENV = "RESPAWN_WORLD_VERSION", "RESPAWN_SLICE", "RESPAWN_LOCAL_COPY_DIR"
+WORLD_CHANGED_RC = 75
 
 
 def trainer_env(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> list[tuple[str, str]]:
@@ -182,6 +189,7 @@ def docker_run_argv(
     argv += ["-v", f"{NOTICE_DIR}:{NOTICE_DIR}", "-e", NOTICE_ENV]
     argv += ["-v", f"{DATA_DIR}:{DATA_DIR}", "-e", DATA_DIR_ENV]  # the data directory (startup.sh, ready_data_dir)
     argv += ["-e", TAKEOVER_ENV, "-e", START_AFTER_ENV]  # set on a head start's machine only (startup.sh)
+    argv += ["-e", WORLD_ENV, "-e", SLICE_ENV, "-e", LOCAL_COPY_ENV]  # set on a slice of a world only (startup.sh)
     for key, _ in spec.secrets:  # the value comes from the script's environment (startup.sh, secret)
         argv += ["-e", key]
     return [*argv, spec.image, *spec.args]
@@ -309,6 +317,12 @@ def startup_script(spec: JobSpec, attempt: int, mtbi_s: float | None = None) -> 
             "drain_marker": drain_marker(spec.checkpoint_uri, attempt),
             "startup_log": STARTUP_LOG,
             "notice_lead_s": "" if spec.preemption_notice_s is None else spec.preemption_notice_s,
+            "world_key": WORLD_METADATA,
+            "slice_key": SLICE_METADATA,
+            "world_env": WORLD_ENV,
+            "slice_env": SLICE_ENV,
+            "local_copy_env": LOCAL_COPY_ENV,
+            "world_changed_rc": WORLD_CHANGED_RC,
             "run": docker_run_argv(spec, attempt, mtbi_s=mtbi_s),
             "run_local": docker_run_argv(spec, attempt, LOCAL_LOGS, mtbi_s),
             "exit_entries": _exit_entries(),

@@ -13,7 +13,8 @@
 # pairs); image, image_mark_file and image_mark_env; data_dir and data_dir_env; container and grace_s; notice_file and
 # notice_env;
 # start_after_key, drain_marker_key, takeover_label, takeover_env and start_after_env; drain_marker (this attempt's);
-# trainer_log and startup_log; notice_lead_s (empty without a preemption notice); run and run_local (the trainer's
+# trainer_log and startup_log; notice_lead_s (empty without a preemption notice); world_key, slice_key, world_env,
+# slice_env, local_copy_env and world_changed_rc (a world of several slices); run and run_local (the trainer's
 # `docker run` command lines, with Cloud Logging's and with local logs); exit_entries, exit_code_source, shut_down_rc,
 # permanent_exits (CODE CAUSE pairs), oom_killed_rc and oom_killed (respawn/machine.py's exit-code rules).
 set -u
@@ -352,6 +353,39 @@ trainer() {  # runs the container (the command line in "$@") in the background, 
     rc=$?
   done
 }
+# A world of several slices (docs/design/several-slices.md, Telling the machines): the metadata key world_key names
+# the world this machine's slice (slice_key) is a member of, {"version": N, ...}. The trainer runs in the version the
+# key names, with a local copy of its saves on this machine's disk. A trainer that exits world_changed_rc left its
+# world for a newer one: it runs again here, on the machine it already runs (no create, boot or pull), once the key
+# names a version above the one it ran. The metadata server's own hanging GET (wait_for_change) says when; nothing on
+# the machine asks the control plane. Without the key, nothing of this runs.
+world_of() {  # the version in the key's value $1
+  printf %s "$1" | sed -n 's/.*"version": *\([0-9][0-9]*\).*/\1/p' | head -n 1
+}
+newer_world() {  # waits until the key names a version above $1 (then in world_next); fails once the machine stops
+  local query='' reply asking
+  reply=$(mktemp)
+  while [ -z "$stopping" ]; do
+    curl -sf -m 70 -D - -H 'Metadata-Flavor: Google' "$metadata/instance/attributes/$world_key$query" > "$reply" &
+    asking=$!
+    if wait "$asking"; then  # in the background, so that the shutdown trap runs at once
+      world_next=$(world_of "$(cat "$reply")")  # the headers, then the value
+      if [ "${world_next:-0}" -gt "$1" ]; then rm -f "$reply"; return 0; fi
+      query="?wait_for_change=true&timeout_sec=60&last_etag=$(tr -d '\r' < "$reply" | sed -n 's/^[Ee][Tt][Aa][Gg]: *//p')"
+    elif [ -z "$stopping" ]; then
+      sleep 1  # no key yet, or no answer: a metadata server may answer a missing key at once
+    fi
+  done
+  kill "$asking" 2>/dev/null
+  rm -f "$reply"
+  return 1
+}
+world=$(md "attributes/$world_key") && world=$(world_of "$world") || world=
+if [ -n "$world" ]; then
+  export "$world_env=$world" "$slice_env=$(md "attributes/$slice_key" || echo 0)"
+  [ -z "${!data_dir_env-}" ] || export "$local_copy_env=${!data_dir_env}/local-copy"
+fi
+
 wait_to_start || { log "shut down before the trainer started"; exit "$shut_down_rc"; }
 if [ -n "$notice_lead_s" ]; then
   watch_notice &
@@ -376,6 +410,14 @@ if [ "$rc" -eq 125 ] && [ ! -e "$notice" ]; then
       ;;
   esac
 fi
+while [ -n "$world" ] && [ "$rc" -eq "$world_changed_rc" ] && [ -z "$stopping" ] && [ ! -e "$notice" ]; do
+  log "the trainer left world $world for a newer one: waiting for it ($world_key)"
+  newer_world "$world" || break
+  world=$world_next
+  export "$world_env=$world"
+  log "the trainer runs again, in world $world"
+  trainer "${run[@]}"
+done
 log "trainer exited with code $rc"
 
 # The entry the exit code speaks for a trainer that may have said nothing (docs/trainer-protocol.md, Exit codes):
