@@ -4,7 +4,7 @@ InMemoryJobStore keeps records as JSON (so the round-trip is exercised) with a
 generation per record. FakeProvider keeps machines in a dict keyed by their
 deterministic name, so a duplicate machine is impossible by construction and a
 test checks what was *called* instead. Crash injection: `CrashPlan` counts every
-mutating call (store saves, machine creates and deletes) made through
+mutating call (store saves, machine creates, deletes and world writes) made through
 `CrashingStore` / `CrashingProvider` and raises `Crash` (a BaseException, like
 a process dying) just before or just after the Nth one.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from respawn.actions import CreateMachine
+from respawn.adapters.world_metadata import world_version
 from respawn.events import Event
 from respawn.jobs import LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, Job, JobSpec, MachineState, parse_machine_name
 from respawn.outlook import History, Observation
@@ -231,7 +232,11 @@ class FakeProvider:
     A new machine is CREATING for its first `creating_reads` observations (get or list), then READY, as the real
     adapters report a machine still booting (TPU CREATING, Compute PROVISIONING/STAGING) before it runs; the provider
     contract suite (tests/contract/test_provider_contract.py) holds the fake and the real adapters to the same
-    cases."""
+    cases.
+
+    `set_world` is recorded in `calls` ("set_world") and in `worlds_told` (name, world) on every call, and kept per
+    machine in `worlds` as the real adapters keep the metadata key: a newer or equal version stays, a machine that is
+    gone is done (nothing kept)."""
 
     def __init__(self, capacity: dict[str, int] | None = None, creating_reads: int = 1) -> None:
         self.machines: dict[str, Machine] = {}
@@ -239,7 +244,9 @@ class FakeProvider:
         self._booting: dict[str, int] = {}  # name -> observations left before READY
         self.capacity: dict[str, int] = dict(capacity or {})
         self.errors: dict[str, list[Exception]] = {}  # method -> errors raised by its next calls
-        self.calls: list[tuple[str, str, str]] = []  # (method, name, zone) of creates and deletes
+        self.calls: list[tuple[str, str, str]] = []  # (method, name, zone) of creates, deletes and set_worlds
+        self.worlds: dict[str, str] = {}  # machine name -> the world its metadata key holds
+        self.worlds_told: list[tuple[str, str]] = []  # (name, world) of every set_world, in order
         self._lock = threading.Lock()
 
     def fail_next(self, method: str, *errors: Exception) -> None:
@@ -271,6 +278,21 @@ class FakeProvider:
             self._maybe_fail("delete")
             self.machines.pop(name, None)  # NotFound is success
             self._booting.pop(name, None)
+            self.worlds.pop(name, None)
+
+    def set_world(self, name: str, zone: str, spec: JobSpec, world: str) -> None:
+        with self._lock:
+            self.calls.append(("set_world", name, zone))
+            self.worlds_told.append((name, world))
+            self._maybe_fail("set_world")
+            machine = self.machines.get(name)
+            if machine is None or machine.zone != zone:
+                return  # a machine that is gone is done
+            version = world_version(world)
+            assert version is not None, f"not a world: {world!r}"
+            held = world_version(self.worlds.get(name))
+            if held is None or held < version:
+                self.worlds[name] = world
 
     def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         with self._lock:
@@ -310,11 +332,17 @@ class FakeProvider:
         """A Spot VM with instanceTerminationAction=DELETE: preempted and gone."""
         self.machines.pop(name, None)
         self._booting.pop(name, None)
+        self.worlds.pop(name, None)
 
     # -- what tests ask --
 
     def count(self, method: str, name: str | None = None) -> int:
         return sum(1 for m, n, _ in self.calls if m == method and (name is None or n == name))
+
+    def world(self, name: str) -> dict[str, Any] | None:
+        """The world machine `name` holds, parsed; None when it holds none."""
+        text = self.worlds.get(name)
+        return json.loads(text) if text is not None else None
 
     def live(self, job_id: str) -> list[str]:
         """Names of the job's machines that hold (or will hold) a running trainer."""
@@ -476,6 +504,9 @@ class CrashingProvider:
 
     def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:
         self.plan.step(f"delete {name}", lambda: self.provider.delete(name, zone, spec))
+
+    def set_world(self, name: str, zone: str, spec: JobSpec, world: str) -> None:
+        self.plan.step(f"set world {name}", lambda: self.provider.set_world(name, zone, spec, world))
 
     def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         return self.provider.get(name, zone, spec)

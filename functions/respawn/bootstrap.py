@@ -117,6 +117,9 @@ class FirstUse:
     def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         return self.provider.get(name, zone, spec)
 
+    def set_world(self, name: str, zone: str, spec: JobSpec, world: str) -> None:
+        self.provider.set_world(name, zone, spec, world)
+
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
         return self.provider.list(zone, job_id)
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from respawn import worlds
 from respawn.accounting import later_split
 from respawn.actions import Action, DeleteMachine
 from respawn.events import (
@@ -65,6 +66,7 @@ from respawn.transitions import (
     mark_deleted,
     no_capacity,
 )
+from respawn.worlds import several_slices
 
 
 def decide(
@@ -75,13 +77,15 @@ def decide(
         return _first(event, now, ctx)  # a rejected job id may be submitted again once the message is fixed
     if event.event_id in job.seen_events:
         return job, []
-    if not job.status.terminal and now >= job.deadline:
+    if several_slices(job):  # a world of several slices: its own rules (respawn.worlds), its own drains
+        new, actions = worlds.step(job, event, now, ctx)
+    elif not job.status.terminal and now >= job.deadline:
         new, actions = finish(job, now, Status.EXPIRED, EndReason.EXPIRED, f"the ttl of {_ttl(job)}s ran out")
     elif is_stale(job, event):
         new, actions = job, []
     else:
         new, actions = _step(job, event, now, ctx)
-    new, drained = _drain_over(new, event, now)
+    new, drained = _drain_over(new, event, now) if not several_slices(job) else (new, [])
     actions = [*drained, *actions]  # a machine's delete before any create, as everywhere
     new = _with_goodput(new, event)
     if outlook is not None:  # a service that reads a history keeps it: what the ended attempts showed goes to it
@@ -120,6 +124,8 @@ def _first(event: JobEvent, now: float, ctx: Context) -> tuple[Job | None, list[
     if isinstance(event, JobSubmitted):
         spec = event.spec
         job = _new_record(event, now, spec.job_id, spec, Status.PROVISIONING, "")
+        if several_slices(job):
+            return worlds.first_machines(job, now, ctx)
         job, attempt = new_attempt(job, now, ctx, 0)
         return replace(job, reason=f"machine requested in {attempt.zone}"), [create_machine(job, attempt)]
     if isinstance(event, JobRejected) and event.job_id:

@@ -147,6 +147,15 @@ class TrainerFailed(AboutAttempt):
     goodput: dict[str, float] | None = None  # the trainer's own entry has its split; its startup script's has none
     permanent: bool = False  # the trainer says another machine would fail the same way (wrong devices): no retry
     source: ResultSource = ResultSource.TRAINER
+    world: int | None = None  # a job of several slices: the version of the world the trainer ran in (respawn.worlds)
+
+
+@dataclass(frozen=True)
+class TrainerReady(AboutAttempt):
+    """A slice's machine is set up (its image pulled) and waits for a world of several slices to take it in: its
+    startup script's `ready` entry, written while the world its metadata names does not count it (respawn.worlds)."""
+
+    world: int | None = None  # the version the machine was told, which lacks it
 
 
 @dataclass(frozen=True)
@@ -202,6 +211,7 @@ JobEvent = (
     | TrainerProgressed
     | TrainerCompleted
     | TrainerFailed
+    | TrainerReady
     | CreateFailed
     | MachinesObserved
 )

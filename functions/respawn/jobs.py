@@ -7,6 +7,7 @@ record is what the JobStore keeps at ``respawn/jobs/JOB_ID.json``.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -150,6 +151,8 @@ class TpuMachine:
     # How long one zone may keep the request waiting for capacity before the next zone is tried: a queued
     # resource (api tpu, request queued), or a flex-start request (api compute, a flex-start tier).
     queue_timeout_s: int = 30 * 60
+    slices: int = 1  # slices of this type in one zone, data parallel over DCN (a world: World below)
+    min_slices: int = 1  # below it the job recovers whole, as a job of one slice does
 
     @property
     def hosts(self) -> int:
@@ -173,6 +176,8 @@ class GpuMachine:
     # VMs of machine_type created together and recovered whole, as a TPU slice's: 1 is one instance, more a MIG
     # slice (respawn.adapters.compute_slices) whose trainers join by jax.distributed (process id = VM index)
     vms: int = 1
+    slices: int = 1  # machines of `vms` VMs each (vms 1 when several: a VM is the unit), one world (World below)
+    min_slices: int = 1  # below it the job recovers whole, as a job of one slice does
     api: ClassVar[str] = API_COMPUTE  # GPUs are Compute Engine instances, always
 
     @property
@@ -199,11 +204,12 @@ def machine_from_dict(m: dict[str, Any]) -> MachineSpec:
 
 
 def machine_words(machine: MachineSpec) -> str:
-    """What a machine is, as one word of a status table: `v5litepod-8`, `a3-highgpu-8g(8xnvidia-h100-80gb)`, and a
-    GPU machine of several VMs `2xa3-highgpu-8g(8xnvidia-h100-80gb)`."""
+    """What a machine is, as one word of a status table: `v5litepod-8`, `a3-highgpu-8g(8xnvidia-h100-80gb)`, a GPU
+    machine of several VMs `2xa3-highgpu-8g(8xnvidia-h100-80gb)`, and a job of several slices `4xv6e-16`."""
+    several = f"{machine.slices}x" if machine.slices > 1 else ""
     if isinstance(machine, TpuMachine):
-        return machine.accelerator_type
-    vms = f"{machine.vms}x" if machine.vms > 1 else ""
+        return several + machine.accelerator_type
+    vms = f"{machine.vms}x" if machine.vms > 1 else several
     return f"{vms}{machine.machine_type}({machine.accelerator_count}x{machine.accelerator_type})"
 
 
@@ -433,6 +439,7 @@ class Attempt:
     # machine starts its trainer only after it
     drain_until: float | None = None
     error: str = ""  # why its create failed, in the API's words (an attempt that ended on a create error)
+    slice: int = 0  # a job of several slices: the slice (0 .. slices-1) this attempt's machine is
 
     def __post_init__(self) -> None:
         if self.end_reason is not None and not isinstance(self.end_reason, EndReason):  # as read back from JSON
@@ -445,6 +452,8 @@ class Attempt:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["placement"] = d.pop("zone_reason")
+        if not self.slice:
+            del d["slice"]  # a job of one slice: its records as they were
         return d
 
     @staticmethod
@@ -457,6 +466,46 @@ class Attempt:
     def draining(self) -> bool:
         """Ended on its machine's notice, and that machine, finishing its final save, is not deleted yet."""
         return self.drain_until is not None and not self.machine_deleted
+
+
+@dataclass(frozen=True)
+class World:
+    """Which slices of a job of several train together, from which step: one JAX multi-controller job over every host
+    of every member (docs/design/several-slices.md). The control plane decides it; each member's machines learn it
+    from their metadata key `respawn-world` (`to_json`, which respawn_trainer.world reads).
+
+    Versioned: every change is a new version, so a change told twice or late is told as what it is. A machine runs
+    only a version above the one it ran, and the trainer ignores an older one."""
+
+    version: int
+    members: tuple[int, ...]  # slice indices, ascending
+    step: int | None = None  # where the change takes effect: the save boundary to stop at; None: the next step
+
+    @staticmethod
+    def first(slices: int) -> World:
+        return World(1, tuple(range(slices)))
+
+    def without(self, lost: int, step: int | None = None) -> World:
+        """The world once slice `lost` has left it (preempted, noticed, failed): the same when it is no member."""
+        if lost not in self.members:
+            return self
+        return World(self.version + 1, tuple(m for m in self.members if m != lost), step)
+
+    def joined(self, member: int, step: int | None = None) -> World:
+        """The world with slice `member` (its replacement ready) back in it: the same when it is a member."""
+        if member in self.members:
+            return self
+        return World(self.version + 1, tuple(sorted((*self.members, member))), step)
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "members": list(self.members), "step": self.step})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "members": list(self.members), "step": self.step}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> World:
+        return World(d["version"], tuple(d["members"]), d.get("step"))
 
 
 @dataclass(frozen=True)
@@ -492,6 +541,7 @@ class Job:
     # ended attempts' evidence for the preemption history (respawn.outlook.Observation dicts), under the lease
     observations: tuple[dict[str, Any], ...] = ()
     result: dict[str, Any] = field(default_factory=dict)  # completed: final_step, final_loss, params_sha256
+    world: World | None = None  # a job of several slices: the members training together now
 
     @property
     def current(self) -> Attempt | None:
@@ -572,6 +622,10 @@ class Job:
         d["seen_events"] = list(self.seen_events)
         d["result"] = dict(self.result)
         d["hosts"] = self.spec.machine.hosts if self.spec else None  # shown, not read back: the spec decides
+        if self.world is None:
+            del d["world"]  # a job of one slice: its records as they were
+        else:
+            d["world"] = self.world.to_dict()
         return d
 
     @staticmethod
@@ -595,6 +649,7 @@ class Job:
             observations=tuple(d.get("observations", ())),
             seen_events=tuple(d.get("seen_events", ())),
             result=d.get("result", {}),
+            world=World.from_dict(d["world"]) if d.get("world") else None,
         )
 
 

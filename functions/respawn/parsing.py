@@ -42,6 +42,7 @@ from respawn.events import (
     TrainerCompleted,
     TrainerFailed,
     TrainerProgressed,
+    TrainerReady,
     TrainerStarted,
     ZoneWokeUp,
 )
@@ -59,7 +60,7 @@ HOST_EVENTS = {
 }
 # the lifecycle entries of log TRAINER_LOG: the trainer's own and its startup script's, and (notice) the shutdown
 # script's as the preemption notice comes
-TRAINER_EVENTS = ("started", "checkpoint", "progress", "completed", "failed", "stopped", "notice")
+TRAINER_EVENTS = ("started", "checkpoint", "progress", "completed", "failed", "stopped", "notice", "ready")
 SWEEP_TICK = "sweep_tick"
 RESOURCE_NAME_RE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 TPU_WORKER_RE = re.compile(r"t1v-n-[0-9a-f]+-w-[0-9]+")
@@ -339,12 +340,15 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
     worker = worker if worker is not None and worker >= 0 else None
     if kind == "notice":  # the shutdown script's, on the worker VM the notice reached
         return MachineNoticed(event_id, when, job_id, attempt, worker)
+    world = _as_int(payload.get("world"))
+    if kind == "ready":  # the startup script's, on a slice's machine the world has not taken in yet
+        return TrainerReady(event_id, when, job_id, attempt, world)
     error = payload.get("error")
     text = error if isinstance(error, str) else show(error, 500)
     permanent = payload.get("permanent") is True
     source = ResultSource.EXIT_CODE if payload.get("source") == ResultSource.EXIT_CODE else ResultSource.TRAINER
     return TrainerFailed(
-        event_id, when, job_id, attempt, text, worker, goodput=split, permanent=permanent, source=source
+        event_id, when, job_id, attempt, text, worker, goodput=split, permanent=permanent, source=source, world=world
     )
 
 

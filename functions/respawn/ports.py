@@ -58,6 +58,10 @@ class MachineProvider(Protocol):
     def get(self, name: str, zone: str, spec: JobSpec | None = None) -> Machine | None:
         """The machine, or None when it does not exist."""
 
+    def set_world(self, name: str, zone: str, spec: JobSpec, world: str) -> None:
+        """Write the metadata key `respawn-world` = `world` (JSON with an integer "version") on every VM of the
+        machine, leaving any VM whose key holds a newer version as it is. A machine that is gone is done."""
+
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
         """respawn's machines in `zone` (label respawn-managed), optionally only those of one job."""
 

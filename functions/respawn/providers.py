@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from respawn.actions import Action, CreateMachine
+from respawn.actions import Action, CreateMachine, SetWorld
 from respawn.jobs import Job, JobSpec, parse_machine_name
 from respawn.outcome import Retryable
 from respawn.ports import Machine, MachineProvider, PermanentError, TransientError
@@ -38,6 +38,8 @@ class Providers:
         provider = self.of_spec(job.spec)  # a tier's machine goes through the job's API (respawn.spec)
         if isinstance(action, CreateMachine):
             provider.create(action, job.spec.on_tier(action.tier))
+        elif isinstance(action, SetWorld):
+            provider.set_world(action.machine, action.zone, job.spec_of(action.machine), action.world)
         else:
             provider.delete(action.machine, action.zone, job.spec_of(action.machine))
 

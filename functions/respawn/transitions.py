@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from respawn.actions import Action, CreateMachine, DeleteMachine
-from respawn.jobs import Attempt, EndReason, Job, Status
+from respawn.jobs import Attempt, EndReason, Job, Status, World
 from respawn.next_attempt import new_attempt, next_tier, offered_zones, spot_tier_to_return_to, walk_over
 from respawn.policy import Context, backoff_s
 
@@ -115,8 +115,21 @@ def mark_deleted(job: Job, n: int) -> Job:
     return job
 
 
-def create_machine(job: Job, attempt: Attempt) -> CreateMachine:
-    """The attempt's create; while an older attempt drains (a head start), its trainer starts after that drain."""
+def create_machine(job: Job, attempt: Attempt, *, world: World | None = None) -> CreateMachine:
+    """The attempt's create; while an older attempt drains (a head start), its trainer starts after that drain. A
+    slice of a world (respawn.worlds) is told its slice and the world; it joins when the world takes it in."""
+    if world is not None:
+        return CreateMachine(
+            job.job_id,
+            attempt.n,
+            attempt.machine,
+            attempt.zone,
+            deadline=job.deadline,
+            tier=attempt.tier,
+            mtbi_s=attempt.mtbi_s,
+            slice=attempt.slice,
+            world=world.to_json(),
+        )
     draining = job.draining
     return CreateMachine(
         job.job_id,

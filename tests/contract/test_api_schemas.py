@@ -3,7 +3,8 @@ Google's discovery documents (see discovery.py).
 
 The scenarios drive every provider method respawn uses: TPU nodes and queued resources (Spot, reservation and
 standard tiers, a queue wait, a stockout, a preemption), GPU VMs (Spot, flex-start, reservation, stockout,
-preemption), a single-host TPU VM, v6e-16 slices (Spot, flex-start, stockout, preemption). The methods they reach
+preemption), a single-host TPU VM, v6e-16 slices (Spot, flex-start, stockout, preemption), a world's metadata writes
+(TPU nodes.patch, Compute instances.setMetadata on a VM and on each VM of a slice). The methods they reach
 must be exactly the methods the adapters' source calls, so that a new call cannot go unchecked.
 """
 
@@ -58,6 +59,8 @@ CLIENTS = {
 }
 # Called by the client library, not by name in respawn: the TPU create operation's polling (op.result()).
 IMPLICIT = {"tpu.projects.locations.operations.get"}
+# The TPU client's verbs whose discovery method has another name: update_node is nodes.patch.
+TPU_VERBS = {"update": "patch"}
 
 
 def used_methods() -> set[str]:
@@ -75,7 +78,7 @@ def used_methods() -> set[str]:
             if resource.startswith("tpu."):  # create_queued_resource -> queuedResources.create
                 verb, _, noun = call.partition("_")
                 collection = _camel(noun if noun.endswith("s") else noun + "s")
-                found.add(f"{resource}.{collection}.{verb}")
+                found.add(f"{resource}.{collection}.{TPU_VERBS.get(verb, verb)}")
             else:  # list_managed_instances -> listManagedInstances
                 found.add(f"{resource}.{_camel(call)}")
     return found
@@ -195,6 +198,32 @@ def run_compute(server: CloudApiServer) -> None:
     stocked_out(gce, compute_spec("slice-out", SLICE))
 
 
+def run_worlds(server: CloudApiServer) -> None:
+    """A world told to a TPU node, a queued resource's node, a GPU VM and each VM of a v6e-16 slice's MIG, twice
+    (the second finds it there and writes nothing), then to machines that are gone."""
+    tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=SETTINGS)
+    gce = GcpComputeProvider(PROJECT, endpoint=server.url, settings=SETTINGS, clock=time.time)
+    world = '{"version": 1, "members": [0, 1], "step": null}'
+    machines = [
+        (tpu, tpu_spec("world-node", "node")),
+        (tpu, tpu_spec("world-queued", "queued")),
+        (gce, compute_spec("world-gpu", GPU)),
+        (gce, compute_spec("world-slice", SLICE)),
+    ]
+    for provider, spec in machines:
+        name, zone = f"{spec.job_id}-a1", zone_of(spec)
+        provider.create(action(spec), spec)
+        wait_for(lambda: provider.get(name, zone, spec), MachineState.READY)  # noqa: B023 (called at once)
+        provider.set_world(name, zone, spec, world)
+        provider.set_world(name, zone, spec, world)
+        provider.delete(name, zone, spec)
+        assert provider.get(name, zone, spec) is None
+        provider.set_world(name, zone, spec, world)
+    patched = [e for e in server.exchanges if e.method == "PATCH"]
+    written = [e for e in server.exchanges if e.path.endswith("/setMetadata")]
+    assert len(patched) == 2 and len(written) == 1 + 4, (patched, written)
+
+
 def run_networked(server: CloudApiServer) -> None:
     """Every kind of create on a deployment's own network, without external IPs."""
     tpu = GcpTpuProvider(PROJECT, endpoint=server.url, settings=NETWORKED)
@@ -224,6 +253,7 @@ def exchanges() -> Iterator[list[Exchange]]:
         (run_tpu, {}),
         (run_queue_wait, {"queue_waits": {ZONE: 30.0}}),
         (run_compute, {}),
+        (run_worlds, {}),
         (run_networked, {}),
         (run_offerings, {"unoffered": {OTHER: ("ct6e-standard-4t", "g2-standard-8", "v5litepod-8")}}),
     ):

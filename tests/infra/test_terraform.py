@@ -175,14 +175,15 @@ MACHINE = "${google_service_account.machine.member}"
 def test_the_orchestrator_has_a_custom_role_for_machines_only(config: Config) -> None:
     permissions = set(config.role_permissions("orchestrator"))
     # Cloud TPU has no tpu.queuedResources.* permissions: tpu.nodes.* covers queued resources (test_iam_support.py)
-    needed = {f"tpu.nodes.{verb}" for verb in ("create", "delete", "get", "list")} | {
+    needed = {f"tpu.nodes.{verb}" for verb in ("create", "delete", "get", "list", "update")} | {
         f"compute.instances.{verb}" for verb in ("create", "delete", "get", "list", "setMetadata", "setLabels")
     }
     assert needed | {"tpu.operations.get", "compute.zoneOperations.get", "compute.disks.create"} <= permissions
     assert all(p.startswith(("tpu.", "compute.")) for p in permissions)
     assert not any(p.endswith(("setIamPolicy", ".start", ".stop", ".reset")) for p in permissions)
-    # no update of any object: a flex-start slice is a BULK MIG created at its full size, never resized
-    assert not [p for p in permissions if p.endswith(".update")]
+    # no update of any object but a TPU node's metadata (nodes.patch, updateMask=metadata: a world of several
+    # slices, docs/design/several-slices.md): a flex-start slice is a BULK MIG created at its full size, never resized
+    assert [p for p in permissions if p.endswith(".update")] == ["tpu.nodes.update"]
     assert len(config.role_permissions("orchestrator")) == len(permissions)  # no permission listed twice
     grant = config.resource("google_project_iam_member", "orchestrator_machines")
     assert grant == {

@@ -573,7 +573,8 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
     job = replace(job, pending=({"kind": "delete", "machine": "llm-a2"},), outbox=(notice,), result={"final_loss": 1.5})
     d = job.to_dict()
     assert d == json.loads(json.dumps(d))  # plain JSON types only
-    assert d == dataclasses.asdict(job) | {  # the generic form, with enums and tuples as JSON has them
+    generic = {k: v for k, v in dataclasses.asdict(job).items() if k != "world"}  # one slice: no world written
+    assert d == generic | {  # the generic form, with enums and tuples as JSON has them
         "spec": job.spec.to_dict() if job.spec else None,
         "status": job.status.value,
         "pending": [dict(p) for p in job.pending],
@@ -581,7 +582,10 @@ def test_a_record_is_json_with_every_field_and_reads_back_equal() -> None:
         "observations": [dict(o) for o in job.observations],
         "seen_events": list(job.seen_events),
         # an attempt's zone_reason is kept under the key records have always held it by
-        "attempts": [{RECORD_KEYS.get(k, k): v for k, v in dataclasses.asdict(a).items()} for a in job.attempts],
+        "attempts": [
+            {RECORD_KEYS.get(k, k): v for k, v in dataclasses.asdict(a).items() if k != "slice"}  # slice 0: unwritten
+            for a in job.attempts
+        ],
         "hosts": 1,  # shown for the reader; derived from the spec, not read back
     }
     assert Job.from_dict(d) == job

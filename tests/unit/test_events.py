@@ -25,6 +25,7 @@ from respawn.events import (
     TrainerCompleted,
     TrainerFailed,
     TrainerProgressed,
+    TrainerReady,
     TrainerStarted,
     ZoneWokeUp,
 )
@@ -102,7 +103,9 @@ FIELDS = {
         "goodput",
         "permanent",
         "source",
+        "world",
     ],
+    TrainerReady: ["event_id", "time", "job_id", "attempt", "world"],
     SweepTicked: ["event_id", "time"],
     CreateFailed: ["event_id", "time", "job_id", "attempt", "kind", "error"],
     MachinesObserved: ["event_id", "time", "job_id", "machines", "zones", "details"],

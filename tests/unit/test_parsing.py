@@ -27,6 +27,7 @@ from respawn.events import (
     TrainerCompleted,
     TrainerFailed,
     TrainerProgressed,
+    TrainerReady,
     TrainerStarted,
     ZoneWokeUp,
 )
@@ -297,6 +298,18 @@ def test_a_notice_names_the_worker_vm_it_reached_when_it_says_which(worker: Any,
     assert log_entry_event(e) == MachineNoticed(
         f"log:{e['insertId']}", rfc3339(e["timestamp"]) or 0.0, "llm", 2, read
     ) and sink_filter().matches(e)
+
+
+@pytest.mark.parametrize(("world", "read"), [(4, 4), (4.0, 4), (None, None), ("4", None)])
+def test_a_slices_ready_entry_and_a_failure_name_the_world_they_were_told(world: Any, read: int | None) -> None:
+    """A world of several slices (respawn.worlds): the startup script's `ready` on a replacement waiting to be let
+    in, and a trainer's `failed` of an older world (the re-forming's, no failure of its slice), each with its world."""
+    told = {} if world is None else {"world": world}
+    e = trainer({"event": "ready", "job_id": "llm", "attempt": 5, "worker": 0, **told})
+    assert log_entry_event(e) == TrainerReady(f"log:{e['insertId']}", rfc3339(e["timestamp"]) or 0.0, "llm", 5, read)
+    assert sink_filter().matches(e)
+    failed = log_entry_event(trainer({"event": "failed", "job_id": "llm", "attempt": 2, "error": "x", **told}))
+    assert isinstance(failed, TrainerFailed) and failed.world == read
 
 
 def test_only_a_stopped_entry_is_the_trainers_last_save() -> None:

@@ -580,7 +580,8 @@ def test_unknown_field_lists_the_allowed_fields() -> None:
     err = error_of(with_change("machine.topology", "2x4"))
     assert (
         err.field == "machine.topology"
-        and err.allowed == "kind, accelerator_type, api, runtime_version, image, request, queue_timeout"
+        and err.allowed
+        == "kind, accelerator_type, api, runtime_version, image, request, queue_timeout, slices, min_slices"
     )
 
 

@@ -18,6 +18,9 @@ in its MIG (see `slice_state`). A flex-start VM (provisioningModel FLEX_START) w
 
 Operations are awaited with our own operations clients (respawn.adapters.compute_operations), within
 `create_wait_s`; a single instance still creating after that is left to the sweep.
+
+A world of several slices is told to a machine by `instances.setMetadata` on each of its VMs (`set_world`), with the
+fingerprint its `get` just read: a write that lost the race to another (412) reads again and retries.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.api_core import exceptions as gexc
+from google.api_core import retry as gretry
 from google.cloud import compute_v1
 
 from respawn.actions import CreateMachine
@@ -36,6 +40,7 @@ from respawn.adapters.compute_slices import ComputeSlices, Slice
 from respawn.adapters.errors import classify, deleting, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
+from respawn.adapters.world_metadata import with_world
 from respawn.gpus import HYPERDISK_BALANCED, PD_BALANCED, gpu_series
 from respawn.jobs import (
     API_COMPUTE,
@@ -50,7 +55,7 @@ from respawn.jobs import (
     flex_start_run_s,
     machine_name,
 )
-from respawn.ports import Machine, PermanentError
+from respawn.ports import Machine, PermanentError, TransientError
 from respawn.topology import ComputeShape, UnknownTpuType, compute_shape
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
@@ -223,7 +228,13 @@ class GcpComputeProvider:
         zone, tier = action.zone, spec.all_tiers[action.tier]
         run_s = self.run_s(action, spec)
         metadata = {
-            **machine_metadata(spec, action.attempt, action.mtbi_s, start_after=action.start_after),
+            **machine_metadata(
+                spec,
+                action.attempt,
+                action.mtbi_s,
+                start_after=action.start_after,
+                slice_world=(action.slice, action.world),
+            ),
             **dict(vm.metadata),
         }
         nic = compute_v1.NetworkInterface(
@@ -344,6 +355,48 @@ class GcpComputeProvider:
                 raise classify(e, f"get VM {name} in {zone}") from e
         return self.slices.get(name, zone) if multi_host is not False else None
 
+    def set_world(self, name: str, zone: str, spec: JobSpec, world: str) -> None:
+        """`respawn-world` = `world` on the instance, or on each VM its slice's MIG lists (`listManagedInstances`): one
+        `instances.setMetadata` per VM, unless the VM holds that version or a newer one. A VM, or a MIG, that is not
+        there is done."""
+        deadline = time.monotonic() + self.settings.create_wait_s
+        for vm in self.slices.vm_names(name, zone) if _multi_host(spec) else [name]:
+            self._set_world(vm, zone, world, deadline)
+
+    def _set_world(self, vm: str, zone: str, world: str, deadline: float) -> None:
+        """The VM's metadata, read with its fingerprint, written back with the world (`setMetadata` takes the whole
+        list: every other key is kept). A write that lost the race to another (412 conditionNotMet: the fingerprint
+        changed) reads the VM again and retries, for at most `request_timeout_s`."""
+        what = f"set the world on VM {vm} in {zone}"
+        try:
+            conflict_retry(self.timeout)(self._write_world)(vm, zone, world, deadline, what)
+        except gexc.NotFound:
+            return
+        except Exception as e:
+            raise classify(e, what) from e
+
+    def _write_world(self, vm: str, zone: str, world: str, deadline: float, what: str) -> None:
+        got = self.client.get(project=self.project, zone=zone, instance=vm, retry=self.retry, timeout=self.timeout)
+        items = with_world({i.key: i.value for i in got.metadata.items}, world)
+        if items is None:
+            return
+        metadata = compute_v1.Metadata(
+            fingerprint=got.metadata.fingerprint, items=[compute_v1.Items(key=k, value=v) for k, v in items.items()]
+        )
+        op = self.client.set_metadata_unary(
+            project=self.project, zone=zone, instance=vm, metadata_resource=metadata, timeout=self.timeout
+        )
+        done = self.operations.wait(op, Scope(zone=zone), deadline)
+        if done is None:
+            raise TransientError(f"{what}: the write is still running; the next try reads the VM again")
+        error = operation_error(done)
+        if error is not None and lost_race(done):
+            raise gexc.PreconditionFailed(error.message)  # type: ignore[no-untyped-call]  # read again, retried
+        if isinstance(error, gexc.NotFound):
+            raise error  # gone: done
+        if error is not None:
+            raise classify(error, what, in_operation=True) from error
+
     def list(self, zone: str, job_id: str | None = None) -> list[Machine]:
         """respawn's instances (not a slice's VMs: the slice is listed once, by its MIG) and slices in the zone."""
         query = f'(labels.{LABEL_MANAGED} = "true")'
@@ -361,6 +414,21 @@ class GcpComputeProvider:
             and (job_id is None or vm.labels.get(LABEL_JOB) == job_id)
             and _machine_instance(vm)
         ] + self.slices.list(zone, job_id)
+
+
+def conflict_retry(seconds: float) -> gretry.Retry:
+    """Retries a read-then-write whose write lost the race (412 PreconditionFailed: a stale fingerprint) for at most
+    `seconds`; then the last error, as api_core's RetryError (transient: the next delivery tries again)."""
+    predicate = gretry.if_exception_type(gexc.PreconditionFailed)
+    return gretry.Retry(predicate=predicate, initial=0.1, maximum=1.0, multiplier=2.0, timeout=seconds)
+
+
+def lost_race(op: compute_v1.Operation) -> bool:
+    """Whether a DONE setMetadata operation failed for a stale fingerprint: Compute Engine refuses one at once (412
+    conditionNotMet) or, as users report it, in the operation ("Supplied fingerprint does not match current metadata
+    fingerprint", code CONDITION_NOT_MET)."""
+    codes = {e.code.upper() for e in op.error.errors}
+    return op.http_error_status_code == 412 or "CONDITION_NOT_MET" in codes or "CONDITIONNOTMET" in codes
 
 
 def _multi_host(spec: JobSpec) -> bool:

@@ -374,6 +374,19 @@ class ComputeSlices:
 
     # ------------------------------------------------------------------------------------------------ observe
 
+    def vm_names(self, name: str, zone: str) -> list[str]:
+        """The names of the VMs the slice's MIG lists (`listManagedInstances`; a VM not created yet has its name
+        already); none when the MIG is gone."""
+        try:
+            vms = self.migs.list_managed_instances(
+                project=self.project, zone=zone, instance_group_manager=name, retry=self.retry, timeout=self.timeout
+            )
+            return [vm.name or vm.instance.rsplit("/", 1)[-1] for vm in vms if vm.name or vm.instance]
+        except gexc.NotFound:
+            return []
+        except Exception as e:
+            raise classify(e, f"list the VMs of slice {name} in {zone}") from e
+
     def get(self, name: str, zone: str) -> Machine | None:
         """The slice as one Machine; its leftovers (template or policy without a MIG) as TERMINATED; else None."""
         template = self._template(name)

@@ -196,7 +196,12 @@ def docker_run_argv(
 
 
 def machine_metadata(
-    spec: JobSpec, attempt: int, mtbi_s: float | None = None, *, start_after: float | None = None
+    spec: JobSpec,
+    attempt: int,
+    mtbi_s: float | None = None,
+    *,
+    start_after: float | None = None,
+    slice_world: tuple[int | None, str | None] = (None, None),
 ) -> dict[str, str]:
     """TPU node `metadata` map / GCE metadata items; `mtbi_s`, the placement outlook's expected seconds to
     interruption of the machine's zone, as `respawn-mtbi-s` and in the trainer's environment; `start_after`
@@ -205,7 +210,12 @@ def machine_metadata(
 
     The machine replaced is the attempt before this one: a head start's create follows the noticed attempt. Where
     capacity refused that create and the zone walk made another attempt, the marker named is of an attempt that
-    never ran a trainer: it never appears, and the trainer starts at respawn-start-after as before the marker."""
+    never ran a trainer: it never appears, and the trainer starts at respawn-start-after as before the marker.
+
+    `slice_world` (CreateMachine.slice and .world), a slice of a job of several: the slice it is and the world it is
+    told at its making (respawn-slice, respawn-world), which its startup script runs the trainer in, or waits to be
+    let into (startup.sh)."""
+    slice_, world = slice_world
     return {
         "startup-script": startup_script(spec, attempt, mtbi_s),
         "shutdown-script": shutdown_script(spec, attempt),
@@ -224,6 +234,7 @@ def machine_metadata(
             if start_after is not None and attempt > 1
             else {}
         ),
+        **({SLICE_METADATA: str(slice_), WORLD_METADATA: world} if slice_ is not None and world is not None else {}),
     }
 
 

@@ -11,7 +11,8 @@ A job's TPU machine is requested one of two ways (`machine.request`):
 create waits for the create operation at most `create_wait_s`; when it is still running after that, create
 returns and the sweep observes the machine later. AlreadyExists on create and NotFound on delete are success.
 get, list and delete look at queued resources and nodes both (a node that belongs to a queued resource is
-reported through it), so a job's machines are found whichever way they were requested. The REST transport is
+reported through it), so a job's machines are found whichever way they were requested. set_world patches the node's
+metadata (`nodes.patch`, `updateMask=metadata`), waiting for its operation as create does. The REST transport is
 used everywhere, so the cloud runs the code path the tests run against the local server.
 """
 
@@ -21,14 +22,17 @@ import datetime
 import time
 
 from google.api_core import exceptions as gexc
+from google.api_core import operation
 from google.cloud import tpu_v2
+from google.protobuf import field_mask_pb2
 
 from respawn.actions import CreateMachine
 from respawn.adapters.errors import classify, is_already_exists, read_retry
 from respawn.adapters.settings import DEFAULTS, ProviderSettings, client_options
 from respawn.adapters.startup import machine_labels, machine_metadata
+from respawn.adapters.world_metadata import with_world
 from respawn.jobs import LABEL_JOB, LABEL_MANAGED, SPOT_MODELS, JobSpec, MachineState, Provisioning, TpuMachine
-from respawn.ports import Machine, PermanentError
+from respawn.ports import Machine, PermanentError, TransientError
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 _QR = tpu_v2.QueuedResourceState.State
@@ -109,7 +113,13 @@ class GcpTpuProvider:
             runtime_version=machine.runtime_version,
             scheduling_config=None if queued else scheduling_config(spec.all_tiers[action.tier].provisioning),
             labels=machine_labels(spec, action.attempt),
-            metadata=machine_metadata(spec, action.attempt, action.mtbi_s, start_after=action.start_after),
+            metadata=machine_metadata(
+                spec,
+                action.attempt,
+                action.mtbi_s,
+                start_after=action.start_after,
+                slice_world=(action.slice, action.world),
+            ),
             network_config=tpu_v2.NetworkConfig(
                 enable_external_ips=self.settings.external_ips,
                 network=self.settings.network or "",
@@ -165,22 +175,55 @@ class GcpTpuProvider:
             if is_already_exists(e):
                 return
             raise classify(e, what) from e
+        if not self._finished(op, what):
+            return  # still creating: the sweep observes the node later
+        error = op.operation.error
+        if error.code:
+            exc = gexc.from_grpc_status(error.code, error.message)  # type: ignore[no-untyped-call]
+            if not is_already_exists(exc):
+                raise classify(exc, what, in_operation=True) from exc
+
+    def _finished(self, op: operation.Operation, what: str) -> bool:
+        """Whether the operation finished within `create_wait_s` (polled, as the client library polls it)."""
         deadline = time.monotonic() + self.settings.create_wait_s
         delay = 0.25
         while True:
             try:
                 if op.done(retry=self.retry):  # type: ignore[no-untyped-call]
-                    break
+                    return True
             except Exception as e:  # polling itself failed (not the operation)
                 raise classify(e, what) from e
             if time.monotonic() + delay > deadline:
-                return  # still creating: the sweep observes the node later
+                return False
             time.sleep(delay)
             delay = min(delay * 1.5, 10.0)
+
+    def set_world(self, name: str, zone: str, spec: JobSpec, world: str) -> None:
+        """`nodes.patch` of the node's metadata (`updateMask=metadata`), which replaces the whole map: the node's own
+        keys with `respawn-world` set, unless it holds that version or a newer one. A queued resource's node has the
+        machine's name, as a node requested directly does; every worker of the node reads the node's metadata. A node
+        that is not there (gone, or a queued resource's not made yet) is done. The node carries no fingerprint, so a
+        write between this get and the patch is not detected; respawn alone writes the key, one job at a time."""
+        what = f"set the world on TPU node {name} in {zone}"
+        node = self._node(name, zone)
+        metadata = with_world(dict(node.metadata), world) if node is not None else None
+        if metadata is None:
+            return
+        patch = tpu_v2.Node(name=self._name(name, zone), metadata=metadata)
+        try:
+            op = self.client.update_node(
+                node=patch, update_mask=field_mask_pb2.FieldMask(paths=["metadata"]), timeout=self.timeout
+            )
+        except gexc.NotFound:
+            return
+        except Exception as e:
+            raise classify(e, what) from e
+        if not self._finished(op, what):
+            raise TransientError(f"{what}: the update is still running; the next try reads the node again")
         error = op.operation.error
         if error.code:
             exc = gexc.from_grpc_status(error.code, error.message)  # type: ignore[no-untyped-call]
-            if not is_already_exists(exc):
+            if not isinstance(exc, gexc.NotFound):
                 raise classify(exc, what, in_operation=True) from exc
 
     def delete(self, name: str, zone: str, spec: JobSpec | None = None) -> None:

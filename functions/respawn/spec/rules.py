@@ -32,6 +32,7 @@ from respawn.spec.values import (
     FLEX_START_QUEUE_MIN_S,
     MAX_FAILURES,
     MAX_GPU_VMS,
+    MAX_SLICES,
     MAX_TIERS,
     PLACEMENTS,
     PROVISIONING,
@@ -134,6 +135,12 @@ def _queue_timeout_shown(machine: MachineSpec) -> bool:
     return machine.queue_timeout_s != QUEUE_TIMEOUT_DEFAULT_S
 
 
+# Several slices of the machine in one world, data parallel (docs/design/several-slices.md); below min_slices the job
+# recovers whole. Checked against the rest of the job in _slices_fit.
+SLICES = (
+    Field("slices", within(1, MAX_SLICES), omitted_when_default=True),
+    Field("min_slices", within(1, MAX_SLICES), omitted_when_default=True),
+)
 TPU_MACHINE = Shape(
     TpuMachine,
     (
@@ -163,6 +170,7 @@ TPU_MACHINE = Shape(
             attribute="queue_timeout_s",
             shown_if=_queue_timeout_shown,
         ),
+        *SLICES,
     ),
     "required for kind tpu",
     tag=("kind", TpuMachine.kind),
@@ -194,6 +202,7 @@ GPU_MACHINE = Shape(
         Field("queue_timeout", parse_ttl, format_ttl, attribute="queue_timeout_s", shown_if=_queue_timeout_shown),
         # VMs created together, each running the trainer, recovered whole (a slice of GPU VMs)
         Field("vms", within(1, MAX_GPU_VMS), omitted_when_default=True),
+        *SLICES,
     ),
     "required for kind gpu",
     tag=("kind", GpuMachine.kind),
@@ -428,6 +437,7 @@ def _submit(message: dict[str, Any], default_images: Mapping[str, str]) -> JobSp
         fail(f"secrets.{name}", "the variable is also set in env", "each variable in env or in secrets, not both")
     spec = JobSpec(**values)
     _tier_machines_fit(spec)
+    _slices_fit(spec)
     _provisioning_fits_the_api(spec)
     _queue_timeout_fits(spec, message["machine"])
     return spec
@@ -447,6 +457,30 @@ def _tier_machines_fit(spec: JobSpec) -> None:
         if m.api != job.api:
             problem = f"{show(m.api)} is not the API of the job's machine ({show(job.api)})"
             fail(f"tiers[{i}].machine.api", problem, f"{show(job.api)}: a tier's machine goes through the job's API")
+
+
+def _slices_fit(spec: JobSpec) -> None:
+    """Several slices: at least min_slices of them, each one machine of the job's type (a GPU VM is the unit), with
+    the head start (the survivors' re-forming starts from the noticed slice's one-step save). The control plane does
+    not run a world yet: slices above 1 are refused after these checks, until it does."""
+    m = spec.machine
+    if m.min_slices > m.slices:
+        fail("machine.min_slices", f"{m.min_slices} is more than machine.slices ({m.slices})", f"1 to {m.slices}")
+    if m.slices == 1:
+        return
+    if isinstance(m, GpuMachine) and m.vms > 1:
+        fail("machine.slices", f"{m.slices} slices of {m.vms} VMs each", "vms 1 with slices (a VM is a slice)")
+    for i, tier in enumerate(spec.tiers):
+        if tier.machine is not None and tier.machine.type_name != m.type_name:
+            problem = f"{tier.machine.type_name} is not the job's {m.type_name}: a world's slices are of one type"
+            fail(f"tiers[{i}].machine", problem, "no machine of its own in a tier of a job of several slices")
+    if not spec.head_start:
+        fail("head_start", "false with several slices", "true (the survivors re-form from the noticed one's save)")
+    fail(
+        "machine.slices",
+        f"{m.slices}: several slices per job are designed (docs/design/several-slices.md) but not run yet",
+        "1",
+    )
 
 
 def _tier_paths(spec: JobSpec) -> list[tuple[str, Tier]]:

@@ -65,6 +65,8 @@ MAX_TIERS = 5
 GPU_COUNTS = (1, 2, 4, 8, 16)
 # A GPU machine's VMs (machine.vms): a MIG of at most this many, as one slice (64 A3 VMs are 512 H100s)
 MAX_GPU_VMS = 64
+# A job's slices (machine.slices): one world of at most this many, each its own machine (docs/design/several-slices.md)
+MAX_SLICES = 64
 MAX_ZONES = 20
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
