@@ -8,6 +8,7 @@ within 1e-3 relative of the reference's (data-exact).
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -163,6 +164,28 @@ def test_an_older_world_on_the_key_is_ignored_and_a_newer_one_before_the_first_s
     assert finish_all(late, 60) == {0: WORLD_CHANGED}, tails(late)
     assert entries_of(tmp_path, 0) == [] and not (tmp_path / "ckpt").exists()
     assert "ignoring world 1" in waiting[0].tail(50) and "world 3 is on the key" in late[0].tail(50)
+
+
+def test_a_world_whose_key_names_no_coordinator_finds_it_beside_the_checkpoints_and_trains(
+    tmp_path: Path, compile_cache: Path, servers: Servers
+) -> None:
+    """The control plane's key has no coordinator (it cannot know the machines' addresses): process 0 writes its own
+    (loopback here: these metadata servers have no network interfaces) to the rendezvous object, and the other
+    process, started first, waits for it."""
+    ckpt = tmp_path / "ckpt"
+    env = trainer_env(str(ckpt), tmp_path / "unused.jsonl", compile_cache)
+    servers.key.set(4, [0, 1])
+    args = [*ARGS[:1], "--steps=6", *ARGS[2:]]
+    late = start_world(env, 4, [1], servers.slices, tmp_path, args)  # process 1 waits for process 0's object
+    time.sleep(1.0)
+    first = start_world(env, 4, [0], servers.slices, tmp_path, args)
+    runs = {**first, **late}
+    assert finish_all(runs) == {0: 0, 1: 0}, tails(runs)
+    written = (tmp_path / "ckpt.respawn" / "world-4.coordinator").read_text()
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", written), written
+    assert f"world coordinator {written}, read from" in late[1].tail(200)
+    completed = [[e for e in entries_of(tmp_path, s) if e["event"] == "completed"][-1] for s in (0, 1)]
+    assert completed[0]["step"] == 6 and completed[0]["params_sha256"] == completed[1]["params_sha256"]
 
 
 class Position:

@@ -31,7 +31,10 @@ class WorldKey:
         self.changed = threading.Condition()
 
     def set(self, version: int, members: list[int], coordinator: str | None = None, step: int | None = None) -> None:
-        world = {"version": version, "members": members, "coordinator": coordinator, "step": step, "process_ids": {}}
+        """Without a coordinator, the control plane's value (version, members, step): the trainers find it."""
+        world: dict[str, Any] = {"version": version, "members": members, "step": step}
+        if coordinator is not None:
+            world.update(coordinator=coordinator, process_ids={})
         with self.changed:
             self.value, self.etag = json.dumps(world), self.etag + 1
             self.changed.notify_all()

@@ -24,7 +24,15 @@ from respawn.adapters import startup
 from respawn.adapters.startup import grace_s, machine_labels, machine_metadata, startup_script
 from respawn.events import EXIT_CODE, Event, MachineNoticed, TrainerCompleted, TrainerFailed
 from respawn.jobs import GpuMachine, JobSpec, TpuMachine
-from respawn.machine import GRACE_S, OOM_KILLED, PERMANENT_RC, drain_marker, exit_code_entry, exit_code_failure
+from respawn.machine import (
+    GRACE_S,
+    OOM_KILLED,
+    PERMANENT_RC,
+    SHUT_DOWN_RC,
+    drain_marker,
+    exit_code_entry,
+    exit_code_failure,
+)
 from respawn.parsing import log_entry_event
 from respawn.topology import compute_shape
 
@@ -1400,8 +1408,9 @@ def test_every_rendered_script_is_valid_bash(tmp_path: Path, s: JobSpec) -> None
     assert checked.returncode == 0, checked.stderr
 
 
-def world(version: int) -> str:
-    return json.dumps({"version": version, "members": [0, 1], "coordinator": "10.0.0.2:8476", "step": None})
+def world(version: int, members: tuple[int, ...] = (0, 1)) -> str:
+    """The control plane's value of the key: the machines find their coordinator themselves."""
+    return json.dumps({"version": version, "members": list(members), "step": None})
 
 
 def test_a_trainer_that_left_its_world_runs_again_in_place_in_the_next_one(
@@ -1438,3 +1447,87 @@ def test_without_a_world_an_exit_75_is_a_failure_as_any_other(tmp_path: Path, fa
     assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RCS="75 0").returncode == 75
     assert len(runs(fakes)) == 1
     assert [p["event"] for p, _ in said(fakes)] == ["failed"]
+
+
+def start_in_world(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage, attributes: dict[str, str]
+) -> tuple[dict[str, str], MetadataServer, subprocess.Popen[bytes], Path]:
+    """The script on a machine whose metadata is `attributes` (the real curl, the live metadata server), its stderr
+    in a file, once it says it waits for a world with its slice."""
+    env, server = on_a_machine(fakes, storage, attributes, "http://{host}")
+    script, err = tmp_path / "startup.sh", tmp_path / "stderr"
+    script.write_text(startup_script(spec(), 3))
+    with err.open("w") as out:
+        proc = subprocess.Popen([BASH, str(script)], cwd=tmp_path, env=env, stderr=out)
+    deadline = time.monotonic() + 30
+    while "waiting for a world with it" not in err.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "waiting for a world with it" in err.read_text(), err.read_text()
+    return env, server, proc, err
+
+
+def world_versions(env: dict[str, str]) -> list[str]:
+    """RESPAWN_WORLD_VERSION of every trainer run."""
+    path = Path(env["FAKE_LOG"] + ".envs")
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line)[startup.WORLD_ENV] for line in lines]
+
+
+def test_a_machine_for_a_slice_outside_its_world_says_ready_once_and_runs_its_trainer_once_a_world_has_it(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    """A replacement slice's machine, readied (image pulled) while the world trains without it: the `ready` entry
+    (worker 0, for its slice), then the metadata server's hanging GET until a world lists its slice; a newer world
+    without it is waited through, with no second `ready`."""
+    attributes = {"respawn-world": world(1, (0,)), "respawn-slice": "1"}
+    env, server, proc, _ = start_in_world(tmp_path, fakes, storage, attributes)
+    try:
+        server.set_attributes({**attributes, "respawn-world": world(2, (0,))})  # still not a member
+        time.sleep(0.5)
+        assert proc.poll() is None and runs(env) == [] and len(pulls(env)) == 1
+        server.set_attributes({**attributes, "respawn-world": world(3, (0, 1))})
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.close()
+    assert world_versions(env) == ["3"]
+    ready = {"event": "ready", "job_id": "job-1", "attempt": 3, "worker": 0, "world": 1}
+    assert said(env)[0] == (ready, "INFO")
+    assert [(p["event"], p.get("source")) for p, _ in said(env)] == [("ready", None), ("completed", "exit-code")]
+
+
+def test_a_machine_of_a_member_slice_says_no_ready_and_runs_its_trainer_at_once(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    env, server = on_a_machine(
+        fakes, storage, {"respawn-world": world(4, (0, 2)), "respawn-slice": "2"}, "http://{host}"
+    )
+    try:
+        done, _ = run_until_done(tmp_path, env)
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    assert world_versions(env) == ["4"] and "waiting for a world" not in done.stderr
+    assert [p["event"] for p, _ in said(env)] == ["completed"]
+
+
+def test_a_machine_shut_down_while_it_waits_for_a_world_with_its_slice_runs_no_trainer(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    env, server, proc, err = start_in_world(
+        tmp_path, fakes, storage, {"respawn-world": world(1, (0,)), "respawn-slice": "1"}
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not said(env) and time.monotonic() < deadline:  # `ready` is out: the hanging GET follows
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == SHUT_DOWN_RC
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.close()
+    assert runs(env) == [] and [p["event"] for p, _ in said(env)] == ["ready"]
+    assert "shut down before the trainer started" in err.read_text()

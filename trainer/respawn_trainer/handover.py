@@ -44,8 +44,10 @@ class Objects:
         self.base = (host if "://" in host else f"http://{host}") if host else "https://storage.googleapis.com"
         self.token = None if host else token
 
-    def _request(self, url: str, data: bytes | None = None) -> urllib.request.Request:
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+    def _request(
+        self, url: str, data: bytes | None = None, content_type: str = "application/json"
+    ) -> urllib.request.Request:
+        headers = {"Content-Type": content_type} if data is not None else {}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token()}"
         return urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
@@ -69,15 +71,40 @@ class Objects:
                 return False
             raise
 
-    def put(self, uri: str, payload: dict[str, object]) -> None:
-        data = json.dumps(payload).encode()
+    def get(self, uri: str) -> bytes | None:
+        """The object's bytes, or None where there is none yet (objects.get with alt=media:
+        https://cloud.google.com/storage/docs/json_api/v1/objects/get)."""
         if not uri.startswith("gs://"):
-            Path(uri).parent.mkdir(parents=True, exist_ok=True)
-            Path(uri).write_bytes(data)
+            try:
+                return Path(uri).read_bytes()
+            except FileNotFoundError:
+                return None
+        bucket, name = self._split(uri)
+        url = f"{self.base}/storage/v1/b/{bucket}/o/{name}?alt=media"
+        try:
+            with urllib.request.urlopen(self._request(url), timeout=TIMEOUT_S) as response:
+                return bytes(response.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def put(self, uri: str, payload: dict[str, object]) -> None:
+        self.write(uri, json.dumps(payload).encode())
+
+    def write(self, uri: str, data: bytes, content_type: str = "application/json") -> None:
+        """One upload (https://cloud.google.com/storage/docs/uploading-objects, JSON API, uploadType=media), whole or
+        not at all; a local file is renamed into place, so that a reader never sees half of it either."""
+        if not uri.startswith("gs://"):
+            path = Path(uri)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(f".{path.name}.{os.getpid()}.part")
+            part.write_bytes(data)
+            os.replace(part, path)
             return
         bucket, name = self._split(uri)
         url = f"{self.base}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}"
-        with urllib.request.urlopen(self._request(url, data), timeout=TIMEOUT_S) as response:
+        with urllib.request.urlopen(self._request(url, data, content_type), timeout=TIMEOUT_S) as response:
             response.read()
 
 

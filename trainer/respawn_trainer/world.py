@@ -4,11 +4,15 @@ when a slice goes or comes (docs/design/several-slices.md, "One step, then a new
 The contract (the control plane produces it; trainer/README.md, Worlds of several slices):
 * `RESPAWN_WORLD_VERSION` (int >= 1): the world this process was started for. Absent: no world, today's behaviour.
 * `RESPAWN_SLICE` (int >= 0, default 0): the slice this host belongs to; `TPU_WORKER_ID` is its host in the slice.
-* The VM metadata key `respawn-world`, JSON `{"version", "members", "coordinator", "step", "process_ids"}`, read from
-  the metadata server and watched with its own hanging GET (`wait_for_change=true`, `last_etag`, `timeout_sec`):
-  never polled faster than once a second, whatever the server does. `process_ids` ({"SLICE/WORKER": id}) may be left
-  out: process ids then follow `members` order, each slice's hosts in worker order. JAX's runtime is initialized
-  with the world's coordinator, this process's id and the world's process count.
+* The VM metadata key `respawn-world`, JSON `{"version", "members", "step"}`, read from the metadata server and
+  watched with its own hanging GET (`wait_for_change=true`, `last_etag`, `timeout_sec`): never polled faster than
+  once a second, whatever the server does. `process_ids` ({"SLICE/WORKER": id}) may be added; left out, process ids
+  follow `members` order, each slice's hosts in worker order. JAX's runtime is initialized with the world's
+  coordinator, this process's id and the world's process count.
+* The coordinator: the key's `coordinator` ("host:port") where it names one; else (the control plane's key: it
+  cannot know the machines' addresses) the rendezvous object `{RESPAWN_CHECKPOINT_URI}.respawn/world-{V}.coordinator`
+  beside the checkpoints, "HOST:PORT", which process 0 writes with its own address and a free port before it serves
+  the coordinator, and which every other process waits for (`rendezvous`).
 * Exit code 75 (EX_TEMPFAIL, `WORLD_CHANGED_RC`): the world changed; start me again in the new one.
 
 Before the world is formed, a process that finds a newer version on the key exits 75 at once (nothing is trained, so
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -34,7 +39,9 @@ from typing import Any
 
 from respawn_trainer import runtime
 from respawn_trainer.env import RunEnv
+from respawn_trainer.handover import Objects, objects_for
 from respawn_trainer.local_copy import LocalCopy
+from respawn_trainer.slice_env import LOOPBACK, free_port
 
 log = logging.getLogger("trainer")
 WORLD_CHANGED_RC = 75  # EX_TEMPFAIL: "the world changed: start me again in the new world"
@@ -43,6 +50,8 @@ WAIT_S = 60  # timeout_sec of one hanging GET
 JOIN_WAIT_S = 300.0  # how long a process started for version v waits for the key to say v before it exits 75
 MIN_INTERVAL_S = 1.0  # a server that does not hang (or answers errors) is asked at most this often
 READ_TIMEOUT_S = 10.0
+ADDRESS_KEY = "instance/network-interfaces/0/ip"
+RENDEZVOUS_POLL_S = (0.1, 1.0)  # a waiter asks for the rendezvous object this often, backing off from the first
 
 
 class WorldChanged(SystemExit):
@@ -91,11 +100,10 @@ class World:
         return {(s, w): i * hosts + w for i, s in enumerate(self.members) for w in range(hosts)}
 
     def placement(self, slice_: int, worker: int, hosts: int) -> runtime.Placement:
+        """This process's place; its coordinator is "" where the key names none (then `rendezvous` finds it)."""
         ids = self.ids(hosts)
         if (slice_, worker) not in ids:
             raise WorldChanged(f"slice {slice_} host {worker} has no process id in world {self.version}")
-        if len(ids) > 1 and not self.coordinator:
-            raise WorldChanged(f"world {self.version} names no coordinator")
         return runtime.Placement(self.coordinator or "", ids[(slice_, worker)], len(ids))
 
     def slice_of_processes(self, hosts: int) -> list[int]:
@@ -119,6 +127,84 @@ def read_world(metadata_url: str, etag: str | None = None, wait_s: float = 0) ->
         if e.code == 404:  # no key yet: a wait from its ETag answers once it appears
             return None, e.headers.get("ETag") if e.headers else None
         raise
+
+
+def rendezvous_uri(checkpoint_uri: str, version: int) -> str:
+    """Beside the job's checkpoints, not among them (`{checkpoint_uri}.respawn/`, as the handover's objects), so that
+    no checkpoint manager lists it. One per version: a waiter never takes an earlier world's coordinator for its own.
+    They are left there (a few bytes a world change): a later world's process 0 cannot know that an earlier world's
+    processes are all past their read, and a lost object would cost that world its start."""
+    return f"{checkpoint_uri}.respawn/world-{version}.coordinator"
+
+
+def host_address(metadata_url: str) -> str:
+    """This VM's primary internal IP, which every VM of the job's network reaches: the metadata server's
+    `instance/network-interfaces/0/ip` (https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys).
+    A metadata server that has no such key (the local cloud's, a test's: every machine is a process here) means
+    loopback; one out of reach, the address of the host's name (the VM's internal IP on Compute Engine's images)."""
+    request = urllib.request.Request(f"{metadata_url}/{ADDRESS_KEY}", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=READ_TIMEOUT_S) as response:
+            address = response.read().decode(errors="replace").strip()
+    except urllib.error.HTTPError as e:
+        log.info(
+            "the metadata server has no %s (HTTP %d): the coordinator listens on %s", ADDRESS_KEY, e.code, LOOPBACK
+        )
+        return LOOPBACK
+    except OSError as e:
+        log.warning("cannot read %s (%s): the coordinator's address is the host name's", ADDRESS_KEY, e)
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return LOOPBACK
+    return address or LOOPBACK
+
+
+def serve_coordinator(objects: Objects, uri: str, metadata_url: str) -> str:
+    """Process 0: its address and a free port, written to the rendezvous object before JAX's coordinator serves it
+    (jax.distributed.initialize binds every interface: `[::]:port`). The startup script runs a world's version once
+    on a machine, so this object is written once per world; a failed write fails the process (its peers could
+    only wait their bound)."""
+    coordinator = f"{host_address(metadata_url)}:{free_port()}"
+    objects.write(uri, coordinator.encode(), "text/plain")
+    log.info("world coordinator %s, written to %s", coordinator, uri)
+    return coordinator
+
+
+def find_coordinator(objects: Objects, uri: str, wait_s: float) -> str:
+    """Every other process: the rendezvous object's "HOST:PORT", polled (backing off to once a second) up to wait_s;
+    none by then is WorldChanged, as a world that never came. A newer world meanwhile ends the process at once
+    (Membership's watch)."""
+    deadline, pause, warned = time.monotonic() + wait_s, RENDEZVOUS_POLL_S[0], False
+    while True:
+        try:
+            found = objects.get(uri)
+        except (OSError, ValueError) as e:
+            found = None
+            if not warned:
+                log.warning("cannot read %s (%s); still waiting", uri, e)
+                warned = True
+        coordinator = found.decode(errors="replace").strip() if found else ""
+        if coordinator:
+            log.info("world coordinator %s, read from %s", coordinator, uri)
+            return coordinator
+        if time.monotonic() + pause > deadline:
+            raise WorldChanged(f"no coordinator in {uri} within {wait_s:.0f}s")
+        time.sleep(pause)
+        pause = min(pause * 2, RENDEZVOUS_POLL_S[1])
+
+
+def rendezvous(env: RunEnv, world: World, placement: runtime.Placement, objects: Objects) -> runtime.Placement:
+    """The placement with its coordinator: the key's, else the rendezvous object's (one process world: none)."""
+    if placement.coordinator or placement.process_count <= 1:
+        return placement
+    assert env.metadata_url
+    uri = rendezvous_uri(env.checkpoint_uri, world.version)
+    if placement.process_id == 0:
+        coordinator = serve_coordinator(objects, uri, env.metadata_url)
+    else:
+        coordinator = find_coordinator(objects, uri, JOIN_WAIT_S)
+    return placement._replace(coordinator=coordinator)
 
 
 class _Reader:
@@ -226,7 +312,9 @@ class Membership:
         return self.world.version
 
     def placement(self) -> runtime.Placement:
-        return self.world.placement(self.slice, self.worker, self.hosts)
+        """Called once, before jax.distributed.initialize: the coordinator is found here where the key names none."""
+        placement = self.world.placement(self.slice, self.worker, self.hosts)
+        return rendezvous(self.env, self.world, placement, objects_for(self.env))
 
     @property
     def slice_lead(self) -> bool:

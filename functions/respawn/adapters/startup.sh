@@ -362,28 +362,53 @@ trainer() {  # runs the container (the command line in "$@") in the background, 
 world_of() {  # the version in the key's value $1
   printf %s "$1" | sed -n 's/.*"version": *\([0-9][0-9]*\).*/\1/p' | head -n 1
 }
-newer_world() {  # waits until the key names a version above $1 (then in world_next); fails once the machine stops
-  local query='' reply asking
+member_of() {  # whether the key's value $1 lists slice $2 in its "members"
+  printf %s "$1" | tr -d '\r\n' | sed -n 's/.*"members": *\[\([0-9, ]*\)\].*/\1/p' | tr -c '0-9' '\n' | grep -qx "$2"
+}
+# newer_world waits until the key names a version above $1 (then world_next; the reply, headers and value, world_value);
+# it fails once the machine stops.
+newer_world() {
+  local query='' reply asking=''
   reply=$(mktemp)
   while [ -z "$stopping" ]; do
     curl -sf -m 70 -D - -H 'Metadata-Flavor: Google' "$metadata/instance/attributes/$world_key$query" > "$reply" &
     asking=$!
     if wait "$asking"; then  # in the background, so that the shutdown trap runs at once
-      world_next=$(world_of "$(cat "$reply")")  # the headers, then the value
+      world_value=$(cat "$reply")  # the headers, then the value
+      world_next=$(world_of "$world_value")
       if [ "${world_next:-0}" -gt "$1" ]; then rm -f "$reply"; return 0; fi
       query="?wait_for_change=true&timeout_sec=60&last_etag=$(tr -d '\r' < "$reply" | sed -n 's/^[Ee][Tt][Aa][Gg]: *//p')"
     elif [ -z "$stopping" ]; then
       sleep 1  # no key yet, or no answer: a metadata server may answer a missing key at once
     fi
   done
-  kill "$asking" 2>/dev/null
+  [ -z "$asking" ] || kill "$asking" 2>/dev/null  # none yet where the shutdown came first
   rm -f "$reply"
   return 1
 }
-world=$(md "attributes/$world_key") && world=$(world_of "$world") || world=
+# A machine made for a slice that is not a member of the key's world (a replacement, readied while the others train)
+# says so once, by worker 0 for its slice: the lifecycle entry `ready` (the control plane then sets a world with it,
+# at a save boundary of the running one), and waits for that world before its trainer runs.
+join_world() {
+  world_value=$1
+  member_of "$world_value" "${!slice_env}" && return 0
+  log "slice ${!slice_env} is not a member of world $world: ready, waiting for a world with it ($world_key)"
+  if [ "$worker" -eq 0 ]; then
+    write_entry "$trainer_log" INFO "$(printf '{"event": "ready", "job_id": "%s", "attempt": %d, "worker": %d, '\
+'"world": %d}' "$job_id" "$attempt" "$worker" "$world")" || log "could not log ready"
+  fi
+  until member_of "$world_value" "${!slice_env}"; do
+    newer_world "$world" || return 1
+    world=$world_next
+  done
+  export "$world_env=$world"
+  log "slice ${!slice_env} is a member of world $world: the trainer runs in it"
+}
+world_value=$(md "attributes/$world_key") && world=$(world_of "$world_value") || world=
 if [ -n "$world" ]; then
   export "$world_env=$world" "$slice_env=$(md "attributes/$slice_key" || echo 0)"
   [ -z "${!data_dir_env-}" ] || export "$local_copy_env=${!data_dir_env}/local-copy"
+  join_world "$world_value" || { log "shut down before the trainer started"; exit "$shut_down_rc"; }
 fi
 
 wait_to_start || { log "shut down before the trainer started"; exit "$shut_down_rc"; }
