@@ -2,7 +2,8 @@
 
 Prints live progress and, at the end, the report (`--json`: one JSON object on
 stdout, progress on stderr). Exit code 0 when the job SUCCEEDED with the exact
-parameters of the uninterrupted reference run (or with exactness unknown: no
+parameters of the uninterrupted reference run (a world of several slices that
+trained some steps on other members: data-exact; or with exactness unknown: no
 reference, or no params_sha256 to compare) and nothing was left behind,
 1 otherwise, 2 for a usage error.
 """
@@ -408,22 +409,50 @@ def add_reference_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What the report compares the run with: the reference's params_sha256 (None: exactness unknown, `note` says
+    why) and its final loss (a world's data-exactness is held to it)."""
+
+    sha: str | None
+    note: str
+    final_loss: float | None = None
+
+
+def job_slices(machine: dict[str, Any]) -> int:
+    """How many slices the job's validated `machine` trains on as one world (1: no world)."""
+    return max(1, int(machine.get("slices") or 1))
+
+
+def processes_phrase(machine_slice: LocalSlice, world_slices: int) -> str:
+    """How the reference runs: a slice's phrase, or for a world ` as a world of 2 slices on 8 processes (2 slices x
+    2 hosts x 4 devices)`."""
+    if world_slices <= 1:
+        return machine_slice.processes_phrase()
+    hosts, chips = machine_slice.hosts, machine_slice.chips_per_host
+    return (
+        f" as a world of {world_slices} slices on {world_slices * hosts} processes "
+        f"({world_slices} slices x {hosts} hosts x {chips} devices)"
+    )
+
+
 def reference_params(
     ns: argparse.Namespace,
     opts: Options,
     message: dict[str, Any],
     machine_slice: LocalSlice,
     say: Callable[[str], None],
-) -> tuple[str | None, str]:
-    """The uninterrupted reference run's params_sha256 (computed once, then cached), and the note saying why there is
-    none (exactness then unknown)."""
+) -> Reference:
+    """The uninterrupted reference run's params_sha256 and final loss (computed once, then cached), and the note
+    saying why there is no hash (exactness then unknown). A job of several slices: the world of all of them."""
     from localcloud.reference import ReferenceFailed, reference_run
 
-    reference_sha, note = None, "no reference run (--no-reference)"
+    reference_sha, note, loss = None, "no reference run (--no-reference)", None
+    world_slices = job_slices(message["machine"])
     if not ns.no_reference:
         what = "command and args" if opts.entrypoint else "trainer args"
         say(
-            f"reference: the uninterrupted run of the same {what}{machine_slice.processes_phrase()} "
+            f"reference: the uninterrupted run of the same {what}{processes_phrase(machine_slice, world_slices)} "
             "(computed once, then cached)"
         )
         try:
@@ -436,18 +465,19 @@ def reference_params(
                     log_path=opts.workdir / "reference.log",
                     machine_slice=machine_slice,
                     entrypoint=opts.entrypoint,
+                    slices=world_slices,
                 )
         except ReferenceFailed as e:
             note = str(e)
         else:
-            reference_sha = ref["params_sha256"]
+            reference_sha, loss = ref["params_sha256"], ref.get("final_loss")
             how = "cached" if ref["cached"] else f"computed in {ref['wall_s']:.1f}s"
             note = "the program sends no params_sha256 (the respawn_trainer library does)"
             result = f"params {reference_sha[:16]} after step {ref['final_step']}" if reference_sha else "completed"
             say(f"reference: {result} ({how})")
         if reference_sha is None:
             say(f"reference: exact unknown: {note}")
-    return reference_sha, note
+    return Reference(reference_sha, note, loss)
 
 
 def add_output_flags(run: argparse.ArgumentParser) -> None:
@@ -459,27 +489,28 @@ def add_output_flags(run: argparse.ArgumentParser) -> None:
 def summarized(
     outcome: Outcome,
     message: dict[str, Any],
-    reference: tuple[str | None, str],
+    reference: Reference,
     machine_slice: LocalSlice,
     run_timings: Timings,
 ) -> dict[str, Any]:
     """The report of the run (readout/report.py) and beside it how it ran: the bus, the timings, the run's folder,
     the status notices and where the secrets reached; `reference` is `reference_params`'s."""
-    reference_sha, note = reference
     from localcloud.readout import report
     from respawn.prices import machine_price
 
     summary = report.build(
         events=outcome.events,
         job=outcome.job,
-        reference_sha=reference_sha,
+        reference_sha=reference.sha,
         machines_left=outcome.machines_left,
         leftover_processes=leftover_processes(),
         price=machine_price(message["machine"]),
         timed_out=outcome.timed_out,
         machine_slice=machine_slice,
-        reference_note=note,
+        reference_note=reference.note,
         history=outcome.history,
+        slices=job_slices(message["machine"]),
+        reference_loss=reference.final_loss,
     )
     summary["bus"] = outcome.bus
     summary["timings"] = asdict(run_timings)  # local seconds; `scale` turns them into the real ones
@@ -539,7 +570,8 @@ def run(ns: argparse.Namespace) -> int:
         outcome = cloud.run(message, total_steps(message.get("args") or []))
     summary = summarized(outcome, message, reference, machine_slice, run_timings)
     write_report(ns, summary, outcome, message)
-    ok = summary["status"] == "SUCCEEDED" and summary["exact"] is not False and summary["machines_left"] == 0
+    # exact, data-exact (a world that trained some steps on other members) or unknown; not "no"
+    ok = summary["status"] == "SUCCEEDED" and summary["exactness"] != "no" and summary["machines_left"] == 0
     if outcome.secrets is not None:  # every trainer held them, and no file holds one
         ok = ok and not outcome.secrets["leaks"] and outcome.secrets["delivered"] == outcome.secrets["trainers"]
     return 0 if ok else 1

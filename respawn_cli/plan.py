@@ -6,6 +6,12 @@ history, Google's Advice API uptime estimate, or the prior when neither has seen
 machine-hour and its source (prices.Priced), the cost of one productive hour (price / goodput), the Advice API's
 obtainability where it answered, and the order respawn would try the zones in (Outlook.rank, as decide ranks them;
 the list's order with `placement: ordered`). Pure: the CLI reads the history and asks the Advice API (main.py).
+
+A job of K slices (docs/several-slices.md) is preempted K times as often as one slice, at the zone's MTBI / K. Each
+zone then also shows what the K slices cost an hour and the goodput of the two ways to recover, on the same
+Young/Daly model: re-forming in place (each preemption costs the survivors REFORM_S twice, when the slice leaves and
+when its replacement joins, and the world trains without the slice's share, 1/K, while the replacement comes: the
+restart cost / K), and recreating the whole job (each preemption costs every slice the restart cost).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from respawn.jobs import JobSpec, TpuMachine, machine_to_dict
-from respawn.outlook import HOUR, Key, Outlook
+from respawn.outlook import HOUR, Key, Outlook, useful_fraction
 from respawn.prices import Priced, machine_price, priced, rate_per_h
 
 
@@ -27,12 +33,38 @@ class ZonePlan:
     price: Priced | None  # None: no price known for the machine
     obtainability: float | None  # the Advice API's, when it answered
     reason: str  # the ranking's one line (decide's wording)
+    world: WorldPlan | None = None  # a job of several slices
 
     @property
     def cost_per_productive_hour(self) -> float | None:
         if self.price is None or self.goodput <= 0:
             return None
         return self.price.rate_per_h / self.goodput
+
+
+# One save, a process start and one restore on a machine that runs already (the cloud profile's trainer start and a
+# restore from a local copy): what a world's re-forming costs its survivors, per change
+REFORM_S = 60.0
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """A zone's figures for a job of `slices` slices: their price an hour and each way's goodput."""
+
+    slices: int
+    price_per_hour: float | None
+    goodput_reformed: float  # re-forming in place
+    goodput_recreated: float  # recreating every slice
+
+    @staticmethod
+    def of(slices: int, mtbi_s: float, price: Priced | None, checkpoint_s: float, restart_s: float) -> WorldPlan:
+        every = mtbi_s / slices  # a preemption of any of the slices
+        return WorldPlan(
+            slices,
+            None if price is None else price.rate_per_h * slices,
+            useful_fraction(every, checkpoint_s, 2 * REFORM_S + restart_s / slices),
+            useful_fraction(every, checkpoint_s, restart_s),
+        )
 
 
 @dataclass(frozen=True)
@@ -93,7 +125,9 @@ def build(spec: JobSpec, outlook: Outlook, now: float, *, history: str, restart_
             )
             source = _mtbi_source(outlook, Key(zone, kind, tier.provisioning), now, advised)
             obtainability = said.obtainability if said is not None else None
-            zones.append(ZonePlan(zone, p.mtbi_s, source, p.useful, price, obtainability, p.reason))
+            k = spec.machine.slices
+            world = WorldPlan.of(k, p.mtbi_s, price, outlook.checkpoint_cost_s, restart_cost_s) if k > 1 else None
+            zones.append(ZonePlan(zone, p.mtbi_s, source, p.useful, price, obtainability, p.reason, world))
         note = advice.note if advice is not None else None
         own = describe_machine(on_tier) if tier.machine is not None else None
         tiers.append(TierPlan(index, tier.provisioning, spec.placement, tuple(zones), note, own))
@@ -137,12 +171,22 @@ def to_json(plan: Plan) -> dict[str, Any]:
                         "cost_per_productive_hour": _round(z.cost_per_productive_hour),
                         "obtainability": z.obtainability,
                         "reason": z.reason,
+                        **({"slices": _world_json(z.world)} if z.world is not None else {}),
                     }
                     for z in t.zones
                 ],
             }
             for t in plan.tiers
         ],
+    }
+
+
+def _world_json(w: WorldPlan) -> dict[str, Any]:
+    return {
+        "slices": w.slices,
+        "price_per_hour": _round(w.price_per_hour),
+        "goodput_reformed": round(w.goodput_reformed, 4),
+        "goodput_recreated": round(w.goodput_recreated, 4),
     }
 
 
@@ -176,4 +220,20 @@ def text(plan: Plan, table: Any) -> str:
         headers = ("#", "zone", "MTBI", "MTBI from", "goodput", "obtainability", "price", "per productive h",
                    "price from")  # fmt: skip
         lines += ["  " + line for line in table(headers, rows).splitlines()]
+        lines += _world_lines(t)
     return "\n".join(lines)
+
+
+def _world_lines(t: TierPlan) -> list[str]:
+    """Per zone, what the job's K slices cost an hour and earn re-formed in place against recreated whole."""
+    lines = []
+    for z in t.zones:
+        w = z.world
+        if w is None:
+            continue
+        price = "-" if w.price_per_hour is None else f"${w.price_per_hour:.2f}/h"
+        lines.append(
+            f"  {z.zone}: {w.slices} slices {price}, a preemption every {z.mtbi_s / w.slices / HOUR:.1f}h; goodput "
+            f"{w.goodput_reformed:.1%} re-formed in place, {w.goodput_recreated:.1%} recreated whole"
+        )
+    return lines

@@ -5,10 +5,12 @@ slice has its own line of attempts in the one record (Attempt.slice; machine nam
 slice's attempts), all in the job's zone. What the rules decide, for an event about slice i's live attempt:
 
 * slice i's trainer started, trained or saved: the attempt's progress;
-* its notice, its preemption, its machine dead in a listing, or its trainer failed: the world goes on without i
-  while min_slices are left (the new world to every survivor, i's replacement requested, to join later); with fewer
-  left, every slice anew, a version up (every machine deleted and made again: the whole job recovers, as a job of
-  one slice does);
+* its trainer failed: the world broke (a crash breaks every process's collectives), so the same members form the
+  next world in place, on the machines they run, counted as one failure; the failures of an older world are none;
+* its notice, its preemption, or its machine dead (in a listing, or under its failed trainer): the world goes on
+  without i while min_slices are left (the new world to every survivor, i's replacement requested, to join later);
+  with fewer left, every slice anew, a version up (every machine deleted and made again: the whole job recovers, as
+  a job of one slice does);
 * its replacement's `ready` (set up, not a member): the world with i, told to every member and the newcomer;
 * its create failed: nothing now, the world trains on without it, and a listing asks for it again;
 * `completed` of any member: SUCCEEDED, every machine deleted.
@@ -44,7 +46,7 @@ from respawn.jobs import Attempt, EndReason, Job, Status, World, parse_machine_n
 from respawn.listing_policy import DEAD
 from respawn.machine import notice_s
 from respawn.next_attempt import new_attempt
-from respawn.policy import Context
+from respawn.policy import Context, backoff_s
 from respawn.transitions import Decision, create_machine
 
 Rule = Callable[[Job, Attempt, Any, float, Context], Decision]
@@ -122,22 +124,25 @@ def _preempted(job: Job, a: Attempt, event: MachinePreempted, now: float, ctx: C
 
 
 def _failed(job: Job, a: Attempt, event: TrainerFailed, now: float, ctx: Context) -> Decision:
-    """A member's trainer failed: a machine the API shows dead was lost; an entry of a world older than the job's
-    is the re-forming's (the survivors' processes of the world that changed), not a failure; else a failure of its
-    slice, which the world leaves as it leaves a preempted one, counted against max_failures."""
+    """A member's trainer failed. A machine the API shows dead was lost. Otherwise the world broke, whoever failed
+    first (a peer's crash breaks every process's collectives, so every member's trainer fails): one failure, counted
+    against max_failures, and the same members form the next world in place, on the machines they run (no machine
+    is made); the failures of a world older than the job's are that break's echoes, not failures."""
     if event.machine_state in DEAD:
         return _slice_lost(job, a, now, ctx, f"{a.machine} lost")
-    if event.world is not None and job.world is not None and event.world < job.world.version:
+    world, spec = job.world, job.spec
+    assert world is not None and spec is not None
+    if event.world is not None and event.world < world.version:
         return job, []
     error = f"trainer failed on {a.machine}" + (f": {event.error}" if event.error else "")
-    spec = job.spec
-    assert spec is not None
     failures = job.counters.failures + 1
     job = replace(job, counters=replace(job.counters, failures=failures))
     if event.permanent or failures >= spec.max_failures:
         why = " (permanent: not retried)" if event.permanent else f" (failure {failures} of {spec.max_failures})"
         return finish(job, now, Status.FAILED, EndReason.FAILED, error + why)
-    return _slice_lost(job, a, now, ctx, error, end_reason=EndReason.FAILED, counted=False)
+    again = World(world.version + 1, world.members)
+    job = replace(job, world=again, reason=f"{error}; the world forms again in place (world {again.version})")
+    return job, _told(job, again)
 
 
 def _ready(job: Job, a: Attempt, event: TrainerReady, now: float, ctx: Context) -> Decision:
@@ -158,24 +163,38 @@ def _completed(job: Job, a: Attempt, event: TrainerCompleted, now: float, ctx: C
 
 
 def _create_failed(job: Job, a: Attempt, event: CreateFailed, now: float, ctx: Context) -> Decision:
-    """No machine for the slice: the world trains on without it, and a listing asks again; a world that never
-    formed, or one left below min_slices, starts over in the next zone."""
+    """No machine for the slice: the world trains on without it, and a listing asks again. A world that cannot
+    form without it (fewer than min_slices) gives back every machine and waits out a capacity backoff (a listing
+    makes every slice again when it is over, in the next zone): never a storm of creates."""
     if a.started_at is not None:
         return job, []
-    job = job.with_attempt(
-        replace(a, ended_at=now, end_reason=EndReason.CAPACITY, machine_deleted=True, error=event.error)
-    )
+    failed = replace(a, ended_at=now, end_reason=EndReason.CAPACITY, machine_deleted=True, error=event.error)
+    job = job.with_attempt(failed)
     job = replace(job, counters=replace(job.counters, capacity_errors=job.counters.capacity_errors + 1))
-    world = job.world
-    assert world is not None
-    assert job.spec is not None
-    if len(world.without(a.slice).members) < job.spec.machine.min_slices:
-        return _anew(job, now, ctx, f"no capacity for slice {a.slice} in {a.zone}", move_on=True)
-    job = replace(job, world=world.without(a.slice))
-    assert job.world is not None
-    return replace(job, reason=f"no capacity for slice {a.slice} in {a.zone}; training on without it"), _told(
-        job, job.world
-    )
+    world, spec = job.world, job.spec
+    assert world is not None and spec is not None
+    why = f"no capacity for slice {a.slice} in {a.zone}"
+    survivors = world.without(a.slice)
+    if len(survivors.members) >= spec.machine.min_slices:
+        job = replace(job, world=survivors, reason=f"{why}; training on without it")
+        return job, _told(job, survivors)
+    actions: list[Action] = []
+    for other in job.attempts:
+        if not other.ended:
+            actions.append(DeleteMachine(job.job_id, other.n, other.machine, other.zone))
+            gone = replace(other, ended_at=now, end_reason=EndReason.CAPACITY, machine_deleted=True)
+            job = job.with_attempt(gone)
+    wait = backoff_s(job.job_id, job.capacity_round, ctx.policy)
+    zones = job.current_tier.zones
+    return replace(
+        job,
+        status=Status.PENDING,
+        world=World(world.version + 1, tuple(range(spec.machine.slices))),
+        zone_index=(job.zone_index_of(a.zone) + 1) % len(zones),
+        capacity_round=job.capacity_round + 1,
+        next_attempt_at=now + wait,
+        reason=f"{why}; fewer than min_slices={spec.machine.min_slices} can form: next try in {wait:.0f}s",
+    ), actions
 
 
 RULES: dict[type, Rule] = {
@@ -233,9 +252,9 @@ def _slice_lost(
     return job, [*actions, *told, create_machine(job, replacement, world=survivors)]
 
 
-def _anew(job: Job, now: float, ctx: Context, why: str, *, move_on: bool = False) -> Decision:
+def _anew(job: Job, now: float, ctx: Context, why: str) -> Decision:
     """Fewer than min_slices could train: every live machine goes and every slice is made again, as one world a
-    version up (in the next zone of the list when `move_on`: no capacity here)."""
+    version up."""
     actions: list[Action] = []
     for a in job.attempts:
         if not a.ended:
@@ -244,9 +263,7 @@ def _anew(job: Job, now: float, ctx: Context, why: str, *, move_on: bool = False
     spec, world = job.spec, job.world
     assert spec is not None and world is not None
     job = replace(job, world=World(world.version + 1, tuple(range(spec.machine.slices))), status=Status.RECOVERING)
-    zones = job.current_tier.zones
-    zone_index = (job.zone_index + 1) % len(zones) if move_on else job.zone_index
-    job, creates = _every_slice(job, now, ctx, zone_index)
+    job, creates = _every_slice(job, now, ctx, job.zone_index)
     why = f"{why}; fewer than min_slices={spec.machine.min_slices} left: every slice anew"
     return replace(job, reason=why), [*actions, *creates]
 
@@ -254,6 +271,9 @@ def _anew(job: Job, now: float, ctx: Context, why: str, *, move_on: bool = False
 def _listed(job: Job, event: MachinesObserved, now: float, ctx: Context) -> Decision:
     """A listing: a machine of no live or draining attempt is deleted; a member's dead or missing machine is lost
     (missing only where its zone was listed whole); a slice with no attempt at all is asked for again."""
+    if job.status is Status.PENDING:  # a capacity backoff: every slice again once it is over
+        due = job.next_attempt_at is None or now >= job.next_attempt_at
+        return _every_slice(replace(job, status=Status.PROVISIONING), now, ctx, job.zone_index) if due else (job, [])
     listed = {name: state for name, _, state in event.machines}
     actions: list[Action] = []
     kept = {a.machine for a in job.attempts if not a.ended or a.draining}

@@ -46,6 +46,10 @@ Definitions:
                   trainer says
   exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
                   reference hash, `exact_reason` saying why (no reference run, it failed, the program sends no hash)
+  exactness       "bitwise" (exact), "data-exact" (a world of several slices whose params differ but whose steps
+                  were each trained once, in order, and whose final loss is within `loss_tolerance` of the
+                  reference's `reference_final_loss`), "no", or "unknown"; with `slices` and `worlds` (each world
+                  that trained: version, members, the step it started from): readout/worlds.py
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import math
 from typing import Any
 
 from localcloud.machines.slices import SINGLE_HOST, LocalSlice, report_line
+from localcloud.readout.worlds import exact_line, exactness_fields, shape_words, slice_line, worlds_line
 from respawn.accounting import later_split, parse_split, sum_splits
 from respawn.facts import recoveries as record_recoveries
 from respawn.jobs import Attempt, EndReason, JobSpec, machine_from_dict, machine_words
@@ -106,10 +111,12 @@ def _attempt_of(e: dict[str, Any]) -> int:
 
 def lost_steps(events: list[dict[str, Any]]) -> int:
     """Steps trained twice. Where an attempt starts comes from its `started` entry, or for a program that sends
-    none, from its first progress line (step k: it began after step k - 1)."""
+    none, from its first progress line (step k: it began after step k - 1). In a job of several slices an attempt
+    (one slice's machine) trains in several worlds, each restarting from a save: a world's first `started` entry
+    counts as an attempt's does (its other member slices' say the same)."""
     furthest = -1
     lost = 0
-    begun: set[int] = set()  # attempts whose starting step was counted
+    begun: set[Any] = set()  # attempts, and worlds ("world", V), whose starting step was counted
     for e in events:
         if e["kind"] == "step":
             if _attempt_of(e) not in begun and furthest >= 0:
@@ -118,11 +125,12 @@ def lost_steps(events: list[dict[str, Any]]) -> int:
             furthest = max(furthest, int(e["step"]))
         elif e["kind"] == "entry":
             p = e["payload"]
-            if p.get("event") == "started" and _attempt_of(e) not in begun and furthest >= 0:
+            world = ("world", p["world"]) if isinstance(p.get("world"), int) else None
+            if p.get("event") == "started" and (world or _attempt_of(e)) not in begun and furthest >= 0:
                 restored = int(p.get("restored_step") or 0)
                 lost += max(0, furthest - restored)
             if p.get("event") == "started":
-                begun.add(_attempt_of(e))
+                begun.update(k for k in (_attempt_of(e), world) if k is not None)
             if isinstance(p.get("step"), int) and p.get("event") in ("checkpoint", "stopped", "completed"):
                 furthest = max(furthest, int(p["step"]))
     return lost
@@ -339,9 +347,12 @@ def build(
     machine_slice: LocalSlice = SINGLE_HOST,
     reference_note: str = "no reference run",
     history: History | None = None,
+    slices: int = 1,
+    reference_loss: float | None = None,
 ) -> dict[str, Any]:
     """The report; `reference_note` says why there is no `reference_sha` (exact is then unknown); `history` is the
-    preemption history the run left (None: not read)."""
+    preemption history the run left (None: not read); `slices`, the job's (a world of several: worlds.py), and
+    `reference_loss`, the reference's final loss, which a world's data-exactness is held to."""
     events = sorted(events, key=lambda e: e["t"])
     t0 = next((e["t"] for e in events if e["kind"] == "submitted"), events[0]["t"] if events else 0.0)
     completed = [e for e in events if e["kind"] == "entry" and e["payload"].get("event") == "completed"]
@@ -389,8 +400,14 @@ def build(
         "cost": cost(hours, price),
         "params_sha256": sha,
         "reference_sha256": reference_sha,
-        "exact": None if reference_sha is None else bool(sha) and sha == reference_sha,
-        "exact_reason": reference_note if reference_sha is None else None,
+        **exactness_fields(
+            events=events,
+            sha=sha,
+            reference={"sha": reference_sha, "note": reference_note, "final_loss": reference_loss},
+            final_step=final_step,
+            final_loss=result.get("final_loss"),
+            slices=slices,
+        ),
         "examples": example_counts(events),
         "max_live_machines": max_live_machines(events),
         "machines_left": machines_left,
@@ -493,7 +510,10 @@ def _run_lines(r: dict[str, Any]) -> list[str]:
     """The job's end, its attempts and zones, its steps and where its time went."""
     g = r["goodput_s"]
     return [
-        f"job {r['job_id']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else ""),
+        f"job {r['job_id']}"
+        + (f" ({shape})" if (shape := shape_words(r.get("slices") or 1, r["hosts"])) else "")
+        + f": {r['status']}"
+        + (f" ({r['reason']})" if r["reason"] else ""),
         f"  attempts {r['attempts']}, preemptions survived {r['preemptions']} (injected {r['preemptions_injected']}"
         + (f", one per {r['mtbi_realized_s']:.0f}s of machine time" if r["mtbi_realized_s"] else "")
         + "), "
@@ -544,8 +564,11 @@ def _what_happened_lines(r: dict[str, Any]) -> list[str]:
             f"  secrets  held by {sec['delivered']} of {sec['trainers']} trainer processes; "
             + (f"LEAKED into {', '.join(sec['leaks'])}" if sec["leaks"] else "in no file under the workdir or on GCS")
         )
-    if slice_line := report_line(r["hosts"]):
-        lines.append(slice_line)
+    if (r.get("slices") or 1) > 1:
+        lines.append(slice_line(r))
+        lines.extend(line for line in [worlds_line(r)] if line)
+    elif hosts_line := report_line(r["hosts"]):
+        lines.append(hosts_line)
     for c in r["chaos"]:
         lines.append(f"  chaos    {c['action']} worker {c['worker']} of {c['machine']} at {c['at_s']:.1f}s")
     return lines
@@ -593,14 +616,7 @@ def _cost_lines(r: dict[str, Any]) -> list[str]:
 
 def _outcome_lines(r: dict[str, Any]) -> list[str]:
     """Whether the parameters are exact, and what was left behind."""
-    if r["reference_sha256"] is None:
-        params = f" (params {r['params_sha256'][:16]})" if r["params_sha256"] else ""
-        exact = f"  exact    unknown: {r['exact_reason']}{params}"
-    else:
-        exact = (
-            f"  exact    {'yes' if r['exact'] else 'NO'}: params {str(r['params_sha256'])[:16]} vs uninterrupted "
-            f"reference {str(r['reference_sha256'])[:16]}"
-        )
+    exact = exact_line(r)
     cleanup = (
         f"  cleanup  machines left {r['machines_left']}, processes left {r['processes_left']}, "
         f"most live machines at once {r['max_live_machines']}"

@@ -106,6 +106,16 @@ def test_events_told_twice_or_late_change_nothing_more() -> None:
     assert step(joined, stale) == (joined, [])
 
 
+def test_a_crash_breaks_the_world_once_and_its_members_form_the_next_in_place() -> None:
+    job = running()
+    crashed, actions = step(job, TrainerFailed(eid(), T0 + 10, "llm", 2, "exit 137", world=1))
+    assert crashed is not None and crashed.world == World(2, (0, 1, 2)) and crashed.counters.failures == 1
+    assert set(told(actions)) == {"llm-a1", "llm-a2", "llm-a3"}
+    assert not [a for a in actions if isinstance(a, (CreateMachine, DeleteMachine))]  # no machine made or deleted
+    echo, actions = step(crashed, TrainerFailed(eid(), T0 + 11, "llm", 1, "gloo: connection reset", world=1))
+    assert (echo, actions) == (crashed, [])  # a peer's broken collective: the same break
+
+
 def test_below_min_slices_the_whole_job_recovers_a_version_up() -> None:
     job = running(slices=2, min_slices=2)
     lost, actions = step(job, MachinePreempted(eid(), T0 + 10, "llm", 1, "llm-a1", A, "p"))
@@ -130,6 +140,19 @@ def test_a_replacement_that_never_comes_leaves_the_world_training_on_and_a_listi
     done, actions = step(asked, TrainerCompleted(eid(), T0 + 900, "llm", 1, 1000, {"final_loss": 1.0}))
     assert done is not None and done.status is Status.SUCCEEDED
     assert sorted(a.machine for a in actions if isinstance(a, DeleteMachine)) == ["llm-a1", "llm-a2", "llm-a5"]
+
+
+def test_a_world_that_cannot_form_backs_off_and_a_listing_makes_every_slice_when_it_is_over() -> None:
+    job, _ = submitted(slices=2, min_slices=2)
+    waiting, actions = step(job, CreateFailed(eid(), T0 + 1, "llm", 2, CreateFailure.CAPACITY, "STOCKOUT"))
+    assert waiting is not None and waiting.status is Status.PENDING and waiting.next_attempt_at is not None
+    assert actions == [DeleteMachine("llm", 1, "llm-a1", A)]  # the slice that got a machine gives it back
+    early, actions = step(waiting, MachinesObserved(eid(), T0 + 2, "llm", (), (A,)), now=T0 + 2)
+    assert (early, actions) == (waiting, [])  # no storm of creates: nothing before the backoff is over
+    due = waiting.next_attempt_at + 1
+    again, actions = step(waiting, MachinesObserved(eid(), due, "llm", (), (A,)), now=due)
+    assert again is not None and again.status is Status.PROVISIONING
+    assert [(a.machine, a.slice) for a in actions if isinstance(a, CreateMachine)] == [("llm-a3", 0), ("llm-a4", 1)]
 
 
 def test_a_dead_member_in_a_listing_is_lost_and_cancel_deletes_every_machine() -> None:

@@ -435,23 +435,16 @@ if [ "$rc" -eq 125 ] && [ ! -e "$notice" ]; then
       ;;
   esac
 fi
-while [ -n "$world" ] && [ "$rc" -eq "$world_changed_rc" ] && [ -z "$stopping" ] && [ ! -e "$notice" ]; do
-  log "the trainer left world $world for a newer one: waiting for it ($world_key)"
-  newer_world "$world" || break
-  world=$world_next
-  export "$world_env=$world"
-  log "the trainer runs again, in world $world"
-  trainer "${run[@]}"
-done
 log "trainer exited with code $rc"
 
 # The entry the exit code speaks for a trainer that may have said nothing (docs/trainer-protocol.md, Exit codes):
 # the row of exit_entries (respawn/machine.py's EXIT_ENTRIES, rows KEY:EVENT:SEVERITY) whose KEY is three digits,
 # 1 for yes and 0 for no: the exit code is 0, the machine got the notice (its system event replaces the machine),
-# this is worker 0 (which speaks for a slice). No row: nothing to say.
+# this is worker 0 (which speaks for a slice). No row: nothing to say. In a world, each entry names its version.
 say() {  # lifecycle entry $1 (severity $2, more JSON fields $3) from the exit code, in case the trainer sent none
+  local told=${world:+, \"world\": $world}
   entry=$(printf '{"event": "%s", "job_id": "%s", "attempt": %d, "worker": %d, "source": "%s", '\
-'"exit_code": %d%s}' "$1" "$job_id" "$attempt" "$worker" "$exit_code_source" "$rc" "$3")
+'"exit_code": %d%s%s}' "$1" "$job_id" "$attempt" "$worker" "$exit_code_source" "$rc" "$told" "$3")
   write_entry "$trainer_log" "$2" "$entry" || log "could not log $1"
 }
 # Why a trainer failed where no other machine of the job would do better, from its exit code: the cause and the fix
@@ -468,18 +461,38 @@ killed_for_memory() {  # until a second past now, so that an event still on its 
   docker events --since "$started" --until "$(($(date +%s) + 1))" --filter type=container --filter event=oom \
     --format '{{.Actor.Attributes.name}}' 2>/dev/null | grep -qx "$container"
 }
-noticed=0
-if [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]; then noticed=1; fi
-event='' severity=
-for row in $exit_entries; do
-  case "$row" in "$((rc == 0))$noticed$((worker == 0)):"*) IFS=: read -r _ event severity <<< "$row" ;; esac
+noticed() {
+  [ -e "$notice" ] || [ "$(md preempted)" = TRUE ]
+}
+speak_for_the_exit() {
+  local noticed=0 event='' severity='' row because permanent
+  if noticed; then noticed=1; fi
+  for row in $exit_entries; do
+    case "$row" in "$((rc == 0))$noticed$((worker == 0)):"*) IFS=: read -r _ event severity <<< "$row" ;; esac
+  done
+  case "$event" in
+    failed)  # or killed without a word; with a cause, no other machine of the job would do better
+      because=$(permanent_cause) permanent=''
+      if [ -n "$because" ]; then because=": $because" permanent=', "permanent": true'; fi
+      say failed "$severity" ", \"error\": \"the trainer exited with code $rc$because\"$permanent" ;;
+    stopped) drained; say stopped "$severity" "" ;;  # its final save is done: the drain marker first
+    ?*) say "$event" "$severity" "" ;;
+  esac
+}
+
+# In a world, a trainer that did not end (exit 0) nor get this machine's notice runs again here once the key names a
+# newer world: one that left for it (exit 75), and one that failed, which says so first (the control plane makes the
+# next world from a failure of this one, and ignores the failures of an older one: a peer's crash breaks every
+# process's collectives). A failure no other machine would escape ends the job, and the machine with it.
+while [ -n "$world" ] && [ "$rc" -ne 0 ] && [ -z "$stopping" ] && ! noticed; do
+  if [ "$rc" -ne "$world_changed_rc" ]; then speak_for_the_exit; fi
+  log "the trainer left world $world (exit $rc): waiting for a newer one ($world_key)"
+  newer_world "$world" || break
+  world=$world_next
+  export "$world_env=$world"
+  log "the trainer runs again, in world $world"
+  trainer "${run[@]}"
+  log "trainer exited with code $rc"
 done
-case "$event" in
-  failed)  # or killed without a word; with a cause, no other machine of the job would do better
-    because=$(permanent_cause) permanent=''
-    if [ -n "$because" ]; then because=": $because" permanent=', "permanent": true'; fi
-    say failed "$severity" ", \"error\": \"the trainer exited with code $rc$because\"$permanent" ;;
-  stopped) drained; say stopped "$severity" "" ;;  # its final save is done: the drain marker first
-  ?*) say "$event" "$severity" "" ;;
-esac
+speak_for_the_exit
 exit "$rc"

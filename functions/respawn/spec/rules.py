@@ -461,8 +461,7 @@ def _tier_machines_fit(spec: JobSpec) -> None:
 
 def _slices_fit(spec: JobSpec) -> None:
     """Several slices: at least min_slices of them, each one machine of the job's type (a GPU VM is the unit), with
-    the head start (the survivors' re-forming starts from the noticed slice's one-step save). The control plane does
-    not run a world yet: slices above 1 are refused after these checks, until it does."""
+    the head start (the survivors' re-forming starts from the noticed slice's one-step save)."""
     m = spec.machine
     if m.min_slices > m.slices:
         fail("machine.min_slices", f"{m.min_slices} is more than machine.slices ({m.slices})", f"1 to {m.slices}")
@@ -476,11 +475,6 @@ def _slices_fit(spec: JobSpec) -> None:
             fail(f"tiers[{i}].machine", problem, "no machine of its own in a tier of a job of several slices")
     if not spec.head_start:
         fail("head_start", "false with several slices", "true (the survivors re-form from the noticed one's save)")
-    fail(
-        "machine.slices",
-        f"{m.slices}: several slices per job are designed (docs/design/several-slices.md) but not run yet",
-        "1",
-    )
 
 
 def _tier_paths(spec: JobSpec) -> list[tuple[str, Tier]]:
