@@ -12,9 +12,10 @@ Definitions:
   lost_steps      steps trained twice: for every attempt that started after another had trained, the furthest
                   step reached before it started minus the step it restored (its `started` entry's, or for a
                   program that sends none, the step before its first progress line)
-  goodput         productive training seconds / wall seconds from submit to the end; the badput categories are
-                  the trainers' own splits (startup, restore, checkpoint, wasted) plus `idle_s`, the wall time no
-                  trainer accounted for (no machine yet, machine booting, recovery gaps)
+  goodput         productive training seconds / wall seconds from submit to the end (a job of several slices:
+                  productive slice-seconds / the seconds its slices' machines were READY, the time they are paid); the
+                  badput categories are the trainers' own splits (startup, restore, checkpoint, wasted) plus
+                  `idle_s`, the wall time no trainer accounted for (no machine yet, machine booting, recovery gaps)
   cost            machine time (READY until preempted or deleted) at the Spot and on-demand prices of prices.py;
                   `tiers`: each tier's machine time at its own rate (Spot for spot/preemptible, else on-demand)
   hosts           worker VMs of the job's machine (a TPU slice's hosts; 1 for a GPU VM): trainer processes per attempt
@@ -185,6 +186,13 @@ def _first_times(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[
 
 def _gap(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else max(0.0, end - start)
+
+
+def _goodput(productive_s: float, wall_s: float, paid_s: float, slices: int) -> float:
+    """Productive over wall time; for a job of several slices, productive slice-time over paid slice-time (every
+    slice trains at once, and a slice that is gone is not paid)."""
+    over = paid_s if slices > 1 else wall_s
+    return round(productive_s / over, 4) if over else 0.0
 
 
 def goodput_split(events: list[dict[str, Any]], wall_s: float) -> dict[str, float]:
@@ -393,7 +401,7 @@ def build(
         "final_loss": result.get("final_loss"),
         "lost_steps": lost_steps(events),
         "wall_s": round(wall, 3),
-        "goodput": round(split["productive_s"] / wall, 4) if wall else 0.0,
+        "goodput": _goodput(split["productive_s"], wall, sum(used.values()), slices),
         "goodput_s": {k: round(v, 3) for k, v in split.items()},
         **recovery_figures(rows, job),
         "machine_hours": round(hours, 5),

@@ -127,3 +127,12 @@ def test_a_worlds_reference_is_keyed_by_its_slice_count_and_serves_world_1_of_ev
     assert (found.version, found.members, found.step) == (1, (0, 1, 2), None)
     assert found.coordinator and found.coordinator.startswith("127.0.0.1:")
     assert found.ids(2) == {(0, 0): 0, (0, 1): 1, (1, 0): 2, (1, 1): 3, (2, 0): 4, (2, 1): 5}
+
+
+def test_a_worlds_goodput_is_counted_on_paid_slice_time() -> None:
+    """Every slice of a world trains at once, each sending its own split: productive slice-seconds over the seconds
+    its slices' machines were paid; a job of one slice keeps productive over wall time."""
+    from localcloud.readout.report import _goodput
+
+    assert _goodput(productive_s=150.0, wall_s=100.0, paid_s=200.0, slices=2) == 0.75
+    assert _goodput(productive_s=80.0, wall_s=100.0, paid_s=300.0, slices=1) == 0.8
