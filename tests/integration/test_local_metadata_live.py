@@ -33,7 +33,7 @@ echo "$tag" > "$HOME/first-etag"
 touch "$HOME/waiting"
 curl -s -o "$HOME/world" -D "$HOME/headers" -w '%{http_code}' -H 'Metadata-Flavor: Google' \\
   "$url?wait_for_change=true&last_etag=$tag&timeout_sec=WAIT" > "$HOME/status"
-date +%s.%N > "$HOME/done"
+date +%s.%N > "$HOME/done.part" && mv "$HOME/done.part" "$HOME/done"  # whole when it appears
 """
 
 
