@@ -1,13 +1,14 @@
 """The demo trainer: flags, then a training loop written on respawn_trainer like any user's loop.
 
-Exit codes: 0 completed, 0 stopped after the preemption save, 75 the world of several slices changed (start me again
-in the new one: respawn_trainer.world), 1 failed (a `failed` entry was sent),
-2 bad configuration (one line on stderr, and a `failed` entry when the environment allows one), 78 a failure no
+Exit codes: 0 completed, 0 stopped after the preemption save, 75 the world of several slices changed and this process
+could not join the next one in place (start me again in it: respawn_trainer.world), 1 failed (a `failed` entry was
+sent), 2 bad configuration (one line on stderr, and a `failed` entry when the environment allows one), 78 a failure no
 other machine of the job would escape (respawn_trainer.failures: the devices, a compile error, device memory).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -21,6 +22,7 @@ from respawn_trainer.env import load_env
 from respawn_trainer.goodput import Goodput
 from respawn_trainer.lifecycle import Lifecycle, open_sink
 from respawn_trainer.notice import on_gce
+from respawn_trainer.world import WORLD_CHANGED_RC, WorldChanged
 from trainer.config import Config, ConfigError, data_cache, help_text, load_config
 
 log = logging.getLogger("trainer")
@@ -146,10 +148,20 @@ def main(argv: Sequence[str], started: float | None = None) -> int:
         return exit_code(e)  # Run sent the `failed` entry
     try:
         with run:
-            train(cfg, run)
+            train_in_worlds(cfg, run)
     except Exception as e:  # Run logged it and sent the `failed` entry
         return exit_code(e)
     return run.exit_code
+
+
+def train_in_worlds(cfg: Config, run: Run) -> None:
+    """train(), and in a world of several slices again in each next world this process joins in place (Run.reform):
+    a survivor of a slice's loss trains on without a new process. It exits 75 where it cannot."""
+    while True:
+        with contextlib.suppress(WorldChanged):  # a newer world came before the first step
+            train(cfg, run)
+        if run.exit_code != WORLD_CHANGED_RC or not run.reform():
+            return
 
 
 def exit_code(error: Exception) -> int:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trainer_harness import COMPLETED, committed_steps, trainer_env
@@ -79,40 +80,52 @@ def world_reference(tmp_path_factory: pytest.TempPathFactory, compile_cache: Pat
     return WorldReference(hashes.pop(), single_losses([runs[0]]))
 
 
+def entry_of(root: Path, slice_: int, event: str, timeout: float = 60.0, **match: object) -> dict[str, Any]:
+    """Slice `slice_`'s newest `event` entry with the fields of `match`, waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in entries_of(root, slice_) if e["event"] == event and match.items() <= e.items()]
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, f"no {event} {match} from slice {slice_}"
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
-def test_a_slices_notice_stops_the_world_the_survivor_trains_on_from_its_local_copy_and_the_slice_rejoins(
+def test_a_slices_notice_stops_the_world_the_survivor_trains_on_in_its_process_and_the_replacement_joins(
     tmp_path: Path, compile_cache: Path, servers: Servers, world_reference: WorldReference
 ) -> None:
-    """Worlds of 2, 1 and 2 slices: slice 1's notice, then its replacement joining at an announced step."""
+    """Worlds of 2, 1 and 2 slices: slice 1's notice, then its replacement joining at an announced step. The survivor
+    is one process throughout: it joins worlds 2 and 3 in place, from its local copy each time."""
     ckpt = tmp_path / "ckpt"
     env = trainer_env(str(ckpt), tmp_path / "unused.jsonl", compile_cache)
     servers.key.set(1, [0, 1], coordinator())
     first = start_world(env, 1, [0, 1], servers.slices, tmp_path, ARGS)
-    assert first[0].wait_step(12) >= 12, tails(first)
+    survivor = first[0]
+    assert survivor.wait_step(12) >= 12, tails(first)
     first[1].signal(signal.SIGTERM)  # slice 1's notice only (its soft off: the metadata flag is polled each second)
-    codes = finish_all(first)
-    assert codes == {0: WORLD_CHANGED, 1: 0}, tails(first)
-    stopped = {s: [e for e in entries_of(tmp_path, s) if e["event"] == "stopped"][-1] for s in (0, 1)}
+    assert finish_all({1: first[1]}) == {1: 0}, tails(first)
+    stopped = {s: entry_of(tmp_path, s, "stopped", world=1) for s in (0, 1)}
     step = stopped[0]["step"]
     assert stopped[1]["step"] == step and step in committed_steps(ckpt)
     assert stopped[0]["reason"] == "world-changed" and stopped[1]["reason"] == "preempted"
-    assert stopped[0]["world"] == 1 and stopped[1]["slice"] == 1
+    assert stopped[1]["slice"] == 1 and survivor.proc.poll() is None, tails(first)  # waiting for its next world
     assert (tmp_path / "notice-1").exists() and not (tmp_path / "notice-0").exists()
 
     servers.key.set(2, [0], None, step)  # the survivor alone: one process, no coordinator needed
-    second = start_world(env, 2, [0], servers.slices, tmp_path, ARGS)
-    joins = second[0].wait_step(step + 3) + 10  # the replacement is ready: it joins at a boundary announced ahead
+    joins = survivor.wait_step(step + 3) + 10  # the replacement is ready: it joins at a boundary announced ahead
     servers.key.set(3, [0, 1], coordinator(), joins)
-    assert finish_all(second) == {0: WORLD_CHANGED}, tails(second)
-    started = [e for e in entries_of(tmp_path, 0) if e["event"] == "started"][-1]
-    assert started["restored_step"] == step and started["restored_from"] == "local" and started["world"] == 2
-    assert [e for e in entries_of(tmp_path, 0) if e["event"] == "stopped"][-1]["step"] == joins
-
-    third = start_world(env, 3, [0, 1], servers.slices, tmp_path, ARGS)  # slice 1 has no local copy: the store
-    assert finish_all(third) == {0: 0, 1: 0}, tails(third)
-    started = [e for e in entries_of(tmp_path, 1) if e["event"] == "started"][-1]
-    assert started["restored_step"] == joins and started["restored_from"] == "store"
-    trained = single_losses([first[0], second[0], third[0]])  # each step once: none redone, none skipped
+    replacement = start_world(env, 3, [1], servers.slices, tmp_path, ARGS)
+    runs = {0: survivor, 1: replacement[1]}
+    assert finish_all(runs) == {0: 0, 1: 0}, tails(runs)
+    started = {w: entry_of(tmp_path, 0, "started", world=w) for w in (2, 3)}
+    assert started[2]["restored_step"] == step and started[2]["restored_from"] == "local"
+    assert started[3]["restored_step"] == joins and started[3]["restored_from"] == "store"  # as the replacement
+    assert entry_of(tmp_path, 0, "stopped", world=2)["step"] == joins
+    joined = entry_of(tmp_path, 1, "started", world=3)  # a new process: no local copy, the store
+    assert joined["restored_step"] == joins and joined["restored_from"] == "store"
+    assert survivor.tail(400).count("in this process") == 2 and (tmp_path / "local-0" / "world").read_text() == "3\n"
+    trained = single_losses([survivor])  # each step once: none redone, none skipped
     assert sorted(trained) == list(range(1, STEPS + 1))
     for s in range(1, STEPS + 1):
         if s <= step:  # the reference's membership: the same bits
@@ -125,8 +138,10 @@ def test_a_slices_notice_stops_the_world_the_survivor_trains_on_from_its_local_c
 def test_a_newer_world_with_a_step_stops_both_there_and_the_next_world_ends_bitwise(
     tmp_path: Path, compile_cache: Path, servers: Servers, world_reference: WorldReference
 ) -> None:
+    """Each process leaves with 75 (RESPAWN_REFORM_WAIT_S 0: none waits for its next world in place), and new ones
+    start in the next world: the startup script's way, where a process cannot join in place."""
     ckpt = tmp_path / "ckpt"
-    env = trainer_env(str(ckpt), tmp_path / "unused.jsonl", compile_cache)
+    env = trainer_env(str(ckpt), tmp_path / "unused.jsonl", compile_cache, RESPAWN_REFORM_WAIT_S="0")
     servers.key.set(1, [0, 1], coordinator())
     first = start_world(env, 1, [0, 1], servers.slices, tmp_path, ARGS)
     boundary = first[0].wait_step(5) + 20  # announced ahead, as the control plane does

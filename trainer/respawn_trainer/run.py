@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ from respawn_trainer.handover import Handover, objects_for, take_over
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
 from respawn_trainer.notice import PreemptionWatch, leave_notice, on_gce
 from respawn_trainer.schedule import SaveDone, SaveSchedule, save_policy
-from respawn_trainer.world import WORLD_CHANGED_RC, Membership, WorldChanged
+from respawn_trainer.world import WORLD_CHANGED_RC, Membership, WorldChanged, next_world
 
 if TYPE_CHECKING:
     from respawn_trainer.checkpoint import Checkpointer
@@ -69,25 +70,18 @@ class Run:
         self.handover = Handover(self.env, objects_for(self.env)) if self.env.handover else None
         train_on = self.handover.on_notice if self.handover else None
         self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s, train_on=train_on).start()
-        sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
-        self.lifecycle = Lifecycle(sink, *self._job_and_attempt(), self.world.fields() if self.world else None)
+        self._sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
+        self.lifecycle = Lifecycle(self._sink, *self._job_and_attempt(), self.world.fields() if self.world else None)
         self._startup_split = {"import_s": began - self.goodput.started}
         self._gc = _PausedGc()
+        self._distributed, self._keep, self._user_checkpointer = distributed, keep, checkpointer
         try:
             if use_jax:
                 runtime.configure(self.env, distributed, self.world.placement() if self.world else None)
-            if self.world:
-                self.world.formed()
-            if not (self.world.slice_lead if self.world else runtime.is_primary()):
-                self.lifecycle = Lifecycle(NullSink(), *self._job_and_attempt())
-            if checkpointer is None:
-                from respawn_trainer.checkpoint import Checkpoints
-
-                checkpointer = Checkpoints(self.env.checkpoint_uri, keep, self.env.save_delay_s)
+            self._formed()
         except BaseException as e:
             self._failed(e)
             raise
-        self.checkpoints = checkpointer
         self._closed, self._loss = False, None
         self.data: TimedIterator | None = None
         self._fields: dict[str, Any] = {}  # of the newest step (step_done)
@@ -99,6 +93,55 @@ class Run:
 
     def _job_and_attempt(self) -> tuple[str, int]:
         return self.env.job_id, self.env.attempt
+
+    def _formed(self) -> None:
+        """JAX's runtime is up (over the whole world, in one): who speaks for the attempt, and the checkpointer."""
+        if self.world:
+            self.world.formed()
+            sink = self._sink if self.world.slice_lead else NullSink()
+            self.lifecycle = Lifecycle(sink, *self._job_and_attempt(), self.world.fields())
+        elif not runtime.is_primary():
+            self.lifecycle = Lifecycle(NullSink(), *self._job_and_attempt())
+        checkpointer = self._user_checkpointer
+        if checkpointer is None:
+            from respawn_trainer.checkpoint import Checkpoints
+
+            checkpointer = Checkpoints(self.env.checkpoint_uri, self._keep, self.env.save_delay_s)
+        self.checkpoints = checkpointer
+
+    def reform(self) -> bool:
+        """After a world of several slices stopped for a change (exit_code WORLD_CHANGED_RC): join the next world in
+        this same process, on the machine it runs on. No container start, no imports, no device runtime to find
+        again: JAX's runtime is left and initialized anew over the new world, the programs of a world size seen
+        before come from the compilation cache, and restore() reads this host's local copy of the change's save.
+        True: call restore() and run the loop again. False where no world with this slice comes within
+        RESPAWN_REFORM_WAIT_S: the process then exits 75, and the startup script starts a new one in the next world.
+        A world that cannot form here ends the process as at its start (WorldChanged: exit 75)."""
+        if self.world is None or self.exit_code != WORLD_CHANGED_RC:
+            return False
+        began = time.monotonic()  # the world's start, here: its wait for the key included
+        found = next_world(self.env, self.world.version)
+        if found is None:
+            return False
+        world, etag = found
+        self.env = replace(self.env, world_version=world.version)
+        self._loss, self._fields, self._saved_fields, self.data = None, {}, {}, None  # nothing of the old devices'
+        log.info("joining world %d in this process: slices %s", world.version, list(world.members))
+        runtime.reset()
+        self.world = Membership(self.env, world, etag)
+        try:
+            runtime.configure(self.env, self._distributed, self.world.placement())
+            self._formed()
+        except BaseException as e:
+            self._failed(e)
+            raise
+        train_on = self.handover.on_notice if self.handover else None
+        self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s, train_on=train_on).start()
+        self.goodput = Goodput(started=began)
+        self._closed, self._startup_split = False, {"import_s": 0.0}
+        self._ready_at = time.monotonic()
+        self._startup_split["setup_s"] = self._ready_at - began
+        return True
 
     # -- the loop's calls ---------------------------------------------------------------------------------------
 
@@ -143,6 +186,7 @@ class Run:
         read = time.monotonic()
         runtime.programs_ready()  # those compiled() loads in the background meanwhile
         if self.world and self.world.stale():  # a newer world before the first step: leave it without training
+            self.world.exit_code = WORLD_CHANGED_RC
             self.close(prune=False)
             raise WorldChanged("a newer world came before the first step")
         now = time.monotonic()

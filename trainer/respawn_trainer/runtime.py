@@ -375,6 +375,31 @@ def shutdown() -> None:
         jax.distributed.shutdown()
 
 
+def reset() -> None:
+    """Leave the distributed runtime and forget JAX's backends and whatever was compiled for their devices, so that
+    configure() can join another world in this same process (a survivor of a world change re-forms in place:
+    run.Run.reform). Arrays of the old backend must be dropped first; the compiled programs of the new world's size
+    come from the persistent cache where it has them."""
+    global _barriers
+    import gc
+
+    import jax
+    from jax.extend.backend import clear_backends
+
+    if jax.distributed.is_initialized():
+        jax.distributed.shutdown()
+    gc.collect()  # the old world's arrays, before their backend goes
+    clear_backends()
+    jax.clear_caches()
+    # Orbax keeps the signaling client of the first runtime it saw (an lru_cache): the old world's coordinator
+    signaling = sys.modules.get("orbax.checkpoint._src.futures.signaling_client")
+    if signaling is not None:
+        signaling.get_signaling_client.cache_clear()
+    _max_over_processes.clear()
+    _loading.clear()
+    _barriers = 0  # a new world's barriers are named from 1 on every process, joiner and survivor alike
+
+
 def agree_any(flag: bool) -> bool:
     """True on every process if it is true on any: all hosts must stop (and save) at the same step."""
     return agree_max(float(flag)) > 0.0

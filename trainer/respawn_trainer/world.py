@@ -51,6 +51,7 @@ JOIN_WAIT_S = 300.0  # how long a process started for version v waits for the ke
 MIN_INTERVAL_S = 1.0  # a server that does not hang (or answers errors) is asked at most this often
 READ_TIMEOUT_S = 10.0
 ADDRESS_KEY = "instance/network-interfaces/0/ip"
+RAN_FILE = "world"  # in RESPAWN_LOCAL_COPY_DIR: the version of the world this machine's trainer runs in now
 RENDEZVOUS_POLL_S = (0.1, 1.0)  # a waiter asks for the rendezvous object this often, backing off from the first
 
 
@@ -229,24 +230,67 @@ class _Reader:
         return world
 
 
+def _wait_for(reader: _Reader, least: int, wait_s: float) -> World | None:
+    """The key's first world of version `least` or newer (an older one is ignored), read with hanging GETs for up to
+    wait_s; None when none came by then."""
+    deadline = time.monotonic() + wait_s
+    world = reader.next(0)
+    while world is None or world.version < least:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        if world is not None:
+            log.info("ignoring world %d on the key: this process is for world %d or newer", world.version, least)
+        world = reader.next(min(WAIT_S, max(left, 1.0)))
+    return world
+
+
 def join(env: RunEnv) -> tuple[World, str | None]:
     """The world of RESPAWN_WORLD_VERSION from the key: waited for while the key says an older one (ignored), up to
     JOIN_WAIT_S; a newer one, or none in time, is WorldChanged (exit 75)."""
     assert env.world_version is not None and env.metadata_url
-    reader, deadline = _Reader(env.metadata_url), time.monotonic() + JOIN_WAIT_S
-    world = reader.next(0)
-    while world is None or world.version < env.world_version:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise WorldChanged(f"the key never said world {env.world_version} within {JOIN_WAIT_S:.0f}s")
-        if world is not None:
-            log.info("ignoring world %d on the key: this process is for world %d", world.version, env.world_version)
-        world = reader.next(min(WAIT_S, max(left, 1.0)))
+    reader = _Reader(env.metadata_url)
+    world = _wait_for(reader, env.world_version, JOIN_WAIT_S)
+    if world is None:
+        raise WorldChanged(f"the key never said world {env.world_version} within {JOIN_WAIT_S:.0f}s")
     if world.version > env.world_version:
         raise WorldChanged(f"world {world.version} is on the key: this process was started for {env.world_version}")
     if env.slice not in world.members:
         raise WorldChanged(f"slice {env.slice} is not a member of world {world.version} ({list(world.members)})")
     return world, reader.etag
+
+
+def next_world(env: RunEnv, after: int) -> tuple[World, str | None] | None:
+    """For a process whose world `after` stopped for a change: the next world from the key, waited for up to
+    RESPAWN_REFORM_WAIT_S, to join in this same process (run.Run.reform). None where none comes in time, or where the
+    newest has no place for this slice: the process then leaves (exit 75) and the startup script waits instead."""
+    if env.reform_wait_s <= 0 or not env.metadata_url:
+        return None
+    reader = _Reader(env.metadata_url)
+    world = _wait_for(reader, after + 1, env.reform_wait_s)
+    if world is None:
+        log.warning("no world after %d on the key within %.0fs: exit %d", after, env.reform_wait_s, WORLD_CHANGED_RC)
+        return None
+    if env.slice not in world.members:
+        log.info("slice %d is not a member of world %d (%s)", env.slice, world.version, list(world.members))
+        return None
+    return world, reader.etag
+
+
+def mark_ran(env: RunEnv, version: int) -> None:
+    """Say on the host's disk which world this machine's trainer runs in now (RAN_FILE in RESPAWN_LOCAL_COPY_DIR): the
+    startup script counts its entries and its wait for a newer world from it once the trainer ends, which may be
+    worlds after the one it was started for."""
+    if not env.local_copy_dir:
+        return
+    path = os.path.join(env.local_copy_dir, RAN_FILE)
+    try:
+        os.makedirs(env.local_copy_dir, exist_ok=True)
+        with open(f"{path}.tmp", "w") as f:
+            f.write(f"{version}\n")
+        os.replace(f"{path}.tmp", path)
+    except OSError as e:
+        log.warning("cannot write %s (%s): the startup script counts from the world it started", path, e)
 
 
 class WorldWatch:
@@ -297,6 +341,7 @@ class Membership:
         self.restored_from = "store"  # or "local": the restore read this host's local copy
         self.local = LocalCopy(env.local_copy_dir, env.checkpoint_uri) if env.local_copy_dir else None
         self._forming, self._lock = True, threading.Lock()
+        mark_ran(env, world.version)
         self.watch = WorldWatch(env.metadata_url, env.world_version, etag)
         self.watch.on_newer = self._leave_if_forming
         self.watch.start()

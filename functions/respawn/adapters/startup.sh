@@ -436,6 +436,17 @@ if [ "$rc" -eq 125 ] && [ ! -e "$notice" ]; then
   esac
 fi
 log "trainer exited with code $rc"
+# A trainer that left its world joins the next one in its own process where it can (respawn_trainer's Run.reform): the
+# world it ran last is in its local copy's directory, and the entries and the wait below count from that one.
+ran_world() {
+  local ran
+  ran=$(cat "${!local_copy_env:-/nonexistent}/world" 2>/dev/null) || return 0
+  if [[ "$ran" =~ ^[0-9]+$ ]] && [ "$ran" -gt "$world" ]; then
+    world=$ran
+    export "$world_env=$world"
+  fi
+}
+[ -z "$world" ] || ran_world
 
 # The entry the exit code speaks for a trainer that may have said nothing (docs/trainer-protocol.md, Exit codes):
 # the row of exit_entries (respawn/machine.py's EXIT_ENTRIES, rows KEY:EVENT:SEVERITY) whose KEY is three digits,
@@ -493,6 +504,7 @@ while [ -n "$world" ] && [ "$rc" -ne 0 ] && [ -z "$stopping" ] && ! noticed; do
   log "the trainer runs again, in world $world"
   trainer "${run[@]}"
   log "trainer exited with code $rc"
+  ran_world
 done
 speak_for_the_exit
 exit "$rc"
