@@ -86,3 +86,26 @@ def test_the_compilation_cache_next_to_gcs_checkpoints_serves_a_fresh_machine(
     else:  # stored by respawn_trainer, compiled outside JAX's cache
         assert any("/respawn-programs/p0/" in blob for blob in cached), cached
         assert "train_step" not in last.split("started at step")[0]  # neither traced nor compiled
+
+
+@pytest.mark.emulator
+def test_a_process_joining_another_world_lists_the_steps_written_since_by_another(
+    fake_gcs: FakeGcs, bucket: str
+) -> None:
+    """gcsfs keeps a listing until its own write changes it: another process's commit stays unseen in this one, the
+    step a process joining a new world in place would miss (run.Run.reform), until forget_listings()."""
+    import fsspec
+
+    from respawn_trainer.checkpoint import forget_listings
+
+    fs = fsspec.filesystem("gs", finalize_on_close=True)  # the filesystem Orbax's gs:// paths go through
+    client = storage.Client(project="local", credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
+    client.bucket(bucket).blob("runs/listed/28/commit_success.txt").upload_from_string("")
+    assert fs.ls(f"{bucket}/runs/listed", detail=False) == [f"{bucket}/runs/listed/28"]
+    client.bucket(bucket).blob("runs/listed/114/commit_success.txt").upload_from_string("")  # another process's
+    assert fs.ls(f"{bucket}/runs/listed", detail=False) == [f"{bucket}/runs/listed/28"]
+    forget_listings()
+    assert sorted(fs.ls(f"{bucket}/runs/listed", detail=False)) == [
+        f"{bucket}/runs/listed/114",
+        f"{bucket}/runs/listed/28",
+    ]

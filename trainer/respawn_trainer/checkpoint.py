@@ -201,6 +201,19 @@ class Checkpoints:
         return target
 
 
+def forget_listings() -> None:
+    """Drop the Cloud Storage listings this process has cached. gcsfs keeps each listing it made (fsspec's dircache)
+    until a write of its own changes it, and its filesystems live as long as the process (fsspec's instance cache,
+    which Orbax's paths go through): a process that joins another world in place (run.Run.reform) would not see the
+    steps the old world's process 0 committed, and would restore another step than its peers."""
+    gcsfs = sys.modules.get("gcsfs")
+    if gcsfs is None:
+        return
+    for kind in (gcsfs.GCSFileSystem, *gcsfs.GCSFileSystem.__subclasses__()):
+        for fs in list(getattr(kind, "_cache", {}).values()):
+            fs.invalidate_cache()
+
+
 # A finished job's final checkpoint is kept under this prefix of its bucket, which the bucket's retention rule spares
 # (infra/terraform/storage.tf: the rule deletes only under runs/, where job messages put their checkpoint_uri)
 FINAL_PREFIX = "final"

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from respawn_trainer import runtime
+from respawn_trainer.checkpoint import forget_listings
 from respawn_trainer.env import ConfigError, RunEnv, load_env
 from respawn_trainer.failures import classify, one_line
 from respawn_trainer.goodput import Goodput, process_started
@@ -128,6 +129,7 @@ class Run:
         self._loss, self._fields, self._saved_fields, self.data = None, {}, {}, None  # nothing of the old devices'
         log.info("joining world %d in this process: slices %s", world.version, list(world.members))
         runtime.reset()
+        forget_listings()  # the steps the old world committed, as a new process lists them
         self.world = Membership(self.env, world, etag)
         try:
             runtime.configure(self.env, self._distributed, self.world.placement())
@@ -257,6 +259,7 @@ class Run:
             leave_notice(self.env.notice_file)
         self._save_last(state)
         if self.world and step < self.steps:
+            runtime.barrier("saved")  # every process's part, and process 0's commit, before any lists the store
             self.world.keep_local(step, state, self.checkpoints)
         if self.handover and self.watch.noticed_at is not None and runtime.is_primary():  # done, or trained to the end
             self.handover.drained(self.env.job_id, self.env.attempt, step)

@@ -417,6 +417,11 @@ class Membership:
             log.info("restored step %d from the local copy in %s", newest, self.local and self.local.dir)
             return state, newest
         restored: tuple[Any, int] | None = checkpoints.restore_newest(template, agree)
+        step = 0 if restored is None else restored[1] + 1
+        parts = [float(step // 4096), float(step % 4096)]  # each exact in agree_max_each's float32
+        highest = runtime.agree_max_each([*parts, *(-p for p in parts)])
+        if highest[:2] != [-h for h in highest[2:]]:  # never a world over different steps
+            raise RuntimeError(f"the processes of world {self.version} restored different steps")
         return restored
 
     def keep_local(self, step: int, state: Any, checkpoints: Any) -> None:
