@@ -152,8 +152,9 @@ class TrainerFailed(AboutAttempt):
 
 @dataclass(frozen=True)
 class TrainerReady(AboutAttempt):
-    """A slice's machine is set up (its image pulled) and waits for a world of several slices to take it in: its
-    startup script's `ready` entry, written while the world its metadata names does not count it (respawn.worlds)."""
+    """A slice's machine is set up (its image pulled, its trainer started and its imports done) and waits for a world
+    of several slices to take it in: its trainer's `ready` entry, written while the world its metadata names does not
+    count it (respawn.worlds)."""
 
     world: int | None = None  # the version the machine was told, which lacks it
 

@@ -341,7 +341,7 @@ def _trainer_entry(entry: dict[str, Any], event_id: str, when: float) -> Event:
     if kind == "notice":  # the shutdown script's, on the worker VM the notice reached
         return MachineNoticed(event_id, when, job_id, attempt, worker)
     world = _as_int(payload.get("world"))
-    if kind == "ready":  # the startup script's, on a slice's machine the world has not taken in yet
+    if kind == "ready":  # the trainer's, on a slice's machine the world has not taken in yet
         return TrainerReady(event_id, when, job_id, attempt, world)
     error = payload.get("error")
     text = error if isinstance(error, str) else show(error, 500)

@@ -163,22 +163,29 @@ def test_a_newer_world_with_a_step_stops_both_there_and_the_next_world_ends_bitw
     assert sorted(single_losses([first[0], second[0]])) == list(range(1, STEPS + 1))
 
 
-def test_an_older_world_on_the_key_is_ignored_and_a_newer_one_before_the_first_step_ends_it_with_75(
+def test_an_older_world_is_ignored_and_a_slice_the_newest_lacks_says_ready_when_warm_and_joins_a_world_with_it(
     tmp_path: Path, compile_cache: Path, servers: Servers
 ) -> None:
-    """Started for world 2 while the key still says 1: it waits (ignores 1); world 3 comes: exit 75, nothing trained.
-    Started for world 2 while the key says 3: exit 75 at once."""
+    """Slice 1's machine, started for world 2 while the key still says 1: it waits (1 is ignored). World 3 lacks
+    slice 1 (a replacement, set up while the others train): the trainer imports, says `ready` and waits, warm.
+    World 4 has it: the trainer joins world 4, not the one it was started for, and trains."""
     env = trainer_env(str(tmp_path / "ckpt"), tmp_path / "unused.jsonl", compile_cache)
+    args = [*ARGS[:1], "--steps=6", *ARGS[2:]]
     servers.key.set(1, [0], None)
-    waiting = start_world(env, 2, [0], servers.slices, tmp_path, ARGS)
+    waiting = start_world(env, 2, [1], servers.slices, tmp_path, args)
     time.sleep(3.0)
-    assert waiting[0].proc.poll() is None, tails(waiting)
+    assert waiting[1].proc.poll() is None and entries_of(tmp_path, 1) == [], tails(waiting)
     servers.key.set(3, [0], None)
-    assert finish_all(waiting, 60) == {0: WORLD_CHANGED}, tails(waiting)
-    late = start_world(env, 2, [0], servers.slices, tmp_path, ARGS)
-    assert finish_all(late, 60) == {0: WORLD_CHANGED}, tails(late)
-    assert entries_of(tmp_path, 0) == [] and not (tmp_path / "ckpt").exists()
-    assert "ignoring world 1" in waiting[0].tail(50) and "world 3 is on the key" in late[0].tail(50)
+    ready = entry_of(tmp_path, 1, "ready")
+    assert ready["world"] == 3 and ready["worker"] == 0
+    time.sleep(1.0)
+    assert waiting[1].proc.poll() is None, tails(waiting)
+    servers.key.set(4, [1], None)
+    assert finish_all(waiting, 120) == {1: 0}, tails(waiting)
+    assert [e["event"] for e in entries_of(tmp_path, 1)][:2] == ["ready", "started"]
+    started = entry_of(tmp_path, 1, "started")
+    assert started["world"] == 4 and started["restored_step"] == 0
+    assert "ignoring world 1" in waiting[1].tail(200)
 
 
 def test_a_world_whose_key_names_no_coordinator_finds_it_beside_the_checkpoints_and_trains(

@@ -28,7 +28,6 @@ from respawn.machine import (
     GRACE_S,
     OOM_KILLED,
     PERMANENT_RC,
-    SHUT_DOWN_RC,
     drain_marker,
     exit_code_entry,
     exit_code_failure,
@@ -100,6 +99,10 @@ if os.path.basename(sys.argv[0]) == "docker" and cmd == "run":
             time.sleep(0.01)
     rcs = os.environ.get("FAKE_RUN_RCS", "").split()  # one exit code a run, the last for every run after
     runs = len(pathlib.Path(log + ".envs").read_text().splitlines())
+    if os.environ.get("FAKE_RAN_WORLD") and runs == 1:  # the first run joined that world in its own process
+        copy = pathlib.Path(os.environ["RESPAWN_LOCAL_COPY_DIR"])
+        copy.mkdir(parents=True, exist_ok=True)
+        (copy / "world").write_text(os.environ["FAKE_RAN_WORLD"] + "\\n")
     sys.exit(int(rcs[min(runs, len(rcs)) - 1] if rcs else os.environ.get("FAKE_RUN_RC", "0")))
 """
 
@@ -1443,27 +1446,38 @@ def test_a_trainer_that_left_its_world_runs_again_in_place_in_the_next_one(
     assert [(p["event"], p.get("source")) for p, _ in said(env)] == [("completed", "exit-code")]
 
 
+def test_a_trainer_that_joined_newer_worlds_in_its_process_is_counted_from_the_last_one_it_ran(
+    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
+) -> None:
+    """Started for world 1, the trainer joined world 3 in place and failed there: the failure names world 3 (the
+    control plane ignores an older world's failures), and the trainer runs again only for a world above 3."""
+    env, server = on_a_machine(fakes, storage, {"respawn-world": world(3), "respawn-slice": "1"}, "http://{host}")
+    env = {**env, "FAKE_RUN_RCS": "1 0", "FAKE_RAN_WORLD": "3"}
+    server.set_attributes({"respawn-world": world(1), "respawn-slice": "1"})
+    try:
+        script, err = tmp_path / "startup.sh", tmp_path / "stderr"
+        script.write_text(startup_script(spec(), 3))
+        with err.open("w") as out:
+            proc = subprocess.Popen([BASH, str(script)], cwd=tmp_path, env=env, stderr=out)
+        deadline = time.monotonic() + 30
+        while "waiting for a newer one" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.set_attributes({"respawn-world": world(3), "respawn-slice": "1"})  # the one it ran: no news
+        time.sleep(0.5)
+        assert proc.poll() is None and len(runs(env)) == 1, err.read_text()
+        server.set_attributes({"respawn-world": world(4), "respawn-slice": "1"})
+        assert proc.wait(timeout=30) == 0
+    finally:
+        server.close()
+    assert world_versions(env) == ["1", "4"]
+    failed = [p for p, _ in said(env) if p["event"] == "failed"]
+    assert len(failed) == 1 and failed[0]["world"] == 3, said(env)
+
+
 def test_without_a_world_an_exit_75_is_a_failure_as_any_other(tmp_path: Path, fakes: dict[str, str]) -> None:
     assert run_script(tmp_path, fakes, spec(), FAKE_RUN_RCS="75 0").returncode == 75
     assert len(runs(fakes)) == 1
     assert [p["event"] for p, _ in said(fakes)] == ["failed"]
-
-
-def start_in_world(
-    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage, attributes: dict[str, str]
-) -> tuple[dict[str, str], MetadataServer, subprocess.Popen[bytes], Path]:
-    """The script on a machine whose metadata is `attributes` (the real curl, the live metadata server), its stderr
-    in a file, once it says it waits for a world with its slice."""
-    env, server = on_a_machine(fakes, storage, attributes, "http://{host}")
-    script, err = tmp_path / "startup.sh", tmp_path / "stderr"
-    script.write_text(startup_script(spec(), 3))
-    with err.open("w") as out:
-        proc = subprocess.Popen([BASH, str(script)], cwd=tmp_path, env=env, stderr=out)
-    deadline = time.monotonic() + 30
-    while "waiting for a world with it" not in err.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "waiting for a world with it" in err.read_text(), err.read_text()
-    return env, server, proc, err
 
 
 def world_versions(env: dict[str, str]) -> list[str]:
@@ -1473,28 +1487,20 @@ def world_versions(env: dict[str, str]) -> list[str]:
     return [json.loads(line)[startup.WORLD_ENV] for line in lines]
 
 
-def test_a_machine_for_a_slice_outside_its_world_says_ready_once_and_runs_its_trainer_once_a_world_has_it(
+def test_a_machine_for_a_slice_outside_its_world_runs_its_trainer_at_once_which_says_ready_itself(
     tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
 ) -> None:
-    """A replacement slice's machine, readied (image pulled) while the world trains without it: the `ready` entry
-    (worker 0, for its slice), then the metadata server's hanging GET until a world lists its slice; a newer world
-    without it is waited through, with no second `ready`."""
-    attributes = {"respawn-world": world(1, (0,)), "respawn-slice": "1"}
-    env, server, proc, _ = start_in_world(tmp_path, fakes, storage, attributes)
+    """A replacement slice's machine, readied (image pulled) while the world trains without it, starts its trainer
+    for the key's version at once: the trainer imports, says `ready` when warm and waits to be let in
+    (respawn_trainer.world.join); the script says nothing for it."""
+    env, server = on_a_machine(fakes, storage, {"respawn-world": world(1, (0,)), "respawn-slice": "1"}, "http://{host}")
     try:
-        server.set_attributes({**attributes, "respawn-world": world(2, (0,))})  # still not a member
-        time.sleep(0.5)
-        assert proc.poll() is None and runs(env) == [] and len(pulls(env)) == 1
-        server.set_attributes({**attributes, "respawn-world": world(3, (0, 1))})
-        assert proc.wait(timeout=30) == 0
+        done, _ = run_until_done(tmp_path, env)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         server.close()
-    assert world_versions(env) == ["3"]
-    ready = {"event": "ready", "job_id": "job-1", "attempt": 3, "worker": 0, "world": 1}
-    assert said(env)[0] == (ready, "INFO")
-    assert [(p["event"], p.get("source")) for p, _ in said(env)] == [("ready", None), ("completed", "exit-code")]
+    assert done.returncode == 0, done.stderr
+    assert world_versions(env) == ["1"] and "not a member of world 1 yet" in done.stderr
+    assert [p["event"] for p, _ in said(env)] == ["completed"]
 
 
 def test_a_machine_of_a_member_slice_says_no_ready_and_runs_its_trainer_at_once(
@@ -1510,24 +1516,3 @@ def test_a_machine_of_a_member_slice_says_no_ready_and_runs_its_trainer_at_once(
     assert done.returncode == 0, done.stderr
     assert world_versions(env) == ["4"] and "waiting for a world" not in done.stderr
     assert [p["event"] for p, _ in said(env)] == ["completed"]
-
-
-def test_a_machine_shut_down_while_it_waits_for_a_world_with_its_slice_runs_no_trainer(
-    tmp_path: Path, fakes: dict[str, str], storage: FakeStorage
-) -> None:
-    env, server, proc, err = start_in_world(
-        tmp_path, fakes, storage, {"respawn-world": world(1, (0,)), "respawn-slice": "1"}
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not said(env) and time.monotonic() < deadline:  # `ready` is out: the hanging GET follows
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == SHUT_DOWN_RC
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        server.close()
-    assert runs(env) == [] and [p["event"] for p, _ in said(env)] == ["ready"]
-    assert "shut down before the trainer started" in err.read_text()

@@ -66,12 +66,12 @@ class Run:
         environ = os.environ if env is None else env
         self.env: RunEnv = load_env(environ, on_gce=on_gce())
         self.steps, self.step = steps, 0
+        self._sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
         # A world of several slices (RESPAWN_WORLD_VERSION): joined before JAX, whose runtime spans the whole world
-        self.world = Membership.join(self.env) if self.env.world_version is not None else None
+        self.world = Membership.join(self.env, self._ready) if self.env.world_version is not None else None
         self.handover = Handover(self.env, objects_for(self.env)) if self.env.handover else None
         train_on = self.handover.on_notice if self.handover else None
         self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s, train_on=train_on).start()
-        self._sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
         self.lifecycle = Lifecycle(self._sink, *self._job_and_attempt(), self.world.fields() if self.world else None)
         self._startup_split = {"import_s": began - self.goodput.started}
         self._gc = _PausedGc()
@@ -94,6 +94,17 @@ class Run:
 
     def _job_and_attempt(self) -> tuple[str, int]:
         return self.env.job_id, self.env.attempt
+
+    def _ready(self, world: Any) -> None:
+        """A slice that the key's world lacks (a replacement): JAX and Orbax imported first, so that the world stops for
+        it only once it can join at once; then its first host says `ready` and the process waits to be let in."""
+        import jax  # noqa: F401  # the world's wait for this slice starts once it is warm
+
+        from respawn_trainer.checkpoint import _orbax
+
+        _orbax()
+        if (self.env.worker_id or 0) == 0:
+            Lifecycle(self._sink, *self._job_and_attempt()).emit("ready", 0, worker=0, world=world.version)
 
     def _formed(self) -> None:
         """JAX's runtime is up (over the whole world, in one): who speaks for the attempt, and the checkpointer."""

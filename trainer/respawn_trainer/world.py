@@ -13,7 +13,9 @@ The contract (the control plane produces it; trainer/README.md, Worlds of severa
   cannot know the machines' addresses) the rendezvous object `{RESPAWN_CHECKPOINT_URI}.respawn/world-{V}.coordinator`
   beside the checkpoints, "HOST:PORT", which process 0 writes with its own address and a free port before it serves
   the coordinator, and which every other process waits for (`rendezvous`).
-* Exit code 75 (EX_TEMPFAIL, `WORLD_CHANGED_RC`): the world changed; start me again in the new one.
+* Exit code 75 (EX_TEMPFAIL, `WORLD_CHANGED_RC`): the world changed and this process could not join the next one in
+  place; start me again in the new one. A process whose world stopped for a change joins the next in its own process
+  where it can (`next_world`, run.Run.reform), and says which world it runs in now in RESPAWN_LOCAL_COPY_DIR/world.
 
 Before the world is formed, a process that finds a newer version on the key exits 75 at once (nothing is trained, so
 nothing is lost; a peer that already left would otherwise hold `jax.distributed.initialize` until its timeout). Once
@@ -34,6 +36,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,18 +248,24 @@ def _wait_for(reader: _Reader, least: int, wait_s: float) -> World | None:
     return world
 
 
-def join(env: RunEnv) -> tuple[World, str | None]:
-    """The world of RESPAWN_WORLD_VERSION from the key: waited for while the key says an older one (ignored), up to
-    JOIN_WAIT_S; a newer one, or none in time, is WorldChanged (exit 75)."""
+def join(env: RunEnv, waiting: Callable[[World], None] = lambda world: None) -> tuple[World, str | None]:
+    """The world this process trains in: the key's newest, of version RESPAWN_WORLD_VERSION or newer (an older one is
+    ignored, up to JOIN_WAIT_S), once it lists this slice. While it does not (a replacement, set up while the others
+    train), `waiting(world)` is called once (the `ready` entry: the control plane then lets the slice in at the
+    running world's next step) and the process waits for a world with it, warm, up to JOIN_WAIT_S. None by then is
+    WorldChanged (exit 75)."""
     assert env.world_version is not None and env.metadata_url
-    reader = _Reader(env.metadata_url)
+    reader, deadline = _Reader(env.metadata_url), time.monotonic() + JOIN_WAIT_S
     world = _wait_for(reader, env.world_version, JOIN_WAIT_S)
+    told = False
+    while world is not None and env.slice not in world.members:
+        if not told:
+            log.info("slice %d is not a member of world %d (%s): ready", env.slice, world.version, list(world.members))
+            waiting(world)
+            told = True
+        world = _wait_for(reader, world.version + 1, deadline - time.monotonic())
     if world is None:
-        raise WorldChanged(f"the key never said world {env.world_version} within {JOIN_WAIT_S:.0f}s")
-    if world.version > env.world_version:
-        raise WorldChanged(f"world {world.version} is on the key: this process was started for {env.world_version}")
-    if env.slice not in world.members:
-        raise WorldChanged(f"slice {env.slice} is not a member of world {world.version} ({list(world.members)})")
+        raise WorldChanged(f"no world from {env.world_version} on with slice {env.slice} within {JOIN_WAIT_S:.0f}s")
     return world, reader.etag
 
 
@@ -347,8 +356,8 @@ class Membership:
         self.watch.start()
 
     @classmethod
-    def join(cls, env: RunEnv) -> Membership:
-        world, etag = join(env)
+    def join(cls, env: RunEnv, waiting: Callable[[World], None]) -> Membership:
+        world, etag = join(env, waiting)
         log.info("world %d: slices %s, this one %d", world.version, list(world.members), env.slice)
         return cls(env, world, etag)
 

@@ -386,29 +386,14 @@ newer_world() {
   rm -f "$reply"
   return 1
 }
-# A machine made for a slice that is not a member of the key's world (a replacement, readied while the others train)
-# says so once, by worker 0 for its slice: the lifecycle entry `ready` (the control plane then sets a world with it,
-# at a save boundary of the running one), and waits for that world before its trainer runs.
-join_world() {
-  world_value=$1
-  member_of "$world_value" "${!slice_env}" && return 0
-  log "slice ${!slice_env} is not a member of world $world: ready, waiting for a world with it ($world_key)"
-  if [ "$worker" -eq 0 ]; then
-    write_entry "$trainer_log" INFO "$(printf '{"event": "ready", "job_id": "%s", "attempt": %d, "worker": %d, '\
-'"world": %d}' "$job_id" "$attempt" "$worker" "$world")" || log "could not log ready"
-  fi
-  until member_of "$world_value" "${!slice_env}"; do
-    newer_world "$world" || return 1
-    world=$world_next
-  done
-  export "$world_env=$world"
-  log "slice ${!slice_env} is a member of world $world: the trainer runs in it"
-}
 world_value=$(md "attributes/$world_key") && world=$(world_of "$world_value") || world=
 if [ -n "$world" ]; then
   export "$world_env=$world" "$slice_env=$(md "attributes/$slice_key" || echo 0)"
   [ -z "${!data_dir_env-}" ] || export "$local_copy_env=${!data_dir_env}/local-copy"
-  join_world "$world_value" || { log "shut down before the trainer started"; exit "$shut_down_rc"; }
+  # A slice that the key's world does not list yet (a replacement, set up while the others train) runs its trainer
+  # all the same: the trainer says `ready` once it is warm and waits to be let in (respawn_trainer.world.join).
+  member_of "$world_value" "${!slice_env}" || log "slice ${!slice_env} is not a member of world $world yet: the" \
+    "trainer says ready and waits for a world with it ($world_key)"
 fi
 
 wait_to_start || { log "shut down before the trainer started"; exit "$shut_down_rc"; }
