@@ -8,8 +8,10 @@ within 1e-3 relative of the reference's (data-exact).
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -272,3 +274,42 @@ def test_a_world_key_older_or_equal_is_ignored_and_a_newer_one_stops_at_its_step
     assert not watch.stop_at(11) and watch.stop_at(12) and watch.stop_at(20)
     watch.newest = World(3, (0,), step=None)
     assert watch.stop_at(1)
+
+
+def test_the_key_is_read_at_most_once_a_second_from_a_server_that_does_not_hang_and_at_once_after_a_plain_read(
+    servers: Servers,
+) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from respawn_trainer.world import _Reader, _wait_for
+
+    asked: list[float] = []
+
+    class NoHanging(BaseHTTPRequestHandler):  # answers every GET at once, wait_for_change or not
+        def do_GET(self) -> None:
+            asked.append(time.monotonic())
+            body = b'{"version": 1, "members": [0]}'
+            self.send_response(200)
+            self.send_header("ETag", "1")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoHanging)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1"
+        assert _wait_for(_Reader(url), 2, 3.0) is None
+    finally:
+        server.shutdown()
+    assert 3 <= len(asked) <= 5, asked  # the plain read, a hanging GET at once, then one a second
+    assert all(b - a >= 0.95 for a, b in itertools.pairwise(asked[1:])), asked  # after the first hanging GET
+
+    servers.key.set(1, [0])
+    threading.Timer(0.2, lambda: servers.key.set(2, [0])).start()
+    began = time.monotonic()
+    found = _wait_for(_Reader(servers.slices[0].url), 2, 10.0)  # a plain read (1), then the hanging GET at once
+    assert found is not None and found.version == 2 and time.monotonic() - began < 0.8

@@ -55,7 +55,7 @@ MIN_INTERVAL_S = 1.0  # a server that does not hang (or answers errors) is asked
 READ_TIMEOUT_S = 10.0
 ADDRESS_KEY = "instance/network-interfaces/0/ip"
 RAN_FILE = "world"  # in RESPAWN_LOCAL_COPY_DIR: the version of the world this machine's trainer runs in now
-RENDEZVOUS_POLL_S = (0.1, 1.0)  # a waiter asks for the rendezvous object this often, backing off from the first
+RENDEZVOUS_POLL_S = (0.05, 0.25)  # a waiter asks for the rendezvous object this often, backing off from the first
 
 
 class WorldChanged(SystemExit):
@@ -212,17 +212,19 @@ def rendezvous(env: RunEnv, world: World, placement: runtime.Placement, objects:
 
 
 class _Reader:
-    """Successive reads of the key for one waiter: hanging GETs from the last ETag, never more than one a second."""
+    """Successive reads of the key for one waiter: hanging GETs from the last ETag, never more than one a second. A
+    hanging GET right after a plain read goes at once: it hangs until the value differs from the one just read (a
+    pause there would only delay a world change, by up to the interval)."""
 
     def __init__(self, metadata_url: str, etag: str | None = None) -> None:
         self.url, self.etag = metadata_url, etag
-        self._last, self._warned = 0.0, False
+        self._last, self._hung, self._warned = 0.0, False, False
 
     def next(self, wait_s: float, pause: threading.Event | None = None) -> World | None:
         idle = self._last + MIN_INTERVAL_S - time.monotonic()
-        if idle > 0:
+        if idle > 0 and self._hung:
             (pause or threading.Event()).wait(idle)
-        self._last = time.monotonic()
+        self._last, self._hung = time.monotonic(), wait_s > 0
         try:
             world, self.etag = read_world(self.url, self.etag, wait_s)
         except OSError as e:
