@@ -11,8 +11,10 @@ import logging
 import os
 import pickle
 import re
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, cast
 
@@ -76,6 +78,25 @@ def initialize_args(run: RunEnv, world: Placement | None = None) -> dict[str, An
     return args
 
 
+COORDINATOR_WAIT_S = (0.02, 30.0)  # how often, and up to how long, a peer looks for the coordinator's port
+
+
+def await_listening(address: str) -> None:
+    """Wait until the coordinator's port takes a TCP connection (or COORDINATOR_WAIT_S runs out; then
+    jax.distributed.initialize waits as it does). A peer that asks JAX's coordination service before it listens backs
+    off for about a second (gRPC's reconnect backoff), which a world re-formed in place would pay each time: its
+    processes reach the new world together, while process 0 is still starting the service."""
+    host, _, port = address.rpartition(":")
+    every, wait_s = COORDINATOR_WAIT_S
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=every * 10).close()
+            return
+        except OSError:
+            time.sleep(every)
+
+
 class JaxConfig(Protocol):
     """The options of `jax.config` read here: JAX defines them at run time, so its class declares none."""
 
@@ -103,7 +124,10 @@ def configure(run: RunEnv, distributed: str = "auto", world: Placement | None = 
         # JAX's preemption service installs its own SIGTERM handler, which would swallow the notice:
         # the trainer watches SIGTERM itself and agrees on it across processes (agree_any).
         jax_config().update("jax_enable_preemption_service", False)
-        jax.distributed.initialize(**initialize_args(run, world))
+        args = initialize_args(run, world)
+        if args.get("process_id", 0) != 0 and args.get("coordinator_address"):
+            await_listening(args["coordinator_address"])
+        jax.distributed.initialize(**args)
         log.info(
             "process %d of %d (%d local devices of %d), heartbeat timeout %ds",
             jax.process_index(),
