@@ -34,11 +34,11 @@ or preemption (a slice that is gone is not paid). `goodput` counts from the job'
 first start (every slice booting, pulling and compiling at once) is the same for both policies and vanishes from a
 job of days, but at these run lengths it would weigh as much as the recoveries; `goodput_whole_run` counts it.
 
-The local cloud's floor (read the output's `caveat`): a trainer process's start and restore take several local
-seconds on 2 cores with every slice's process beside it, i.e. several *real minutes* at 1/60, where a real
-survivor's restart from the compilation cache and a local copy would take about one. At this scale re-forming in
-place costs about what a new machine does (the cloud profile's ~7 min), so the figures understate what worlds earn;
-`--profile local` (no scale) shows the same runs in plain local seconds.
+The local cloud's floor (read the output's `caveat`): the survivors re-form in their own processes (no new process,
+no imports), but the save, JAX's runtime start over the new members and the restore still run at 2-core speed with
+every slice's trainer beside them, and 1/60 reads each local second of it as a real minute (about 1 s: a real
+minute). A replacement's boot, pull and start are the profile's cited real figures. `--profile local` (no scale)
+shows the same runs in plain local seconds.
 
 Targets (issue 45): the survivors back to training < 1 min after a slice's notice (p50, K = 4); goodput of a 4-slice
 job at per-slice MTBI 2 h >= 0.95, and >= 1.25 x whole-job recreation on the same schedule. The last line printed is
@@ -82,9 +82,8 @@ STEPS = {1: 6000, 2: 6000, 3: 2000, 4: 1000}
 SEED = 2
 BATCH = 12  # splits over 1, 2, 3 and 4 members: a world of K-1 slices must split the global batch too
 CAVEAT = (
-    "local floor: a trainer process's start and restore take several local seconds on 2 cores (several real minutes "
-    "at 1/60), where a real survivor's cached restart takes about one; re-forming in place then costs about what a "
-    "new machine does, so these figures understate what worlds earn"
+    "local floor: a re-form's save, runtime start and restore run at 2-core speed beside every slice's trainer, and "
+    "1/60 reads each local second of them as a real minute"
 )
 
 

@@ -54,13 +54,19 @@ def test_a_world_trains_on_through_two_preemptions_of_a_slice_and_a_killed_worke
     assert report["status"] == "SUCCEEDED", detail
     assert report["final_step"] == STEPS, detail
     assert report["preemptions"] == 2 and report["failures"] == 1, detail
-    assert report["exact"] is True, detail  # every world had both slices: bitwise the uninterrupted world's
+    # each step trained once, in order: bitwise the uninterrupted world's where every world that trained had both
+    # slices (a one-slice world superseded before its first step), else data-exact (the same batches, summed over
+    # fewer processes for a while)
+    assert report["exactness"] in ("bitwise", "data-exact"), detail
     assert report["machines_left"] == 0 and report["processes_left"] == 0, detail
     assert report["attempts"] == 4, detail  # 2 slices, and a replacement per preemption; the kill made no machine
     worlds = started_worlds(report)
     versions = [w for w, _, _ in worlds]
     assert versions == sorted(versions) and len(set(versions)) >= 4, detail  # first, after each loss, each join
-    assert {(w, s) for w, s, _ in worlds} == {(w, s) for w in set(versions) for s in (0, 1)}, detail
+    members = {w: {s for v, s, _ in worlds if v == w} for w in versions}
+    assert members[versions[0]] == members[versions[-1]] == {0, 1}, detail  # K, then K again at the end
+    trained = [tuple(w["members"]) for w in report["worlds"]]
+    assert trained[0] == trained[-1] == (0, 1) and set(trained) <= {(0, 1), (0,), (1,)}, detail
 
 
 def test_without_its_replacement_the_world_trains_on_with_one_slice_to_the_end(tmp_path: Path) -> None:

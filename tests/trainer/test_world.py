@@ -122,10 +122,12 @@ def test_a_slices_notice_stops_the_world_the_survivor_trains_on_in_its_process_a
     assert finish_all(runs) == {0: 0, 1: 0}, tails(runs)
     started = {w: entry_of(tmp_path, 0, "started", world=w) for w in (2, 3)}
     assert started[2]["restored_step"] == step and started[2]["restored_from"] == "local"
-    assert started[3]["restored_step"] == joins and started[3]["restored_from"] == "store"  # as the replacement
+    assert started[3]["restored_step"] == joins and started[3]["restored_from"] == "local"
     assert entry_of(tmp_path, 0, "stopped", world=2)["step"] == joins
-    joined = entry_of(tmp_path, 1, "started", world=3)  # a new process: no local copy, the store
-    assert joined["restored_step"] == joins and joined["restored_from"] == "store"
+    joined = entry_of(tmp_path, 1, "started", world=3)  # a new process, no local copy: slice 0's, sent over
+    assert joined["restored_step"] == joins and joined["restored_from"] == "peers"
+    done = [entry_of(tmp_path, s, "completed", world=3)["params_sha256"] for s in (0, 1)]
+    assert done[0] == done[1]  # each slice's own copy of the replicated state: the same bits
     assert survivor.tail(400).count("in this process") == 2 and (tmp_path / "local-0" / "world").read_text() == "3\n"
     trained = single_losses([survivor])  # each step once: none redone, none skipped
     assert sorted(trained) == list(range(1, STEPS + 1))
@@ -313,3 +315,21 @@ def test_the_key_is_read_at_most_once_a_second_from_a_server_that_does_not_hang_
     began = time.monotonic()
     found = _wait_for(_Reader(servers.slices[0].url), 2, 10.0)  # a plain read (1), then the hanging GET at once
     assert found is not None and found.version == 2 and time.monotonic() - began < 0.8
+
+
+def test_a_survivor_waiting_for_its_next_world_leaves_at_once_on_its_own_notice(
+    tmp_path: Path, compile_cache: Path, servers: Servers
+) -> None:
+    """Its save is done and kept: a notice while it waits for the control plane's next world ends it (143)."""
+    env = trainer_env(str(tmp_path / "ckpt"), tmp_path / "unused.jsonl", compile_cache)
+    servers.key.set(1, [0, 1], coordinator())
+    first = start_world(env, 1, [0, 1], servers.slices, tmp_path, ARGS)
+    assert first[0].wait_step(5) >= 5, tails(first)
+    first[1].signal(signal.SIGTERM)
+    assert finish_all({1: first[1]}) == {1: 0}, tails(first)
+    entry_of(tmp_path, 0, "stopped", world=1)
+    time.sleep(0.5)
+    assert first[0].proc.poll() is None, tails(first)  # waiting for world 2
+    first[0].signal(signal.SIGTERM)
+    assert finish_all({0: first[0]}, 20) == {0: 143}, tails(first)
+    assert "while waiting for the next world" in first[0].tail(20)

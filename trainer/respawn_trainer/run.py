@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -132,6 +133,7 @@ class Run:
         if self.world is None or self.exit_code != WORLD_CHANGED_RC:
             return False
         began = time.monotonic()  # the world's start, here: its wait for the key included
+        signal.signal(signal.SIGTERM, _noticed_while_waiting)  # everything is saved: a notice ends the wait
         found = next_world(self.env, self.world.version)
         if found is None:
             return False
@@ -142,6 +144,8 @@ class Run:
         runtime.reset()
         forget_listings()  # the steps the old world committed, as a new process lists them
         self.world = Membership(self.env, world, etag)
+        sink = self._sink if self.world.slice_lead else NullSink()
+        self.lifecycle = Lifecycle(sink, *self._job_and_attempt(), self.world.fields())  # a failure names the new world
         try:
             runtime.configure(self.env, self._distributed, self.world.placement())
             self._formed()
@@ -442,7 +446,13 @@ class TimedIterator:
 
 
 class NoticedBeforeStart(SystemExit):
-    """A head start's trainer got the notice before it took over: it exits 143 (SIGTERM's), having saved nothing."""
+    """A head start's trainer got the notice before it took over, or a world's survivor while it waited for its next
+    world: it exits 143 (SIGTERM's), having nothing (more) to save."""
+
+
+def _noticed_while_waiting(signum: int, frame: Any) -> None:
+    log.warning("preemption notice while waiting for the next world: nothing to save, exit 143")
+    raise NoticedBeforeStart(143)
 
 
 class _PausedGc:

@@ -43,7 +43,7 @@ from typing import Any
 from respawn_trainer import runtime
 from respawn_trainer.env import RunEnv
 from respawn_trainer.handover import Objects, objects_for
-from respawn_trainer.local_copy import LocalCopy
+from respawn_trainer.local_copy import LocalCopy, from_slice, zeros_like
 from respawn_trainer.slice_env import LOOPBACK, free_port
 
 log = logging.getLogger("trainer")
@@ -330,6 +330,8 @@ class WorldWatch:
     def _watch(self) -> None:
         while not self._stop.is_set():
             world = self._reader.next(WAIT_S, self._stop)
+            if self._stop.is_set():  # a world this process has left: what came meanwhile is its next world's news
+                return
             newest = self.newest
             if world is None or world.version <= max(self.version, newest.version if newest else 0):
                 continue
@@ -349,7 +351,7 @@ class Membership:
         self.worker, self.hosts = env.worker_id or 0, env.hosts
         self.exit_code = 0  # 0: completed, or stopped on its own slice's notice; WORLD_CHANGED_RC: start me again
         self.noticed_slices: tuple[int, ...] = ()
-        self.restored_from = "store"  # or "local": the restore read this host's local copy
+        self.restored_from = "store"  # or "local": this host's local copy; "peers": another slice's, sent over
         self.local = LocalCopy(env.local_copy_dir, env.checkpoint_uri) if env.local_copy_dir else None
         self._forming, self._lock = True, threading.Lock()
         mark_ran(env, world.version)
@@ -415,19 +417,33 @@ class Membership:
         return False
 
     def restore(self, checkpoints: Any, template: Any, agree: Any) -> tuple[Any, int] | None:
-        """This host's local copy where every process holds one of the store's newest step, else the store's."""
+        """The store's newest step from this host's local copy where every process holds one; where only some slices
+        hold it (a replacement joined the survivors), from them: each slice that lacks it is given the first whole
+        slice's copy over the network between slices (local_copy.from_slice; not with a followed data iterator,
+        whose state is not sent); else from the store."""
         newest = _newest_step(checkpoints)
         data = getattr(checkpoints, "data", None)
         local = self.local.read(newest, template, data) if self.local and newest is not None else None
-        if not runtime.agree_any(local is None):
+        order = list(dict.fromkeys(self.slice_of_processes()))  # the slices in the mesh's `slice` order
+        lacks = runtime.agree_max_each([float(local is None and member == self.slice) for member in order])
+        restored: tuple[Any, int] | None = None
+        where = "this host's local copy"
+        if not any(lacks):
             assert local is not None and newest is not None
             state, data_state = local
             if data is not None:
                 data.set_state(data_state)
-            self.restored_from = "local"
-            log.info("restored step %d from the local copy in %s", newest, self.local and self.local.dir)
-            return state, newest
-        restored: tuple[Any, int] | None = checkpoints.restore_newest(template, agree)
+            self.restored_from, restored = "local", (state, newest)
+        elif data is None and newest is not None and not all(lacks):
+            source = lacks.index(0.0)
+            shared = from_slice(local[0] if local else zeros_like(template), source)
+            if shared is not None:
+                self.restored_from, restored = ("local" if local else "peers"), (shared, newest)
+                where = where if local else f"slice {order[source]}'s local copy"
+        if restored is not None:
+            log.info("restored step %d from %s", newest, where)
+        else:
+            restored = checkpoints.restore_newest(template, agree)
         step = 0 if restored is None else restored[1] + 1
         parts = [float(step // 4096), float(step % 4096)]  # each exact in agree_max_each's float32
         highest = runtime.agree_max_each([*parts, *(-p for p in parts)])
