@@ -24,6 +24,9 @@ from respawn_trainer.slice_env import free_port
 # JAX's heartbeat timeout for local slices: longer than any hang_timeout a local job has (the default is 30 m),
 # so that a stopped worker looks hung (alive, no progress) and only respawn's hang detection finds it.
 HEARTBEAT_TIMEOUT_S = 3600
+# ... so a world stuck in a collective with a killed worker (alive peers wait for it until the heartbeat) is left this
+# long after a newer world comes (respawn_trainer.world: RESPAWN_WORLD_LEAVE_S), as the startup script then restarts it
+LEAVE_S = 20
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 # What every local trainer gets, beside what a machine's startup script sets. fsspec gives gcsfs the default `token`
@@ -156,7 +159,11 @@ class LocalSlice:
     def _with(env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
         flags = _DEVICE_COUNT.sub("", env.get("XLA_FLAGS", "")).split()
         joined = " ".join([*flags, *extra.get("XLA_FLAGS", "").split()])
-        return {**env, **extra, "XLA_FLAGS": joined, "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)}
+        timeouts = {
+            "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+            "RESPAWN_WORLD_LEAVE_S": str(LEAVE_S),
+        }
+        return {**env, **extra, "XLA_FLAGS": joined, **timeouts}
 
     def start(
         self,

@@ -333,3 +333,30 @@ def test_a_survivor_waiting_for_its_next_world_leaves_at_once_on_its_own_notice(
     first[0].signal(signal.SIGTERM)
     assert finish_all({0: first[0]}, 20) == {0: 143}, tails(first)
     assert "while waiting for the next world" in first[0].tail(20)
+
+
+STUCK = """
+import sys, time
+from respawn_trainer.env import load_env
+from respawn_trainer.world import Membership, World
+url = "http://127.0.0.1:9"  # nothing answers: the watch only warns
+env = load_env({"RESPAWN_WORLD_VERSION": "1", "RESPAWN_METADATA_URL": url, "RESPAWN_WORLD_LEAVE_S": "1"})
+member = Membership(env, World(1, (0,)), None)
+member.formed()
+if sys.argv[1] == "stopped":
+    member.left = True  # the world stopped in time: a newer world is no hang
+member._leave_if_forming(World(2, (0,)))
+time.sleep(3)
+"""
+
+
+@pytest.mark.parametrize(("how", "code"), [("stuck", WORLD_CHANGED), ("stopped", 0)])
+def test_a_world_that_does_not_stop_in_time_after_a_newer_one_came_is_left_with_75(how: str, code: int) -> None:
+    """A collective waiting for a dead peer holds the main thread until JAX's heartbeat gives up: the watch's timer
+    ends the process instead, RESPAWN_WORLD_LEAVE_S after the newer world came, unless the world stopped."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STUCK, how], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    assert ("did not stop within 1s of world 2" in done.stderr) == (code == WORLD_CHANGED), done.stderr

@@ -57,6 +57,7 @@ class RunEnv:
     slice: int = 0  # RESPAWN_SLICE: the index of the slice this host belongs to (in a world)
     local_copy_dir: str | None = None  # RESPAWN_LOCAL_COPY_DIR: host disk for a world change's save (world.py)
     reform_wait_s: float = 300.0  # RESPAWN_REFORM_WAIT_S: how long a survivor waits in its process for the next world
+    world_leave_s: float = 300.0  # RESPAWN_WORLD_LEAVE_S: how long a world may take to stop once a newer one came
 
     @property
     def hosts(self) -> int:
@@ -189,6 +190,7 @@ ENV: dict[str, tuple[Callable[[str], Any], str]] = {
     "RESPAWN_SLICE": (parse_int(0, 65535), "an integer 0..65535"),
     "RESPAWN_LOCAL_COPY_DIR": (_path, "an absolute directory path"),
     "RESPAWN_REFORM_WAIT_S": (parse_float(0.0, 3600.0), "seconds 0..3600 (0: leave with exit 75 at once)"),
+    "RESPAWN_WORLD_LEAVE_S": (parse_float(1.0, 86400.0), "seconds 1..86400"),
 }
 
 
@@ -244,6 +246,7 @@ def load_env(env: Mapping[str, str], on_gce: bool = False) -> RunEnv:
         slice=e.get("RESPAWN_SLICE", 0),
         local_copy_dir=e.get("RESPAWN_LOCAL_COPY_DIR"),
         reform_wait_s=e.get("RESPAWN_REFORM_WAIT_S", 300.0),
+        world_leave_s=e.get("RESPAWN_WORLD_LEAVE_S", 300.0),
     )
     if run.worker_id is not None and run.worker_hostnames and run.worker_id >= len(run.worker_hostnames):
         raise ConfigError("TPU_WORKER_ID", f"{run.worker_id} is not below {run.hosts} hosts", ENV["TPU_WORKER_ID"][1])

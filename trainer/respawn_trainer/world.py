@@ -26,6 +26,7 @@ this process's is ignored wherever it is read.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -227,7 +228,7 @@ class _Reader:
         self._last, self._hung = time.monotonic(), wait_s > 0
         try:
             world, self.etag = read_world(self.url, self.etag, wait_s)
-        except OSError as e:
+        except (OSError, http.client.HTTPException) as e:  # a bad answer is a failed read: the watch goes on
             if not self._warned:
                 log.warning("cannot read %s (%s); still waiting", KEY, e)
                 self._warned = True
@@ -353,7 +354,8 @@ class Membership:
         self.noticed_slices: tuple[int, ...] = ()
         self.restored_from = "store"  # or "local": this host's local copy; "peers": another slice's, sent over
         self.local = LocalCopy(env.local_copy_dir, env.checkpoint_uri) if env.local_copy_dir else None
-        self._forming, self._lock = True, threading.Lock()
+        self._forming, self._lock, self._armed = True, threading.Lock(), False
+        self.left = False  # the world stopped (keep_going said so, or the run ended): a newer one is no hang
         mark_ran(env, world.version)
         self.watch = WorldWatch(env.metadata_url, env.world_version, etag)
         self.watch.on_newer = self._leave_if_forming
@@ -397,6 +399,26 @@ class Membership:
                 log.warning("world %d came while world %d was forming: exit %d", world.version, self.version, 75)
                 sys.stderr.flush()
                 os._exit(WORLD_CHANGED_RC)
+        if not self._armed:  # the first newer world: this one must stop in time
+            self._armed = True
+            timer = threading.Timer(self.env.world_leave_s, self._leave_if_still_here, (world.version,))
+            timer.daemon = True
+            timer.start()
+
+    def _leave_if_still_here(self, newer: int) -> None:
+        """A world that has not stopped RESPAWN_WORLD_LEAVE_S after a newer one came is stuck (a collective that waits
+        for a peer that died, until JAX's heartbeat gives up): the process leaves it (exit 75), and the startup script
+        starts a new one in the newer world."""
+        if not self.left:
+            log.warning(
+                "world %d did not stop within %.0fs of world %d: exit %d",
+                self.version,
+                self.env.world_leave_s,
+                newer,
+                WORLD_CHANGED_RC,
+            )
+            sys.stderr.flush()
+            os._exit(WORLD_CHANGED_RC)
 
     def stale(self) -> bool:
         """Before the first step: has any process seen a newer world? (a collective: every process calls it)"""
@@ -412,6 +434,7 @@ class Membership:
             return True
         self.noticed_slices = noticed_slices
         self.exit_code = 0 if self.slice in noticed_slices else WORLD_CHANGED_RC
+        self.left = True
         why = f"slice(s) {list(noticed_slices)} noticed" if noticed_slices else "a newer world"
         log.warning("world %d stops after step %d: %s; exit %d", self.version, step, why, self.exit_code)
         return False
@@ -458,6 +481,7 @@ class Membership:
             self.local.keep(step, state, data, is_global)
 
     def stop(self) -> None:
+        self.left = True
         self.watch.stop()
 
 
