@@ -27,6 +27,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from respawn_trainer import runtime
+
 log = logging.getLogger("trainer")
 MANIFEST = "manifest.json"
 
@@ -196,5 +198,6 @@ def from_slice(state: Any, position: int) -> Any:
         return tuple(picked)
 
     specs = tuple(s.spec for s in shardings)
-    given = jax.jit(jax.shard_map(pick, mesh=mesh, in_specs=specs, out_specs=specs))(*leaves)
+    program = jax.jit(jax.shard_map(pick, mesh=mesh, in_specs=specs, out_specs=specs))
+    given = runtime.compiled(program, *leaves)(*leaves)  # stored: the next join of a world this size loads it
     return jax.tree.unflatten(tree, list(given))
