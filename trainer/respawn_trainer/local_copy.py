@@ -27,8 +27,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from respawn_trainer import runtime
-
 log = logging.getLogger("trainer")
 MANIFEST = "manifest.json"
 
@@ -146,58 +144,3 @@ def _usable_data_state(manifest: dict[str, Any], data: Any) -> Any:
     if not saved["global"] and saved["process"] != [jax.process_index(), jax.process_count()]:
         return None
     return saved["value"].encode() if saved["kind"] == "bytes" else saved["value"]
-
-
-def zeros_like(template: Any) -> Any:
-    """Zeros on the template's shapes, dtypes and shardings (no compile): the place a peer's copy is given into."""
-    import jax
-    import numpy as np
-
-    def zeros(leaf: Any) -> Any:
-        def shard(index: tuple[slice, ...] | None) -> Any:
-            return np.zeros([stop - start for start, stop in _index(index or (), leaf.shape)], leaf.dtype)
-
-        return jax.make_array_from_callback(tuple(leaf.shape), leaf.sharding, shard)
-
-    return jax.tree.map(zeros, template)
-
-
-def from_slice(state: Any, position: int) -> Any:
-    """`state` as the slice at `position` of its mesh's `slice` axis holds it, on every slice, bit for bit: a state
-    replicated over slices that only some of them hold (the survivors' local copies) given to the others over the
-    network between slices, in one collective per leaf (a sum over `slice` of the leaf's bits, zero but at
-    `position`). None where a leaf is not replicated over a `slice` axis of one mesh (then nothing is sent)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-
-    leaves, tree = jax.tree.flatten(state)
-    shardings = [leaf.sharding for leaf in leaves]
-    if not leaves or not all(isinstance(s, NamedSharding) for s in shardings):
-        return None
-    mesh = shardings[0].mesh
-    used = [{a for part in s.spec if part for a in ((part,) if isinstance(part, str) else part)} for s in shardings]
-    if "slice" not in mesh.axis_names or any(
-        s.mesh != mesh or "slice" in u for s, u in zip(shardings, used, strict=True)
-    ):
-        return None
-
-    def bits_of(leaf: Any) -> Any:
-        if leaf.dtype == jnp.bool_:
-            return leaf.astype(jnp.uint8)
-        return jax.lax.bitcast_convert_type(leaf, jnp.dtype(f"uint{leaf.dtype.itemsize * 8}"))
-
-    def pick(*blocks: Any) -> tuple[Any, ...]:
-        here = jax.lax.axis_index("slice") == position
-        picked = []
-        for block in blocks:
-            bits = jax.lax.psum(jnp.where(here, bits_of(block), 0), "slice")
-            picked.append(
-                bits.astype(jnp.bool_) if block.dtype == jnp.bool_ else jax.lax.bitcast_convert_type(bits, block.dtype)
-            )
-        return tuple(picked)
-
-    specs = tuple(s.spec for s in shardings)
-    program = jax.jit(jax.shard_map(pick, mesh=mesh, in_specs=specs, out_specs=specs))
-    given = runtime.compiled(program, *leaves)(*leaves)  # stored: the next join of a world this size loads it
-    return jax.tree.unflatten(tree, list(given))

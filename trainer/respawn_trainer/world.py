@@ -44,7 +44,7 @@ from typing import Any
 from respawn_trainer import runtime
 from respawn_trainer.env import RunEnv
 from respawn_trainer.handover import Objects, objects_for
-from respawn_trainer.local_copy import LocalCopy, from_slice, zeros_like
+from respawn_trainer.local_copy import LocalCopy
 from respawn_trainer.slice_env import LOOPBACK, free_port
 
 log = logging.getLogger("trainer")
@@ -352,7 +352,7 @@ class Membership:
         self.worker, self.hosts = env.worker_id or 0, env.hosts
         self.exit_code = 0  # 0: completed, or stopped on its own slice's notice; WORLD_CHANGED_RC: start me again
         self.noticed_slices: tuple[int, ...] = ()
-        self.restored_from = "store"  # or "local": this host's local copy; "peers": another slice's, sent over
+        self.restored_from = "store"  # or "local": the restore read this host's local copy
         self.local = LocalCopy(env.local_copy_dir, env.checkpoint_uri) if env.local_copy_dir else None
         self._forming, self._lock, self._armed = True, threading.Lock(), False
         self.left = False  # the world stopped (keep_going said so, or the run ended): a newer one is no hang
@@ -440,31 +440,18 @@ class Membership:
         return False
 
     def restore(self, checkpoints: Any, template: Any, agree: Any) -> tuple[Any, int] | None:
-        """The store's newest step from this host's local copy where every process holds one; where only some slices
-        hold it (a replacement joined the survivors), from them: each slice that lacks it is given the first whole
-        slice's copy over the network between slices (local_copy.from_slice; not with a followed data iterator,
-        whose state is not sent); else from the store."""
+        """This host's local copy where every process holds one of the store's newest step, else the store's."""
         newest = _newest_step(checkpoints)
         data = getattr(checkpoints, "data", None)
         local = self.local.read(newest, template, data) if self.local and newest is not None else None
-        order = list(dict.fromkeys(self.slice_of_processes()))  # the slices in the mesh's `slice` order
-        lacks = runtime.agree_max_each([float(local is None and member == self.slice) for member in order])
-        restored: tuple[Any, int] | None = None
-        where = "this host's local copy"
-        if not any(lacks):
+        restored: tuple[Any, int] | None
+        if not runtime.agree_any(local is None):
             assert local is not None and newest is not None
             state, data_state = local
             if data is not None:
                 data.set_state(data_state)
             self.restored_from, restored = "local", (state, newest)
-        elif data is None and newest is not None and not all(lacks):
-            source = lacks.index(0.0)
-            shared = from_slice(local[0] if local else zeros_like(template), source)
-            if shared is not None:
-                self.restored_from, restored = ("local" if local else "peers"), (shared, newest)
-                where = where if local else f"slice {order[source]}'s local copy"
-        if restored is not None:
-            log.info("restored step %d from %s", newest, where)
+            log.info("restored step %d from the local copy in %s", newest, self.local and self.local.dir)
         else:
             restored = checkpoints.restore_newest(template, agree)
         step = 0 if restored is None else restored[1] + 1
