@@ -13,6 +13,7 @@ An exception inside the block waits for a save under way, sends `failed` and pro
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -36,7 +37,7 @@ from respawn_trainer.handover import Handover, objects_for, take_over
 from respawn_trainer.lifecycle import Lifecycle, NullSink, open_sink
 from respawn_trainer.notice import PreemptionWatch, leave_notice, on_gce
 from respawn_trainer.schedule import SaveDone, SaveSchedule, save_policy
-from respawn_trainer.world import WORLD_CHANGED_RC, Membership, WorldChanged, next_world
+from respawn_trainer.world import WORLD_CHANGED_RC, Membership, WorldChanged, next_world, say_ready
 
 if TYPE_CHECKING:
     from respawn_trainer.checkpoint import Checkpointer
@@ -45,7 +46,64 @@ log = logging.getLogger("trainer")
 RESTORE_FAILED_WAIT_S = 60.0  # how long a host that could not read a step waits for the others to agree
 
 
-class Run:
+class _Saving:
+    """A run's saves: on schedule and the last, Young/Daly's interval, and their `checkpoint` entries (Run's)."""
+
+    checkpoints: Checkpointer
+    schedule: SaveSchedule
+    goodput: Goodput
+    handover: Handover | None
+    lifecycle: Lifecycle
+    step: int
+    _fields: dict[str, Any]
+    _saved_fields: dict[int, dict[str, Any]]
+    _first_save_at: float
+
+    def _save_last(self, state: Any) -> None:
+        if self.schedule.should_save(self.step, loop_ended=True):
+            self._save(state)
+        self._report(self.checkpoints.wait())
+
+    def _save(self, state: Any) -> None:
+        _wait_until_computed(state)  # the step itself finishes before the save's clock starts
+        blocking = self.checkpoints.save(self.step, state)
+        self._saved_fields[self.step] = self._fields
+        self._first_save_at = self._first_save_at or time.monotonic()  # Young/Daly times the steps from here
+        before = self.schedule.interval()
+        # Every host must pick the same Young/Daly interval: they agree on the slowest save.
+        cost = runtime.agree_max(blocking) if self.schedule.young_daly is not None else blocking
+        self.schedule = self.schedule.saved(self.step, cost)
+        if self.schedule.interval() != before:
+            self._log_interval()
+        self.goodput.saved(blocking)
+
+    def _log_interval(self) -> None:
+        young_daly, context = self.schedule.young_daly, self.schedule.context()
+        assert young_daly is not None
+        log.info(
+            "checkpoint interval: auto -> every %s steps (Young/Daly tau %.1fs from save cost %.3fs, MTBI %.0fs, "
+            "step %.4fs)",
+            young_daly.interval(context),
+            young_daly.tau_s(context),
+            context.save_cost_s,
+            young_daly.mtbi_s,
+            context.step_s or 0.0,
+        )
+
+    def _report(self, saves: list[SaveDone]) -> None:
+        for done in saves:
+            if self.handover:
+                self.handover.saved(done.total_s)
+            self.lifecycle.emit(
+                "checkpoint",
+                done.step,
+                blocking_s=round(done.blocking_s, 4),
+                total_s=round(done.total_s, 4),
+                **self._saved_fields.pop(done.step, {}),
+            )
+
+
+class Run(_Saving):
     def __init__(
         self,
         steps: int,
@@ -69,7 +127,8 @@ class Run:
         self.steps, self.step = steps, 0
         self._sink = open_sink(self.env.log_sink, self.env.job_id, self.env.attempt, self.env.metadata_url)
         # A world of several slices (RESPAWN_WORLD_VERSION): joined before JAX, whose runtime spans the whole world
-        self.world = Membership.join(self.env, self._ready) if self.env.world_version is not None else None
+        ready = functools.partial(say_ready, self.env, self._sink)  # a replacement, warm, waiting to be let in
+        self.world = Membership.join(self.env, ready) if self.env.world_version is not None else None
         self.handover = Handover(self.env, objects_for(self.env)) if self.env.handover else None
         train_on = self.handover.on_notice if self.handover else None
         self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s, train_on=train_on).start()
@@ -95,17 +154,6 @@ class Run:
 
     def _job_and_attempt(self) -> tuple[str, int]:
         return self.env.job_id, self.env.attempt
-
-    def _ready(self, world: Any) -> None:
-        """A slice that the key's world lacks (a replacement): JAX and Orbax imported first, so that the world stops for
-        it only once it can join at once; then its first host says `ready` and the process waits to be let in."""
-        import jax  # noqa: F401  # the world's wait for this slice starts once it is warm
-
-        from respawn_trainer.checkpoint import _orbax
-
-        _orbax()
-        if (self.env.worker_id or 0) == 0:
-            Lifecycle(self._sink, *self._job_and_attempt()).emit("ready", 0, worker=0, world=world.version)
 
     def _formed(self) -> None:
         """JAX's runtime is up (over the whole world, in one): who speaks for the attempt, and the checkpointer."""
@@ -138,7 +186,7 @@ class Run:
         if found is None:
             return False
         world, etag = found
-        self.env = replace(self.env, world_version=world.version)
+        self.env = replace(self.env, world_version=world.version, takeover=None)  # a head start takes over once
         self._loss, self._fields, self._saved_fields, self.data = None, {}, {}, None  # nothing of the old devices'
         log.info("joining world %d in this process: slices %s", world.version, list(world.members))
         runtime.reset()
@@ -351,51 +399,6 @@ class Run:
         permanent = {"permanent": True} if failure.permanent else {}  # no other machine would do better
         summary = self.goodput.summary(lost=True)
         self.lifecycle.emit("failed", self.step, error=failure.text, goodput=summary, **permanent)
-
-    # -- saves ----------------------------------------------------------------------------------------------------
-
-    def _save_last(self, state: Any) -> None:
-        if self.schedule.should_save(self.step, loop_ended=True):
-            self._save(state)
-        self._report(self.checkpoints.wait())
-
-    def _save(self, state: Any) -> None:
-        _wait_until_computed(state)  # the step itself finishes before the save's clock starts
-        blocking = self.checkpoints.save(self.step, state)
-        self._saved_fields[self.step] = self._fields
-        self._first_save_at = self._first_save_at or time.monotonic()  # Young/Daly times the steps from here
-        before = self.schedule.interval()
-        # Every host must pick the same Young/Daly interval: they agree on the slowest save.
-        cost = runtime.agree_max(blocking) if self.schedule.young_daly is not None else blocking
-        self.schedule = self.schedule.saved(self.step, cost)
-        if self.schedule.interval() != before:
-            self._log_interval()
-        self.goodput.saved(blocking)
-
-    def _log_interval(self) -> None:
-        young_daly, context = self.schedule.young_daly, self.schedule.context()
-        assert young_daly is not None
-        log.info(
-            "checkpoint interval: auto -> every %s steps (Young/Daly tau %.1fs from save cost %.3fs, MTBI %.0fs, "
-            "step %.4fs)",
-            young_daly.interval(context),
-            young_daly.tau_s(context),
-            context.save_cost_s,
-            young_daly.mtbi_s,
-            context.step_s or 0.0,
-        )
-
-    def _report(self, saves: list[SaveDone]) -> None:
-        for done in saves:
-            if self.handover:
-                self.handover.saved(done.total_s)
-            self.lifecycle.emit(
-                "checkpoint",
-                done.step,
-                blocking_s=round(done.blocking_s, 4),
-                total_s=round(done.total_s, 4),
-                **self._saved_fields.pop(done.step, {}),
-            )
 
 
 def agree_after_restore(failed: bool) -> bool:

@@ -44,6 +44,7 @@ from typing import Any
 from respawn_trainer import runtime
 from respawn_trainer.env import RunEnv
 from respawn_trainer.handover import Objects, objects_for
+from respawn_trainer.lifecycle import Lifecycle
 from respawn_trainer.local_copy import LocalCopy
 from respawn_trainer.slice_env import LOOPBACK, free_port
 
@@ -270,6 +271,18 @@ def join(env: RunEnv, waiting: Callable[[World], None] = lambda world: None) -> 
     if world is None:
         raise WorldChanged(f"no world from {env.world_version} on with slice {env.slice} within {JOIN_WAIT_S:.0f}s")
     return world, reader.etag
+
+
+def say_ready(env: RunEnv, sink: Any, world: World) -> None:
+    """A slice that the key's world lacks (a replacement): JAX and Orbax imported first, so that the world stops for
+    it only once it can join at once; then its first host says `ready` (and the process waits to be let in)."""
+    import jax  # noqa: F401  # the world's wait for this slice starts once it is warm
+
+    from respawn_trainer.checkpoint import _orbax
+
+    _orbax()
+    if (env.worker_id or 0) == 0:
+        Lifecycle(sink, env.job_id, env.attempt).emit("ready", 0, worker=0, world=world.version)
 
 
 def next_world(env: RunEnv, after: int) -> tuple[World, str | None] | None:
