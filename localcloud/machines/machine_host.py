@@ -91,7 +91,9 @@ class _Server:
         get: Callable[[str, Mapping[str, str]], Answer | Reply],
         post: Callable[[str, Mapping[str, str], bytes], Answer] | None = None,
     ) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # the servers' only: not the shims'
+        from http.server import BaseHTTPRequestHandler  # the servers' only: not the shims'
+
+        from localcloud.machines.quiet_server import QuietServer
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -115,13 +117,7 @@ class _Server:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        class Server(ThreadingHTTPServer):
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                if not isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError, ...
-                    super().handle_error(request, client_address)
-
-        self._httpd = Server(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = QuietServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
 
     @property

@@ -282,7 +282,7 @@ def test_a_program_that_knows_nothing_of_respawn_is_stopped_recreated_and_comple
     assert [(n, p["event"], p["source"], p["exit_code"]) for n, p in said] == [
         (1, "stopped", "exit-code", 0),
         (2, "completed", "exit-code", 0),
-    ], detail
+    ], f"said: {said}\n{detail}"
     log = (Path(report["run_dir"]) / "machines" / "plain-program-a1.log").read_text(errors="replace")
     assert '{"event": "completed", "note"' in log and "SIGTERM after step" in log  # its lines, as plain lines
 

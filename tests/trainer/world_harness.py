@@ -9,12 +9,13 @@ import re
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from trainer_harness import Run, start
 
+from localcloud.machines.quiet_server import QuietServer
 from respawn_trainer.slice_env import free_port, host_env
 
 PREFIX = "/computeMetadata/v1/"
@@ -82,8 +83,7 @@ class SliceMetadata:
             def log_message(self, *args: object) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/computeMetadata/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
