@@ -128,6 +128,8 @@ def test_a_slices_notice_stops_the_world_the_survivor_trains_on_in_its_process_a
     assert joined["restored_step"] == joins and joined["restored_from"] == "store"
     done = [entry_of(tmp_path, s, "completed", world=3)["params_sha256"] for s in (0, 1)]
     assert done[0] == done[1]  # each slice's own copy of the replicated state: the same bits
+    assert f"restored step {step} from the local copy" in survivor.tail(400)
+    assert "(the previous world's stop: the store not asked)" in survivor.tail(400)  # world 2: only world 1's
     assert survivor.tail(400).count("in this process") == 2 and (tmp_path / "local-0" / "world").read_text() == "3\n"
     trained = single_losses([survivor])  # each step once: none redone, none skipped
     assert sorted(trained) == list(range(1, STEPS + 1))
@@ -244,9 +246,11 @@ def test_a_local_copy_restores_the_state_and_the_data_position_bitwise_and_only_
         "step": jnp.int32(17),
     }
     copy = LocalCopy(str(tmp_path), "gs://bucket/job")
-    assert copy.keep(16, state, Position(99), True) is not None
-    assert copy.keep(17, state, Position(123), True) is not None  # only the newest is kept
+    assert copy.keep(16, state, Position(99), True, world=3) is not None
+    assert copy.keep(17, state, Position(123), True, world=4) is not None  # only the newest is kept
     assert [p.name for p in copy.dir.iterdir()] == ["17"]
+    (copy.dir / ".18.tmp-1").mkdir()  # a copy still being written: not one
+    assert (copy.kept_by(4), copy.kept_by(3), copy.kept_by(5)) == (17, None, None)  # the world that saved it
     assert copy.read(16, abstract(state), None) is None  # not the store's newest: not used
     data = Position()
     restored = copy.read(17, abstract(state), data)

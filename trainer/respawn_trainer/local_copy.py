@@ -8,10 +8,12 @@ restores locally only on the process layout that saved. What a survivor needs is
 holds, as bytes, restored bitwise where the next world gives it the same shards.
 
 Layout: DIR/<sha256(checkpoint_uri)[:16]>/<step>/ holds `manifest.json` (every leaf's path, shape, dtype and the
-index of each shard this process held, the data iterator's state) and one raw file per shard; written under a
-temporary name and renamed whole, so a copy is complete or absent. Only the newest step is kept.
+index of each shard this process held, the data iterator's state, the world that saved it) and one raw file per
+shard; written under a temporary name and renamed whole, so a copy is complete or absent. Only the newest step is
+kept.
 
-A copy is read only for the store's newest step, and only where it holds every shard the restore target's
+A copy is read only for the store's newest step (which a world of only the previous world's processes knows without
+asking the store: world.Membership.restore), and only where it holds every shard the restore target's
 shardings put on this process's devices (a replicated parameter: each survivor slice holds all of it), and the
 data iterator's state where one is followed (a global one on any process count, a per-process one on the same
 process index and count). Otherwise the restore reads the store, as without a copy.
@@ -40,9 +42,9 @@ class LocalCopy:
     def __init__(self, root: str, checkpoint_uri: str) -> None:
         self.dir = Path(root) / hashlib.sha256(checkpoint_uri.encode()).hexdigest()[:16]
 
-    def keep(self, step: int, state: Any, data: Any, data_is_global: bool) -> Path | None:
-        """Write this process's shards of `state` (step `step`) and the data iterator's state; None on a failure
-        (logged: the next world then reads the store)."""
+    def keep(self, step: int, state: Any, data: Any, data_is_global: bool, world: int | None = None) -> Path | None:
+        """Write this process's shards of `state` (step `step`, saved by world `world`) and the data iterator's state;
+        None on a failure (logged: the next world then reads the store)."""
         import jax
         import numpy as np
 
@@ -62,7 +64,7 @@ class LocalCopy:
                     shards.append({"index": index, "file": f"{n}-{k}.bin"})
                 key = jax.tree_util.keystr(path)
                 leaves.append({"path": key, "shape": list(leaf.shape), "dtype": str(leaf.dtype), "shards": shards})
-            manifest = {"step": step, "leaves": leaves, **_data_state(data, data_is_global)}
+            manifest = {"step": step, "world": world, "leaves": leaves, **_data_state(data, data_is_global)}
             (tmp / MANIFEST).write_text(json.dumps(manifest))
             target = self.dir / str(step)
             shutil.rmtree(target, ignore_errors=True)
@@ -76,6 +78,21 @@ class LocalCopy:
                 shutil.rmtree(old, ignore_errors=True)
         log.info("kept a local copy of step %d in %s", step, target)
         return target
+
+    def kept_by(self, world: int) -> int | None:
+        """The step of the copy that world `world` saved at its stop, if this host holds one."""
+        try:
+            folders = [f for f in self.dir.iterdir() if f.name.isdigit()]  # not a copy still being written
+        except OSError:
+            return None
+        for folder in folders:
+            try:
+                manifest = json.loads((folder / MANIFEST).read_text())
+            except (OSError, ValueError):
+                continue
+            if manifest.get("world") == world and manifest.get("step") == int(folder.name):
+                return int(folder.name)
+        return None
 
     def read(self, step: int, template: Any, data: Any) -> tuple[Any, Any] | None:
         """(state, data iterator state) of step `step` on the template's shardings, or None where the copy cannot

@@ -429,6 +429,13 @@ def agree_any(flag: bool) -> bool:
     return agree_max(float(flag)) > 0.0
 
 
+def agree_same(value: int) -> bool:
+    """True on every process if every process has the same `value` (an int from -1 to 2**24 x 4096)."""
+    parts = [float(value // 4096), float(value % 4096)]  # each exact in agree_max_each's float32
+    highest = agree_max_each([*parts, *(-p for p in parts)])
+    return highest[:2] == [-h for h in highest[2:]]
+
+
 _max_over_processes: dict[int, Any] = {}  # by width: 0 for agree_max's scalar, n for agree_max_each's n values
 
 

@@ -274,13 +274,15 @@ def join(env: RunEnv, waiting: Callable[[World], None] = lambda world: None) -> 
 
 
 def say_ready(env: RunEnv, sink: Any, world: World) -> None:
-    """A slice that the key's world lacks (a replacement): JAX and Orbax imported first, so that the world stops for
-    it only once it can join at once; then its first host says `ready` (and the process waits to be let in)."""
+    """A slice that the key's world lacks (a replacement): JAX and Orbax imported and the checkpoint store's client
+    made first, so that the world stops for it only once it can join at once; then its first host says `ready` (and
+    the process waits to be let in)."""
     import jax  # noqa: F401  # the world's wait for this slice starts once it is warm
 
-    from respawn_trainer.checkpoint import _orbax
+    from respawn_trainer.checkpoint import _orbax, warm_store
 
     _orbax()
+    warm_store(env.checkpoint_uri)
     if (env.worker_id or 0) == 0:
         Lifecycle(sink, env.job_id, env.attempt).emit("ready", 0, worker=0, world=world.version)
 
@@ -453,8 +455,16 @@ class Membership:
         return False
 
     def restore(self, checkpoints: Any, template: Any, agree: Any) -> tuple[Any, int] | None:
-        """This host's local copy where every process holds one of the store's newest step, else the store's."""
-        newest = _newest_step(checkpoints)
+        """This host's local copy where every process holds one of the store's newest step, else the store's.
+
+        Where every process kept its copy of one step in the world just before this one (its survivors, re-formed
+        without a new slice), that step is the store's newest without asking the store: this world lists them all,
+        so none trained in between. Asking (Orbax's CheckpointManager: its listing and its barriers, every process
+        waiting for the slowest) is then left to the first save, when the processes are in step."""
+        kept = self.local.kept_by(self.version - 1) if self.local else None
+        agreed = runtime.agree_same(-1 if kept is None else kept)
+        known = agreed and kept is not None
+        newest = kept if known else _newest_step(checkpoints)
         data = getattr(checkpoints, "data", None)
         local = self.local.read(newest, template, data) if self.local and newest is not None else None
         restored: tuple[Any, int] | None
@@ -464,13 +474,11 @@ class Membership:
             if data is not None:
                 data.set_state(data_state)
             self.restored_from, restored = "local", (state, newest)
-            log.info("restored step %d from the local copy in %s", newest, self.local and self.local.dir)
+            how = "the previous world's stop: the store not asked" if known else "the store's newest"
+            log.info("restored step %d from the local copy in %s (%s)", newest, self.local and self.local.dir, how)
         else:
             restored = checkpoints.restore_newest(template, agree)
-        step = 0 if restored is None else restored[1] + 1
-        parts = [float(step // 4096), float(step % 4096)]  # each exact in agree_max_each's float32
-        highest = runtime.agree_max_each([*parts, *(-p for p in parts)])
-        if highest[:2] != [-h for h in highest[2:]]:  # never a world over different steps
+        if not runtime.agree_same(-1 if restored is None else restored[1]):  # never a world over different steps
             raise RuntimeError(f"the processes of world {self.version} restored different steps")
         return restored
 
@@ -478,7 +486,7 @@ class Membership:
         """A process that will start again in the next world keeps its save of the change on its own disk."""
         if self.local is not None and self.exit_code == WORLD_CHANGED_RC:
             data, is_global = getattr(checkpoints, "data", None), getattr(checkpoints, "data_is_global", False)
-            self.local.keep(step, state, data, is_global)
+            self.local.keep(step, state, data, is_global, self.version)
 
     def stop(self) -> None:
         self.left = True
