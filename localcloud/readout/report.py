@@ -41,10 +41,10 @@ Definitions:
   machines_left   every object of the attempts the local APIs still hold at the end (nodes, queued resources,
                   instances, managed instance groups, instance templates, workload policies, resize requests): 0
   examples        a trainer reading a dataset (`examples` {from, to} in its checkpoint/stopped/completed entries: the
-                  positions of its data stream trained into that save): per attempt, its first position to the end
-                  of its last save; `trained` (the spans' total), `once`, `repeated` (positions kept from more than
-                  one attempt) and `skipped` (positions before the last one no attempt kept); null when no
-                  trainer says
+                  positions of its data stream trained into that save): per attempt (per world in a job of several
+                  slices), its first position to the end of its last save; `trained` (the spans' total), `once`,
+                  `repeated` (positions kept from more than one attempt) and `skipped` (positions before the last
+                  one no attempt kept); null when no trainer says
   exact           the final params_sha256 equals the uninterrupted reference run's; null (unknown) when there is no
                   reference hash, `exact_reason` saying why (no reference run, it failed, the program sends no hash)
   exactness       "bitwise" (exact), "data-exact" (a world of several slices whose params differ but whose steps
@@ -484,15 +484,17 @@ def recovery_figures(rows: list[dict[str, Any]], job: dict[str, Any]) -> dict[st
 def example_counts(events: list[dict[str, Any]]) -> dict[str, int] | None:
     """How often each position of the data stream was trained into the final parameters: each attempt's span from
     its first position to the end of its last save (its `stopped`/`completed`, else its newest `checkpoint`: the
-    steps an attempt killed without a save trained after it are trained again by the next one)."""
+    steps an attempt killed without a save trained after it are trained again by the next one). In a job of several
+    slices the span is each world's (every member slice says the same global positions, and a survivor's attempt
+    trains in several worlds)."""
     kept: dict[Any, tuple[int, int]] = {}
     for e in events:
         payload = e["payload"] if e["kind"] == "entry" else {}
         span = payload.get("examples") if payload.get("event") in ("checkpoint", "stopped", "completed") else None
         if isinstance(span, dict) and isinstance(span.get("from"), int) and isinstance(span.get("to"), int):
-            attempt = _attempt_of(e) or payload.get("attempt")
-            kept[attempt] = (span["from"], max(span["to"], kept.get(attempt, (0, 0))[1]))
-    spans = {(attempt, a, b) for attempt, (a, b) in kept.items()}
+            key = ("world", payload["world"]) if "world" in payload else _attempt_of(e) or payload.get("attempt")
+            kept[key] = (span["from"], max(span["to"], kept.get(key, (0, 0))[1]))
+    spans = {(key, a, b) for key, (a, b) in kept.items()}
     if not spans:
         return None
     edges = sorted({0, *(a for _, a, _ in spans), *(b for _, _, b in spans)})

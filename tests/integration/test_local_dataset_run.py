@@ -27,7 +27,9 @@ FAST = ["--creation-delay", "0.5s", "--sweep-every", "2s"]
 HIDE_PUBSUB = {"RESPAWN_HIDE_PUBSUB_EMULATOR": "1"}  # the in-process bus: test_local_run.py covers both buses
 
 
-def dataset_job(tmp_path: Path, example: str, steps: int, batch: int) -> tuple[Path, list[str]]:
+def dataset_job(
+    tmp_path: Path, example: str, steps: int, batch: int, head_start: bool = False
+) -> tuple[Path, list[str]]:
     """The example job reading DATASET, and the --upload that puts the shards (200 kB of the generated corpus, 3
     shards of 33-token sequences) there."""
     shards = tmp_path / "shards"
@@ -37,7 +39,7 @@ def dataset_job(tmp_path: Path, example: str, steps: int, batch: int) -> tuple[P
     # Without the head start each notice stops the trainer at its next step: with it, the noticed nano trainer trains
     # on until its successor is ready, and on a loaded machine it may finish the job before the second preemption
     # (test_local_head_start_run.py covers the handover)
-    job["head_start"] = False
+    job["head_start"] = head_start  # a job of several slices keeps it: its survivors re-form from the noticed save
     job["args"] = [
         "--model=nano",
         f"--steps={steps}",
@@ -139,3 +141,24 @@ def test_a_data_job_whose_tier_has_another_host_count_resumes_each_example_once(
     assert megabytes[2] == pytest.approx(total / 1e6, abs=0.1), held
     restored = re.findall(r"started at step (\d+) of", logs["data-tiers-it-a2"])
     assert len(restored) == 1 and 5 <= int(restored[0]) < steps, logs["data-tiers-it-a2"][-2000:]  # tier 0's save
+
+
+def test_a_world_of_two_slices_reading_gcs_shards_trains_each_example_once_through_a_slices_preemption(
+    tmp_path: Path,
+) -> None:
+    """2 slices x 2 hosts, one world (examples/world.yaml) on the dataset: a slice's preemption re-forms the world
+    without it, in place, and its replacement joins; the stream position is one for all 4, 2 and 4 processes again,
+    so each example of the stream is trained once (docs/several-slices.md)."""
+    need(FakeGcs.missing())
+    steps, batch = 40, 16
+    path, upload = dataset_job(tmp_path, "world.yaml", steps=steps, batch=batch, head_start=True)
+    chaos = ["--preempt-at-step", "10", *FAST]
+    report, stderr = run_local(path, tmp_path, *upload, env=HIDE_PUBSUB, chaos=chaos, timeout=900)
+    detail = f"report: {json.dumps(report, indent=1)[:4000]}\nstderr tail:\n{stderr[-3000:]}"
+    assert report["status"] == "SUCCEEDED" and report["final_step"] == steps, detail
+    assert report["preemptions"] == 1 and report["machines_left"] == 0 and report["processes_left"] == 0, detail
+    trained = [tuple(w["members"]) for w in report["worlds"]]
+    assert trained[0] == trained[-1] == (0, 1) and len(trained) >= 2, detail  # K, K-1 (in place), K again
+    assert report["examples"] == {"trained": steps * batch, "once": steps * batch, "repeated": 0, "skipped": 0}, detail
+    # the same batches in the same order, summed over fewer processes while one slice trained alone
+    assert report["exactness"] in ("data-exact", "bitwise"), detail

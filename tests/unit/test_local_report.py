@@ -48,6 +48,17 @@ def test_examples_are_counted_over_the_attempts_spans_of_the_data_stream() -> No
     tiled_after_a_kill = [*killed, ended(3, "completed", 256, 480)]  # a2 killed: its last save is what a3 restored
     assert example_counts(tiled_after_a_kill) == {"trained": 480, "once": 480, "repeated": 0, "skipped": 0}
     assert example_counts([entry(1.0, 1, event="completed", step=3)]) is None  # a trainer without a dataset
+
+    def said(attempt: int, world: int, event: str, first: int, end: int) -> dict[str, Any]:
+        return entry(
+            float(world), attempt, event=event, world=world, slice=attempt - 1, examples={"from": first, "to": end}
+        )
+
+    # two slices (attempts 1, 2) say world 1's global span each; attempt 2 trains on alone in world 2 and again
+    # with the replacement (attempt 3) in world 3: each world's span once, an attempt's several worlds each
+    worlds = [said(1, 1, "stopped", 0, 176), said(2, 1, "stopped", 0, 176), said(2, 2, "stopped", 176, 240)]
+    worlds += [said(2, 3, "completed", 240, 640), said(3, 3, "completed", 240, 640)]
+    assert example_counts(worlds) == {"trained": 640, "once": 640, "repeated": 0, "skipped": 0}
     kw: dict[str, Any] = dict(machines_left=0, leftover_processes=0, price=None, timed_out=False)
     report = build(events=[{"t": 0.0, "kind": "submitted"}, *tiled], job=None, reference_sha=None, **kw)
     assert report["examples"]["once"] == 480
