@@ -345,22 +345,48 @@ from respawn_trainer.env import load_env
 from respawn_trainer.world import Membership, World
 url = "http://127.0.0.1:9"  # nothing answers: the watch only warns
 env = load_env({"RESPAWN_WORLD_VERSION": "1", "RESPAWN_METADATA_URL": url, "RESPAWN_WORLD_LEAVE_S": "1"})
-member = Membership(env, World(1, (0,)), None)
+member = Membership(env, World(1, (0, 1)), None)
 member.formed()
-if sys.argv[1] == "stopped":
+how = sys.argv[1]
+if how not in ("starting", "joined"):
+    assert member.stale() is False  # the world starts: from now on it stops at a step
+if how == "stopped":
     member.left = True  # the world stopped in time: a newer world is no hang
-member._leave_if_forming(World(2, (0,)))
+member._leave_if_forming(World(2, (0, 1, 2) if how == "joined" else (0,)))
 time.sleep(3)
 """
 
 
-@pytest.mark.parametrize(("how", "code"), [("stuck", WORLD_CHANGED), ("stopped", 0)])
-def test_a_world_that_does_not_stop_in_time_after_a_newer_one_came_is_left_with_75(how: str, code: int) -> None:
+@pytest.mark.parametrize(
+    ("how", "code", "said"),
+    [
+        ("stuck", WORLD_CHANGED, "did not stop within 1s of world 2"),
+        ("stopped", 0, None),
+        ("starting", WORLD_CHANGED, "was starting, and slice(s) [1] are gone from it: exit 75"),
+    ],
+)
+def test_a_world_that_does_not_stop_in_time_after_a_newer_one_came_is_left_with_75(
+    how: str, code: int, said: str | None
+) -> None:
     """A collective waiting for a dead peer holds the main thread until JAX's heartbeat gives up: the watch's timer
-    ends the process instead, RESPAWN_WORLD_LEAVE_S after the newer world came, unless the world stopped."""
+    ends the process instead, RESPAWN_WORLD_LEAVE_S after the newer world came, unless the world stopped. A world
+    not started yet (restoring, compiling) that a newer world shows a member slice gone from is left at once: its
+    collectives may wait for that slice's processes, and it has trained nothing."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", STUCK, how], capture_output=True, text=True, timeout=60)
     assert done.returncode == code, done.stderr
-    assert ("did not stop within 1s of world 2" in done.stderr) == (code == WORLD_CHANGED), done.stderr
+    assert ("did not stop within" in done.stderr) == (how == "stuck"), done.stderr
+    assert said is None or said in done.stderr, done.stderr  # "starting": at once, before the 1 s timer
+
+
+def test_a_newer_world_that_only_adds_a_slice_to_one_starting_is_left_in_place_at_its_first_step() -> None:
+    """A join is no reason to leave at once: every member is there, and stale() takes the world to the next in
+    place before its first step. Only the timer ends a world that then does not stop."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STUCK, "joined"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == WORLD_CHANGED and "did not stop within 1s of world 2" in done.stderr, done.stderr
+    assert "was starting" not in done.stderr, done.stderr

@@ -370,6 +370,7 @@ class Membership:
         self.restored_from = "store"  # or "local": the restore read this host's local copy
         self.local = LocalCopy(env.local_copy_dir, env.checkpoint_uri) if env.local_copy_dir else None
         self._forming, self._lock, self._armed = True, threading.Lock(), False
+        self._started = False  # its processes agreed to train (stale() said no newer world): it stops at a step
         self.left = False  # the world stopped (keep_going said so, or the run ended): a newer one is no hang
         mark_ran(env, world.version)
         self.watch = WorldWatch(env.metadata_url, env.world_version, etag)
@@ -409,9 +410,16 @@ class Membership:
             self._forming = False
 
     def _leave_if_forming(self, world: World) -> None:
+        """A newer world while this one forms, or while it starts (restore, compile) without a member slice it had
+        (noticed or lost: a collective may wait for its processes until JAX's heartbeat gives up), is left at once:
+        nothing is trained yet, so nothing is lost, and the startup script starts this process again in the newer
+        world. Once started, the world stops at a step boundary that every process agrees on (keep_going)."""
         with self._lock:
-            if self._forming:
-                log.warning("world %d came while world %d was forming: exit %d", world.version, self.version, 75)
+            lost = [m for m in self.world.members if m not in world.members]
+            starting = not self._started and lost and self.slice in world.members
+            if self._forming or starting:
+                why = "forming" if self._forming else f"starting, and slice(s) {lost} are gone from it"
+                log.warning("world %d came while world %d was %s: exit %d", world.version, self.version, why, 75)
                 sys.stderr.flush()
                 os._exit(WORLD_CHANGED_RC)
         if not self._armed:  # the first newer world: this one must stop in time
@@ -437,7 +445,10 @@ class Membership:
 
     def stale(self) -> bool:
         """Before the first step: has any process seen a newer world? (a collective: every process calls it)"""
-        return runtime.agree_any(self.watch.newest is not None)
+        newer = runtime.agree_any(self.watch.newest is not None)
+        with self._lock:
+            self._started = not newer
+        return newer
 
     def keep_going(self, step: int, noticed: bool) -> bool:
         """One agreement per step: stop when a newer world wants it (its `step`, or at once) or a host of any member
