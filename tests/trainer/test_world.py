@@ -122,14 +122,16 @@ def test_a_slices_notice_stops_the_world_the_survivor_trains_on_in_its_process_a
     assert finish_all(runs) == {0: 0, 1: 0}, tails(runs)
     started = {w: entry_of(tmp_path, 0, "started", world=w) for w in (2, 3)}
     assert started[2]["restored_step"] == step and started[2]["restored_from"] == "local"
-    assert started[3]["restored_step"] == joins and started[3]["restored_from"] == "store"  # as the replacement
+    assert started[3]["restored_step"] == joins and started[3]["restored_from"] == "local"  # the replacement: store
     assert entry_of(tmp_path, 0, "stopped", world=2)["step"] == joins
     joined = entry_of(tmp_path, 1, "started", world=3)  # a new process: no local copy, the store
     assert joined["restored_step"] == joins and joined["restored_from"] == "store"
     done = [entry_of(tmp_path, s, "completed", world=3)["params_sha256"] for s in (0, 1)]
     assert done[0] == done[1]  # each slice's own copy of the replicated state: the same bits
-    assert f"restored step {step} from the local copy" in survivor.tail(400)
-    assert "(the previous world's stop: the store not asked)" in survivor.tail(400)  # world 2: only world 1's
+    said = survivor.tail(400)  # worlds 2 and 3: the previous world's stop, the store not asked for its steps
+    assert f"restored step {step}, the previous world's stop, from the local copy" in said
+    assert f"restored step {joins}, the previous world's stop, from the local copy" in said
+    assert f"restored step {joins}, the previous world's stop, from the store" in replacement[1].tail(400)
     assert survivor.tail(400).count("in this process") == 2 and (tmp_path / "local-0" / "world").read_text() == "3\n"
     trained = single_losses([survivor])  # each step once: none redone, none skipped
     assert sorted(trained) == list(range(1, STEPS + 1))

@@ -152,6 +152,25 @@ class Checkpoints:
             raise RuntimeError(f"no checkpoint can be read (steps {sorted(unreadable)})")
         return None
 
+    def restore_alone(self, step: int, abstract_state: Any) -> Any:
+        """Step `step` read by this process alone, none of Orbax's barriers with the other processes (its options
+        for a single active process): a process new to a world whose other processes restore their own copies of
+        that step (world.Membership.restore). None where it cannot be read (logged)."""
+        import jax
+
+        ocp = _orbax()
+        me = jax.process_index()
+        only_me = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+        options = ocp.CheckpointManagerOptions(read_only=True, create=False, multiprocessing_options=only_me)
+        alone = ocp.CheckpointManager(self.uri, options=options)
+        try:
+            return self._restore(step, abstract_state, alone)
+        except Exception as e:  # any reason it cannot be read: the world then restores from the store together
+            log.warning("checkpoint step %d cannot be read by this process alone (%s)", step, _error_line(e))
+            return None
+        finally:
+            alone.close()
+
     def latest_step(self) -> int | None:
         """The newest step in the store (committed), None when there is none."""
         return max(self.manager.all_steps(), default=None)
@@ -170,13 +189,14 @@ class Checkpoints:
         self._pending = (step, started, blocking)
         return blocking
 
-    def _restore(self, step: int, abstract_state: Any) -> Any:
+    def _restore(self, step: int, abstract_state: Any, manager: Any = None) -> Any:
         ocp = _orbax()
+        manager = manager or self.manager
         if self.data is None:
-            return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+            return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
         restore = _iterator_args()[1]
         both = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=restore(self.data))
-        return self.manager.restore(step, args=both)["state"]
+        return manager.restore(step, args=both)["state"]
 
     def poll(self) -> list[SaveDone]:
         """Saves that have become durable since the last call (non-blocking)."""

@@ -436,6 +436,17 @@ def agree_same(value: int) -> bool:
     return highest[:2] == [-h for h in highest[2:]]
 
 
+def agree_held(value: int | None) -> int | None:
+    """The value (an int from 0 to 2**24 x 4096) that every process holding one holds, on every process; None where
+    no process holds one or two hold different ones. A process holding none does not count (a newcomer)."""
+    a, b = (value // 4096, value % 4096) if value is not None else (-1, -1)
+    never = -float(1 << 22)  # below any -a: a process holding none never sets the smallest
+    highest = agree_max_each([a, b, -a if value is not None else never, -b if value is not None else never])
+    if highest[0] < 0 or highest[:2] != [-h for h in highest[2:]]:
+        return None
+    return int(highest[0]) * 4096 + int(highest[1])
+
+
 _max_over_processes: dict[int, Any] = {}  # by width: 0 for agree_max's scalar, n for agree_max_each's n values
 
 

@@ -468,30 +468,47 @@ class Membership:
     def restore(self, checkpoints: Any, template: Any, agree: Any) -> tuple[Any, int] | None:
         """This host's local copy where every process holds one of the store's newest step, else the store's.
 
-        Where every process kept its copy of one step in the world just before this one (its survivors, re-formed
-        without a new slice), that step is the store's newest without asking the store: this world lists them all,
-        so none trained in between. Asking (Orbax's CheckpointManager: its listing and its barriers, every process
-        waiting for the slowest) is then left to the first save, when the processes are in step."""
+        Where the processes that kept a copy in the world just before this one all kept one of the same step (that
+        world's stop), the step is the store's newest without asking the store: no world trained in between. They
+        restore their copies, and a process new to the world (a replacement slice's) reads that step from the
+        store alone. Asking the store for its steps together (Orbax's CheckpointManager: a listing and barriers,
+        every process waiting for the slowest) is then left to the first save, when the processes are in step."""
         kept = self.local.kept_by(self.version - 1) if self.local else None
-        agreed = runtime.agree_same(-1 if kept is None else kept)
-        known = agreed and kept is not None
-        newest = kept if known else _newest_step(checkpoints)
+        step = runtime.agree_held(kept)
         data = getattr(checkpoints, "data", None)
-        local = self.local.read(newest, template, data) if self.local and newest is not None else None
-        restored: tuple[Any, int] | None
-        if not runtime.agree_any(local is None):
-            assert local is not None and newest is not None
-            state, data_state = local
-            if data is not None:
-                data.set_state(data_state)
-            self.restored_from, restored = "local", (state, newest)
-            how = "the previous world's stop: the store not asked" if known else "the store's newest"
-            log.info("restored step %d from the local copy in %s (%s)", newest, self.local and self.local.dir, how)
-        else:
-            restored = checkpoints.restore_newest(template, agree)
+        restored: tuple[Any, int] | None = None
+        if step is not None:  # the previous world's stop
+            alone = getattr(checkpoints, "restore_alone", None)
+            mine = self._read(step, template, data) if kept is not None else alone and alone(step, template)
+            if not runtime.agree_any(mine is None):
+                self.restored_from = "local" if kept is not None else "store"
+                restored = (mine, step)
+                log.info("restored step %d, the previous world's stop, from %s", step, self._where())
+        if restored is None:  # the store's newest, every process asking
+            newest = _newest_step(checkpoints)
+            local = self._read(newest, template, data) if newest is not None else None
+            if not runtime.agree_any(local is None):
+                assert newest is not None
+                self.restored_from, restored = "local", (local, newest)
+                log.info("restored step %d, the store's newest, from %s", newest, self._where())
+            else:
+                restored = checkpoints.restore_newest(template, agree)
         if not runtime.agree_same(-1 if restored is None else restored[1]):  # never a world over different steps
             raise RuntimeError(f"the processes of world {self.version} restored different steps")
         return restored
+
+    def _read(self, step: int, template: Any, data: Any) -> Any:
+        """This host's copy of `step` (its data iterator set to the copy's position), or None."""
+        got = self.local.read(step, template, data) if self.local else None
+        if got is None:
+            return None
+        state, data_state = got
+        if data is not None:
+            data.set_state(data_state)
+        return state
+
+    def _where(self) -> str:
+        return f"the local copy in {self.local and self.local.dir}" if self.restored_from == "local" else "the store"
 
     def keep_local(self, step: int, state: Any, checkpoints: Any) -> None:
         """A process that will start again in the next world keeps its save of the change on its own disk."""
