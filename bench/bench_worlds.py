@@ -46,8 +46,8 @@ one JSON object: per K `goodput_K`, `goodput_whole_K`, `goodput_ratio_K`, `survi
 `survivors_idle_p50_min_K`, `back_to_k_p50_min_K`, `preemptions_K`, `preemptions_whole_K`, and `runs`, every run's
 figures with its per-preemption rows.
 
-    .venv/bin/python bench/bench_worlds.py                       # K = 2 and 4, both policies (about 10 min)
-    .venv/bin/python bench/bench_worlds.py --quick               # the same, half the steps (about 5 min)
+    .venv/bin/python bench/bench_worlds.py                       # K = 2 and 4, both policies (about 13 min)
+    .venv/bin/python bench/bench_worlds.py --quick               # the same, half the steps (about 7 min)
     .venv/bin/python bench/bench_worlds.py --slices 4 --steps 2000 --mtbi 120 --seed 3
 """
 
@@ -74,8 +74,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("world", "whole")
 ZONE = "us-central2-b"  # offers v4 (localcloud/apis/offerings.py)
 # Training steps per K by default: K x a run's READY time / MTBI preemptions are due. A world of 2 slices steps about
-# 5 x as fast as one of 4 on 2 cores (~50 against ~10 steps/s); either runs about 100-160 s. --quick halves each.
-STEPS = {1: 6000, 2: 6000, 3: 2000, 4: 1000}
+# 5 x as fast as one of 4 on 2 cores (~50 against ~10 steps/s). 4 slices run 2000 steps, about 150 s re-forming and
+# 300 s recreating whole: 6-8 preemptions each, enough for a p50 (1000 steps met 2). --quick halves each.
+STEPS = {1: 6000, 2: 6000, 3: 2000, 4: 2000}
 # The default seed: its first machines live 53, 10, 135 and 119 s (MTBI 120 s), so that runs this short meet
 # preemptions at K = 2 too (at seed 7 the first two live 419 s and 138 s: a 2-slice run of 2 minutes meets none).
 # Both policies take the same seed, so the choice favours neither.

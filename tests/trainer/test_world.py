@@ -9,6 +9,7 @@ within 1e-3 relative of the reference's (data-exact).
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import signal
 import threading
@@ -392,3 +393,33 @@ def test_a_newer_world_that_only_adds_a_slice_to_one_starting_is_left_in_place_a
     done = subprocess.run([sys.executable, "-c", STUCK, "joined"], capture_output=True, text=True, timeout=60)
     assert done.returncode == WORLD_CHANGED and "did not stop within 1s of world 2" in done.stderr, done.stderr
     assert "was starting" not in done.stderr, done.stderr
+
+
+HELD = """
+import sys
+import jax
+jax.config.update("jax_platforms", "cpu")
+jax.distributed.initialize(sys.argv[2], 3, int(sys.argv[1]))
+from respawn_trainer import runtime
+cases = [(5, None, 5), (5, 7, None), (None, None, None), (2**24 + 3, 2**24 + 3, 2**24 + 3), (0, None, None)]
+print([runtime.agree_held(case[jax.process_index()]) for case in cases], flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def test_the_step_every_holder_of_a_copy_holds_is_agreed_on_and_a_process_holding_none_does_not_count() -> None:
+    """Three processes: the survivors' copies of one step and a newcomer without one agree on that step; copies of
+    two steps, or none at all, agree on none; a step beyond float32's exact integers is agreed on exactly."""
+    import subprocess
+    import sys
+
+    from respawn_trainer.slice_env import free_port
+
+    address, path = f"127.0.0.1:{free_port()}", str(Path(__file__).resolve().parents[2] / "trainer")
+    env = {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", HELD, str(i), address], env=env, stdout=subprocess.PIPE, text=True)
+        for i in range(3)
+    ]
+    said = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
+    assert said == [str([5, None, None, 2**24 + 3, 0])] * 3, said
