@@ -27,7 +27,6 @@ HEARTBEAT_TIMEOUT_S = 3600
 # ... so a world stuck in a collective with a killed worker (alive peers wait for it until the heartbeat) is left this
 # long after a newer world comes (respawn_trainer.world: RESPAWN_WORLD_LEAVE_S), as the startup script then restarts it
 LEAVE_S = 20
-TIMEOUTS = {"RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S), "RESPAWN_WORLD_LEAVE_S": str(LEAVE_S)}
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 # What every local trainer gets, beside what a machine's startup script sets. fsspec gives gcsfs the default `token`
@@ -134,10 +133,9 @@ class LocalSlice:
 
     def worker_env(self, env: Mapping[str, str], worker: int, coordinator_port: int) -> dict[str, str]:
         """`env` plus what worker `worker` of a loopback slice has (respawn_trainer/slice_env.py), its XLA flags kept
-        (the device count replaced); a single host runs with `env` as it is, the way a one-host TPU VM does (and the
-        timeouts above, for a world of several one-host slices)."""
+        (the device count replaced); a single host runs with `env` as it is, the way a one-host TPU VM does."""
         if self.hosts == 1:
-            return {**env, **TIMEOUTS}
+            return dict(env)
         from respawn_trainer.slice_env import worker_env
 
         return self._with(env, worker_env(worker, self.hosts, coordinator_port, self.chips_per_host))
@@ -146,7 +144,7 @@ class LocalSlice:
         """`worker_env` without the worker's place in the slice, which a machine's startup script reads from the
         metadata server (`endpoints`): what the host of a loopback slice gives the trainer's image."""
         if self.hosts == 1:
-            return {**env, **TIMEOUTS}
+            return dict(env)
         from respawn_trainer.slice_env import host_env
 
         return self._with(env, host_env(coordinator_port, self.chips_per_host))
@@ -161,7 +159,11 @@ class LocalSlice:
     def _with(env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
         flags = _DEVICE_COUNT.sub("", env.get("XLA_FLAGS", "")).split()
         joined = " ".join([*flags, *extra.get("XLA_FLAGS", "").split()])
-        return {**env, **extra, "XLA_FLAGS": joined, **TIMEOUTS}
+        timeouts = {
+            "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+            "RESPAWN_WORLD_LEAVE_S": str(LEAVE_S),
+        }
+        return {**env, **extra, "XLA_FLAGS": joined, **timeouts}
 
     def start(
         self,

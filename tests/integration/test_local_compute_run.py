@@ -114,11 +114,11 @@ def test_a_compute_engine_slice_survives_a_vm_preemption_and_a_killed_worker(wor
             log = (machines / f"compute-it-a{n}-w-{worker}.log").read_text(errors="replace")
             assert "the container runs as user 10001:10001" in log, (n, worker, log[-2000:])
         # a1's workers that stopped on worker 2's notice left their notice files as the trainer's user; worker 2's
-        # own was left by its shutdown script (root)
+        # own was left by its shutdown script (root), unless its trainer, stopping at once, wrote it first
         owners = [
             (machines / "compute-it-a1" / f"w-{w}" / "run" / "respawn" / "notice").stat().st_uid for w in range(4)
         ]
-        assert owners == [10001, 10001, 0, 10001], why
+        assert owners[:2] + owners[3:] == [10001, 10001, 10001] and owners[2] in (0, 10001), why
 
 
 SINGLE_STEPS = 60
