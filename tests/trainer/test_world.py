@@ -423,3 +423,20 @@ def test_the_step_every_holder_of_a_copy_holds_is_agreed_on_and_a_process_holdin
     ]
     said = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
     assert said == [str([5, None, None, 2**24 + 3, 0])] * 3, said
+
+
+def test_a_process_started_for_one_world_that_joins_a_newer_one_watches_the_key_as_that_newer_worlds() -> None:
+    """A replacement started for world 5 that is let into world 6: the key's world 6 is its own, not a newer one
+    (read as newer, the world stopped at the hanging GET's first timeout and waited for a world 7 never made)."""
+    import subprocess
+    import sys
+
+    script = """
+from respawn_trainer.env import load_env
+from respawn_trainer.world import Membership, World
+env = load_env({"RESPAWN_WORLD_VERSION": "5", "RESPAWN_METADATA_URL": "http://127.0.0.1:9"})
+member = Membership(env, World(6, (0, 1)), None)
+print(member.watch.version, member.watch.stop_at(1))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["6", "False"], done.stderr

@@ -373,7 +373,8 @@ class Membership:
         self._started = False  # its processes agreed to train (stale() said no newer world): it stops at a step
         self.left = False  # the world stopped (keep_going said so, or the run ended): a newer one is no hang
         mark_ran(env, world.version)
-        self.watch = WorldWatch(env.metadata_url, env.world_version, etag)
+        # the world joined, not RESPAWN_WORLD_VERSION: a replacement started for world v may join v + 1 or later
+        self.watch = WorldWatch(env.metadata_url, world.version, etag)
         self.watch.on_newer = self._leave_if_forming
         self.watch.start()
 
