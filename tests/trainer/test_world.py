@@ -129,6 +129,10 @@ def test_a_slices_notice_stops_the_world_the_survivor_trains_on_in_its_process_a
     assert joined["restored_step"] == joins and joined["restored_from"] == "store"
     done = [entry_of(tmp_path, s, "completed", world=3)["params_sha256"] for s in (0, 1)]
     assert done[0] == done[1]  # each slice's own copy of the replicated state: the same bits
+    ends = (("stopped", 1), ("stopped", 2), ("completed", 3))
+    goodput = [entry_of(tmp_path, 0, event, world=w)["goodput"] for event, w in ends]
+    for key in ("total_s", "startup_s", "restore_s", "productive_s"):  # the attempt's split: all its process's worlds
+        assert goodput[0][key] <= goodput[1][key] <= goodput[2][key], (key, goodput)
     said = survivor.tail(400)  # worlds 2 and 3: the previous world's stop, the store not asked for its steps
     assert f"restored step {step}, the previous world's stop, from the local copy" in said
     assert f"restored step {joins}, the previous world's stop, from the local copy" in said

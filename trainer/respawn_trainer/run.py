@@ -121,7 +121,8 @@ class Run(_Saving):
         distributed: auto (multi-host when TPU_WORKER_HOSTNAMES lists several hosts), on or off.
         use_jax False: no JAX setup at all (a checkpointer of your own, host-side state)."""
         began = time.monotonic()
-        self.goodput = Goodput(started=started if started is not None else process_started())
+        self.goodput = Goodput(started=started if started is not None else process_started())  # every world's
+        self._world_began = self.goodput.started  # this world's start: the process's, or its re-form's
         environ = os.environ if env is None else env
         self.env: RunEnv = load_env(environ, on_gce=on_gce())
         self.steps, self.step = steps, 0
@@ -202,7 +203,7 @@ class Run(_Saving):
             raise
         train_on = self.handover.on_notice if self.handover else None
         self.watch = PreemptionWatch(self.env.metadata_url, lead_s=self.env.notice_lead_s, train_on=train_on).start()
-        self.goodput = Goodput(started=began)
+        self._world_began = began  # the goodput goes on: the attempt's split sums every world of this process
         self._closed, self._startup_split = False, {"import_s": 0.0}
         self._ready_at = time.monotonic()
         self._startup_split["setup_s"] = self._ready_at - began
@@ -257,8 +258,8 @@ class Run(_Saving):
         now = time.monotonic()
         self.step = step
         self.schedule = SaveSchedule(self.schedule.policy, final_step=self.steps, restored_step=step)
-        self.goodput.startup_s = began - waited - self.goodput.started + now - read
-        self.goodput.restore_s = read - began
+        self.goodput.startup_s += began - waited - self._world_began + now - read
+        self.goodput.restore_s += read - began
         compile_s = began - self._ready_at + now - read
         split = {**self._startup_split, "compile_s": compile_s - waited, "restore_s": read - began}
         takeover = {"takeover": outcome} if self.env.takeover else {}  # "found": the drain marker; "timeout": none
@@ -266,7 +267,7 @@ class Run(_Saving):
             split["takeover_wait_s"] = waited
         if self.world:
             takeover["restored_from"] = self.world.restored_from  # "local": this host's copy of the change's save
-        startup = now - waited - self.goodput.started
+        startup = now - waited - self._world_began
         self.lifecycle.emit(
             "started",
             step,
