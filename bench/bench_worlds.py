@@ -33,6 +33,9 @@ steps kept only: up to the step the next world restored) / the seconds every mac
 or preemption (a slice that is gone is not paid). `goodput` counts from the job's first training step: the job's
 first start (every slice booting, pulling and compiling at once) is the same for both policies and vanishes from a
 job of days, but at these run lengths it would weigh as much as the recoveries; `goodput_whole_run` counts it.
+`goodput_ceiling` is the goodput the same run would have were every stop free (no save, no re-form, no join): what
+is then lost is each replacement's paid setup, from its READY to its `ready` entry (boot, pull, the trainer's start:
+the profile's cited figures). No re-form can pass it, nor the ratio `goodput_ratio_ceiling_K` it gives.
 
 The local cloud's floor (read the output's `caveat`): the survivors re-form in their own processes (no new process,
 no imports), but the save, JAX's runtime start over the new members and the restore still run at 2-core speed with
@@ -42,9 +45,9 @@ shows the same runs in plain local seconds.
 
 Targets (issue 45): the survivors back to training < 1 min after a slice's notice (p50, K = 4); goodput of a 4-slice
 job at per-slice MTBI 2 h >= 0.95, and >= 1.25 x whole-job recreation on the same schedule. The last line printed is
-one JSON object: per K `goodput_K`, `goodput_whole_K`, `goodput_ratio_K`, `survivors_back_p50_min_K`,
-`survivors_idle_p50_min_K`, `back_to_k_p50_min_K`, `preemptions_K`, `preemptions_whole_K`, and `runs`, every run's
-figures with its per-preemption rows.
+one JSON object: per K `goodput_K`, `goodput_whole_K`, `goodput_ratio_K`, `goodput_ceiling_K`,
+`goodput_ratio_ceiling_K`, `survivors_back_p50_min_K`, `survivors_idle_p50_min_K`, `back_to_k_p50_min_K`,
+`preemptions_K`, `preemptions_whole_K`, and `runs`, every run's figures with its per-preemption rows.
 
     .venv/bin/python bench/bench_worlds.py                       # K = 2 and 4, both policies (about 13 min)
     .venv/bin/python bench/bench_worlds.py --quick               # the same, half the steps (about 7 min)
@@ -220,6 +223,21 @@ def paid_slice_s(events: list[dict[str, Any]], since: float = 0.0) -> float:
     return sum(machine_seconds(moved, end, until=("deleted", "preempted")).values())
 
 
+def setup_slice_s(events: list[dict[str, Any]], since: float = 0.0) -> float:
+    """The replacements' paid time before they could join: each machine that said `ready` (set up, warm, waiting to
+    be let in), from its READY (or `since`) to that entry. No re-form shortens it: boot, pull and the trainer's start
+    are the profile's cited real figures."""
+    ready_at: dict[str, float] = {}
+    total = 0.0
+    for e in events:
+        machine = str(e.get("machine"))
+        if e["kind"] == "state" and e.get("state") == "READY":
+            ready_at.setdefault(machine, e["t"])
+        elif _payload(e).get("event") == "ready" and machine in ready_at:
+            total += max(0.0, e["t"] - max(ready_at.pop(machine), since))
+    return total
+
+
 def _first_step(w: World | None, steps: dict[int, list[tuple[int, float]]]) -> float | None:
     return steps[w.version][0][1] if w is not None and steps.get(w.version) else None
 
@@ -300,6 +318,8 @@ def run_figures(r: dict[str, Any], events: list[dict[str, Any]], k: int) -> dict
         "worlds": len(worlds),
         "goodput": round(productive_slice_s(worlds, steps, since) / paid, 4) if paid else None,
         "goodput_whole_run": round(productive_slice_s(worlds, steps) / paid_all, 4) if paid_all else None,
+        # the goodput were every stop free: the replacements' setup is then all that is lost
+        "goodput_ceiling": round(1 - setup_slice_s(events, since) / paid, 4) if paid else None,
         "paid_slice_s": round(paid_all, 1),
         "report_goodput": r.get("goodput"),
     }
@@ -330,6 +350,9 @@ def summary(by_k: dict[int, dict[str, dict[str, Any]]], a: argparse.Namespace, w
         flat[f"goodput_{k}"] = gw
         flat[f"goodput_whole_{k}"] = gr
         flat[f"goodput_ratio_{k}"] = round(gw / gr, 3) if gw is not None and gr else None
+        ceiling = world.get("goodput_ceiling")
+        flat[f"goodput_ceiling_{k}"] = ceiling
+        flat[f"goodput_ratio_ceiling_{k}"] = round(ceiling / gr, 3) if ceiling is not None and gr else None
         flat[f"goodput_whole_run_{k}"] = world.get("goodput_whole_run")
         flat[f"goodput_whole_run_whole_{k}"] = whole.get("goodput_whole_run")
         for key in ("survivors_back_p50_min", "survivors_idle_p50_min", "join_idle_p50_min", "back_to_k_p50_min"):
@@ -352,6 +375,7 @@ def table(by_k: dict[int, dict[str, dict[str, Any]]]) -> str:
         ("realized MTBI per machine (local s)", "mtbi_realized_s", "{:.0f}"),
         ("goodput on paid slice-time", "goodput", "{:.4f}"),
         ("  the same, whole run", "goodput_whole_run", "{:.4f}"),
+        ("  were every stop free (ceiling)", "goodput_ceiling", "{:.4f}"),
         ("no training p50 (real min)", "survivors_idle_p50_min", "{:.1f}"),
         ("notice -> training p50 (real min)", "survivors_back_p50_min", "{:.1f}"),
         ("join stop p50 (real min)", "join_idle_p50_min", "{:.1f}"),

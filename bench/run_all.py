@@ -244,6 +244,16 @@ TARGETS = [
         "x",
     ),
     Target(
+        "4 slices, per-slice MTBI 2 h: goodput were every stop free, only the replacements' setup lost (a figure)",
+        "bench_worlds.py",
+        "goodput_ceiling_4",
+        "",
+        0,
+        "fraction",
+        beside=("/ whole-job recreation", "goodput_ratio_ceiling_4"),
+        beside_unit="x",
+    ),
+    Target(
         "4 slices: a slice's notice -> all 4 slices training again, p50 (a figure)",
         "bench_worlds.py",
         "back_to_k_p50_min_4",

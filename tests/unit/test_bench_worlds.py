@@ -146,9 +146,21 @@ def test_steps_past_the_next_worlds_restore_are_not_productive() -> None:
     assert bench_worlds.productive_slice_s(earlier, by_world) == pytest.approx(18 + 3 + 12)
 
 
+def test_the_ceiling_loses_only_the_replacements_paid_setup_until_they_said_ready() -> None:
+    """a3, READY at 14, says `ready` at 19: 5 slice-seconds no re-form can save; a1 and a2 never said it."""
+    events = sorted(
+        [*world_timeline(), ev(19, "entry", "j-a3", payload={"event": "ready", "world": 2})], key=lambda e: e["t"]
+    )
+    assert bench_worlds.setup_slice_s(events) == 5
+    assert bench_worlds.setup_slice_s(events, since=16) == 3  # paid from `since`, as paid_slice_s counts it
+    f = bench_worlds.run_figures({"status": "SUCCEEDED", "timings": {"scale": 1 / 60}}, events, 2)
+    assert f["goodput_ceiling"] == round(1 - 5 / 47.5, 4) and f["goodput"] < f["goodput_ceiling"]
+
+
 def test_the_summary_sets_each_k_beside_whole_job_recreation() -> None:
     a = argparse.Namespace(profile="cloud", mtbi=120.0, seed=7, steps=800, quick=False)
-    runs = {"world": {"goodput": 0.9, "notices": 3}, "whole": {"goodput": 0.6, "notices": 4}}
+    runs = {"world": {"goodput": 0.9, "goodput_ceiling": 0.93, "notices": 3}, "whole": {"goodput": 0.6, "notices": 4}}
     s = bench_worlds.summary({4: runs}, a, 10.0)
     assert s["goodput_ratio_4"] == 1.5 and s["mtbi_h_real"] == 2.0
+    assert (s["goodput_ceiling_4"], s["goodput_ratio_ceiling_4"]) == (0.93, 1.55)
     assert (s["preemptions_4"], s["preemptions_whole_4"]) == (3, 4)
